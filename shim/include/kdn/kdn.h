@@ -1,0 +1,259 @@
+/*
+ * kdn.h — the public C ABI of libkdn, the client library engines link to talk to kdnd.
+ *
+ * An engine process connects once (kdn_connect), registers each model it serves
+ * (kdn_register_model), and then, per request:
+ *   1. kdn_lookup: how many leading tokens of this prompt are cached on the node?
+ *   2. kdn_retrieve_lease / kdn_retrieve_to: load those tokens' KV (zero-copy pointers into
+ *      the shared host arena, or a copy into the engine's own KV buffer);
+ *   3. prefill the rest;
+ *   4. kdn_store_reserve + write + kdn_store_commit (zero-copy), or kdn_store_from (copy):
+ *      publish the newly computed chunks to every engine on the node.
+ *
+ * Data model. A chunk is the KV of `chunk_tokens` consecutive tokens (default 256) for all
+ * layers of one model, laid out canonically as [layer][K|V][token][kv_head][head_dim] in the
+ * model's dtype. Chunks are addressed by 128-bit prefix keys:
+ *     key_0 = H(fingerprint, tokens[0, T)),  key_i = H(key_{i-1}, fingerprint, tokens[iT, (i+1)T))
+ * so a chunk's key names the whole prefix up to and including it. Only whole chunks are stored.
+ *
+ * Ownership. Every handle returned by this library is owned by the caller and released with
+ * the matching kdn_*_release / kdn_disconnect call. Pointers inside a lease stay valid until
+ * the lease is released; pointers inside a store reservation until commit or abort. A client
+ * that exits without releasing loses its leases and reservations; kdnd reclaims them.
+ *
+ * Thread safety. A kdn_client is NOT thread-safe: use one per thread, or serialize calls.
+ * Model handles, leases and reservations belong to the client that created them.
+ *
+ * Errors. Functions return 0 (KDN_OK) or a negative kdn_status; kdn_strerror names it.
+ * No function of this library aborts or throws on bad input.
+ */
+#ifndef KDN_KDN_H_
+#define KDN_KDN_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(KDN_SHIM_BUILDING)
+#define KDN_API __attribute__((visibility("default")))
+#else
+#define KDN_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Version of this header's ABI. kdn_abi_version() returns the library's. */
+#define KDN_ABI_VERSION 1u
+/* Version of the wire protocol between libkdn and kdnd (checked at handshake). */
+#define KDN_PROTOCOL_VERSION 1u
+
+/* ---- status codes ------------------------------------------------------------------- */
+typedef enum kdn_status {
+  KDN_OK = 0,
+  KDN_ERR_INVALID_ARGUMENT = -1,  /* a caller-supplied argument is out of range or NULL */
+  KDN_ERR_NOT_FOUND = -2,         /* key, model or handle unknown */
+  KDN_ERR_NO_SPACE = -3,          /* the tier is full of leased/reserved chunks */
+  KDN_ERR_PROTOCOL = -4,          /* a malformed message, ring entry or payload reference */
+  KDN_ERR_VERSION = -5,           /* protocol or ABI version mismatch */
+  KDN_ERR_PERMISSION = -6,        /* credentials or token refused */
+  KDN_ERR_UNAVAILABLE = -7,       /* kdnd not running or the connection is closed */
+  KDN_ERR_TIMEOUT = -8,           /* a wait ran out of time */
+  KDN_ERR_IN_PROGRESS = -9,       /* an async op has not completed yet (kdn_op_poll) */
+  KDN_ERR_BUSY = -10,             /* too many operations in flight; retry after completing one */
+  KDN_ERR_IO = -11,               /* an operating-system call failed */
+  KDN_ERR_NO_MEMORY = -12,        /* allocation failed */
+  KDN_ERR_CORRUPT = -13,          /* data failed an integrity check */
+  KDN_ERR_MODEL_MISMATCH = -14,   /* layout or model descriptor incompatible with the chunk */
+  KDN_ERR_UNSUPPORTED = -15,      /* a feature this build or this kdnd does not have */
+  KDN_ERR_INTERNAL = -16          /* a bug: please report */
+} kdn_status;
+
+KDN_API const char* kdn_strerror(int status);
+KDN_API uint32_t kdn_abi_version(void);
+
+/* ---- model descriptors ---------------------------------------------------------------- */
+typedef enum kdn_dtype {
+  KDN_DTYPE_F16 = 1,
+  KDN_DTYPE_BF16 = 2,
+  KDN_DTYPE_F32 = 3,
+  KDN_DTYPE_FP8_E4M3 = 4
+} kdn_dtype;
+
+typedef enum kdn_rope_style {
+  KDN_ROPE_NONE = 0,
+  KDN_ROPE_NEOX = 1,  /* pairs (i, i + R/2) */
+  KDN_ROPE_GPTJ = 2   /* pairs (2i, 2i + 1) */
+} kdn_rope_style;
+
+typedef enum kdn_rope_scaling {
+  KDN_ROPE_SCALING_NONE = 0,
+  KDN_ROPE_SCALING_LINEAR = 1,
+  KDN_ROPE_SCALING_LLAMA3 = 2,
+  KDN_ROPE_SCALING_YARN = 3
+} kdn_rope_scaling;
+
+/* Everything that decides whether two engines' KV bytes are interchangeable. Two
+ * descriptors with equal fields have equal fingerprints; any difference is a cache miss.
+ * Zero-initialize, then fill; unused fields stay zero. */
+typedef struct kdn_model_desc {
+  uint32_t struct_size;        /* sizeof(kdn_model_desc) */
+  uint32_t num_layers;         /* layers with a KV cache, 1..1024 */
+  uint32_t num_kv_heads;       /* KV heads on this TP rank, 1..1024 */
+  uint32_t head_dim;           /* 1..4096 */
+  uint32_t dtype;              /* kdn_dtype of the stored KV */
+  uint32_t chunk_tokens;       /* tokens per chunk; 0 means the default, 256 */
+  uint32_t rope_style;         /* kdn_rope_style */
+  uint32_t rotary_dim;         /* 0 means head_dim */
+  double rope_theta;
+  uint32_t rope_scaling;       /* kdn_rope_scaling */
+  float rope_scaling_params[4];
+  uint32_t k_channel_order;    /* 0 = Hugging Face order, 1 = llama.cpp permuted (GPT-J pairs) */
+  uint32_t tp_rank, tp_size;   /* tp_size 0 means 1 */
+  char name[64];               /* model identity, e.g. "meta-llama/Llama-3.1-8B@rev" (NUL-terminated) */
+  uint8_t engine_salt[32];     /* engine-specific identity (e.g. llama.cpp build + file hash) */
+} kdn_model_desc;
+
+/* A 128-bit chunk key. */
+typedef struct kdn_key {
+  uint64_t lo, hi;
+} kdn_key;
+
+/* Bytes of one chunk of this model in the canonical layout, or 0 if the descriptor is invalid. */
+KDN_API uint64_t kdn_chunk_bytes(const kdn_model_desc* desc);
+/* Validates desc; KDN_OK or KDN_ERR_INVALID_ARGUMENT. */
+KDN_API int kdn_model_validate(const kdn_model_desc* desc);
+/* The model fingerprint (128-bit) of a valid descriptor. */
+KDN_API int kdn_model_fingerprint(const kdn_model_desc* desc, kdn_key* out);
+/* Prefix keys of the whole chunks of tokens[0, n_tokens): writes min(n_tokens / T, max_keys)
+ * keys and stores that count in *n_keys. Deterministic across processes and restarts. */
+KDN_API int kdn_prefix_keys(const kdn_model_desc* desc, const int32_t* tokens, size_t n_tokens,
+                            kdn_key* keys, size_t max_keys, size_t* n_keys);
+
+/* ---- connection ------------------------------------------------------------------------ */
+typedef struct kdn_client kdn_client;
+
+typedef struct kdn_connect_opts {
+  uint32_t struct_size;        /* sizeof(kdn_connect_opts) */
+  const char* socket_path;     /* NULL: $KDN_SOCKET, else $XDG_RUNTIME_DIR/kdn/kdnd.sock, else /tmp/kdn-$UID/kdnd.sock */
+  const char* name_space;      /* tenant; NULL or "" means "default" (at most 63 bytes) */
+  const char* token;           /* shared secret if kdnd requires one; NULL otherwise */
+  uint32_t ring_entries;       /* submission/completion ring size, power of two; 0 = 256 */
+  uint32_t payload_bytes;      /* client payload area; 0 = 1 MiB */
+  uint32_t timeout_ms;         /* handshake and default wait timeout; 0 = 5000 */
+} kdn_connect_opts;
+
+/* Connects to kdnd. opts may be NULL (all defaults). On success *out owns the connection. */
+KDN_API int kdn_connect(const kdn_connect_opts* opts, kdn_client** out);
+/* Closes the connection, releasing every lease and aborting every open reservation. */
+KDN_API void kdn_disconnect(kdn_client* client);
+/* Round trip through the rings with no work (for health checks and latency probes). */
+KDN_API int kdn_ping(kdn_client* client);
+
+/* ---- models -------------------------------------------------------------------------- */
+typedef struct kdn_model kdn_model;  /* owned by the client; freed by kdn_disconnect */
+KDN_API int kdn_register_model(kdn_client* client, const kdn_model_desc* desc, kdn_model** out);
+KDN_API uint64_t kdn_model_chunk_bytes(const kdn_model* model);
+KDN_API uint32_t kdn_model_chunk_tokens(const kdn_model* model);
+
+/* ---- lookup ---------------------------------------------------------------------------- */
+#define KDN_TIER_COUNT 4u  /* 0 GPU, 1 host, 2 disk, 3 remote */
+typedef struct kdn_lookup_result {
+  uint32_t hit_chunks;                  /* leading whole chunks present in some tier */
+  uint64_t hit_tokens;                  /* hit_chunks * chunk_tokens */
+  uint32_t tier_chunks[KDN_TIER_COUNT]; /* of those, how many sit in each tier */
+} kdn_lookup_result;
+
+KDN_API int kdn_lookup(kdn_client* client, const kdn_model* model, const int32_t* tokens,
+                       size_t n_tokens, kdn_lookup_result* out);
+
+/* ---- zero-copy retrieve: leases ---------------------------------------------------------- */
+typedef struct kdn_lease kdn_lease;
+/* Leases the longest cached prefix of whole chunks among tokens[0, n_tokens), at most
+ * max_chunks of them (0 = no limit). *out may hold zero chunks (a miss is not an error).
+ * While leased, chunks are never evicted or moved. */
+KDN_API int kdn_retrieve_lease(kdn_client* client, const kdn_model* model, const int32_t* tokens,
+                               size_t n_tokens, uint32_t max_chunks, kdn_lease** out);
+KDN_API uint32_t kdn_lease_chunks(const kdn_lease* lease);
+/* Read-only canonical bytes of chunk i of the lease (kdn_model_chunk_bytes long). */
+KDN_API const void* kdn_lease_chunk_data(const kdn_lease* lease, uint32_t i);
+KDN_API int kdn_lease_release(kdn_client* client, kdn_lease* lease);
+
+/* ---- zero-copy store: reservations -------------------------------------------------------- */
+typedef struct kdn_store kdn_store;
+/* Reserves slots for chunks [first_chunk, first_chunk + n_chunks) of tokens[0, n_tokens).
+ * Chunks already cached or being stored by another client get no slot
+ * (kdn_store_chunk_data returns NULL for them): skip computing them into the slot. */
+KDN_API int kdn_store_reserve(kdn_client* client, const kdn_model* model, const int32_t* tokens,
+                              size_t n_tokens, uint32_t first_chunk, uint32_t n_chunks,
+                              kdn_store** out);
+KDN_API uint32_t kdn_store_chunks(const kdn_store* store);
+/* Writable slot for chunk i of the reservation, or NULL if no write is needed. */
+KDN_API void* kdn_store_chunk_data(kdn_store* store, uint32_t i);
+/* Publishes every reserved chunk; consumes the handle. */
+KDN_API int kdn_store_commit(kdn_client* client, kdn_store* store);
+/* Drops every reserved chunk; consumes the handle. */
+KDN_API int kdn_store_abort(kdn_client* client, kdn_store* store);
+
+/* ---- copy variants: engine buffers described by a strided layout ---------------------------
+ * Element (kv, layer l, token t, head h, dim d) of the engine buffer lives at
+ *     layer_base[l] + kv*stride_kv + blk*stride_block + off*stride_offset + h*stride_head + d*stride_dim
+ * (strides in elements of engine_dtype), where slot = slot_mapping[t] (or t if slot_mapping is
+ * NULL), blk = slot / block_size, off = slot % block_size. Slots < 0 are skipped. This one form
+ * covers vLLM flash-attn/flashinfer NHD and HND, SGLang's token pool and llama.cpp rows
+ * (transposed V: stride_offset = 1, stride_dim = kv_size, via v_* overrides). */
+typedef struct kdn_engine_layout {
+  uint32_t struct_size;
+  uint32_t engine_dtype;       /* kdn_dtype of the engine buffer (converted if != model dtype) */
+  void* const* layer_base;     /* num_layers pointers */
+  int64_t stride_kv, stride_block, stride_offset, stride_head, stride_dim;
+  int64_t block_size;          /* tokens per block; 1 for a token pool */
+  const int64_t* slot_mapping; /* one slot per token of the range, or NULL for identity */
+  /* If v_layer_base is non-NULL, V uses these bases and v_stride_* (stride_kv is ignored). */
+  void* const* v_layer_base;
+  int64_t v_stride_block, v_stride_offset, v_stride_head, v_stride_dim;
+} kdn_engine_layout;
+
+/* Gathers chunks [first_chunk, first_chunk + n_chunks) from the engine buffer and stores
+ * them. Token t of chunk c is engine token (c - first_chunk) * T + t of the layout's mapping.
+ * *stored (may be NULL) receives the number of chunks actually written (not already cached). */
+KDN_API int kdn_store_from(kdn_client* client, const kdn_model* model, const int32_t* tokens,
+                           size_t n_tokens, uint32_t first_chunk, uint32_t n_chunks,
+                           const kdn_engine_layout* src, uint32_t* stored);
+/* Scatters the longest cached prefix (at most max_chunks, 0 = all) into the engine buffer;
+ * token t of chunk c goes to engine token c * T + t of the layout's mapping.
+ * *loaded_chunks receives how many chunks were written. */
+KDN_API int kdn_retrieve_to(kdn_client* client, const kdn_model* model, const int32_t* tokens,
+                            size_t n_tokens, uint32_t max_chunks, const kdn_engine_layout* dst,
+                            uint32_t* loaded_chunks);
+
+/* ---- async operations: post -> poll/wait -> release ------------------------------------------ */
+typedef struct kdn_op kdn_op;
+KDN_API int kdn_lookup_post(kdn_client* client, const kdn_model* model, const int32_t* tokens,
+                            size_t n_tokens, kdn_op** out);
+/* KDN_OK when complete, KDN_ERR_IN_PROGRESS while not, another error if it failed. */
+KDN_API int kdn_op_poll(kdn_client* client, kdn_op* op);
+/* Waits up to timeout_ms (0 = the connection default) for completion. */
+KDN_API int kdn_op_wait(kdn_client* client, kdn_op* op, uint32_t timeout_ms);
+/* For a completed lookup op: its result. */
+KDN_API int kdn_op_lookup_result(const kdn_op* op, kdn_lookup_result* out);
+/* Releases the op; waits for it first if it is still in flight. */
+KDN_API void kdn_op_release(kdn_client* client, kdn_op* op);
+
+/* ---- stats ---------------------------------------------------------------------------------- */
+typedef struct kdn_stats {
+  uint64_t lookups, lookup_hit_chunks, lookup_miss_chunks;
+  uint64_t stored_chunks, stored_bytes;
+  uint64_t retrieved_chunks, retrieved_bytes;
+  uint64_t evicted_chunks, resident_chunks, resident_bytes, capacity_bytes;
+  uint64_t active_leases, open_reservations;
+  uint64_t sessions, protocol_errors;
+} kdn_stats;
+/* Node-wide counters of the client's namespace (resident/capacity) and of the daemon. */
+KDN_API int kdn_get_stats(kdn_client* client, kdn_stats* out);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif /* KDN_KDN_H_ */
