@@ -14,11 +14,12 @@
 #include <cstdint>
 #include <span>
 
-namespace kdn {
-
+// kdn_key is a C type in the global namespace, so its equality lives there too (ADL).
 inline bool operator==(const kdn_key& a, const kdn_key& b) noexcept {
   return a.lo == b.lo && a.hi == b.hi;
 }
+
+namespace kdn {
 
 struct KeyHash {
   size_t operator()(const kdn_key& k) const noexcept { return static_cast<size_t>(k.lo ^ (k.hi * 0x9E3779B97F4A7C15ull)); }

@@ -1,0 +1,156 @@
+#include "eviction.h"
+
+namespace kdn::sidecar {
+
+void EntryList::push_front(ChunkEntry* e, uint8_t id) {
+  e->q_id = id;
+  e->q_prev = nullptr;
+  e->q_next = head_;
+  if (head_) head_->q_prev = e; else tail_ = e;
+  head_ = e;
+  ++size_;
+}
+
+void EntryList::remove(ChunkEntry* e) {
+  if (e->q_prev) e->q_prev->q_next = e->q_next; else head_ = e->q_next;
+  if (e->q_next) e->q_next->q_prev = e->q_prev; else tail_ = e->q_prev;
+  e->q_prev = e->q_next = nullptr;
+  e->q_id = 0;
+  --size_;
+}
+
+ChunkEntry* EvictionPolicy::victim_any() {
+  ChunkEntry* best = nullptr;
+  for (uint16_t c = 0; c < class_count(); ++c) {
+    ChunkEntry* v = victim(c);
+    if (v && (!best || v->last_access_ns < best->last_access_ns)) best = v;
+  }
+  return best;
+}
+
+namespace {
+
+// Classic LRU per size class.
+class LruPolicy final : public EvictionPolicy {
+ public:
+  void on_insert(ChunkEntry* e) override { list(e->size_class).push_front(e, 1); }
+  void on_access(ChunkEntry* e) override {
+    if (e->q_id == 0) return;
+    EntryList& l = list(e->size_class);
+    l.remove(e);
+    l.push_front(e, 1);
+  }
+  void on_remove(ChunkEntry* e) override {
+    if (e->q_id) list(e->size_class).remove(e);
+  }
+  ChunkEntry* victim(uint16_t cls) override {
+    if (cls >= lists_.size()) return nullptr;
+    EntryList& l = lists_[cls];
+    // Leased entries at the tail are in use: requeue them as recent (bounded by size()).
+    for (uint64_t n = l.size(); n > 0; --n) {
+      ChunkEntry* e = l.back();
+      if (e->evictable()) return e;
+      l.remove(e);
+      l.push_front(e, 1);
+    }
+    return nullptr;
+  }
+
+ protected:
+  uint16_t class_count() const override { return static_cast<uint16_t>(lists_.size()); }
+
+ private:
+  EntryList& list(uint16_t cls) {
+    if (cls >= lists_.size()) lists_.resize(cls + 1u);
+    return lists_[cls];
+  }
+  std::vector<EntryList> lists_;
+};
+
+// S3-FIFO (Yang et al., SOSP'23) per size class: a small probationary FIFO (10% of the
+// class's entries), a main FIFO with 2-bit frequency and lazy promotion, and a ghost set
+// of recently evicted keys that sends returning keys straight to main.
+class S3FifoPolicy final : public EvictionPolicy {
+ public:
+  void on_insert(ChunkEntry* e) override {
+    Queues& q = queues(e->size_class);
+    e->freq = 0;
+    const uint64_t h = e->key.lo;
+    if (q.ghost.erase(h)) q.main.push_front(e, kMain);
+    else q.small.push_front(e, kSmall);
+  }
+  void on_access(ChunkEntry* e) override {
+    if (e->freq < 3) ++e->freq;
+  }
+  void on_remove(ChunkEntry* e) override {
+    Queues& q = queues(e->size_class);
+    if (e->q_id == kSmall) q.small.remove(e);
+    else if (e->q_id == kMain) q.main.remove(e);
+  }
+  ChunkEntry* victim(uint16_t cls) override {
+    if (cls >= queues_.size()) return nullptr;
+    Queues& q = queues_[cls];
+    // Each pass moves or returns one entry; 4x the population bounds the freq decrements.
+    for (uint64_t n = 4 * (q.small.size() + q.main.size()) + 1; n > 0; --n) {
+      const uint64_t total = q.small.size() + q.main.size();
+      const bool from_small = q.small.size() > 0 && (q.small.size() * 10 >= total || q.main.size() == 0);
+      EntryList& l = from_small ? q.small : q.main;
+      ChunkEntry* e = l.back();
+      if (!e) return nullptr;
+      if (!e->evictable() || e->freq > 0) {  // accessed since it was queued: keep it
+        l.remove(e);
+        if (from_small && e->evictable()) {
+          e->freq = 0;
+          q.main.push_front(e, kMain);
+        } else {
+          if (e->freq > 0) --e->freq;
+          l.push_front(e, from_small ? kSmall : kMain);
+        }
+        continue;
+      }
+      if (from_small) remember(q, e->key.lo);
+      return e;
+    }
+    return nullptr;
+  }
+
+ protected:
+  uint16_t class_count() const override { return static_cast<uint16_t>(queues_.size()); }
+
+ private:
+  static constexpr uint8_t kSmall = 1, kMain = 2;
+  struct Queues {
+    EntryList small, main;
+    std::unordered_set<uint64_t> ghost;
+    std::deque<uint64_t> ghost_order;
+  };
+  void remember(Queues& q, uint64_t h) {
+    if (!q.ghost.insert(h).second) return;
+    q.ghost_order.push_back(h);
+    const uint64_t cap = q.main.size() + q.small.size() + 16;
+    while (q.ghost_order.size() > cap) {
+      q.ghost.erase(q.ghost_order.front());
+      q.ghost_order.pop_front();
+    }
+  }
+  Queues& queues(uint16_t cls) {
+    if (cls >= queues_.size()) queues_.resize(cls + 1u);
+    return queues_[cls];
+  }
+  std::vector<Queues> queues_;
+};
+
+}  // namespace
+
+bool parse_eviction_kind(std::string_view s, EvictionKind* out) {
+  if (s == "lru") { *out = EvictionKind::kLru; return true; }
+  if (s == "s3fifo" || s == "s3-fifo") { *out = EvictionKind::kS3Fifo; return true; }
+  return false;
+}
+
+std::unique_ptr<EvictionPolicy> make_eviction_policy(EvictionKind kind) {
+  if (kind == EvictionKind::kS3Fifo) return std::make_unique<S3FifoPolicy>();
+  return std::make_unique<LruPolicy>();
+}
+
+}  // namespace kdn::sidecar
