@@ -124,6 +124,14 @@ void ChunkStore::erase(ChunkEntry* e) {
   index_.erase(key);           // destroys *e
 }
 
+bool ChunkStore::evict(const kdn_key& key) {
+  auto it = index_.find(key);
+  if (it == index_.end() || !it->second->evictable()) return false;
+  erase(it->second.get());
+  ++counters_.evicted_chunks;
+  return true;
+}
+
 uint64_t ChunkStore::evict_if(const std::function<bool(const ChunkEntry&)>& pred) {
   std::vector<ChunkEntry*> victims;
   for (auto& [k, e] : index_)

@@ -59,6 +59,8 @@ class ChunkStore {
   ChunkEntry* lease(const kdn_key& key, uint64_t bytes, uint64_t now_ns);
   void release(ChunkEntry* e);
 
+  // Evicts one chunk if it is committed and unleased; false otherwise.
+  bool evict(const kdn_key& key);
   // Evicts every unleased committed chunk that `pred` selects (all if pred is empty).
   uint64_t evict_if(const std::function<bool(const ChunkEntry&)>& pred);
   // Visits entries in unspecified order; stops when fn returns false.

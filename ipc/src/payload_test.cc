@@ -1,0 +1,268 @@
+#include <kdn/ipc/payload.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace kdn::ipc {
+namespace {
+
+constexpr uint32_t kArea = 1 << 20;
+
+Sqe sqe_of(Opcode op) {
+  Sqe s{};
+  s.opcode = static_cast<uint8_t>(op);
+  return s;
+}
+
+Code check(const Sqe& s, bool admin = false, uint32_t area = kArea) {
+  return check_sqe(s, area, admin).status().code();
+}
+
+TEST(PayloadRef, OverflowSafeBounds) {
+  EXPECT_TRUE(payload_ref_ok(0, 0, 0));
+  EXPECT_TRUE(payload_ref_ok(0, kArea, kArea));
+  EXPECT_TRUE(payload_ref_ok(kArea, 0, kArea));
+  EXPECT_FALSE(payload_ref_ok(kArea + 1, 0, kArea));
+  EXPECT_FALSE(payload_ref_ok(1, kArea, kArea));
+  EXPECT_FALSE(payload_ref_ok(0xFFFFFFF0u, 0x20, kArea)) << "off + len wraps u32";
+  EXPECT_FALSE(payload_ref_ok(0x10, 0xFFFFFFF8u, kArea)) << "off + len wraps u32";
+  EXPECT_FALSE(payload_ref_ok(0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu));
+  EXPECT_TRUE(range_ok(UINT64_MAX - 1, 1, UINT64_MAX));
+  EXPECT_FALSE(range_ok(UINT64_MAX - 1, 2, UINT64_MAX));
+  EXPECT_FALSE(range_ok(8, UINT64_MAX, 16));
+}
+
+TEST(CheckSqe, UnknownOpcodesAreUnsupported) {
+  for (uint8_t op : {uint8_t{0}, uint8_t{kMaxOpcode + 1}, uint8_t{200}, uint8_t{255}}) {
+    Sqe s{};
+    s.opcode = op;
+    EXPECT_EQ(check(s), Code::kUnsupported) << int(op);
+    EXPECT_STREQ(opcode_name(op), "unknown");
+  }
+  EXPECT_STREQ(opcode_name(static_cast<uint8_t>(Opcode::kLease)), "LEASE");
+}
+
+TEST(CheckSqe, FlagsAndReservedBitsMustBeZero) {
+  Sqe s = sqe_of(Opcode::kPing);
+  EXPECT_EQ(check(s), Code::kOk);
+  s.flags = 1;
+  EXPECT_EQ(check(s), Code::kProtocol);
+  s = sqe_of(Opcode::kPing);
+  s.reserved = 1;
+  EXPECT_EQ(check(s), Code::kProtocol);
+}
+
+TEST(CheckSqe, PayloadOnOpcodesWithoutIt) {
+  Sqe s = sqe_of(Opcode::kPing);
+  s.in_len = 16;
+  EXPECT_EQ(check(s), Code::kProtocol);
+  s = sqe_of(Opcode::kLookup);
+  s.out_len = 16;
+  EXPECT_EQ(check(s), Code::kProtocol);
+}
+
+TEST(CheckSqe, InputReferences) {
+  Sqe s = sqe_of(Opcode::kLookup);
+  s.in_off = 64;
+  s.in_len = 16 * 10;
+  auto shape = check_sqe(s, kArea, false);
+  ASSERT_TRUE(shape.ok());
+  EXPECT_EQ(shape->in_records, 10u);
+  s.in_len = 16 * 10 + 3;
+  EXPECT_EQ(check(s), Code::kProtocol) << "not whole keys";
+  s.in_off = kArea - 16;
+  s.in_len = 32;
+  EXPECT_EQ(check(s), Code::kProtocol) << "beyond the area";
+  s.in_off = 0xFFFFFFF0u;
+  s.in_len = 0x20;
+  EXPECT_EQ(check(s), Code::kProtocol) << "wraps u32";
+  s.in_off = 0;
+  s.in_len = 0;
+  EXPECT_EQ(check(s), Code::kOk) << "zero keys is a valid (empty) lookup";
+}
+
+TEST(CheckSqe, AtMost65536Records) {
+  constexpr uint32_t kBig = 64u << 20;
+  Sqe s = sqe_of(Opcode::kLookup);
+  s.in_len = 16 * kMaxKeysPerOp;
+  EXPECT_EQ(check(s, false, kBig), Code::kOk);
+  s.in_len = 16 * (kMaxKeysPerOp + 1);
+  EXPECT_EQ(check(s, false, kBig), Code::kInvalidArgument);
+  s = sqe_of(Opcode::kRelease);
+  s.in_len = 8 * (kMaxKeysPerOp + 1);
+  EXPECT_EQ(check(s, false, kBig), Code::kInvalidArgument);
+}
+
+TEST(CheckSqe, OutputMustHoldTheAnswer) {
+  Sqe s = sqe_of(Opcode::kReserve);
+  s.in_len = 16 * 4;
+  s.out_off = 4096;
+  s.out_len = sizeof(ReserveSlot) * 4;
+  EXPECT_EQ(check(s), Code::kOk);
+  s.out_len -= 1;
+  EXPECT_EQ(check(s), Code::kInvalidArgument);
+  s.out_len = sizeof(ReserveSlot) * 4;
+  s.out_off = kArea - 8;
+  EXPECT_EQ(check(s), Code::kProtocol);
+
+  s = sqe_of(Opcode::kLease);
+  s.in_len = 16 * 8;
+  s.out_len = sizeof(LeaseSlot) * 3;
+  EXPECT_EQ(check(s), Code::kInvalidArgument) << "no cap: room for all 8 needed";
+  s.arg[0] = 3;
+  EXPECT_EQ(check(s), Code::kOk) << "max 3 chunks: room for 3 is enough";
+
+  s = sqe_of(Opcode::kStats);
+  s.out_len = sizeof(kdn_stats) - 1;
+  EXPECT_EQ(check(s), Code::kInvalidArgument);
+  s.out_len = sizeof(kdn_stats) + 100;
+  auto shape = check_sqe(s, kArea, false);
+  ASSERT_TRUE(shape.ok());
+  EXPECT_EQ(shape->out_capacity, 1u);
+}
+
+TEST(CheckSqe, RegisterModelTakesExactlyOneDescriptor) {
+  Sqe s = sqe_of(Opcode::kRegisterModel);
+  s.in_len = sizeof(kdn_model_desc);
+  EXPECT_EQ(check(s), Code::kOk);
+  s.in_len = 2 * sizeof(kdn_model_desc);
+  EXPECT_EQ(check(s), Code::kProtocol);
+  s.in_len = 0;
+  EXPECT_EQ(check(s), Code::kProtocol);
+}
+
+TEST(CheckSqe, AdminOpcodes) {
+  Sqe s = sqe_of(Opcode::kList);
+  s.out_len = sizeof(ListEntry) * 10;
+  EXPECT_EQ(check(s, false), Code::kPermission);
+  auto shape = check_sqe(s, kArea, true);
+  ASSERT_TRUE(shape.ok());
+  EXPECT_EQ(shape->out_capacity, 10u);
+  s.out_len = sizeof(ListEntry) - 1;
+  EXPECT_EQ(check(s, true), Code::kInvalidArgument);
+
+  s = sqe_of(Opcode::kEvict);
+  EXPECT_EQ(check(s, false), Code::kPermission);
+  EXPECT_EQ(check(s, true), Code::kOk) << "mode all, no keys";
+  s.in_len = 32;
+  EXPECT_EQ(check(s, true), Code::kInvalidArgument) << "mode all with keys";
+  s.arg[0] = static_cast<uint64_t>(EvictMode::kByKeys);
+  EXPECT_EQ(check(s, true), Code::kOk);
+  s.arg[0] = 7;
+  EXPECT_EQ(check(s, true), Code::kInvalidArgument);
+}
+
+TEST(PayloadArea, CopiesAreBoundsChecked) {
+  std::vector<std::byte> mem(4096);
+  PayloadArea area(mem.data(), 4096);
+  std::byte buf[16] = {};
+  EXPECT_TRUE(area.copy_in(4096 - 16, buf).ok());
+  EXPECT_EQ(area.copy_in(4096 - 15, buf).code(), Code::kProtocol);
+  EXPECT_EQ(area.copy_in(0xFFFFFFFFu, buf).code(), Code::kProtocol);
+  EXPECT_TRUE(area.copy_out(0, buf).ok());
+  EXPECT_EQ(area.copy_out(4090, buf).code(), Code::kProtocol);
+  std::vector<std::byte> huge(8192);
+  EXPECT_EQ(area.copy_in(0, huge).code(), Code::kProtocol);
+}
+
+TEST(PayloadArea, RecordsAreCopiedIntoPrivateMemory) {
+  std::vector<std::byte> mem(4096);
+  PayloadArea area(mem.data(), 4096);
+  kdn_key keys[3] = {{1, 2}, {3, 4}, {5, 6}};
+  std::memcpy(mem.data() + 128, keys, sizeof(keys));
+  Sqe s = sqe_of(Opcode::kLookup);
+  s.in_off = 128;
+  s.in_len = sizeof(keys);
+  kdn_key scratch[8];
+  auto got = area.copy_in_records<kdn_key>(s, scratch);
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(got->size(), 3u);
+  std::memset(mem.data() + 128, 0xEE, sizeof(keys));  // the client scribbles afterwards
+  EXPECT_EQ((*got)[2].lo, 5u) << "the daemon's copy is unaffected";
+  kdn_key tiny[2];
+  EXPECT_EQ(area.copy_in_records<kdn_key>(s, tiny).status().code(), Code::kInvalidArgument);
+  s.in_len = 20;
+  EXPECT_EQ(area.copy_in_records<kdn_key>(s, scratch).status().code(), Code::kProtocol);
+
+  Sqe r = sqe_of(Opcode::kLease);
+  r.out_off = 1024;
+  r.out_len = sizeof(LeaseSlot) * 2;
+  LeaseSlot slots[3] = {{4096, 1}, {8192, 2}, {0, 3}};
+  EXPECT_TRUE(area.copy_out_records<LeaseSlot>(r, std::span(slots, 2)).ok());
+  EXPECT_EQ(area.copy_out_records<LeaseSlot>(r, slots).code(), Code::kInvalidArgument);
+  LeaseSlot back;
+  std::memcpy(&back, mem.data() + 1024 + sizeof(LeaseSlot), sizeof(back));
+  EXPECT_EQ(back.lease_id, 2u);
+}
+
+TEST(SessionLayout, SectionsArePageAlignedAndOrdered) {
+  auto l = SessionLayout::compute(256, 1 << 20);
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->sq_offset, 4096u);
+  EXPECT_EQ(l->cq_offset % 4096, 0u);
+  EXPECT_GE(l->cq_offset, l->sq_offset + ring_region_bytes(256, sizeof(Sqe)));
+  EXPECT_GE(l->payload_offset, l->cq_offset + ring_region_bytes(256, sizeof(Cqe)));
+  EXPECT_EQ(l->total_bytes, l->payload_offset + (1u << 20));
+  EXPECT_FALSE(SessionLayout::compute(256, 5000).ok());
+  EXPECT_FALSE(SessionLayout::compute(300, 1 << 20).ok());
+}
+
+TEST(SessionHeader, ClientChecksEveryField) {
+  auto l = SessionLayout::compute(64, 64 << 10);
+  ASSERT_TRUE(l.ok());
+  SessionHeader h{};
+  init_session_header(h, *l, 77);
+  EXPECT_TRUE(check_session_header(h, *l, 77).ok());
+  EXPECT_EQ(check_session_header(h, *l, 78).code(), Code::kProtocol);
+  SessionHeader bad = h;
+  bad.payload_offset += 8;
+  EXPECT_EQ(check_session_header(bad, *l, 77).code(), Code::kProtocol);
+  bad = h;
+  bad.magic = 0;
+  EXPECT_EQ(check_session_header(bad, *l, 77).code(), Code::kProtocol);
+}
+
+}  // namespace
+}  // namespace kdn::ipc
+
+namespace kdn::ipc {
+namespace {
+
+// Random SQEs against a small area: check_sqe never accepts a reference outside the area,
+// and a copy_in of whatever it accepts stays inside (ASan would see a stray read).
+TEST(CheckSqeMutation, AcceptedReferencesStayInsideTheArea) {
+  constexpr uint32_t kSmall = 64 << 10;
+  std::vector<std::byte> mem(kSmall);
+  PayloadArea area(mem.data(), kSmall);
+  std::vector<kdn_key> scratch(kMaxKeysPerOp);
+  std::mt19937_64 rng(5);
+  int accepted = 0;
+  for (int round = 0; round < 500'000; ++round) {
+    Sqe s{};
+    s.opcode = static_cast<uint8_t>(1 + rng() % (kMaxOpcode + 1));
+    // Mostly plausible numbers, sometimes huge ones near the u32 wrap.
+    auto pick = [&]() -> uint32_t { return rng() % 4 == 0 ? static_cast<uint32_t>(rng()) : rng() % (kSmall + 64); };
+    s.in_off = pick();
+    s.in_len = rng() % 3 == 0 ? 0 : pick() & ~15u;
+    s.out_off = pick();
+    s.out_len = pick();
+    s.arg[0] = rng() % 3;
+    bool admin = rng() % 2 == 0;
+    auto shape = check_sqe(s, kSmall, admin);
+    if (!shape.ok()) continue;
+    ++accepted;
+    ASSERT_TRUE(shape->spec->in_record == 0 || payload_ref_ok(s.in_off, s.in_len, kSmall));
+    ASSERT_TRUE(shape->spec->out_record == 0 || payload_ref_ok(s.out_off, s.out_len, kSmall));
+    ASSERT_LE(shape->in_records, kMaxKeysPerOp);
+    if (shape->spec->in_record == sizeof(kdn_key)) {
+      ASSERT_TRUE(area.copy_in_records<kdn_key>(s, scratch).ok());
+    }
+  }
+  EXPECT_GT(accepted, 1000);
+}
+
+}  // namespace
+}  // namespace kdn::ipc

@@ -1,0 +1,152 @@
+// The C ABI of libkdn (kdn/kdn.h) over kdn::shim::Client. Every entry point validates its
+// arguments, never throws (allocation failure becomes KDN_ERR_NO_MEMORY) and returns a
+// kdn_status.
+#include "client.h"
+#include "handles.h"
+
+#include <kdn/common/model.h>
+#include <kdn/ipc/payload.h>
+
+#include <cstring>
+#include <new>
+
+using kdn::Code;
+using kdn::Status;
+using kdn::shim::Client;
+using kdn::shim::PayloadRange;
+using kdn::shim::Request;
+
+namespace {
+
+int rc(const Status& s) { return s.raw(); }
+
+template <class F>
+int guarded(F&& f) noexcept {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return KDN_ERR_NO_MEMORY;
+  } catch (...) {
+    return KDN_ERR_INTERNAL;
+  }
+}
+
+bool usable(kdn_client* cl) { return cl && cl->c && !cl->c->broken(); }
+
+bool own_model(kdn_client* cl, const kdn_model* m) {
+  for (auto& p : cl->c->models)
+    if (p.get() == m) return true;
+  return false;
+}
+
+}  // namespace
+
+extern "C" {
+
+KDN_API const char* kdn_strerror(int status) { return kdn::code_name(static_cast<Code>(status)); }
+KDN_API uint32_t kdn_abi_version(void) { return KDN_ABI_VERSION; }
+
+KDN_API uint64_t kdn_chunk_bytes(const kdn_model_desc* desc) {
+  if (!desc) return 0;
+  auto m = kdn::ModelInfo::from_desc(*desc);
+  return m.ok() ? m->chunk_bytes : 0;
+}
+
+KDN_API int kdn_model_validate(const kdn_model_desc* desc) {
+  if (!desc) return KDN_ERR_INVALID_ARGUMENT;
+  return rc(kdn::ModelInfo::from_desc(*desc).status());
+}
+
+KDN_API int kdn_model_fingerprint(const kdn_model_desc* desc, kdn_key* out) {
+  if (!desc || !out) return KDN_ERR_INVALID_ARGUMENT;
+  auto m = kdn::ModelInfo::from_desc(*desc);
+  if (!m.ok()) return rc(m.status());
+  *out = m->fingerprint;
+  return KDN_OK;
+}
+
+KDN_API int kdn_prefix_keys(const kdn_model_desc* desc, const int32_t* tokens, size_t n_tokens,
+                            kdn_key* keys, size_t max_keys, size_t* n_keys) {
+  if (!desc || (!tokens && n_tokens) || (!keys && max_keys) || !n_keys) return KDN_ERR_INVALID_ARGUMENT;
+  auto m = kdn::ModelInfo::from_desc(*desc);
+  if (!m.ok()) return rc(m.status());
+  *n_keys = kdn::prefix_keys(*m, {tokens, n_tokens}, {keys, max_keys});
+  return KDN_OK;
+}
+
+KDN_API int kdn_connect(const kdn_connect_opts* opts, kdn_client** out) {
+  if (!out) return KDN_ERR_INVALID_ARGUMENT;
+  *out = nullptr;
+  return guarded([&]() -> int {
+    auto c = Client::connect(opts, 0);
+    if (!c.ok()) return rc(c.status());
+    *out = new kdn_client{std::move(*c)};
+    return KDN_OK;
+  });
+}
+
+KDN_API void kdn_disconnect(kdn_client* client) { delete client; }
+
+KDN_API int kdn_ping(kdn_client* client) {
+  if (!usable(client)) return client ? KDN_ERR_UNAVAILABLE : KDN_ERR_INVALID_ARGUMENT;
+  return guarded([&]() -> int {
+    Request r;
+    r.sqe.opcode = uint8_t(kdn::ipc::Opcode::kPing);
+    r.sqe.arg[0] = 0x6b646e;
+    auto c = client->c->call(r);
+    if (!c.ok()) return rc(c.status());
+    if (c->status == KDN_OK && c->res[0] != 0x6b646e) return int(KDN_ERR_PROTOCOL);
+    return int(c->status);
+  });
+}
+
+KDN_API int kdn_register_model(kdn_client* client, const kdn_model_desc* desc, kdn_model** out) {
+  if (!client || !desc || !out) return KDN_ERR_INVALID_ARGUMENT;
+  if (!usable(client)) return KDN_ERR_UNAVAILABLE;
+  *out = nullptr;
+  return guarded([&]() -> int {
+    auto info = kdn::ModelInfo::from_desc(*desc);
+    if (!info.ok()) return rc(info.status());
+    Client& c = *client->c;
+    auto in = c.alloc_payload(sizeof(kdn_model_desc));
+    if (!in.ok()) return rc(in.status());
+    std::memcpy(c.payload_ptr(*in), desc, sizeof(kdn_model_desc));
+    Request r;
+    r.sqe.opcode = uint8_t(kdn::ipc::Opcode::kRegisterModel);
+    r.in = *in;
+    r.sqe.in_len = sizeof(kdn_model_desc);
+    auto cqe = c.call(r);
+    c.free_payload(*in);
+    if (!cqe.ok()) return rc(cqe.status());
+    if (cqe->status != KDN_OK) return int(cqe->status);
+    // The daemon derives geometry from the same bytes: any disagreement is a version skew.
+    if (cqe->res[1] != info->chunk_bytes || cqe->res[3] != info->fingerprint.lo ||
+        cqe->res[4] != info->fingerprint.hi || cqe->res[0] == 0 || cqe->res[0] > UINT32_MAX)
+      return int(KDN_ERR_VERSION);
+    auto m = std::make_unique<kdn_model>();
+    m->id = uint32_t(cqe->res[0]);
+    m->info = std::move(*info);
+    *out = m.get();
+    c.models.push_back(std::move(m));
+    return KDN_OK;
+  });
+}
+
+KDN_API uint64_t kdn_model_chunk_bytes(const kdn_model* m) { return m ? m->info.chunk_bytes : 0; }
+KDN_API uint32_t kdn_model_chunk_tokens(const kdn_model* m) { return m ? m->info.chunk_tokens : 0; }
+
+}  // extern "C"
+
+namespace kdn::shim {
+
+int check_model_call(kdn_client* client, const kdn_model* model, const int32_t* tokens, size_t n) {
+  if (!client || !model || (!tokens && n)) return KDN_ERR_INVALID_ARGUMENT;
+  if (!client->c) return KDN_ERR_INVALID_ARGUMENT;
+  if (client->c->broken()) return KDN_ERR_UNAVAILABLE;
+  if (!own_model(client, model)) return KDN_ERR_INVALID_ARGUMENT;
+  return KDN_OK;
+}
+
+Client& client_of(kdn_client* c) { return *c->c; }
+
+}  // namespace kdn::shim

@@ -1,0 +1,24 @@
+// Prometheus text exposition of kdnd's counters (written to a file that node_exporter's
+// textfile collector, or `kdnctl stats --prometheus`, picks up).
+#pragma once
+
+#include "chunk_store.h"
+#include "request_handler.h"
+
+#include <string>
+#include <vector>
+
+namespace kdn::sidecar {
+
+struct NamespaceMetrics {
+  std::string name;
+  const ChunkStore* store;
+  uint32_t sessions;
+};
+
+std::string prometheus_text(const DaemonCounters& d, const std::vector<NamespaceMetrics>& ns);
+// Writes atomically (temp file + rename).
+Status write_prometheus_file(const std::string& path, const DaemonCounters& d,
+                             const std::vector<NamespaceMetrics>& ns);
+
+}  // namespace kdn::sidecar

@@ -1,0 +1,50 @@
+// KdndProcess: a real kdnd started for a test (fork + exec of the built binary) on a private
+// socket, stopped with SIGTERM (or killed) at the end.
+#pragma once
+
+#include <kdn/kdn.h>
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace kdn::testing {
+
+class KdndProcess {
+ public:
+  // Starts kdnd with `extra` flags and waits until it answers a ping (fails the test if not).
+  explicit KdndProcess(std::vector<std::string> extra = {}, const std::string& tag = "");
+  ~KdndProcess();
+
+  const std::string& socket() const { return socket_; }
+  pid_t pid() const { return pid_; }
+  // Connect options for this daemon (valid while *this lives).
+  kdn_connect_opts opts(const char* name_space = nullptr) const;
+  // SIGTERM and wait; returns the exit status (or -1).
+  int stop();
+  void kill9();
+  bool alive() const;
+
+ private:
+  std::string dir_, socket_, token_;
+  pid_t pid_ = -1;
+};
+
+// Runs fn in a forked child; returns the child's exit code (fn's return), 128+sig if killed.
+int run_in_child(int (*fn)(void*), void* arg);
+template <class F>
+int in_child(F f) {
+  return run_in_child([](void* p) { return (*static_cast<F*>(p))(); }, &f);
+}
+
+// A model descriptor used across tests (small chunks: 2 layers, 2 heads, 64 dims, 16 tokens).
+kdn_model_desc tiny_model(uint32_t chunk_tokens = 16);
+kdn_model_desc smol_model();
+// Deterministic token ids and chunk bytes: document `doc`, chunk `i`.
+std::vector<int32_t> doc_tokens(uint32_t doc, size_t n);
+void fill_chunk(void* dst, size_t bytes, uint32_t doc, uint32_t chunk);
+bool check_chunk(const void* src, size_t bytes, uint32_t doc, uint32_t chunk);
+
+}  // namespace kdn::testing
