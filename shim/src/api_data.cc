@@ -127,6 +127,34 @@ KDN_API int kdn_lookup(kdn_client* client, const kdn_model* model, const int32_t
   });
 }
 
+KDN_API int kdn_lookup_keys(kdn_client* client, const kdn_model* model, const kdn_key* keys,
+                            size_t n_keys, kdn_lookup_result* out) {
+  if (int e = check_model_call(client, model, nullptr, 0); e || !out || (!keys && n_keys))
+    return e ? e : KDN_ERR_INVALID_ARGUMENT;
+  if (n_keys > kdn::ipc::kMaxKeysPerOp) n_keys = kdn::ipc::kMaxKeysPerOp;
+  return guarded([&]() -> int {
+    *out = kdn_lookup_result{};
+    if (n_keys == 0) return KDN_OK;
+    Client& c = client_of(client);
+    const uint32_t bytes = uint32_t(n_keys * sizeof(kdn_key));
+    auto in = c.alloc_payload(bytes);
+    if (!in.ok()) return rc(in.status());
+    std::memcpy(c.payload_ptr(*in), keys, bytes);
+    Request r;
+    r.sqe.opcode = uint8_t(Opcode::kLookup);
+    r.sqe.model_id = model->id;
+    r.in = *in;
+    r.sqe.in_len = bytes;
+    auto cqe = c.call(r);
+    c.free_payload(*in);
+    if (!cqe.ok()) return rc(cqe.status());
+    if (cqe->status != KDN_OK) return cqe->status;
+    if (cqe->res[0] > n_keys) return KDN_ERR_PROTOCOL;
+    fill_lookup(*cqe, model->info.chunk_tokens, out);
+    return KDN_OK;
+  });
+}
+
 KDN_API int kdn_retrieve_lease(kdn_client* client, const kdn_model* model, const int32_t* tokens,
                                size_t n_tokens, uint32_t max_chunks, kdn_lease** out) {
   if (int e = check_model_call(client, model, tokens, n_tokens); e || !out) return e ? e : KDN_ERR_INVALID_ARGUMENT;

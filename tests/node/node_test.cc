@@ -83,6 +83,19 @@ TEST(Node, CrossProcessReuse) {
               if (r.hit_chunks != 4 || r.hit_tokens != 1024 || r.tier_chunks[1] != 4) return 3;
               return verify_doc(k, 7, 4) == 4 ? 0 : 4;
             }), 0);
+  // Precomputed keys give the same answer.
+  {
+    Conn k(d, desc);
+    auto tok = doc_tokens(7, 4 * 256);
+    kdn_key keys[8];
+    size_t nk = 0;
+    ASSERT_EQ(kdn_prefix_keys(&desc, tok.data(), tok.size(), keys, 8, &nk), KDN_OK);
+    ASSERT_EQ(nk, 4u);
+    keys[nk++] = kdn_key{1, 2};
+    kdn_lookup_result r{};
+    ASSERT_EQ(kdn_lookup_keys(k.c, k.m, keys, nk, &r), KDN_OK);
+    EXPECT_EQ(r.hit_chunks, 4u);
+  }
   // A different document, and the same tokens under another model, are misses.
   Conn k(d, desc);
   auto other = doc_tokens(8, 1024);

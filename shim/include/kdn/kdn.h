@@ -166,6 +166,10 @@ typedef struct kdn_lookup_result {
 
 KDN_API int kdn_lookup(kdn_client* client, const kdn_model* model, const int32_t* tokens,
                        size_t n_tokens, kdn_lookup_result* out);
+/* The same with keys from kdn_prefix_keys (keys[0] must be chunk 0's key): for engines that
+ * hash a request's tokens once and use the keys for lookup, lease and store. */
+KDN_API int kdn_lookup_keys(kdn_client* client, const kdn_model* model, const kdn_key* keys,
+                            size_t n_keys, kdn_lookup_result* out);
 
 /* ---- zero-copy retrieve: leases ---------------------------------------------------------- */
 typedef struct kdn_lease kdn_lease;
