@@ -10,6 +10,10 @@
 
 namespace kdn::shim {
 
+// How long a waiting client spins before it sleeps on the futex. Waking a sleeper costs tens
+// of microseconds on virtual machines, far more than a request, so spin well past that.
+constexpr uint64_t kClientSpinNs = 100'000;
+
 Result<std::unique_ptr<Client>> Client::connect(const kdn_connect_opts* opts, uint32_t hello_flags) {
   kdn_connect_opts o{};
   o.struct_size = sizeof o;
@@ -32,7 +36,12 @@ Result<std::unique_ptr<Client>> Client::connect(const kdn_connect_opts* opts, ui
   if (!sock.ok()) return sock.status();
   auto hs = ipc::client_handshake(sock->get(), *hello, timeout);
   if (!hs.ok()) return hs.status();
-  auto session = ipc::ClientSession::attach(std::move(*hs));
+  // Map the arena with its page-table entries filled in now: a store or retrieve must never
+  // take a page fault per 4 KiB page in the data path (shared memory rarely gets huge pages).
+  ipc::MapOptions arena_map;
+  arena_map.populate = true;
+  arena_map.madvise_huge = true;
+  auto session = ipc::ClientSession::attach(std::move(*hs), kClientSpinNs, arena_map);
   if (!session.ok()) return session.status();
   std::unique_ptr<Client> c(new Client());
   c->session_ = std::move(*session);

@@ -100,11 +100,15 @@ ChunkEntry* ChunkStore::lease(const kdn_key& key, uint64_t bytes, uint64_t now_n
   if (e->state != ChunkState::kCommitted || e->bytes != bytes) return nullptr;
   ++e->leases;
   e->last_access_ns = now_ns;
-  policy_->on_access(e);
   ++counters_.active_leases;
   ++counters_.retrieved_chunks;
   counters_.retrieved_bytes += e->bytes;
   return e;
+}
+
+void ChunkStore::touch(ChunkEntry* e, uint64_t now_ns) {
+  e->last_access_ns = now_ns;
+  policy_->on_access(e);
 }
 
 void ChunkStore::release(ChunkEntry* e) {

@@ -55,8 +55,13 @@ class ChunkStore {
   // Drops a reservation of `session` and frees its slot.
   Status abort(ChunkEntry* e, uint64_t session);
 
-  // Pins a committed chunk of `bytes` bytes; null on a miss.
+  // Pins a committed chunk of `bytes` bytes; null on a miss. Does not count as an access for
+  // eviction: call touch() for that, in the order that suits prefix chains.
   ChunkEntry* lease(const kdn_key& key, uint64_t bytes, uint64_t now_ns);
+  // Marks a chunk as used now for the eviction policy. A chain's chunks are touched from
+  // last to first, so the head of a prefix is always the most recently used: eviction eats
+  // documents from their tails, and what remains is still a usable prefix.
+  void touch(ChunkEntry* e, uint64_t now_ns);
   void release(ChunkEntry* e);
 
   // Evicts one chunk if it is committed and unleased; false otherwise.

@@ -32,6 +32,7 @@ RequestHandler::RequestHandler(ModelTable& models, DaemonCounters& counters)
   ids_.resize(ipc::kMaxKeysPerOp);
   reserve_out_.resize(ipc::kMaxKeysPerOp);
   lease_out_.resize(ipc::kMaxKeysPerOp);
+  leased_.resize(ipc::kMaxKeysPerOp);
   list_out_.resize(ipc::kMaxKeysPerOp);
 }
 
@@ -166,7 +167,10 @@ Status RequestHandler::commit_or_abort(Session& s, const Sqe& q, Cqe& c, bool co
   if (!ids.ok()) return ids.status();
   const uint64_t now = now_ns();
   uint64_t done = 0;
-  for (uint64_t id : *ids) {
+  // Clients list a chain's chunks head first; commit them tail first so the head ends up the
+  // most recently inserted (see ChunkStore::touch).
+  for (auto rit = ids->rbegin(); rit != ids->rend(); ++rit) {
+    const uint64_t id = *rit;
     auto it = s.reservations.find(id);
     if (it == s.reservations.end()) continue;
     Status st = commit ? s.ns->store.commit(it->second, s.id, now) : s.ns->store.abort(it->second, s.id);
@@ -191,8 +195,10 @@ Status RequestHandler::lease(Session& s, const Sqe& q, Cqe& c) {
     if (!e) break;
     const uint64_t id = s.next_handle++;
     s.leases.emplace(id, e);
+    leased_[n] = e;
     lease_out_[n++] = ipc::LeaseSlot{e->arena_off, id};
   }
+  for (uint32_t i = n; i-- > 0;) s.ns->store.touch(leased_[i], now);  // head last: most recent
   Status out = s.shm.payload().copy_out_records(q, std::span<const ipc::LeaseSlot>(lease_out_.data(), n));
   if (!out.ok()) {
     for (uint32_t i = 0; i < n; ++i) {

@@ -61,6 +61,7 @@ class RequestHandler {
   std::vector<uint64_t> ids_;
   std::vector<ipc::ReserveSlot> reserve_out_;
   std::vector<ipc::LeaseSlot> lease_out_;
+  std::vector<ChunkEntry*> leased_;
   std::vector<ipc::ListEntry> list_out_;
 };
 

@@ -188,6 +188,21 @@ TEST(Node, EvictionUnderPressureKeepsLeases) {
   EXPECT_EQ(verify_doc(k, 100, 4), 0);
 }
 
+TEST(Node, EvictionKeepsPrefixesUsable) {
+  // 32 slots. Document 1 (4 chunks) first, then 29 chunks of others: one eviction is due.
+  for (const char* policy : {"lru", "s3fifo"}) {
+    KdndProcess d({"--eviction", policy});
+    const auto desc = smol_model();
+    Conn k(d, desc);
+    ASSERT_EQ(store_doc(k, 1, 4), 4);
+    for (uint32_t doc = 10; doc < 39; ++doc) ASSERT_EQ(store_doc(k, doc, 1), 1);
+    auto tok = doc_tokens(1, 4 * 256);
+    kdn_lookup_result r{};
+    ASSERT_EQ(kdn_lookup(k.c, k.m, tok.data(), tok.size(), &r), KDN_OK);
+    EXPECT_EQ(r.hit_chunks, 3u) << policy << ": the document's tail goes first, its head stays";
+  }
+}
+
 TEST(Node, ArenaFullOfLeasesReportsNoSpace) {
   KdndProcess d;
   const auto desc = smol_model();

@@ -21,7 +21,7 @@ struct Config {
   bool allow_other_uids = false;    // accept clients of another uid (root is always accepted)
   uint32_t max_sessions = 256;
   uint32_t max_namespaces = 16;
-  uint32_t spin_us = 50;            // busy-poll this long after the last request before sleeping
+  uint32_t spin_us = 200;           // busy-poll this long after the last request before sleeping
   uint32_t handshake_timeout_ms = 2000;
   std::string log_level = "info";   // trace debug info warn error off
   std::string metrics_file;         // if set, Prometheus text metrics are written here every second

@@ -1,0 +1,16 @@
+// kdn-bench subcommands. Each takes the arguments after "kdn-bench" (argv[0] is the
+// subcommand's name), prints its report to stdout (a table, or JSON with --json) and
+// progress to stderr, and returns the process exit code: 0 measured, 1 a measurement failed,
+// 2 a usage error or a subcommand this build does not include.
+#pragma once
+
+namespace kdn::bench {
+
+int run_baselines_bench(int argc, char** argv);  // same-run baselines alone
+int run_node_bench(int argc, char** argv);       // kdnd end to end with engine processes
+
+}  // namespace kdn::bench
+
+// Subcommands other components provide (global names, so their files need no kdn header).
+int run_kernels_bench(int argc, char** argv);
+int run_llama_bench(int argc, char** argv);

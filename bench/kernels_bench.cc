@@ -1,0 +1,603 @@
+// `kdn-bench kernels`: throughput of the layout, RoPE and codec kernels against memcpy (and, on a
+// GPU, against device-to-device copy) measured in the same run. docs/kernels.md describes the
+// method and every field.
+//
+//   kdn-bench kernels [--json] [--model llama3-8b|smollm2-135m] [--chunks N] [--reps N]
+//                     [--threads P] [--kv-dir DIR] [--gpu] [--seed S]
+#include "baseline_figures.h"
+#include "baselines.h"
+#include "commands.h"
+#include "report.h"
+
+#include <kdn/kernels/cpu_rows.h>
+#include <kdn/kernels/device.h>
+#include <kdn/kernels/kv_file.h>
+#include <kdn/kernels/ops.h>
+#include <kdn/kernels/presets.h>
+#include <kdn/kernels/synthetic.h>
+
+#include <CLI/CLI.hpp>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/task_arena.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if __has_include(<kdn/kernels/codec.h>)
+#define KDN_KERNELS_BENCH_CODEC 1
+#include <kdn/kernels/codec.h>
+#include <kdn/kernels/codec_cuda.h>
+#endif
+
+namespace kdn::bench {
+namespace {
+
+using namespace kdn::kernels;
+
+struct Options {
+  std::string model = "llama3-8b";
+  int chunks = 0;  // 0: enough chunks for a 256 MiB working set (well beyond the caches)
+  int reps = 5;
+  unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  std::string kv_dir;
+  bool gpu = false;
+  bool json = false;
+  uint64_t seed = 1;
+};
+
+struct ModelShape {
+  uint32_t layers, kv_heads, head_dim;
+  RopeConfig rope;
+};
+
+bool model_shape(const std::string& name, ModelShape* out) {
+  if (name == "llama3-8b") {
+    *out = {32, 8, 128, {RopeStyle::kNeox, 128, 0, 500000.0, RopeScaling::kLlama3, {8.0f, 1.0f, 4.0f, 8192.0f}}};
+    return true;
+  }
+  if (name == "smollm2-135m") {
+    *out = {30, 3, 64, {RopeStyle::kNeox, 64, 0, 100000.0, RopeScaling::kNone, {}}};
+    return true;
+  }
+  return false;
+}
+
+std::string describe(const Status& s) { return std::string(code_name(s.code())) + ": " + s.what(); }
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Median GB/s of `reps` timed passes (after one untimed warm-up pass) of `pass`, which moves
+// `bytes` per pass. A failing pass fails the measurement.
+Result<double> median_gbps(uint64_t bytes, int reps, const std::function<Status()>& pass) {
+  KDN_RETURN_IF_ERROR(pass());
+  std::vector<double> gbps;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    KDN_RETURN_IF_ERROR(pass());
+    gbps.push_back(static_cast<double>(bytes) / seconds_since(t0) / 1e9);
+  }
+  std::sort(gbps.begin(), gbps.end());
+  return gbps[gbps.size() / 2];
+}
+
+void record(Report& report, const std::string& key, const Result<double>& r) {
+  if (r.ok()) {
+    report.set(key, r.value());
+    return;
+  }
+  report.set_null(key);
+  report.set("errors." + key, describe(r.status()));
+  progress("%s: %s", key.c_str(), describe(r.status()).c_str());
+}
+
+// Runs fn(i) for i < n on at most `threads` threads (the calling thread included).
+void parallel_chunks(unsigned threads, int n, const std::function<void(int)>& fn) {
+  oneapi::tbb::task_arena arena(static_cast<int>(threads));
+  arena.execute([&] { oneapi::tbb::parallel_for(0, n, [&](int i) { fn(i); }); });
+}
+
+// N canonical chunks (copies of one synthetic chunk) and an engine pool that holds them all,
+// each chunk on its own random blocks.
+struct Workload {
+  ChunkGeometry g;
+  int n = 0;
+  std::vector<uint8_t> chunks;
+  std::vector<uint8_t> copy_target;  // memcpy destination for the paired baseline
+  PagedShape shape;
+  std::vector<std::vector<uint8_t>> layers;
+  std::vector<void*> bases;
+  std::vector<std::vector<int64_t>> slots;
+  EngineView view;
+
+  uint64_t chunk_bytes() const { return kernels::chunk_bytes(g); }
+  uint8_t* chunk(int i) { return chunks.data() + static_cast<size_t>(i) * chunk_bytes(); }
+  EngineView view_for(int i) const {
+    EngineView v = view;
+    v.slot_mapping = slots[i].data();
+    return v;
+  }
+};
+
+Status build_pool(Workload& w, EngineLayoutKind kind, uint64_t seed) {
+  const int64_t blocks = static_cast<int64_t>(w.n) * w.g.tokens / w.shape.block_size;
+  w.shape.num_blocks = blocks;
+  const bool split = engine_layout_splits_kv(kind);
+  const size_t bytes = engine_layer_elements(kind, w.shape) * dtype_size(w.shape.dtype);
+  w.layers.assign(w.g.layers * (split ? 2 : 1), std::vector<uint8_t>(bytes, 0));  // zeroed = pre-faulted
+  w.bases.clear();
+  for (auto& l : w.layers) w.bases.push_back(l.data());
+  std::vector<int64_t> order(blocks);
+  std::iota(order.begin(), order.end(), 0);
+  CounterRng rng(seed);
+  for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.next_below(i)]);
+  w.slots.assign(w.n, std::vector<int64_t>(w.g.tokens));
+  for (int c = 0; c < w.n; ++c)
+    for (uint32_t t = 0; t < w.g.tokens; ++t) {
+      const int64_t logical = (int64_t{c} * w.g.tokens + t) / w.shape.block_size;
+      w.slots[c][t] = order[logical] * w.shape.block_size + t % w.shape.block_size;
+    }
+  return preset_view(kind, w.shape, w.bases.data(), split ? w.bases.data() + w.g.layers : nullptr, false, &w.view);
+}
+
+Status build_workload(const ModelShape& m, const Options& o, Workload* w) {
+  w->g = ChunkGeometry{m.layers, m.kv_heads, m.head_dim, 256, DType::kF16};
+  const uint64_t bytes = kernels::chunk_bytes(w->g);
+  w->n = o.chunks > 0 ? o.chunks : static_cast<int>(std::max<uint64_t>(2, (256ull << 20) / bytes));
+  w->chunks.assign(static_cast<size_t>(w->n) * bytes, 0);
+  w->copy_target.assign(w->chunks.size(), 0);
+  SyntheticKvParams p;
+  p.seed = o.seed;
+  KDN_RETURN_IF_ERROR(fill_synthetic_kv(w->chunk(0), w->g, p));
+  for (int i = 1; i < w->n; ++i) memcpy(w->chunk(i), w->chunk(0), bytes);
+  w->shape = PagedShape{m.layers, m.kv_heads, m.head_dim, 0, 16, DType::kF16};
+  return build_pool(*w, EngineLayoutKind::kVllmFlashNhd, o.seed + 1);
+}
+
+// One pass of `op` over every chunk, on `threads` CPU threads (the op parallelizes inside).
+using ChunkOp = std::function<Status(Workload&, int chunk, const Executor&)>;
+
+Status run_pass(Workload& w, const Executor& ex, const ChunkOp& op) {
+  for (int i = 0; i < w.n; ++i) KDN_RETURN_IF_ERROR(op(w, i, ex));
+  return OkStatus();
+}
+
+Result<double> cpu_op_gbps(Workload& w, int reps, unsigned threads, const ChunkOp& op) {
+  const Executor ex = Executor::cpu(static_cast<int>(threads));
+  return median_gbps(w.chunk_bytes() * w.n, reps, [&] { return run_pass(w, ex, op); });
+}
+
+// The op on one thread, each timed pass right after a timed memcpy of the same bytes, so the
+// ratio compares passes that saw the same machine load: the median of per-pass ratios.
+Result<double> paired_ratio_vs_memcpy(Workload& w, int reps, const ChunkOp& op) {
+  const Executor ex = Executor::cpu(1);
+  const double bytes = static_cast<double>(w.chunks.size());
+  KDN_RETURN_IF_ERROR(run_pass(w, ex, op));
+  std::vector<double> ratios;
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    memcpy(w.copy_target.data(), w.chunks.data(), w.chunks.size());
+    const double memcpy_gbps = bytes / seconds_since(t0) / 1e9;
+    t0 = std::chrono::steady_clock::now();
+    KDN_RETURN_IF_ERROR(run_pass(w, ex, op));
+    ratios.push_back(bytes / seconds_since(t0) / 1e9 / memcpy_gbps);
+  }
+  std::sort(ratios.begin(), ratios.end());
+  return ratios[ratios.size() / 2];
+}
+
+void bench_copy_ops(Report& report, Workload& w, const ModelShape& m, const Options& o) {
+  std::vector<float> inv(m.head_dim / 2), table(m.head_dim);
+  const int64_t delta = 1000;  // re-position every chunk by 1000 tokens
+  const bool rope_ok = compute_inv_freq(m.rope, inv.data(), inv.size()).ok() &&
+                       build_rope_table(inv.data(), m.head_dim, &delta, 1, table.data(), table.size()).ok();
+  const RopeTable rt{m.rope.style, m.head_dim, table.data(), 0};
+  const std::pair<const char*, ChunkOp> ops[] = {
+      {"scatter", [](Workload& w, int i, const Executor& ex) { return scatter(w.chunk(i), w.g, w.view_for(i), ex); }},
+      {"gather", [](Workload& w, int i, const Executor& ex) { return gather(w.view_for(i), w.chunk(i), w.g, ex); }},
+      {"rope_scatter", [&](Workload& w, int i, const Executor& ex) {
+         return rope_ok ? rope_scatter(w.chunk(i), w.g, w.view_for(i), rt, ex) : Status(Code::kInternal, "rope table");
+       }},
+  };
+  for (const auto& [name, op] : ops) {
+    progress("%s: %d chunks of %.1f MiB, 1 and %u threads", name, w.n, w.chunk_bytes() / 1048576.0, o.threads);
+    record(report, std::string(name) + ".gbps_1t", cpu_op_gbps(w, o.reps, 1, op));
+    record(report, std::string(name) + ".gbps_pt", cpu_op_gbps(w, o.reps, o.threads, op));
+    record(report, std::string("ratios.") + name + "_vs_memcpy_paired", paired_ratio_vs_memcpy(w, o.reps, op));
+  }
+}
+
+// Scatter into every engine layout kdn knows (1 thread): what generality costs.
+void bench_layouts(Report& report, const ModelShape& m, const Options& o) {
+  Workload w;
+  if (!build_workload(m, o, &w).ok()) return;
+  for (EngineLayoutKind kind : kAllEngineLayouts) {
+    const std::string key = std::string("scatter_layouts.") + engine_layout_name(kind) + ".gbps_1t";
+    const Status st = build_pool(w, kind, o.seed + 2);
+    if (!st.ok()) {
+      record(report, key, Result<double>(st));
+      continue;
+    }
+    progress("scatter into %s", engine_layout_name(kind));
+    record(report, key, cpu_op_gbps(w, std::max(1, o.reps / 2), 1, [](Workload& w, int i, const Executor& ex) {
+             return scatter(w.chunk(i), w.g, w.view_for(i), ex);
+           }));
+  }
+}
+
+void add_memcpy_baseline(Report& report, const char* key, unsigned threads, uint64_t total, int reps) {
+  progress("memcpy baseline: %u thread(s), %.0f MiB", threads, total / 1048576.0);
+  Result<MemcpyResult> r = memcpy_gbps(threads, total / threads, reps);
+  record(report, key, r.ok() ? Result<double>(r->median_gbps) : Result<double>(r.status()));
+}
+
+#if KDN_KERNELS_BENCH_CODEC
+struct ModeRun {
+  const char* name;
+  CodecConfig cfg;
+};
+
+std::vector<ModeRun> codec_modes() {
+  CodecConfig raw, lossless, int8, kivi4, kivi4_packed, kivi2;
+  raw.mode = CodecMode::kRaw;
+  lossless.mode = CodecMode::kLossless;
+  int8.mode = CodecMode::kInt8;
+  kivi4.mode = CodecMode::kKivi4;
+  kivi4_packed.mode = CodecMode::kKivi4;
+  kivi4_packed.entropy = false;
+  kivi2.mode = CodecMode::kKivi2;
+  return {{"raw", raw}, {"lossless", lossless}, {"int8", int8}, {"kivi4", kivi4}, {"kivi4_packed", kivi4_packed},
+          {"kivi2", kivi2}};
+}
+
+// One chunk encoded with one mode: blob, decoded copy, quality.
+struct Encoded {
+  std::vector<uint8_t> blob;
+  std::vector<uint8_t> decoded;
+  CodecQuality quality;
+};
+
+const kdn_key kBenchFingerprint{0x6b646e2d62656e63ull, 0x6b65726e656c7321ull};
+
+Status encode_chunk(const ChunkGeometry& g, const void* chunk, const CodecConfig& cfg, Encoded* out) {
+  out->blob.assign(kvc1_max_encoded_size(g, cfg), 0);
+  std::vector<uint8_t> scratch(kvc1_encode_scratch_bytes(g, cfg));
+  size_t written = 0;
+  KDN_RETURN_IF_ERROR(kvc1_encode(g, kBenchFingerprint, chunk, cfg, out->blob.data(), out->blob.size(), &written,
+                                  scratch.data(), scratch.size()));
+  out->blob.resize(written);
+  out->decoded.assign(kernels::chunk_bytes(g), 0);
+  KDN_RETURN_IF_ERROR(kvc1_decode(out->blob.data(), written, g, kBenchFingerprint, out->decoded.data(),
+                                  out->decoded.size()));
+  out->quality = kvc1_quality(g, chunk, out->decoded.data(), written);
+  return OkStatus();
+}
+
+void set_quality(Report& report, const std::string& prefix, const CodecQuality& q) {
+  report.set(prefix + ".ratio_vs_fp16", q.ratio_vs_fp16);
+  report.set(prefix + ".rel_frobenius_error", q.rel_frobenius_error);
+  report.set(prefix + ".cosine_min", q.cosine_min);
+}
+
+// Encode and decode GB/s (fp16 bytes in / out) of `mode`: one chunk on 1 thread, and P chunks
+// on P threads (one each, as a sidecar decodes independent chunks).
+void codec_throughput(Report& report, const std::string& prefix, Workload& w, const ModeRun& mode, const Encoded& e,
+                      const Options& o) {
+  const uint64_t fp16_bytes = chunk_elements(w.g) * 2;
+  std::vector<std::vector<uint8_t>> blobs(o.threads, std::vector<uint8_t>(kvc1_max_encoded_size(w.g, mode.cfg)));
+  std::vector<std::vector<uint8_t>> scratch(o.threads, std::vector<uint8_t>(kvc1_encode_scratch_bytes(w.g, mode.cfg)));
+  std::vector<std::vector<uint8_t>> outs(o.threads, std::vector<uint8_t>(w.chunk_bytes()));
+  auto encode_one = [&](int i, unsigned slot) {
+    size_t written = 0;
+    return kvc1_encode(w.g, kBenchFingerprint, w.chunk(i), mode.cfg, blobs[slot].data(), blobs[slot].size(), &written,
+                       scratch[slot].data(), scratch[slot].size());
+  };
+  auto decode_one = [&](unsigned slot) {
+    return kvc1_decode(e.blob.data(), e.blob.size(), w.g, kBenchFingerprint, outs[slot].data(), outs[slot].size());
+  };
+  const int reps = std::min(o.reps, 3);  // the slow modes take seconds per pass
+  for (unsigned threads : {1u, o.threads}) {
+    const std::string suffix = threads == 1 ? ".gbps_1t" : ".gbps_pt";
+    const int chunks = static_cast<int>(std::min<unsigned>(threads, static_cast<unsigned>(w.n)));  // one per thread
+    auto run_all = [&](bool encode) -> Status {
+      std::vector<Status> st(chunks);
+      parallel_chunks(threads, chunks, [&](int i) {
+        const unsigned slot = static_cast<unsigned>(oneapi::tbb::this_task_arena::current_thread_index());
+        st[i] = encode ? encode_one(i, slot) : decode_one(slot);
+      });
+      for (const Status& s : st) KDN_RETURN_IF_ERROR(s);
+      return OkStatus();
+    };
+    record(report, prefix + ".encode" + suffix, median_gbps(fp16_bytes * chunks, reps, [&] { return run_all(true); }));
+    record(report, prefix + ".decode" + suffix, median_gbps(fp16_bytes * chunks, reps, [&] { return run_all(false); }));
+  }
+}
+
+void bench_codec(Report& report, Workload& w, const Options& o) {
+  for (const ModeRun& mode : codec_modes()) {
+    progress("codec %s: encode, decode, quality", mode.name);
+    const std::string prefix = std::string("codec.modes.") + mode.name;
+    Encoded e;
+    const Status st = encode_chunk(w.g, w.chunk(0), mode.cfg, &e);
+    if (!st.ok()) {
+      record(report, prefix + ".ratio_vs_fp16", Result<double>(st));
+      continue;
+    }
+    set_quality(report, prefix, e.quality);
+    codec_throughput(report, prefix, w, mode, e, o);
+    if (std::string(mode.name) == "kivi4") {  // the default mode is the headline
+      for (const char* k : {"encode.gbps_1t", "encode.gbps_pt", "decode.gbps_1t", "decode.gbps_pt"}) {
+        const auto v = report.number(prefix + "." + k);
+        report.set(std::string("codec.") + k, v);
+      }
+    }
+  }
+}
+
+// Real KV from --kv-dir: quality and ratio per mode, aggregated over every chunk file.
+void bench_real_kv(Report& report, const Options& o) {
+  size_t skipped = 0;
+  Result<std::vector<KvFileInfo>> files = list_kv_dir(o.kv_dir, &skipped);
+  if (!files.ok() || files->empty()) {
+    report.set("errors.real", files.ok() ? "no valid *.kv/*.json pairs" : describe(files.status()));
+    return;
+  }
+  report.set("real.files", files->size());
+  report.set("real.skipped_files", skipped);
+  for (const ModeRun& mode : codec_modes()) {
+    progress("real KV, codec %s: %zu files", mode.name, files->size());
+    double fp16 = 0, encoded = 0, worst_err = 0, cos_min = 1;
+    Status st;
+    for (const KvFileInfo& f : *files) {
+      std::vector<uint8_t> chunk(chunk_bytes(f.geo));
+      Encoded e;
+      st = read_kv_file(f, chunk.data(), chunk.size());
+      if (st.ok()) st = encode_chunk(f.geo, chunk.data(), mode.cfg, &e);
+      if (!st.ok()) break;
+      fp16 += chunk_elements(f.geo) * 2.0;
+      encoded += static_cast<double>(e.blob.size());
+      worst_err = std::max(worst_err, e.quality.rel_frobenius_error);
+      cos_min = std::min(cos_min, e.quality.cosine_min);
+    }
+    const std::string prefix = std::string("real.codec.modes.") + mode.name;
+    if (!st.ok()) {
+      record(report, prefix + ".ratio_vs_fp16", Result<double>(st));
+      continue;
+    }
+    set_quality(report, prefix, CodecQuality{fp16 / encoded, worst_err, cos_min});
+  }
+  report.set_bar("bars.real_kivi4_packed_ratio", report.number("real.codec.modes.kivi4_packed.ratio_vs_fp16"),
+                 BarOp::kAtLeast, 3.5);
+  report.set_bar("bars.real_kivi4_ratio", report.number("real.codec.modes.kivi4.ratio_vs_fp16"), BarOp::kAtLeast, 4.5);
+  report.set_bar("bars.real_lossless_ratio", report.number("real.codec.modes.lossless.ratio_vs_fp16"),
+                 BarOp::kAtLeast, 1.25);
+}
+#endif  // KDN_KERNELS_BENCH_CODEC
+
+// ---- GPU (--gpu): the same ops on device memory against device-to-device copy ------------------
+
+// Frees device memory on scope exit.
+struct DeviceMemory {
+  std::vector<void*> blocks;
+  ~DeviceMemory() {
+    for (void* p : blocks) device_free(p);
+  }
+  Result<void*> alloc(size_t bytes, const void* init = nullptr) {
+    void* p = nullptr;
+    KDN_RETURN_IF_ERROR(device_alloc(bytes, &p));
+    blocks.push_back(p);
+    if (init != nullptr) KDN_RETURN_IF_ERROR(copy_to_device(p, init, bytes));
+    return p;
+  }
+};
+
+// The workload mirrored on the device; views point at device arrays.
+struct DeviceWorkload {
+  DeviceMemory mem;
+  char* chunks = nullptr;
+  char* copy_target = nullptr;
+  std::vector<EngineView> views;  // one per chunk
+};
+
+Status upload(Workload& w, DeviceWorkload* d) {
+  const size_t total = w.chunk_bytes() * w.n;
+  Result<void*> c = d->mem.alloc(total, w.chunks.data());
+  Result<void*> t = d->mem.alloc(total);
+  if (!c.ok() || !t.ok()) return c.ok() ? t.status() : c.status();
+  d->chunks = static_cast<char*>(*c);
+  d->copy_target = static_cast<char*>(*t);
+  std::vector<void*> layer_ptrs;
+  for (auto& l : w.layers) {
+    Result<void*> p = d->mem.alloc(l.size(), l.data());
+    if (!p.ok()) return p.status();
+    layer_ptrs.push_back(*p);
+  }
+  Result<void*> bases = d->mem.alloc(layer_ptrs.size() * sizeof(void*), layer_ptrs.data());
+  if (!bases.ok()) return bases.status();
+  const bool split = layer_ptrs.size() > w.g.layers;
+  for (int i = 0; i < w.n; ++i) {
+    Result<void*> slots = d->mem.alloc(w.slots[i].size() * sizeof(int64_t), w.slots[i].data());
+    if (!slots.ok()) return slots.status();
+    EngineView v = w.view;
+    v.layer_base[0] = static_cast<void* const*>(*bases);
+    v.layer_base[1] = split ? v.layer_base[0] + w.g.layers : v.layer_base[0];
+    v.slot_mapping = static_cast<const int64_t*>(*slots);
+    d->views.push_back(v);
+  }
+  return OkStatus();
+}
+
+// Median GB/s over `reps` event-timed runs of `enqueue` (after one warm-up run).
+Result<double> gpu_gbps(void* stream, uint64_t bytes, int reps, const std::function<Status()>& enqueue) {
+  auto trampoline = +[](void* ctx) { return (*static_cast<const std::function<Status()>*>(ctx))(); };
+  KDN_RETURN_IF_ERROR(enqueue());
+  KDN_RETURN_IF_ERROR(stream_sync(stream));
+  std::vector<double> gbps;
+  for (int r = 0; r < reps; ++r) {
+    float ms = 0;
+    KDN_RETURN_IF_ERROR(time_on_stream(stream, trampoline, const_cast<std::function<Status()>*>(&enqueue), &ms));
+    gbps.push_back(static_cast<double>(bytes) / (ms * 1e-3) / 1e9);
+  }
+  std::sort(gbps.begin(), gbps.end());
+  return gbps[gbps.size() / 2];
+}
+
+#if KDN_KERNELS_BENCH_CODEC
+// Batch decode of every chunk's kivi4 blob on the device, fp16 output bytes per second.
+Result<double> gpu_codec_decode(Workload& w, DeviceWorkload& d, void* stream, int reps) {
+  Encoded e;
+  KDN_RETURN_IF_ERROR(encode_chunk(w.g, w.chunk(0), CodecConfig{}, &e));
+  Result<void*> dblob = d.mem.alloc(e.blob.size(), e.blob.data());
+  Result<void*> scratch = d.mem.alloc(kvc1_cuda_scratch_bytes(w.n));
+  if (!dblob.ok() || !scratch.ok()) return dblob.ok() ? scratch.status() : dblob.status();
+  std::vector<const uint8_t*> host_blobs(w.n, e.blob.data()), dev_blobs(w.n, static_cast<const uint8_t*>(*dblob));
+  std::vector<size_t> sizes(w.n, e.blob.size());
+  std::vector<void*> outs(w.n);
+  for (int i = 0; i < w.n; ++i) outs[i] = d.chunks + i * w.chunk_bytes();
+  const Kvc1CudaBatch batch{static_cast<uint32_t>(w.n), host_blobs.data(), sizes.data(), dev_blobs.data(), outs.data()};
+  DecodeOptions opts;
+  opts.cpu_threads = 0;
+  Result<double> r = gpu_gbps(stream, chunk_elements(w.g) * 2 * w.n, reps, [&] {
+    return kvc1_decode_cuda(batch, w.g, kBenchFingerprint, *scratch, kvc1_cuda_scratch_bytes(w.n), stream, opts);
+  });
+  KDN_RETURN_IF_ERROR(kvc1_cuda_result(*scratch, stream));
+  return r;
+}
+#endif
+
+void bench_gpu(Report& report, Workload& w, const ModelShape& m, const Options& o) {
+  const int devices = cuda_device_count();
+  report.set("gpu.available", devices > 0);
+  if (devices == 0) {
+    report.set("gpu.skipped", cuda_built() ? "no CUDA device" : "built without CUDA");
+    progress("gpu: skipped (%s)", cuda_built() ? "no CUDA device" : "built without CUDA");
+    return;
+  }
+  DeviceWorkload d;
+  void* stream = nullptr;
+  Status st = upload(w, &d);
+  if (st.ok()) st = stream_create(&stream);
+  if (!st.ok()) {
+    record(report, "gpu.scatter.gbps", Result<double>(st));
+    return;
+  }
+  const uint64_t total = w.chunk_bytes() * w.n;
+  const Executor ex = Executor::cuda(stream);
+  std::vector<float> inv(m.head_dim / 2), table(m.head_dim);
+  const int64_t delta = 1000;
+  Result<void*> dtable(Status(Code::kInternal, "rope table"));
+  if (compute_inv_freq(m.rope, inv.data(), inv.size()).ok() &&
+      build_rope_table(inv.data(), m.head_dim, &delta, 1, table.data(), table.size()).ok()) {
+    dtable = d.mem.alloc(table.size() * sizeof(float), table.data());
+  }
+  const RopeTable rt{m.rope.style, m.head_dim, dtable.ok() ? static_cast<const float*>(*dtable) : nullptr, 0};
+  auto per_chunk = [&](const std::function<Status(int)>& op) {
+    return [&, op]() -> Status {
+      for (int i = 0; i < w.n; ++i) KDN_RETURN_IF_ERROR(op(i));
+      return OkStatus();
+    };
+  };
+  progress("gpu: d2d copy, scatter, gather, rope_scatter over %.0f MiB", total / 1048576.0);
+  record(report, "gpu.baselines.d2d_copy_gbps",
+         gpu_gbps(stream, total, o.reps, [&] { return copy_device_to_device(d.copy_target, d.chunks, total, stream); }));
+  char* base = d.chunks;
+  const uint64_t cb = w.chunk_bytes();
+  record(report, "gpu.scatter.gbps", gpu_gbps(stream, total, o.reps, per_chunk([&](int i) {
+           return scatter(base + i * cb, w.g, d.views[i], ex);
+         })));
+  record(report, "gpu.gather.gbps", gpu_gbps(stream, total, o.reps, per_chunk([&](int i) {
+           return gather(d.views[i], base + i * cb, w.g, ex);
+         })));
+  record(report, "gpu.rope_scatter.gbps", gpu_gbps(stream, total, o.reps, per_chunk([&](int i) {
+           return rope_scatter(base + i * cb, w.g, d.views[i], rt, ex);
+         })));
+#if KDN_KERNELS_BENCH_CODEC
+  progress("gpu: codec kivi4 batch decode of %d chunks", w.n);
+  record(report, "gpu.codec.decode.gbps", gpu_codec_decode(w, d, stream, o.reps));
+#endif
+  stream_destroy(stream);
+  report.set("gpu.ratios.scatter_vs_d2d", ratio(report.number("gpu.scatter.gbps"), report.number("gpu.baselines.d2d_copy_gbps")));
+  report.set("gpu.ratios.rope_vs_d2d", ratio(report.number("gpu.rope_scatter.gbps"), report.number("gpu.baselines.d2d_copy_gbps")));
+  report.set_bar("bars.gpu_scatter_vs_d2d", report.number("gpu.ratios.scatter_vs_d2d"), BarOp::kAtLeast, 0.7);
+  report.set_bar("bars.gpu_codec_decode_gbps", report.number("gpu.codec.decode.gbps"), BarOp::kAtLeast, 100.0);
+}
+
+void add_ratios_and_bars(Report& report) {
+  const auto memcpy_1t = report.number("baselines.memcpy_gbps_1t");
+  const auto memcpy_pt = report.number("baselines.memcpy_gbps_pt");
+  report.set("ratios.scatter_vs_memcpy", ratio(report.number("scatter.gbps_1t"), memcpy_1t));
+  report.set("ratios.rope_vs_memcpy", ratio(report.number("rope_scatter.gbps_1t"), memcpy_1t));
+  report.set("ratios.gather_vs_memcpy", ratio(report.number("gather.gbps_1t"), memcpy_1t));
+  report.set("ratios.scatter_pt_vs_memcpy_pt", ratio(report.number("scatter.gbps_pt"), memcpy_pt));
+  report.set_bar("bars.scatter_vs_memcpy", report.number("ratios.scatter_vs_memcpy"), BarOp::kAtLeast, 0.7);
+  report.set_bar("bars.rope_vs_memcpy", report.number("ratios.rope_vs_memcpy"), BarOp::kAtLeast, 0.5);
+  if (report.number("codec.decode.gbps_1t")) {
+    report.set_bar("bars.codec_decode_gbps_1t", report.number("codec.decode.gbps_1t"), BarOp::kAtLeast, 1.5);
+  }
+}
+
+int parse_options(int argc, char** argv, Options* o) {
+  CLI::App app{"kdn-bench kernels: layout, RoPE and codec kernels against same-run memcpy"};
+  app.add_flag("--json", o->json, "print JSON");
+  app.add_option("--model", o->model, "llama3-8b | smollm2-135m")->check(CLI::IsMember({"llama3-8b", "smollm2-135m"}));
+  app.add_option("--chunks", o->chunks, "chunks in the working set (0: 256 MiB worth)")->check(CLI::Range(0, 4096));
+  app.add_option("--reps", o->reps, "timed repetitions per figure (median reported)")->check(CLI::Range(1, 100));
+  app.add_option("--threads", o->threads, "threads for the *_pt figures")->check(CLI::Range(1u, 1024u));
+  app.add_option("--kv-dir", o->kv_dir, "directory of real canonical KV chunks (*.kv + *.json)");
+  app.add_flag("--gpu", o->gpu, "also run the kernels on a CUDA device (skipped when none)");
+  app.add_option("--seed", o->seed, "synthetic data seed");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? -1 : 2;  // -1: --help was printed
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kdn::bench
+
+int run_kernels_bench(int argc, char** argv) {
+  using namespace kdn::bench;
+  Options o;
+  if (const int rc = parse_options(argc, argv, &o); rc != 0) return rc < 0 ? 0 : rc;
+  ModelShape m;
+  model_shape(o.model, &m);
+  Report report;
+  Workload w;
+  if (const kdn::Status st = build_workload(m, o, &w); !st.ok()) {
+    std::cerr << "kdn-bench kernels: " << describe(st) << "\n";
+    return 1;
+  }
+  report.set("config.model", o.model);
+  report.set("config.chunk_bytes", w.chunk_bytes());
+  report.set("config.chunks", w.n);
+  report.set("config.threads", o.threads);
+  report.set("config.engine_layout", "vllm_flash_nhd, block 16, fp16");
+  report.set("config.cpu_f16c", cpu_has_f16c());
+  const uint64_t total = w.chunk_bytes() * w.n;
+  add_memcpy_baseline(report, "baselines.memcpy_gbps_1t", 1, total, o.reps);
+  add_memcpy_baseline(report, "baselines.memcpy_gbps_pt", o.threads, total, o.reps);
+  bench_copy_ops(report, w, m, o);
+  bench_layouts(report, m, o);
+#if KDN_KERNELS_BENCH_CODEC
+  bench_codec(report, w, o);
+  if (!o.kv_dir.empty()) bench_real_kv(report, o);
+#else
+  report.set("codec.skipped", "built without kdn/kernels/codec.h");
+#endif
+  if (o.gpu) bench_gpu(report, w, m, o);
+  add_ratios_and_bars(report);
+  std::cout << (o.json ? report.to_json() : report.to_table()) << std::endl;
+  const bool measured = report.number("baselines.memcpy_gbps_1t") && report.number("scatter.gbps_1t");
+  return measured ? 0 : 1;
+}

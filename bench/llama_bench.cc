@@ -1,0 +1,384 @@
+// kdn-bench llama: what kdn saves a real engine. For prompts of 1K..8K tokens (a real
+// document plus a question) and SmolLM2-135M on llama.cpp:
+//   ttft_miss_s          engine process A prefills everything (and stores its chunks in kdnd);
+//   ttft_hit_s           engine process B, another process, asks the same prompt and loads
+//                        A's KV from kdnd (median of --reps runs);
+//   ttft_slot_restore_s  the engine's own alternative, measured in B: llama-server's slot
+//                        save/restore, llama_state_seq_save_file by A of the same prefix and
+//                        llama_state_seq_load_file by B (median), then the same suffix prefill;
+//   tokens_identical     B's greedy tokens (hit) equal A's (miss), and the slot restore's too;
+//   codec.*              KVC1 4-bit (kivi4) on the same prefix: top-1 next-token agreement
+//                        and perplexity delta over the document's next tokens vs exact KV.
+// Every figure comes from this run; the miss prefill is the baseline the speedup divides.
+#include "commands.h"
+#include "kdnd_process.h"
+#include "process.h"
+#include "report.h"
+
+#include <kdn/common/clock.h>
+#include <kdn/llama/codec_quality.h>
+#include <kdn/llama/engine.h>
+#include <kdn/llama/kdn_chunk_store.h>
+
+#include <CLI/CLI.hpp>
+#include <llama.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Json = nlohmann::json;
+using kdn::llama::Engine;
+
+struct Options {
+  std::string model = kdn::llama::default_model_path();
+  std::vector<std::string> docs;
+  std::string kdnd = kdn::bench::default_kdnd_path();
+  std::vector<uint32_t> sizes = {1024, 2048, 4096, 8192};
+  int32_t threads = 1;
+  uint32_t reps = 5;
+  uint32_t n_predict = 32;
+  uint32_t eval_tokens = 256;
+  std::string question = "Summarize the terms above in one sentence.";
+  bool json = false;
+};
+
+// Every license text Debian installs (base-files): a long real document on any machine.
+std::vector<std::string> default_documents() {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/usr/share/common-licenses", ec))
+    if (e.is_regular_file() && !e.is_symlink()) out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string read_documents(const std::vector<std::string>& paths) {
+  std::string text;
+  for (const std::string& p : paths) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    if (!text.empty()) text += "\n\n";
+    text += ss.str();
+  }
+  return text;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+int32_t argmax(std::span<const float> l) {
+  return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+}
+
+// A failure inside a child process: its message becomes the child's JSON answer.
+Json failure(const std::string& what, const kdn::Status& st) {
+  return Json{{"error", what + ": " + st.what()}};
+}
+
+struct Side {
+  const Options& o;
+  const std::string& doc;
+  uint32_t size;
+  std::string socket, name_space, slot_path;
+
+  kdn::Result<std::unique_ptr<Engine>> open_engine() const {
+    kdn::llama::EngineOptions eo;
+    eo.model_path = o.model;
+    eo.n_threads = o.threads;
+    eo.n_ctx = size + o.eval_tokens + 512;
+    return Engine::open(eo);
+  }
+};
+
+// Process A: the miss. Prefills the prompt, stores its chunks in kdnd, and saves the same
+// prefix as a slot file the way llama-server's slot save does.
+Json run_store_side(const Side& s) {
+  auto engine = s.open_engine();
+  if (!engine.ok()) return failure("engine", engine.status());
+  Engine& e = *engine.value();
+  auto store = kdn::llama::KdnChunkStore::connect(e.identity().desc, s.socket, s.name_space);
+  if (!store.ok()) return failure("kdnd", store.status());
+  auto prompt = e.chat_prompt(s.doc, s.o.question, s.size);
+  if (!prompt.ok()) return failure("prompt", prompt.status());
+  auto gen = e.generate(prompt.value(), s.o.n_predict, store.value().get());
+  if (!gen.ok()) return failure("generate", gen.status());
+  if (gen->stats.tokens_reused != 0 || !gen->stats.cache_status.ok())
+    return Json{{"error", "the store side was not a clean miss"}};
+
+  llama_context* ctx = e.context();
+  llama_memory_t mem = llama_get_memory(ctx);
+  llama_memory_seq_cp(mem, 0, 1, 0, static_cast<llama_pos>(s.size));
+  const size_t saved = llama_state_seq_save_file(ctx, s.slot_path.c_str(), 1, prompt->data(), s.size);
+  llama_memory_seq_rm(mem, 1, -1, -1);
+  if (saved == 0) return Json{{"error", "llama_state_seq_save_file failed"}};
+  const auto& st = gen->stats;
+  return Json{{"prompt_tokens", prompt->size()}, {"ttft_s", st.ttft_s},  {"store_s", st.store_s},
+              {"chunks_stored", st.chunks_stored}, {"bytes_stored", st.bytes_stored},
+              {"slot_file_bytes", saved},         {"tokens", gen->tokens}};
+}
+
+struct SlotRun {
+  double load_s = 0;  // llama_state_seq_load_file
+  double ttft_s = 0;  // load + suffix prefill + first token
+};
+
+// Slot restore as llama-server does it: load the file (checking its tokens are the prompt's
+// prefix), then prefill the rest. `tokens` (may be null) gets the greedy answer.
+kdn::Result<SlotRun> slot_restore(Engine& e, const Side& s, const std::vector<int32_t>& prompt,
+                                  std::vector<int32_t>* tokens) {
+  e.reset();
+  std::vector<int32_t> saved(s.size);
+  size_t n = 0;
+  const uint64_t t0 = kdn::now_ns();
+  if (llama_state_seq_load_file(e.context(), s.slot_path.c_str(), 0, saved.data(), saved.size(), &n) == 0 ||
+      n != s.size || !std::equal(saved.begin(), saved.end(), prompt.begin()))
+    return kdn::Status(kdn::Code::kCorrupt, "slot file did not restore the prompt's prefix");
+  const uint64_t t1 = kdn::now_ns();
+  KDN_RETURN_IF_ERROR(e.prefill(std::span(prompt).subspan(s.size), s.size, {}));
+  const int32_t first = argmax(e.last_logits());
+  SlotRun run;
+  run.ttft_s = static_cast<double>(kdn::now_ns() - t0) * 1e-9;
+  run.load_s = static_cast<double>(t1 - t0) * 1e-9;
+  if (tokens) {
+    tokens->assign(1, first);
+    KDN_RETURN_IF_ERROR(e.decode_greedy(*tokens, s.o.n_predict));
+  }
+  return run;
+}
+
+// The KVC1 4-bit codec on the prefix A stored: exact chunks leased from kdnd, the document's
+// next eval_tokens tokens scored on top of them and of their decoded copies.
+Json codec_quality(Engine& e, kdn::llama::ChunkStore& store, const Side& s) {
+  auto ext = e.chat_prompt(s.doc, s.o.question, s.size + s.o.eval_tokens);
+  if (!ext.ok()) return failure("codec prompt", ext.status());
+  const uint32_t chunks = s.size / e.identity().geometry.chunk_tokens;
+  auto lease = store.retrieve(std::span(ext.value()).first(s.size), chunks);
+  if (!lease.ok()) return failure("codec lease", lease.status());
+  if ((*lease)->chunks() != chunks) return Json{{"error", "codec: prefix not in kdnd"}};
+  std::vector<std::span<const uint8_t>> exact;
+  for (uint32_t i = 0; i < chunks; ++i) exact.push_back((*lease)->chunk(i));
+  kdn::kernels::CodecConfig cfg;
+  cfg.mode = kdn::kernels::CodecMode::kKivi4;
+  auto q = kdn::llama::measure_codec_quality(e, exact, std::span(ext.value()).subspan(s.size, s.o.eval_tokens), cfg);
+  if (!q.ok()) return failure("codec", q.status());
+  return Json{{"mode", "kivi4"},
+              {"top1_agreement", q->top1_agreement},
+              {"agreeing_positions", static_cast<uint32_t>(q->top1_agreement * q->eval_tokens + 0.5)},
+              {"eval_tokens", q->eval_tokens},
+              {"ppl_exact", q->ppl_exact},
+              {"ppl_codec", q->ppl_codec},
+              {"ppl_delta_pct", q->ppl_delta_pct},
+              {"ratio_vs_fp16", q->ratio_vs_fp16},
+              {"rel_frobenius_error", q->rel_frobenius_error},
+              {"cosine_min", q->cosine_min}};
+}
+
+// Process B: the hit, the slot-restore baseline and the codec, all on A's work.
+Json run_reuse_side(const Side& s) {
+  auto engine = s.open_engine();
+  if (!engine.ok()) return failure("engine", engine.status());
+  Engine& e = *engine.value();
+  auto store = kdn::llama::KdnChunkStore::connect(e.identity().desc, s.socket, s.name_space);
+  if (!store.ok()) return failure("kdnd", store.status());
+  auto prompt = e.chat_prompt(s.doc, s.o.question, s.size);
+  if (!prompt.ok()) return failure("prompt", prompt.status());
+
+  // Hit and slot-restore runs alternate, so both see the same machine load.
+  Json out;
+  std::vector<double> hit, hit_load, slot, slot_load;
+  std::vector<int32_t> slot_tokens;
+  for (uint32_t r = 0; r < s.o.reps; ++r) {
+    auto gen = e.generate(prompt.value(), s.o.n_predict, store.value().get());
+    if (!gen.ok()) return failure("generate", gen.status());
+    const auto& st = gen->stats;
+    if (st.tokens_reused != s.size) return Json{{"error", std::string("hit incomplete: ") + st.cache_status.what()}};
+    hit.push_back(st.ttft_s);
+    hit_load.push_back(st.retrieve_s + st.load_s);
+    if (r == 0) {
+      out["tokens"] = gen->tokens;
+      out["hit"] = {{"tokens_reused", st.tokens_reused}, {"tokens_computed", st.tokens_computed},
+                    {"bytes_loaded", st.bytes_loaded}};
+    }
+    auto run = slot_restore(e, s, prompt.value(), r == 0 ? &slot_tokens : nullptr);
+    if (!run.ok()) return failure("slot restore", run.status());
+    slot.push_back(run->ttft_s);
+    slot_load.push_back(run->load_s);
+  }
+  out["ttft_hit_s"] = median(hit);
+  out["ttft_hit_runs_s"] = hit;
+  out["hit_load_s"] = median(hit_load);
+  out["ttft_slot_restore_s"] = median(slot);
+  out["ttft_slot_restore_runs_s"] = slot;
+  out["slot_load_s"] = median(slot_load);
+  out["slot_tokens"] = slot_tokens;
+  out["codec"] = codec_quality(e, *store.value(), s);
+  return out;
+}
+
+// Runs `body` in a forked process (llama.cpp and OpenMP never start in the bench itself) and
+// returns the JSON it wrote to a pipe.
+kdn::Result<Json> in_child(const std::function<Json()>& body) {
+  int fds[2];
+  if (pipe(fds) != 0) return kdn::Status::from_errno("pipe", errno);
+  auto child = kdn::bench::fork_child([&]() -> int {
+    close(fds[0]);
+    const std::string text = body().dump();
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = write(fds[1], text.data() + done, text.size() - done);
+      if (n <= 0) return 1;
+      done += static_cast<size_t>(n);
+    }
+    return 0;
+  });
+  close(fds[1]);
+  if (!child.ok()) {
+    close(fds[0]);
+    return child.status();
+  }
+  std::string text;
+  char buf[65536];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+  (void)child.value().wait_for(std::chrono::minutes(5));
+  Json j = Json::parse(text, nullptr, false);
+  if (j.is_discarded()) return kdn::Status(kdn::Code::kInternal, "engine process died without an answer");
+  if (j.contains("error")) {
+    std::fprintf(stderr, "llama bench: %s\n", j["error"].get<std::string>().c_str());
+    return kdn::Status(kdn::Code::kInternal, "an engine process failed");
+  }
+  return j;
+}
+
+void report_size(kdn::bench::Report& r, uint32_t size, const Json& a, const Json& b) {
+  const std::string k = "prompt_" + std::to_string(size) + ".";
+  const double miss = a["ttft_s"], hit = b["ttft_hit_s"], slot = b["ttft_slot_restore_s"];
+  r.set(k + "prompt_tokens", a["prompt_tokens"].get<uint64_t>());
+  r.set(k + "ttft_miss_s", miss);
+  r.set(k + "ttft_hit_s", hit);
+  r.set(k + "speedup", miss / hit);
+  r.set(k + "ttft_slot_restore_s", slot);
+  r.set(k + "hit_vs_slot_restore", hit / slot);
+  r.set(k + "tokens_identical", a["tokens"] == b["tokens"]);
+  r.set(k + "slot_tokens_identical", a["tokens"] == b["slot_tokens"]);
+  r.set(k + "tokens_reused", b["hit"]["tokens_reused"].get<uint64_t>());
+  r.set(k + "tokens_computed", b["hit"]["tokens_computed"].get<uint64_t>());
+  r.set(k + "hit_load_s", b["hit_load_s"].get<double>());
+  r.set(k + "slot_load_s", b["slot_load_s"].get<double>());
+  r.set(k + "bytes_loaded", b["hit"]["bytes_loaded"].get<uint64_t>());
+  r.set(k + "store_s", a["store_s"].get<double>());
+  r.set(k + "slot_file_bytes", a["slot_file_bytes"].get<uint64_t>());
+  const Json& c = b["codec"];
+  if (c.contains("error")) {
+    r.set(k + "codec.error", c["error"].get<std::string>());
+    return;
+  }
+  for (const char* f : {"top1_agreement", "ppl_exact", "ppl_codec", "ppl_delta_pct", "ratio_vs_fp16",
+                        "rel_frobenius_error", "cosine_min"})
+    r.set(k + "codec." + f, c[f].get<double>());
+  r.set(k + "codec.eval_tokens", c["eval_tokens"].get<uint64_t>());
+}
+
+void add_flags(CLI::App& app, Options& o) {
+  app.add_flag("--json", o.json, "print JSON");
+  app.add_option("--model", o.model, "GGUF model (default: the one setup-llama.sh unpacked)");
+  app.add_option("--doc", o.docs, "document file(s), concatenated (default: /usr/share/common-licenses/*)");
+  app.add_option("--sizes", o.sizes, "prompt sizes in tokens (multiples of 256)")->delimiter(',');
+  app.add_option("--threads", o.threads, "llama.cpp threads per engine (default 1: stable under other load)");
+  app.add_option("--reps", o.reps, "repetitions of the hit and slot-restore runs (median)")->check(CLI::Range(1u, 50u));
+  app.add_option("--n-predict", o.n_predict, "greedy tokens compared between hit and miss");
+  app.add_option("--eval-tokens", o.eval_tokens, "document tokens scored for the codec")->check(CLI::Range(2u, 4096u));
+  app.add_option("--kdnd", o.kdnd, "kdnd binary (default: next to kdn-bench)");
+}
+
+void set_bars(kdn::bench::Report& r, const Options& o, bool all_identical, uint64_t agree, uint64_t scored) {
+  if (std::find(o.sizes.begin(), o.sizes.end(), 4096u) != o.sizes.end())
+    r.set_bar("bars.speedup_4k", r.number("prompt_4096.speedup"), kdn::bench::BarOp::kAtLeast, 20);
+  for (uint32_t size : o.sizes) {
+    const std::string k = "prompt_" + std::to_string(size);
+    r.set_bar("bars.hit_vs_slot_restore_" + std::to_string(size), r.number(k + ".hit_vs_slot_restore"),
+              kdn::bench::BarOp::kAtMost, 1.0);
+  }
+  r.set_bar("bars.tokens_identical", all_identical ? 1.0 : 0.0, kdn::bench::BarOp::kAtLeast, 1.0);
+  std::optional<double> top1;
+  if (scored > 0) top1 = static_cast<double>(agree) / static_cast<double>(scored);
+  r.set("codec.mode", "kivi4");
+  r.set("codec.top1_agreement", top1);
+  r.set("codec.scored_positions", scored);
+  r.set_bar("bars.codec_top1_agreement", top1, kdn::bench::BarOp::kAtLeast, 0.98);
+}
+
+}  // namespace
+
+int run_llama_bench(int argc, char** argv) {
+  CLI::App app("kdn-bench llama: TTFT of llama.cpp with and without kdn, against slot save/restore");
+  Options o;
+  add_flags(app, o);
+  CLI11_PARSE(app, argc, argv);
+  if (o.docs.empty()) o.docs = default_documents();
+  const std::string doc = read_documents(o.docs);
+  for (uint32_t size : o.sizes)
+    if (size == 0 || size % 256 != 0) {
+      std::fprintf(stderr, "llama bench: sizes must be multiples of 256\n");
+      return 2;
+    }
+
+  auto tmp = kdn::bench::TempDir::create("kdn-llama-bench");
+  if (!tmp.ok()) return 1;
+  const uint32_t largest = *std::max_element(o.sizes.begin(), o.sizes.end());
+  kdn::bench::KdndOptions ko;
+  ko.binary = o.kdnd;
+  ko.socket_path = tmp->path() + "/kdnd.sock";
+  ko.log_path = tmp->path() + "/kdnd.log";
+  ko.host_arena_bytes = (uint64_t{largest} * 23040 * 3 / 2 + (64ull << 20)) & ~((1ull << 20) - 1);
+  auto kdnd = kdn::bench::KdndProcess::start(ko);
+  if (!kdnd.ok()) {
+    std::fprintf(stderr, "llama bench: %s\n%s", kdn::bench::describe(kdnd.status()).c_str(),
+                 kdn::bench::file_tail(ko.log_path).c_str());
+    return 1;
+  }
+
+  kdn::bench::Report r;
+  r.set("model", o.model.substr(o.model.find_last_of('/') + 1));
+  r.set("threads", static_cast<int64_t>(o.threads));
+  r.set("chunk_tokens", 256);
+  bool all_identical = true;
+  uint64_t agree = 0, scored = 0;
+  for (uint32_t size : o.sizes) {
+    // A namespace per size: the shorter prompts' chunks are prefixes of the longer ones'.
+    const Side side{o, doc, size, ko.socket_path, "llama-bench-" + std::to_string(size),
+                    tmp->path() + "/slot-" + std::to_string(size) + ".bin"};
+    std::fprintf(stderr, "llama bench: %u tokens: process A (miss, store)...\n", size);
+    auto a = in_child([&] { return run_store_side(side); });
+    if (!a.ok()) return 1;
+    std::fprintf(stderr, "llama bench: %u tokens: process B (hit, slot restore, codec)...\n", size);
+    auto b = in_child([&] { return run_reuse_side(side); });
+    if (!b.ok()) return 1;
+    report_size(r, size, a.value(), b.value());
+    all_identical &= a.value()["tokens"] == b.value()["tokens"] && a.value()["tokens"] == b.value()["slot_tokens"];
+    if (b.value()["codec"].contains("agreeing_positions")) {
+      agree += b.value()["codec"]["agreeing_positions"].get<uint64_t>();
+      scored += b.value()["codec"]["eval_tokens"].get<uint64_t>();
+    }
+  }
+  (void)kdnd.value().stop();
+  set_bars(r, o, all_identical, agree, scored);
+  std::printf("%s\n", o.json ? r.to_json().c_str() : r.to_table().c_str());
+  return 0;
+}

@@ -1,0 +1,91 @@
+// kdn-bench: node-level benchmarks of kdn against the machine's own limits, in one run.
+//
+//   kdn-bench <subcommand> [--json] [options]      (kdn-bench <subcommand> --help for options)
+//
+// Subcommands whose sources this build does not include print why and exit 2.
+#include "commands.h"
+
+#include <signal.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Subcommand {
+  const char* name;
+  const char* summary;
+  int (*run)(int, char**);  // null when not built
+  const char* missing;      // why it is not built
+};
+
+#if KDN_BENCH_HAVE_NODE
+constexpr auto kNode = &kdn::bench::run_node_bench;
+#else
+constexpr int (*kNode)(int, char**) = nullptr;
+#endif
+#if KDN_BENCH_HAVE_KERNELS
+constexpr auto kKernels = &run_kernels_bench;
+#else
+constexpr int (*kKernels)(int, char**) = nullptr;
+#endif
+#if KDN_BENCH_HAVE_LLAMA
+constexpr auto kLlama = &run_llama_bench;
+#else
+constexpr int (*kLlama)(int, char**) = nullptr;
+#endif
+
+const Subcommand kSubcommands[] = {
+    {"node",
+     "kdnd end to end: P engine processes, retrieve/store GB/s, lookup RTT, hit ratio, "
+     "idle CPU, against same-run baselines",
+     kNode, "this kdn-bench was built without libkdn (CMake target kdn)"},
+    {"baselines", "memcpy, Unix-socket echo, spin ping-pong and redis baselines alone",
+     &kdn::bench::run_baselines_bench, ""},
+    {"kernels", "copy, RoPE, codec and blend kernels (CPU; CUDA where a GPU is present)", kKernels,
+     "this kdn-bench was built without the kernels (target kdn_kernels)"},
+    {"llama", "llama.cpp prefill with and without kdn", kLlama,
+     "this kdn-bench was built without KDN_BUILD_LLAMA=ON"},
+};
+
+void print_usage(FILE* out) {
+  std::fprintf(out, "usage: kdn-bench <subcommand> [--json] [options]\n\nsubcommands:\n");
+  for (const Subcommand& s : kSubcommands) {
+    std::fprintf(out, "  %-10s %s%s\n", s.name, s.summary, s.run ? "" : " [not built]");
+  }
+  std::fprintf(out, "\n'kdn-bench <subcommand> --help' lists its options.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // A daemon or engine that dies mid-write must surface as an error, not kill the bench.
+  signal(SIGPIPE, SIG_IGN);
+  // Options given before the subcommand (kdn-bench --json node) belong to it.
+  std::vector<char*> leading;
+  int i = 1;
+  for (; i < argc && argv[i][0] == '-'; ++i) leading.push_back(argv[i]);
+  if (i == argc) {
+    bool help = false;
+    for (char* opt : leading) help |= !std::strcmp(opt, "--help") || !std::strcmp(opt, "-h");
+    print_usage(help ? stdout : stderr);
+    return help ? 0 : 2;
+  }
+  for (const Subcommand& s : kSubcommands) {
+    if (std::strcmp(argv[i], s.name) != 0) continue;
+    if (s.run == nullptr) {
+      std::fprintf(stderr, "kdn-bench: subcommand '%s' is not available: %s\n", s.name, s.missing);
+      return 2;
+    }
+    std::vector<char*> args = {argv[i]};
+    args.insert(args.end(), argv + i + 1, argv + argc);
+    args.insert(args.end(), leading.begin(), leading.end());
+    args.push_back(nullptr);
+    return s.run(static_cast<int>(args.size() - 1), args.data());
+  }
+  std::fprintf(stderr, "kdn-bench: unknown subcommand '%s'\n\n", argv[i]);
+  print_usage(stderr);
+  return 2;
+}

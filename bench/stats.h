@@ -1,0 +1,33 @@
+// Latency summaries shared by every benchmark: nearest-rank percentiles of raw samples.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace kdn::bench {
+
+struct LatencySummary {
+  double p50_us = 0;
+  double p99_us = 0;
+  double mean_us = 0;
+  double min_us = 0;
+  double max_us = 0;
+  size_t samples = 0;
+};
+
+// Nearest-rank percentile (q in [0, 1]) of ascending samples; 0 for an empty set.
+uint64_t percentile_sorted(const std::vector<uint64_t>& sorted, double q) noexcept;
+
+// Summarizes nanosecond samples (sorts them in place) in microseconds.
+LatencySummary summarize_ns(std::vector<uint64_t>& samples_ns) noexcept;
+
+// Bytes over nanoseconds in GB/s (1e9 bytes per second); 0 when no time elapsed.
+inline double gb_per_s(uint64_t bytes, uint64_t ns) noexcept {
+  return ns == 0 ? 0.0 : static_cast<double>(bytes) / static_cast<double>(ns);
+}
+
+// Median of a small set of values (sorts a copy); 0 for an empty set.
+double median(std::vector<double> values) noexcept;
+
+}  // namespace kdn::bench
