@@ -92,6 +92,7 @@ TEST_P(ChunkStoreTest, RecentlyUsedChunksSurvive) {
   for (int i = 32; i < 64; ++i) {
     ChunkEntry* e = s.lease(K(0), 8 * kMiB, ++now);
     ASSERT_NE(e, nullptr) << "hot chunk evicted at step " << i;
+    s.touch(e, ++now);
     s.release(e);
     put(i);
   }
