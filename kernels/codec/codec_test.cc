@@ -1,0 +1,385 @@
+// kvc1_encode / kvc1_decode through the public API: round trips, error bounds, options and
+// every error path the header promises.
+#include "codec_test_util.h"
+#include "format.h"
+#include "quant.h"
+#include "validate.h"
+
+#include <kdn/kernels/codec.h>
+#include <kdn/kernels/dtype.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace kdn::kernels {
+namespace {
+
+using testing::config;
+using testing::encode;
+using testing::geometry;
+using testing::geometry_bytes;
+using testing::kAllModes;
+using testing::kTestFingerprint;
+using testing::synthetic_chunk;
+
+std::vector<uint8_t> decode_ok(const std::vector<uint8_t>& blob, const ChunkGeometry& g, DecodeOptions opts = {}) {
+  std::vector<uint8_t> out(geometry_bytes(g));
+  const Status st = kvc1_decode(blob.data(), blob.size(), g, kTestFingerprint, out.data(), out.size(), opts);
+  EXPECT_TRUE(st.ok()) << st.what();
+  return out;
+}
+
+Code decode_code(const std::vector<uint8_t>& blob, const ChunkGeometry& g, DecodeOptions opts = {},
+                 kdn_key fp = kTestFingerprint) {
+  std::vector<uint8_t> out(geometry_bytes(g));
+  return kvc1_decode(blob.data(), blob.size(), g, fp, out.data(), out.size(), opts).code();
+}
+
+// Stored scale S' of element (layer, plane, t, h, d) of a quantized blob.
+float stored_scale(const std::vector<uint8_t>& blob, uint32_t layer, uint32_t plane, uint32_t t, uint32_t h,
+                   uint32_t d) {
+  kvc1::Header hdr;
+  kvc1::Plane pl[2];
+  EXPECT_EQ(kvc1::parse_header(blob.data(), blob.size(), &hdr), kvc1::kParseOk);
+  EXPECT_EQ(kvc1::locate_planes(blob.data(), hdr, layer, pl), kvc1::kParseOk);
+  uint64_t s_off, z_off;
+  kvc1::row_scale_offsets(hdr, pl[plane], t, h, &s_off, &z_off);
+  const uint32_t per = pl[plane].codec == kvc1::kCodecUintChannel ? 1 : pl[plane].group;
+  return kvc1::load_scale(blob.data() + pl[plane].params_off + s_off, d / per, pl[plane].scale_dtype);
+}
+
+// Spacing of dtype values at |v|.
+float ulp_of(float v, DType t) {
+  const int mant = t == DType::kF16 ? 10 : t == DType::kBF16 ? 7 : 23;
+  const int min_exp = t == DType::kF16 ? -14 : -126;
+  const int e = v == 0.0f ? min_exp : std::max(std::ilogb(v), min_exp);
+  return std::ldexp(1.0f, e - mant);
+}
+
+bool quantized(CodecMode m) { return m != CodecMode::kRaw && m != CodecMode::kLossless; }
+
+TEST(Codec, RoundTripEveryModeDtypeAndShape) {
+  const ChunkGeometry shapes[] = {geometry(2, 3, 64, 256), geometry(3, 2, 80, 37), geometry(1, 1, 32, 1),
+                                  geometry(2, 1, 7, 5)};
+  for (ChunkGeometry g : shapes) {
+    for (DType dt : {DType::kF16, DType::kBF16, DType::kF32}) {
+      g.dtype = dt;
+      const std::vector<uint8_t> chunk = synthetic_chunk(g);
+      for (CodecMode m : kAllModes) {
+        SCOPED_TRACE(::testing::Message() << codec_mode_name(m) << " D=" << g.head_dim << " T=" << g.tokens
+                                          << " dtype=" << static_cast<int>(dt));
+        const std::vector<uint8_t> blob = encode(g, chunk.data(), config(m));
+        const std::vector<uint8_t> out = decode_ok(blob, g);
+        if (!quantized(m)) {
+          EXPECT_EQ(out, chunk);
+          continue;
+        }
+        const CodecQuality q = kvc1_quality(g, chunk.data(), out.data(), blob.size());
+        const double min_cos = m == CodecMode::kInt8 ? 0.9999 : m == CodecMode::kKivi4 ? 0.99 : 0.9;
+        EXPECT_GE(q.cosine_min, min_cos);
+      }
+    }
+  }
+}
+
+// |x - x^| <= S'/2 + ulp of the output dtype, element by element, S' read from the blob.
+TEST(Codec, QuantizerErrorBoundHoldsForEveryElement) {
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const ChunkGeometry g = geometry(2, 2, 64, 100, dt);
+    const std::vector<uint8_t> chunk = synthetic_chunk(g, 3);
+    for (CodecMode m : {CodecMode::kInt8, CodecMode::kKivi4, CodecMode::kKivi2}) {
+      const std::vector<uint8_t> blob = encode(g, chunk.data(), config(m));
+      const std::vector<uint8_t> out = decode_ok(blob, g);
+      for (uint32_t l = 0; l < g.layers; ++l)
+        for (uint32_t p = 0; p < 2; ++p)
+          for (uint32_t t = 0; t < g.tokens; ++t)
+            for (uint32_t h = 0; h < g.kv_heads; ++h)
+              for (uint32_t d = 0; d < g.head_dim; ++d) {
+                const int64_t i = chunk_offset(g, l, p, t, h, d);
+                const float x = load_f32(chunk.data(), i, dt, 1.0f), xh = load_f32(out.data(), i, dt, 1.0f);
+                const float s = stored_scale(blob, l, p, t, h, d);
+                // ulp terms: the output rounding, and the f32 arithmetic of (x - Z) / S (q <= 255).
+                const float slack = ulp_of(xh, dt) + 2 * ulp_of(std::max(std::fabs(x), 256 * s), DType::kF32);
+                ASSERT_LE(std::fabs(x - xh), s / 2 + slack)
+                    << codec_mode_name(m) << " l=" << l << " p=" << p << " t=" << t << " h=" << h << " d=" << d;
+              }
+    }
+  }
+}
+
+// K constant along tokens per channel, V constant along channels per token: every K and V
+// group is constant, and f16 holds the values, so decoding is exact.
+TEST(Codec, ConstantGroupsDecodeExactly) {
+  const ChunkGeometry g = geometry(2, 2, 32, 64);
+  std::vector<uint8_t> chunk(geometry_bytes(g));
+  auto* v = reinterpret_cast<uint16_t*>(chunk.data());
+  for (uint32_t l = 0; l < g.layers; ++l)
+    for (uint32_t t = 0; t < g.tokens; ++t)
+      for (uint32_t h = 0; h < g.kv_heads; ++h)
+        for (uint32_t d = 0; d < g.head_dim; ++d) {
+          v[chunk_offset(g, l, 0, t, h, d)] = f32_to_f16(d % 3 == 0 ? 0.75f : -2.5f * static_cast<float>(d + h));
+          v[chunk_offset(g, l, 1, t, h, d)] = f32_to_f16(0.125f * static_cast<float>(t) - 3.0f);
+        }
+  for (CodecMode m : {CodecMode::kKivi4, CodecMode::kKivi2}) EXPECT_EQ(decode_ok(encode(g, chunk.data(), config(m)), g), chunk);
+}
+
+TEST(Codec, EntropyCodingNeverChangesTheDecodeAndNeverGrows) {
+  const ChunkGeometry g = geometry(2, 3, 64, 256);
+  const std::vector<uint8_t> chunk = synthetic_chunk(g, 5);
+  for (CodecMode m : kAllModes) {
+    CodecConfig packed = config(m);
+    packed.entropy = false;
+    const std::vector<uint8_t> a = encode(g, chunk.data(), config(m));
+    const std::vector<uint8_t> b = encode(g, chunk.data(), packed);
+    EXPECT_LE(a.size(), b.size()) << codec_mode_name(m);
+    EXPECT_EQ(decode_ok(a, g), decode_ok(b, g)) << codec_mode_name(m);
+  }
+}
+
+TEST(Codec, ParallelAndLayerRangeDecodes) {
+  const ChunkGeometry g = geometry(4, 3, 64, 128);
+  const std::vector<uint8_t> chunk = synthetic_chunk(g, 6);
+  for (CodecMode m : kAllModes) {
+    const std::vector<uint8_t> blob = encode(g, chunk.data(), config(m));
+    const std::vector<uint8_t> serial = decode_ok(blob, g);
+    DecodeOptions all, two;
+    all.cpu_threads = 0;
+    two.cpu_threads = 2;
+    EXPECT_EQ(decode_ok(blob, g, all), serial);
+    EXPECT_EQ(decode_ok(blob, g, two), serial);
+    DecodeOptions range;
+    range.layers = {1, 3};
+    std::vector<uint8_t> part(geometry_bytes(g), 0xab);
+    ASSERT_TRUE(kvc1_decode(blob.data(), blob.size(), g, kTestFingerprint, part.data(), part.size(), range).ok());
+    const size_t layer_bytes = part.size() / g.layers;
+    for (size_t i = 0; i < part.size(); ++i) {
+      const size_t l = i / layer_bytes;
+      ASSERT_EQ(part[i], (l == 1 || l == 2) ? serial[i] : 0xab) << i;
+    }
+  }
+}
+
+TEST(Codec, PerLayerBitWidths) {
+  const ChunkGeometry g = geometry(3, 2, 64, 128);
+  const std::vector<uint8_t> chunk = synthetic_chunk(g, 8);
+  const uint8_t k_bits[3] = {8, 4, 2}, v_bits[3] = {8, 3, 2};
+  CodecConfig cfg = config(CodecMode::kKivi4);
+  cfg.layer_k_bits = k_bits;
+  cfg.layer_v_bits = v_bits;
+  const std::vector<uint8_t> blob = encode(g, chunk.data(), cfg);
+  kvc1::Header h;
+  ASSERT_EQ(kvc1::parse_header(blob.data(), blob.size(), &h), kvc1::kParseOk);
+  for (uint32_t l = 0; l < 3; ++l) {
+    kvc1::LayerEntry e;
+    ASSERT_EQ(kvc1::parse_layer_entry(blob.data(), h, l, &e), kvc1::kParseOk);
+    EXPECT_EQ(e.bits[0], k_bits[l]);
+    EXPECT_EQ(e.bits[1], v_bits[l]);
+  }
+  const std::vector<uint8_t> out = decode_ok(blob, g);
+  // More bits, less error: compare layer by layer.
+  double err[3];
+  for (uint32_t l = 0; l < 3; ++l) {
+    ChunkGeometry one = g;
+    one.layers = 1;
+    const size_t off = geometry_bytes(g) / 3 * l;
+    err[l] = kvc1_quality(one, chunk.data() + off, out.data() + off, 1).rel_frobenius_error;
+  }
+  EXPECT_LT(err[0], err[1]);
+  EXPECT_LT(err[1], err[2]);
+}
+
+TEST(Codec, NonFiniteValuesRejectedByQuantizersCarriedByLossless) {
+  const ChunkGeometry g = geometry(1, 1, 32, 16);
+  std::vector<uint8_t> chunk = synthetic_chunk(g);
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    std::vector<uint8_t> c = chunk;
+    reinterpret_cast<uint16_t*>(c.data())[600] = f32_to_f16(bad);
+    for (CodecMode m : {CodecMode::kInt8, CodecMode::kKivi4, CodecMode::kKivi2}) {
+      const CodecConfig cfg = config(m);
+      std::vector<uint8_t> out(kvc1_max_encoded_size(g, cfg)), scratch(kvc1_encode_scratch_bytes(g, cfg));
+      size_t n = 0;
+      EXPECT_EQ(kvc1_encode(g, kTestFingerprint, c.data(), cfg, out.data(), out.size(), &n, scratch.data(),
+                            scratch.size()).code(),
+                Code::kInvalidArgument);
+    }
+    EXPECT_EQ(decode_ok(encode(g, c.data(), config(CodecMode::kLossless)), g), c);
+  }
+}
+
+TEST(Codec, CrcMismatchIsRejected) {
+  const ChunkGeometry g = geometry(2, 2, 64, 64);
+  const std::vector<uint8_t> chunk = synthetic_chunk(g);
+  for (CodecMode m : kAllModes) {
+    const std::vector<uint8_t> blob = encode(g, chunk.data(), config(m));
+    for (size_t pos : {size_t{5}, size_t{130}, blob.size() / 2, blob.size() - 1}) {
+      std::vector<uint8_t> bad = blob;
+      bad[pos] ^= 0x10;
+      EXPECT_EQ(decode_code(bad, g), Code::kCorrupt) << codec_mode_name(m) << " byte " << pos;
+    }
+  }
+}
+
+// An exponent reference below an element's exponent can only come from corruption: the decoder
+// must notice (here with CRCs off, so that the change reaches it).
+TEST(Codec, LosslessRejectsExponentsAboveTheirReference) {
+  for (DType dt : {DType::kF16, DType::kBF16, DType::kF32}) {
+    const ChunkGeometry g = geometry(1, 1, 64, 32, dt);
+    std::vector<uint8_t> blob = encode(g, synthetic_chunk(g).data(), config(CodecMode::kLossless));
+    kvc1::Header h;
+    kvc1::Plane pl[2];
+    ASSERT_EQ(kvc1::parse_header(blob.data(), blob.size(), &h), kvc1::kParseOk);
+    ASSERT_EQ(kvc1::locate_planes(blob.data(), h, 0, pl), kvc1::kParseOk);
+    ASSERT_EQ(pl[0].codec, kvc1::kCodecBytePlanes);
+    for (uint32_t d = 0; d < g.head_dim; ++d) blob[pl[0].params_off + d] = 0;  // emax[0][d]
+    DecodeOptions no_crc;
+    no_crc.verify_crc = false;
+    EXPECT_EQ(decode_code(blob, g, no_crc), Code::kCorrupt) << static_cast<int>(dt);
+  }
+}
+
+TEST(Codec, WrongModelOrGeometryIsAMismatch) {
+  const ChunkGeometry g = geometry(2, 2, 64, 64);
+  const std::vector<uint8_t> blob = encode(g, synthetic_chunk(g).data(), config(CodecMode::kKivi4));
+  EXPECT_EQ(decode_code(blob, g, {}, kdn_key{1, 2}), Code::kModelMismatch);
+  ChunkGeometry other = g;
+  other.tokens = 63;
+  EXPECT_EQ(decode_code(blob, other), Code::kModelMismatch);
+  other = g;
+  other.dtype = DType::kBF16;
+  EXPECT_EQ(decode_code(blob, other), Code::kModelMismatch);
+}
+
+TEST(Codec, EveryTruncationIsRejected) {
+  const ChunkGeometry g = geometry(2, 1, 32, 40);
+  const std::vector<uint8_t> blob = encode(g, synthetic_chunk(g).data(), config(CodecMode::kKivi4));
+  std::vector<uint8_t> out(geometry_bytes(g));
+  for (size_t n = 0; n < blob.size(); ++n)
+    ASSERT_EQ(kvc1_decode(blob.data(), n, g, kTestFingerprint, out.data(), out.size()).code(), Code::kCorrupt) << n;
+}
+
+TEST(Codec, UnknownMajorVersionIsRejected) {
+  const ChunkGeometry g = geometry(1, 1, 32, 8);
+  std::vector<uint8_t> blob = encode(g, synthetic_chunk(g).data(), config(CodecMode::kRaw));
+  blob[kvc1::kHfVersionMajor] = 2;
+  EXPECT_EQ(decode_code(blob, g), Code::kVersion);
+  Kvc1Info info;
+  EXPECT_EQ(kvc1_inspect(blob.data(), blob.size(), &info).code(), Code::kVersion);
+}
+
+TEST(Codec, CapacityAndScratchChecks) {
+  const ChunkGeometry g = geometry(2, 2, 64, 64);
+  const std::vector<uint8_t> chunk = synthetic_chunk(g);
+  for (CodecMode m : kAllModes) {
+    const CodecConfig cfg = config(m);
+    const std::vector<uint8_t> blob = encode(g, chunk.data(), cfg);
+    EXPECT_LE(blob.size(), kvc1_max_encoded_size(g, cfg));
+    std::vector<uint8_t> out(blob.size()), scratch(kvc1_encode_scratch_bytes(g, cfg));
+    size_t n = 0;
+    EXPECT_TRUE(kvc1_encode(g, kTestFingerprint, chunk.data(), cfg, out.data(), out.size(), &n, scratch.data(),
+                            scratch.size()).ok());
+    EXPECT_EQ(out, blob);  // deterministic
+    EXPECT_EQ(kvc1_encode(g, kTestFingerprint, chunk.data(), cfg, out.data(), out.size() - 1, &n, scratch.data(),
+                          scratch.size()).code(),
+              Code::kNoSpace);
+    EXPECT_EQ(kvc1_encode(g, kTestFingerprint, chunk.data(), cfg, out.data(), out.size(), &n, scratch.data(),
+                          scratch.size() - 1).code(),
+              Code::kInvalidArgument);
+    std::vector<uint8_t> small(geometry_bytes(g) - 1);
+    EXPECT_EQ(kvc1_decode(blob.data(), blob.size(), g, kTestFingerprint, small.data(), small.size()).code(),
+              Code::kInvalidArgument);
+  }
+}
+
+TEST(Codec, IncompressibleDataStaysWithinTheBound) {
+  const ChunkGeometry g = geometry(1, 2, 64, 64, DType::kF32);
+  std::vector<uint8_t> chunk(geometry_bytes(g));
+  uint64_t s = 99;
+  auto* f = reinterpret_cast<float*>(chunk.data());
+  for (size_t i = 0; i < chunk.size() / 4; ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    f[i] = std::ldexp(static_cast<float>(s >> 40) / 16777216.0f - 0.5f, static_cast<int>(s >> 59) % 30 - 15);
+  }
+  for (CodecMode m : kAllModes) {
+    const std::vector<uint8_t> blob = encode(g, chunk.data(), config(m));
+    EXPECT_LE(blob.size(), kvc1_max_encoded_size(g, config(m)));
+    if (!quantized(m)) {
+      EXPECT_EQ(decode_ok(blob, g), chunk);
+    }
+  }
+}
+
+TEST(Codec, ConfigValidation) {
+  const ChunkGeometry g = geometry(2, 2, 64, 64);
+  CodecConfig c = config(CodecMode::kKivi4);
+  c.v_group_channels = 48;
+  EXPECT_EQ(kvc1_max_encoded_size(g, c), 0u);
+  c = config(CodecMode::kKivi4);
+  c.k_bits = 9;
+  EXPECT_EQ(kvc1_max_encoded_size(g, c), 0u);
+  c = config(CodecMode::kLossless);
+  c.k_bits = 4;
+  EXPECT_EQ(kvc1_max_encoded_size(g, c), 0u);
+  c = config(static_cast<CodecMode>(9));
+  EXPECT_EQ(kvc1_max_encoded_size(g, c), 0u);
+  ChunkGeometry fp8 = g;
+  fp8.dtype = DType::kFP8E4M3;
+  EXPECT_EQ(kvc1_max_encoded_size(fp8, config(CodecMode::kKivi4)), 0u);
+  std::vector<uint8_t> raw(geometry_bytes(fp8));
+  for (size_t i = 0; i < raw.size(); ++i) raw[i] = static_cast<uint8_t>(i * 37);
+  EXPECT_EQ(decode_ok(encode(fp8, raw.data(), config(CodecMode::kRaw)), fp8), raw);
+}
+
+TEST(Codec, LargeValuesSwitchThePlaneToF32Scales) {
+  const ChunkGeometry g = geometry(1, 1, 32, 64, DType::kF32);
+  std::vector<uint8_t> chunk = synthetic_chunk(g);
+  auto* f = reinterpret_cast<float*>(chunk.data());
+  f[3] = 2e6f;  // K plane, beyond f16
+  const std::vector<uint8_t> blob = encode(g, chunk.data(), config(CodecMode::kKivi4));
+  kvc1::Header h;
+  kvc1::Plane pl[2];
+  ASSERT_EQ(kvc1::parse_header(blob.data(), blob.size(), &h), kvc1::kParseOk);
+  ASSERT_EQ(kvc1::locate_planes(blob.data(), h, 0, pl), kvc1::kParseOk);
+  EXPECT_EQ(pl[0].scale_dtype, kvc1::kScaleF32);
+  EXPECT_EQ(pl[1].scale_dtype, kvc1::kScaleF16);
+  const std::vector<uint8_t> out = decode_ok(blob, g);
+  EXPECT_LE(std::fabs(reinterpret_cast<const float*>(out.data())[3] - 2e6f), stored_scale(blob, 0, 0, 0, 0, 3) / 2 + 1);
+}
+
+TEST(Codec, InspectReportsTheHeader) {
+  const ChunkGeometry g = geometry(3, 2, 64, 50, DType::kBF16);
+  CodecConfig c = config(CodecMode::kKivi2);
+  c.pos_base = 4096;
+  c.chunk_key = kdn_key{7, 8};
+  c.block_tokens = 16;
+  const std::vector<uint8_t> blob = encode(g, synthetic_chunk(g).data(), c);
+  Kvc1Info info;
+  ASSERT_TRUE(kvc1_inspect(blob.data(), blob.size(), &info).ok());
+  EXPECT_EQ(info.version_major, 1);
+  EXPECT_EQ(info.total_bytes, blob.size());
+  EXPECT_EQ(info.geometry.layers, 3u);
+  EXPECT_EQ(info.geometry.tokens, 50u);
+  EXPECT_EQ(info.geometry.dtype, DType::kBF16);
+  EXPECT_EQ(info.fingerprint.lo, kTestFingerprint.lo);
+  EXPECT_EQ(info.mode, CodecMode::kKivi2);
+  EXPECT_EQ(info.block_tokens, 16u);
+  EXPECT_EQ(info.pos_base, 4096);
+  EXPECT_EQ(info.chunk_key.hi, 8u);
+  EXPECT_EQ(decode_code(blob, g), Code::kOk);  // several rANS blocks per segment
+}
+
+// The 4-bit packed layout's size is structural: codes plus f16 scales (K groups of 128 tokens,
+// V groups of head_dim channels) plus framing.
+TEST(Codec, Kivi4PackedRatioIsAtLeast3p5) {
+  const ChunkGeometry g = geometry(30, 3, 64, 256);
+  const std::vector<uint8_t> chunk = synthetic_chunk(g, 10);
+  CodecConfig c = config(CodecMode::kKivi4);
+  c.entropy = false;
+  const std::vector<uint8_t> blob = encode(g, chunk.data(), c);
+  EXPECT_GE(kvc1_quality(g, chunk.data(), chunk.data(), blob.size()).ratio_vs_fp16, 3.5);
+}
+
+}  // namespace
+}  // namespace kdn::kernels

@@ -1,0 +1,17 @@
+// Builds without CUDA: the GPU decoder reports that it is not there.
+#include <kdn/kernels/codec_cuda.h>
+
+namespace kdn::kernels {
+
+size_t kvc1_cuda_scratch_bytes(uint32_t) noexcept { return 0; }
+
+Status kvc1_decode_cuda(const Kvc1CudaBatch&, const ChunkGeometry&, const kdn_key&, void*, size_t, void*,
+                        const DecodeOptions&) noexcept {
+  return Status(Code::kUnsupported, "kdn was built without CUDA");
+}
+
+Status kvc1_cuda_result(const void*, void*) noexcept {
+  return Status(Code::kUnsupported, "kdn was built without CUDA");
+}
+
+}  // namespace kdn::kernels

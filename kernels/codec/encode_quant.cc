@@ -1,0 +1,181 @@
+// KVC1 encoder: what each plane codec turns a plane into — quantizer parameters and codes,
+// exponent references and byte planes. Rows are read as f32 with the kernels' vectorized
+// row loads; every value goes through the same quantizer bodies as before, so the bytes are
+// those the format defines (golden_test.cc pins them).
+#include "encoder.h"
+#include "quant.h"
+
+#include <kdn/kernels/cpu_rows.h>
+#include <kdn/kernels/dtype.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace kdn::kernels::kvc1 {
+namespace {
+
+Status no_space() { return Status(Code::kNoSpace, "KVC1 output buffer too small"); }
+
+void store_scale(uint8_t* params, uint64_t i, uint8_t sd, uint32_t bits) {
+  if (sd == kScaleF16) {
+    const uint16_t h = static_cast<uint16_t>(bits);
+    std::memcpy(params + 2 * i, &h, 2);
+  } else {
+    std::memcpy(params + 4 * i, &bits, 4);
+  }
+}
+
+bool store_group(float lo, float hi, uint32_t bits, uint8_t sd, uint8_t* params, uint64_t i, uint64_t per_array) {
+  GroupScale gs;
+  if (!stored_group_scale(lo, hi, bits, sd, &gs)) return false;
+  store_scale(params, i, sd, gs.s_bits);
+  store_scale(params, per_array + i, sd, gs.z_bits);
+  return true;
+}
+
+// K: per (head, token group, channel). False if a value does not fit the scale dtype.
+bool write_channel_scales(const Source& src, const Plane& pl, uint8_t sd, EncodeScratch& sc, uint8_t* params,
+                          bool* non_finite) {
+  const ChunkGeometry& g = src.g;
+  const uint32_t ng = (g.tokens + pl.group - 1) / pl.group;
+  const uint64_t per_array = uint64_t{g.kv_heads} * ng * g.head_dim;
+  for (uint32_t h = 0; h < g.kv_heads; ++h) {
+    for (uint32_t gi = 0; gi < ng; ++gi) {
+      for (uint32_t d = 0; d < g.head_dim; ++d) sc.lo[d] = INFINITY, sc.hi[d] = -INFINITY;
+      const uint32_t t1 = (gi + 1) * pl.group < g.tokens ? (gi + 1) * pl.group : g.tokens;
+      for (uint32_t t = gi * pl.group; t < t1; ++t) {
+        if (!src.row_f32(t, h, sc.row)) *non_finite = true;
+        for (uint32_t d = 0; d < g.head_dim; ++d) {
+          sc.lo[d] = sc.row[d] < sc.lo[d] ? sc.row[d] : sc.lo[d];
+          sc.hi[d] = sc.row[d] > sc.hi[d] ? sc.row[d] : sc.hi[d];
+        }
+      }
+      if (*non_finite) return true;
+      for (uint32_t d = 0; d < g.head_dim; ++d)
+        if (!store_group(sc.lo[d], sc.hi[d], pl.bits, sd, params, (uint64_t{h} * ng + gi) * g.head_dim + d, per_array))
+          return false;
+    }
+  }
+  return true;
+}
+
+// V (and int8 K): per (token, head, channel group).
+bool write_token_scales(const Source& src, const Plane& pl, uint8_t sd, EncodeScratch& sc, uint8_t* params,
+                        bool* non_finite) {
+  const ChunkGeometry& g = src.g;
+  const uint32_t ng = g.head_dim / pl.group;
+  const uint64_t per_array = uint64_t{g.tokens} * g.kv_heads * ng;
+  for (uint32_t t = 0; t < g.tokens; ++t) {
+    for (uint32_t h = 0; h < g.kv_heads; ++h) {
+      if (!src.row_f32(t, h, sc.row)) {
+        *non_finite = true;
+        return true;
+      }
+      for (uint32_t gi = 0; gi < ng; ++gi) {
+        float lo = INFINITY, hi = -INFINITY;
+        for (uint32_t d = gi * pl.group; d < (gi + 1) * pl.group; ++d) {
+          lo = sc.row[d] < lo ? sc.row[d] : lo;
+          hi = sc.row[d] > hi ? sc.row[d] : hi;
+        }
+        if (!store_group(lo, hi, pl.bits, sd, params, (uint64_t{t} * g.kv_heads + h) * ng + gi, per_array)) return false;
+      }
+    }
+  }
+  return true;
+}
+
+uint64_t scale_array_bytes(const Header& hdr, const Plane& pl, uint8_t sd) {
+  const uint64_t ng = scale_groups(hdr, pl);
+  const uint64_t per_array = pl.codec == kCodecUintChannel ? uint64_t{hdr.kv_heads} * ng * hdr.head_dim
+                                                           : uint64_t{hdr.tokens} * hdr.kv_heads * ng;
+  return 2 * per_array * scale_bytes(sd);
+}
+
+// The stored S and Z of row (t, head), widened to f32, one per channel.
+void row_scales(const Header& hdr, const Plane& pl, const uint8_t* params, uint32_t t, uint32_t head, float* s,
+                float* z) {
+  uint64_t s_off, z_off;
+  row_scale_offsets(hdr, pl, t, head, &s_off, &z_off);
+  const uint32_t per = pl.codec == kCodecUintChannel ? 1 : pl.group;
+  for (uint32_t d = 0; d < hdr.head_dim; ++d) {
+    s[d] = load_scale(params + s_off, d / per, pl.scale_dtype);
+    z[d] = load_scale(params + z_off, d / per, pl.scale_dtype);
+  }
+}
+
+}  // namespace
+
+uint32_t Source::bits(uint32_t t, uint32_t h, uint32_t d) const {
+  const int64_t i = index(t, h, d);
+  if (g.dtype == DType::kF32) return static_cast<const uint32_t*>(chunk)[i];
+  return static_cast<const uint16_t*>(chunk)[i];
+}
+
+bool Source::row_f32(uint32_t t, uint32_t h, float* out) const {
+  load_row_f32(static_cast<const uint8_t*>(chunk) + index(t, h, 0) * dtype_size(g.dtype), g.dtype, 1.0f,
+               g.head_dim, out);
+  uint32_t special = 0;  // all exponent bits set: NaN or infinity
+  for (uint32_t d = 0; d < g.head_dim; ++d) special |= (bits_as<uint32_t>(out[d]) & 0x7f800000u) == 0x7f800000u;
+  return special == 0;
+}
+
+Status write_quant_params(const Source& src, const Header& hdr, Plane& pl, const EncodePlan& plan, EncodeScratch& sc,
+                          OutBuf& out) noexcept {
+  const size_t at = out.pos;
+  for (uint8_t sd : {kScaleF16, kScaleF32}) {
+    if (sd == kScaleF16 && plan.f32_scales) continue;
+    pl.scale_dtype = sd;
+    const uint64_t bytes = scale_array_bytes(hdr, pl, sd);
+    out.pos = at;
+    if (!out.reserve(bytes)) return no_space();
+    bool non_finite = false;
+    const bool fits = pl.codec == kCodecUintChannel
+                          ? write_channel_scales(src, pl, sd, sc, out.data + at, &non_finite)
+                          : write_token_scales(src, pl, sd, sc, out.data + at, &non_finite);
+    if (non_finite) return Status(Code::kInvalidArgument, "NaN or Inf in a chunk to quantize");
+    if (fits) {
+      pl.params_bytes = static_cast<uint32_t>(bytes);
+      out.pos = at + bytes;
+      return OkStatus();
+    }
+  }
+  return Status(Code::kInvalidArgument, "chunk values span more than fp32 scales can hold");
+}
+
+void quantize_head(const Source& src, const Header& hdr, const Plane& pl, const uint8_t* params, uint32_t head,
+                   EncodeScratch& sc) noexcept {
+  const uint32_t qmax = (1u << pl.bits) - 1;
+  for (uint32_t t = 0; t < hdr.tokens; ++t) {
+    // Per-channel scales change once per token group; per-token ones every row.
+    if (pl.codec != kCodecUintChannel || t % pl.group == 0) row_scales(hdr, pl, params, t, head, sc.lo, sc.hi);
+    (void)src.row_f32(t, head, sc.row);  // finiteness was checked with the scales
+    quantize_row(sc.row, sc.lo, sc.hi, hdr.head_dim, qmax, sc.symbols + size_t{t} * hdr.head_dim);
+  }
+}
+
+void write_exponent_refs(const Source& src, uint8_t* params) noexcept {
+  const ExponentField f = exponent_field(static_cast<uint32_t>(src.g.dtype));
+  const uint32_t hd = src.g.kv_heads * src.g.head_dim;
+  std::memset(params, 0, hd);
+  for (uint32_t t = 0; t < src.g.tokens; ++t)
+    for (uint32_t h = 0; h < src.g.kv_heads; ++h)
+      for (uint32_t d = 0; d < src.g.head_dim; ++d) {
+        const uint32_t e = (rotate_sign_down(src.bits(t, h, d), f.width) >> f.shift) & f.mask;
+        uint8_t& m = params[h * src.g.head_dim + d];
+        m = e > m ? static_cast<uint8_t>(e) : m;
+      }
+}
+
+void byte_plane_symbols(const Source& src, const uint8_t* emax, uint32_t head, uint32_t k, uint8_t* sym) noexcept {
+  const ExponentField f = exponent_field(static_cast<uint32_t>(src.g.dtype));
+  const uint32_t shift = f.width - 8 * (k + 1);
+  const uint32_t low = (1u << f.shift) - 1;
+  for (uint32_t t = 0; t < src.g.tokens; ++t)
+    for (uint32_t d = 0; d < src.g.head_dim; ++d) {
+      const uint32_t r = rotate_sign_down(src.bits(t, head, d), f.width);
+      const uint32_t rp = ((emax[d] - (r >> f.shift)) << f.shift) | (r & low);
+      sym[size_t{t} * src.g.head_dim + d] = static_cast<uint8_t>(rp >> shift);
+    }
+}
+
+}  // namespace kdn::kernels::kvc1

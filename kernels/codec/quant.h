@@ -1,0 +1,81 @@
+// KVC1 quantizers: asymmetric uniform b-bit codes with a stored scale S and zero point Z per
+// group (docs/codec.md, "Quantized planes").
+//
+//   encoder:  Z = mn rounded down to the scale dtype;  S = (mx - Z) / (2^b - 1) rounded up
+//             q = S == 0 ? 0 : clamp(rint((x - Z) / S), 0, 2^b - 1)       (f32, stored S and Z)
+//   decoder:  x^ = fmaf(q, S, Z), then one rounding to the output dtype
+//
+// Rounding Z down and S up keeps every x of the group inside [Z, Z + (2^b - 1) S], so
+// |x - x^| <= S/2 plus float rounding; and because the encoder uses the stored values, the
+// decoder reproduces x^ exactly. A constant group whose value the scale dtype holds gets S = 0
+// and decodes exactly.
+#pragma once
+
+#include "format.h"
+
+#include <kdn/kernels/dtype.h>
+#include <kdn/kernels/hd.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace kdn::kernels::kvc1 {
+
+// ---- per-element bodies (host and device) ---------------------------------------------------
+
+KDN_HD_INLINE float dequantize_value(uint32_t q, float s, float z) {
+  return fmaf(static_cast<float>(q), s, z);
+}
+
+KDN_HD_INLINE uint32_t quantize_value(float x, float s, float z, uint32_t qmax) {
+  if (!(s > 0.0f)) return 0;
+  const float v = fdiv_rn(fsub_rn(x, z), s);
+  if (!(v > 0.0f)) return 0;
+  if (v >= static_cast<float>(qmax)) return qmax;
+  return static_cast<uint32_t>(rintf(v));
+}
+
+// Stored scale (or zero point) number `index` of a parameter array in `scale_dtype`.
+KDN_HD_INLINE float load_scale(const uint8_t* params, uint64_t index, uint8_t scale_dtype) {
+  if (scale_dtype == kScaleF16) return f16_to_f32(ld16(params + 2 * index));
+  return bits_as<float>(ld32(params + 4 * index));
+}
+
+KDN_HD_INLINE uint32_t scale_bytes(uint8_t scale_dtype) { return scale_dtype == kScaleF16 ? 2u : 4u; }
+
+// ---- encoder-side scale rules (host) -----------------------------------------------------------
+
+// Largest binary16 value <= v (may be -inf), and smallest >= v (may be +inf).
+uint16_t f16_round_down(float v) noexcept;
+uint16_t f16_round_up(float v) noexcept;
+
+struct GroupScale {
+  float s, z;               // stored values widened to f32
+  uint32_t s_bits, z_bits;  // their stored bit patterns (f16 in the low half, or f32)
+};
+
+// The stored scale and zero point of a group whose finite values span [mn, mx] (mn <= mx).
+// False if they do not fit `scale_dtype` (the encoder then stores the plane's scales as f32).
+bool stored_group_scale(float mn, float mx, uint32_t bits, uint8_t scale_dtype, GroupScale* out) noexcept;
+
+// ---- CPU row dequantization --------------------------------------------------------------------
+
+// out[d] = dequantize_value(q[d], S(d), Z(d)) rounded once to out_type, for d < n, where S(d) is
+// scale number d / per of `s` (likewise Z): per = 1 for per-channel scales (K), per = group for
+// per-token groups (V). Uses AVX2/FMA/F16C when the CPU has them; results are bit-identical to
+// the scalar bodies either way.
+void dequantize_row(const uint8_t* q, uint32_t n, const uint8_t* s, const uint8_t* z,
+                    uint8_t scale_dtype, uint32_t per, DType out_type, void* out) noexcept;
+
+// The scalar reference of dequantize_row.
+void dequantize_row_scalar(const uint8_t* q, uint32_t n, const uint8_t* s, const uint8_t* z,
+                           uint8_t scale_dtype, uint32_t per, DType out_type, void* out) noexcept;
+
+// Forces the scalar row paths (tests); returns the previous setting.
+bool set_dequantize_simd_enabled(bool enabled) noexcept;
+
+// q[d] = quantize_value(x[d], s[d], z[d], qmax) for d < n (AVX2 when the CPU has it; the
+// results are those of the scalar body either way).
+void quantize_row(const float* x, const float* s, const float* z, uint32_t n, uint32_t qmax, uint8_t* q) noexcept;
+
+}  // namespace kdn::kernels::kvc1

@@ -1,0 +1,173 @@
+#include "rans.h"
+
+#include <atomic>
+#include <cstring>
+
+namespace kdn::kernels::rans {
+namespace {
+
+// The widest bulk loop decode_symbols may use. Relaxed: a plain switch read once per call;
+// tests change it between decodes on one thread, so no ordering with other data is needed.
+std::atomic<uint32_t> g_simd_cap{static_cast<uint32_t>(SimdLevel::kAvx2)};
+
+uint32_t first_max_index(const uint32_t* v, uint32_t n) {
+  uint32_t best = 0;
+  for (uint32_t s = 1; s < n; ++s)
+    if (v[s] > v[best]) best = s;
+  return best;
+}
+
+uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+}  // namespace
+
+bool normalize_frequencies(const uint32_t* counts, uint32_t n_syms, uint16_t* freq) noexcept {
+  uint64_t total = 0;
+  for (uint32_t s = 0; s < n_syms; ++s) total += counts[s];
+  if (total == 0 || n_syms == 0 || n_syms > kMaxSymbols) return false;
+  uint32_t f[kMaxSymbols];
+  uint32_t sum = 0;
+  for (uint32_t s = 0; s < n_syms; ++s) {
+    uint64_t v = counts[s] ? (uint64_t{counts[s]} * kProbScale) / total : 0;
+    if (counts[s] && v == 0) v = 1;
+    f[s] = static_cast<uint32_t>(v);
+    sum += f[s];
+  }
+  // Floors leave a deficit: give it to the most frequent symbol, where it costs least.
+  if (sum < kProbScale) f[first_max_index(counts, n_syms)] += kProbScale - sum;
+  // Raising rare symbols to 1 can overshoot: take the excess from the largest frequencies.
+  while (sum > kProbScale) {
+    const uint32_t s = first_max_index(f, n_syms);
+    const uint32_t take = sum - kProbScale < f[s] - 1 ? sum - kProbScale : f[s] - 1;
+    f[s] -= take;
+    sum -= take;
+  }
+  for (uint32_t s = 0; s < n_syms; ++s) freq[s] = static_cast<uint16_t>(f[s]);
+  return true;
+}
+
+bool encode_block(const uint8_t* sym, uint32_t n, const uint16_t* freq, const uint16_t* cum,
+                  uint32_t n_syms, uint16_t* stack, uint32_t stack_words, EncodedBlock* out) noexcept {
+  if (stack_words < n) return false;
+  uint32_t x[kLanes];
+  for (uint32_t j = 0; j < kLanes; ++j) x[j] = kLower;
+  uint32_t top = stack_words;
+  // Reverse order of the decoder: steps from last to first, lanes from 31 down to 0.
+  for (uint32_t i = n; i-- > 0;) {
+    const uint32_t y = sym[i];
+    if (y >= n_syms || freq[y] == 0) return false;
+    const uint32_t f = freq[y];
+    uint32_t& xj = x[i % kLanes];
+    if (uint64_t{xj} >= (uint64_t{f} << (32 - kProbBits))) {
+      stack[--top] = static_cast<uint16_t>(xj & 0xffffu);
+      xj >>= 16;
+    }
+    xj = (xj / f) * kProbScale + (xj % f) + cum[y];
+  }
+  for (uint32_t j = 0; j < kLanes; ++j) out->state[j] = x[j];
+  out->words = stack + top;
+  out->n_words = stack_words - top;
+  return true;
+}
+
+bool build_decode_table(const uint16_t* freq, uint32_t n_syms, uint32_t bits, DecodeTable* t) noexcept {
+  if (bits == 0 || bits > 8 || n_syms == 0 || n_syms > (1u << bits)) return false;
+  if (!build_cumulative(freq, n_syms, t->cum)) return false;
+  t->n_syms = n_syms;
+  t->bits = bits;
+  for (uint32_t s = 0; s < n_syms; ++s) t->fc[s] = freq[s] | (uint32_t{t->cum[s]} << 16);
+  for (uint32_t s = n_syms; s < kMaxSymbols; ++s) t->fc[s] = 0;
+  for (uint32_t k = 0; k < 16; ++k) t->cum_minus1[k] = k < n_syms ? int32_t{t->cum[k]} - 1 : 4095;
+  // The scalar decoder looks every slot up here (the SIMD one only for bits > 4): 4 KiB of
+  // memset per segment, against a compare loop per symbol.
+  for (uint32_t s = 0; s < n_syms; ++s) std::memset(t->lut + t->cum[s], static_cast<int>(s), freq[s]);
+  std::memset(t->lut + kProbScale, 0, 4);
+  return true;
+}
+
+void start_block(BlockDecoder* d, const uint8_t* states, const uint8_t* words, uint32_t n_words,
+                 uint32_t n_symbols) noexcept {
+  for (uint32_t j = 0; j < kLanes; ++j) d->x[j] = load_u32(states + 4 * j);
+  d->words = words;
+  d->n_words = n_words;
+  d->p = 0;
+  d->next = 0;
+  d->n_symbols = n_symbols;
+}
+
+bool decode_symbols_scalar(BlockDecoder& d, const DecodeTable& t, uint8_t* out, uint32_t count) noexcept {
+  // Locals, not the decoder's fields: `out` may alias anything, which would otherwise force
+  // every field back to memory on each symbol.
+  uint32_t x[kLanes];
+  std::memcpy(x, d.x, sizeof x);
+  const uint8_t* words = d.words;
+  const uint32_t n_words = d.n_words;
+  uint32_t p = d.p;
+  uint32_t lane = d.next % kLanes;
+  bool ok = true;
+  uint32_t k = 0;
+  for (; k < count; ++k) {
+    uint32_t xl = x[lane];
+    const uint32_t slot = xl & (kProbScale - 1);
+    const uint32_t y = t.lut[slot];
+    xl = decode_advance(xl, t.fc[y] & 0xffffu, t.fc[y] >> 16);
+    if (xl < kLower) {
+      if (p >= n_words) {
+        ok = false;
+        break;
+      }
+      xl = (xl << 16) | load_u16(words + 2 * size_t{p});
+      ++p;
+    }
+    x[lane] = xl;
+    out[k] = static_cast<uint8_t>(y);
+    lane = (lane + 1) % kLanes;
+  }
+  std::memcpy(d.x, x, sizeof x);
+  d.p = p;
+  d.next += k;
+  return ok;
+}
+
+bool decode_symbols(BlockDecoder& d, const DecodeTable& t, uint8_t* out, uint32_t count) noexcept {
+  if (count > d.n_symbols - d.next) return false;
+  uint32_t done = 0;
+  // The bulk loop starts at a step boundary; a tile that starts mid-step goes scalar first.
+  if (d.next % kLanes != 0) {
+    const uint32_t head = kLanes - d.next % kLanes < count ? kLanes - d.next % kLanes : count;
+    if (!decode_symbols_scalar(d, t, out, head)) return false;
+    done = head;
+  }
+  if (simd_level() == SimdLevel::kAvx2) done += decode_steps_avx2(d, t, out + done, count - done);
+  return decode_symbols_scalar(d, t, out + done, count - done);
+}
+
+bool block_finished_cleanly(const BlockDecoder& d) noexcept {
+  if (d.next != d.n_symbols || d.p != d.n_words) return false;
+  for (uint32_t j = 0; j < kLanes; ++j)
+    if (d.x[j] != kLower) return false;
+  return true;
+}
+
+SimdLevel simd_level() noexcept {
+  const uint32_t cap = g_simd_cap.load(std::memory_order_relaxed);
+  return cap >= static_cast<uint32_t>(SimdLevel::kAvx2) && cpu_has_avx2() ? SimdLevel::kAvx2 : SimdLevel::kScalar;
+}
+
+SimdLevel set_simd_level(SimdLevel cap) noexcept {
+  return static_cast<SimdLevel>(g_simd_cap.exchange(static_cast<uint32_t>(cap), std::memory_order_relaxed));
+}
+
+const char* decoder_name() noexcept { return simd_level() == SimdLevel::kAvx2 ? "avx2" : "scalar"; }
+
+}  // namespace kdn::kernels::rans

@@ -1,0 +1,119 @@
+// 32-lane interleaved rANS, exactly as docs/codec.md ("Entropy coding") defines it:
+// PROB_BITS 12 (frequencies sum to 4096), state u32 in [2^16, 2^32), 16-bit I/O words,
+// symbol i of a block on lane i mod 32, words shared by the lanes in ascending lane order,
+// and the end-state check (every lane back at 2^16, every word consumed).
+//
+// The per-lane bodies are KDN_HD and shared by the CPU decoders and the CUDA kernel. The CPU
+// BlockDecoder streams any number of symbols at a time (tiles need not align with steps):
+// decoding lane j and immediately renormalizing it reads the words in the same order as the
+// step-wise definition, because lanes only interact through the shared word pointer and that
+// pointer advances in ascending lane order either way.
+#pragma once
+
+#include <kdn/kernels/hd.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kdn::kernels::rans {
+
+constexpr uint32_t kProbBits = 12;
+constexpr uint32_t kProbScale = 1u << kProbBits;
+constexpr uint32_t kLower = 1u << 16;  // RANS_L
+constexpr uint32_t kLanes = 32;
+constexpr uint32_t kMaxSymbols = 256;
+
+// ---- per-lane bodies (host and device) -------------------------------------------------------
+
+// The decode transition: x' = freq * (x >> 12) + slot - cum.
+KDN_HD_INLINE uint32_t decode_advance(uint32_t x, uint32_t freq, uint32_t cum) {
+  return freq * (x >> kProbBits) + (x & (kProbScale - 1)) - cum;
+}
+
+// Symbol of `slot` by compare-count: y = #{k in [1, n_syms) : cum[k] <= slot}. Valid because an
+// absent symbol's interval is empty (its cum equals the next one's).
+KDN_HD_INLINE uint32_t symbol_by_count(uint32_t slot, const uint16_t* cum, uint32_t n_syms) {
+  uint32_t y = 0;
+  for (uint32_t k = 1; k < n_syms; ++k) y += cum[k] <= slot ? 1u : 0u;
+  return y;
+}
+
+// cum[0..n_syms] from freq; false unless the frequencies sum to exactly 4096.
+KDN_HD_INLINE bool build_cumulative(const uint16_t* freq, uint32_t n_syms, uint16_t* cum) {
+  uint32_t c = 0;
+  for (uint32_t s = 0; s < n_syms; ++s) {
+    cum[s] = static_cast<uint16_t>(c > kProbScale ? kProbScale : c);
+    c += freq[s];
+  }
+  cum[n_syms] = static_cast<uint16_t>(c > kProbScale ? kProbScale : c);
+  return c == kProbScale;
+}
+
+// ---- encoder (host) ------------------------------------------------------------------------
+
+// Scales `counts` (n_syms <= 256 entries) to frequencies summing to 4096, every symbol that
+// occurs getting at least 1. Deterministic integer arithmetic. False if nothing occurs.
+bool normalize_frequencies(const uint32_t* counts, uint32_t n_syms, uint16_t* freq) noexcept;
+
+struct EncodedBlock {
+  uint32_t state[kLanes];
+  const uint16_t* words;  // points into the caller's stack buffer
+  uint32_t n_words;
+};
+
+// Encodes sym[0, n) with the table (freq, cum). `stack` has room for `stack_words` >= n words
+// (a symbol emits at most one word). False if a symbol is outside the table or has freq 0.
+bool encode_block(const uint8_t* sym, uint32_t n, const uint16_t* freq, const uint16_t* cum,
+                  uint32_t n_syms, uint16_t* stack, uint32_t stack_words, EncodedBlock* out) noexcept;
+
+// ---- CPU decoder ---------------------------------------------------------------------------
+
+struct DecodeTable {
+  uint32_t n_syms = 0;
+  uint32_t bits = 0;
+  uint32_t fc[kMaxSymbols];          // freq | cum << 16
+  uint16_t cum[kMaxSymbols + 1];
+  int32_t cum_minus1[16];            // compare-count thresholds (bits <= 4), 4095 past n_syms
+  alignas(32) uint8_t lut[kProbScale + 4];  // slot -> symbol; +4 for 32-bit gathers
+};
+
+// Builds the tables from freq[n_syms] (untrusted). False unless 1 <= n_syms <= 2^bits and the
+// frequencies sum to 4096.
+bool build_decode_table(const uint16_t* freq, uint32_t n_syms, uint32_t bits, DecodeTable* t) noexcept;
+
+struct BlockDecoder {
+  uint32_t x[kLanes];
+  const uint8_t* words;  // u16 little-endian words, n_words of them
+  uint32_t n_words;
+  uint32_t p;            // next word
+  uint32_t next;         // next symbol index in the block
+  uint32_t n_symbols;
+};
+
+// states: 32 little-endian u32 (a block descriptor's state array).
+void start_block(BlockDecoder* d, const uint8_t* states, const uint8_t* words, uint32_t n_words,
+                 uint32_t n_symbols) noexcept;
+
+// Decodes the next `count` symbols (count <= n_symbols - next) into out. False if the word
+// stream runs dry (corruption). Uses the SIMD decoder when the CPU has one (see below).
+bool decode_symbols(BlockDecoder& d, const DecodeTable& t, uint8_t* out, uint32_t count) noexcept;
+
+// The portable reference the SIMD decoders are tested against.
+bool decode_symbols_scalar(BlockDecoder& d, const DecodeTable& t, uint8_t* out, uint32_t count) noexcept;
+
+// True when every symbol was decoded, every word consumed and every lane is back at 2^16.
+bool block_finished_cleanly(const BlockDecoder& d) noexcept;
+
+// The bulk step loop decode_symbols uses: the widest the CPU has unless capped (tests compare
+// every level with the scalar reference). set_simd_level returns the previous cap.
+enum class SimdLevel : uint32_t { kScalar = 0, kAvx2 = 1 };
+SimdLevel simd_level() noexcept;  // the level in use: min(cap, what the CPU has)
+SimdLevel set_simd_level(SimdLevel cap) noexcept;
+const char* decoder_name() noexcept;  // "avx2" or "scalar"
+
+// The AVX2 bulk step loop (rans_avx2.cc): decodes whole 32-symbol steps while at least 32
+// words remain, starting at a step boundary. Returns the number of symbols decoded.
+uint32_t decode_steps_avx2(BlockDecoder& d, const DecodeTable& t, uint8_t* out, uint32_t count) noexcept;
+bool cpu_has_avx2() noexcept;
+
+}  // namespace kdn::kernels::rans

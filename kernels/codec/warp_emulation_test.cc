@@ -1,0 +1,140 @@
+// The CUDA decoder's warp code (decode_warp.h) run on the CPU: 32 threads play the 32 lanes of
+// a warp, and ballots, broadcasts and warp barriers become a std::barrier. This checks the
+// device algorithm — word sharing by ballot and popcount, shared-memory tables, the token-delta
+// predictor, byte planes, dequantization — against the CPU decoder on every machine, GPU or
+// not; gpu_test.cc repeats the comparison on a real device.
+#include "codec_test_util.h"
+
+#include <atomic>
+#include <barrier>
+#include <thread>
+#include <vector>
+
+namespace kdn::kernels::kvc1 {
+namespace emu {
+
+struct Warp {
+  std::barrier<> barrier{32};
+  uint32_t slots[32] = {};
+};
+
+thread_local Warp* g_warp = nullptr;
+thread_local uint32_t g_lane = 0;
+
+// Every lane publishes a value, then reads them all once everyone has published.
+template <class Reduce>
+uint32_t exchange(uint32_t mine, Reduce&& reduce) {
+  g_warp->slots[g_lane] = mine;
+  g_warp->barrier.arrive_and_wait();
+  const uint32_t r = reduce(g_warp->slots);
+  g_warp->barrier.arrive_and_wait();  // nobody overwrites a slot before everyone has read
+  return r;
+}
+
+}  // namespace emu
+
+inline uint32_t warp_ballot(bool p) {
+  return emu::exchange(p ? 1u : 0u, [](const uint32_t* v) {
+    uint32_t m = 0;
+    for (uint32_t j = 0; j < 32; ++j) m |= v[j] << j;
+    return m;
+  });
+}
+inline bool warp_all(bool p) { return warp_ballot(p) == 0xffffffffu; }
+inline bool warp_any(bool p) { return warp_ballot(p) != 0; }
+inline uint32_t warp_broadcast0(uint32_t v) { return emu::exchange(v, [](const uint32_t* s) { return s[0]; }); }
+inline void warp_sync() { emu::g_warp->barrier.arrive_and_wait(); }
+inline void atomic_or(uint32_t* p, uint32_t v) { std::atomic_ref<uint32_t>(*p).fetch_or(v); }
+
+}  // namespace kdn::kernels::kvc1
+
+#define KDN_WARP_FN inline
+#include "decode_warp.h"
+
+#include <gtest/gtest.h>
+
+namespace kdn::kernels {
+namespace {
+
+using testing::geometry;
+using testing::geometry_bytes;
+using testing::kTestFingerprint;
+
+// Runs every warp of a decode job, one warp (32 lane threads) at a time; returns the error word.
+uint32_t emulate(const std::vector<std::vector<uint8_t>>& blobs, const ChunkGeometry& g,
+                 std::vector<std::vector<uint8_t>>* outs) {
+  std::vector<const uint8_t*> ptrs;
+  std::vector<uint64_t> lens;
+  std::vector<uint8_t*> out_ptrs;
+  outs->assign(blobs.size(), std::vector<uint8_t>(geometry_bytes(g), 0));
+  for (size_t i = 0; i < blobs.size(); ++i) {
+    ptrs.push_back(blobs[i].data());
+    lens.push_back(blobs[i].size());
+    out_ptrs.push_back((*outs)[i].data());
+  }
+  uint32_t error = 0;
+  kvc1::Job job{ptrs.data(), lens.data(), out_ptrs.data(), &error, static_cast<uint32_t>(blobs.size()), 0, g.layers,
+                g.kv_heads, g.head_dim, g.tokens, static_cast<uint32_t>(g.dtype),
+                kvc1::smem_bytes_per_warp(g.head_dim)};
+  const uint64_t warps = uint64_t{job.n_chunks} * g.layers * 2 * g.kv_heads;
+  for (uint64_t w = 0; w < warps; ++w) {
+    kvc1::emu::Warp warp;
+    std::vector<uint64_t> smem((job.smem_per_warp + 7) / 8);  // 8-byte aligned, like shared memory
+    std::vector<std::thread> lanes;
+    for (uint32_t lane = 0; lane < 32; ++lane) {
+      lanes.emplace_back([&, lane] {
+        kvc1::emu::g_warp = &warp;
+        kvc1::emu::g_lane = lane;
+        kvc1::decode_warp(job, w, lane, reinterpret_cast<uint8_t*>(smem.data()));
+      });
+    }
+    for (auto& t : lanes) t.join();
+  }
+  return error;
+}
+
+std::vector<uint8_t> cpu_decode(const std::vector<uint8_t>& blob, const ChunkGeometry& g) {
+  std::vector<uint8_t> out(geometry_bytes(g), 0);
+  const Status st = kvc1_decode(blob.data(), blob.size(), g, kTestFingerprint, out.data(), out.size());
+  EXPECT_TRUE(st.ok()) << st.what();
+  return out;
+}
+
+TEST(WarpEmulation, DeviceAlgorithmEqualsCpuDecoder) {
+  const ChunkGeometry shapes[] = {geometry(1, 2, 64, 48), geometry(1, 1, 32, 37, DType::kBF16),
+                                  geometry(1, 1, 40, 20, DType::kF32), geometry(1, 1, 7, 9)};
+  for (const ChunkGeometry& g : shapes) {
+    for (CodecMode m : testing::kAllModes) {
+      for (bool entropy : {true, false}) {
+        CodecConfig c = testing::config(m);
+        c.entropy = entropy;
+        c.block_tokens = 16;  // several blocks, the last one partial
+        const std::vector<std::vector<uint8_t>> blobs = {testing::encode(g, testing::synthetic_chunk(g, 11).data(), c),
+                                                         testing::encode(g, testing::synthetic_chunk(g, 12).data(), c)};
+        std::vector<std::vector<uint8_t>> outs;
+        ASSERT_EQ(emulate(blobs, g, &outs), 0u) << codec_mode_name(m);
+        for (size_t i = 0; i < blobs.size(); ++i)
+          EXPECT_EQ(outs[i], cpu_decode(blobs[i], g)) << codec_mode_name(m) << " entropy " << entropy << " D=" << g.head_dim;
+      }
+    }
+  }
+}
+
+TEST(WarpEmulation, CorruptWordsSetTheErrorWord) {
+  const ChunkGeometry g = geometry(1, 1, 64, 256);
+  std::vector<uint8_t> blob =
+      testing::encode(g, testing::synthetic_chunk(g, 4).data(), testing::config(CodecMode::kKivi4));
+  const size_t word = testing::v_rans_word_offset(blob);
+  ASSERT_GT(word, 0u);
+  blob[word] ^= 0x40;  // no CRC check on this path: the end-state check must catch it
+  DecodeOptions no_crc;
+  no_crc.verify_crc = false;
+  std::vector<uint8_t> cpu(geometry_bytes(g));
+  ASSERT_EQ(kvc1_decode(blob.data(), blob.size(), g, kTestFingerprint, cpu.data(), cpu.size(), no_crc).code(),
+            Code::kCorrupt);
+  std::vector<std::vector<uint8_t>> outs;
+  EXPECT_EQ(emulate({blob}, g, &outs), kvc1::kErrorCorrupt);
+}
+
+}  // namespace
+}  // namespace kdn::kernels

@@ -1,0 +1,52 @@
+// KVC1 decoding on a CUDA device (the CPU side is kdn/kernels/codec.h).
+//
+// A batch of blobs of one model is decoded in one launch: one warp per (chunk, layer, plane,
+// head) segment, the 32 rANS lanes on the 32 threads, words shared through ballot/popc,
+// dequantized in fp32 with the same bodies as the CPU decoder, so the output is bit-identical
+// to kvc1_decode's.
+//
+// Division of labour. The host holds a copy of every blob (the sidecar reads blobs into host
+// memory before moving them to the device) and validates it completely first: CRCs, lengths,
+// offsets, tables. The device only decodes, and still checks every rANS block's end state; a
+// failure there sets an error word in `device_scratch`, which kvc1_cuda_result reports.
+//
+// Memory: host_blobs and the three pointer arrays are host memory owned by the caller and
+// only read during the call; device_blobs, device_outputs and device_scratch are device
+// memory that must stay valid until the stream has run the launch. Nothing is allocated.
+// No CUDA types appear here: `stream` is a cudaStream_t (nullptr: the legacy default stream).
+// Without KDN_WITH_CUDA every function returns kUnsupported.
+#pragma once
+
+#include <kdn/common/status.h>
+#include <kdn/kdn.h>
+#include <kdn/kernels/codec.h>
+#include <kdn/kernels/layout.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kdn::kernels {
+
+struct Kvc1CudaBatch {
+  uint32_t n = 0;
+  const uint8_t* const* host_blobs = nullptr;    // n host copies, validated before launch
+  const size_t* blob_bytes = nullptr;            // n lengths
+  const uint8_t* const* device_blobs = nullptr;  // n device copies of the same bytes
+  void* const* device_outputs = nullptr;         // n canonical chunks (chunk_bytes(expected) each)
+};
+
+// Device scratch a batch of n chunks needs.
+size_t kvc1_cuda_scratch_bytes(uint32_t n) noexcept;
+
+// Validates every host blob (as kvc1_decode does; opts.verify_crc and opts.layers apply,
+// cpu_threads parallelizes the validation) and enqueues the decode on `stream`.
+Status kvc1_decode_cuda(const Kvc1CudaBatch& batch, const ChunkGeometry& expected, const kdn_key& fingerprint,
+                        void* device_scratch, size_t scratch_bytes, void* stream,
+                        const DecodeOptions& opts = {}) noexcept;
+
+// Waits for `stream` and reports the device-side result of the last kvc1_decode_cuda that
+// used `device_scratch`: OK, kCorrupt (a rANS stream failed its end-state check) or kInternal
+// (a CUDA error).
+Status kvc1_cuda_result(const void* device_scratch, void* stream) noexcept;
+
+}  // namespace kdn::kernels

@@ -1,0 +1,65 @@
+// libFuzzer harness for the KVC1 decoder: any bytes go through kvc1_inspect, kvc1_decode (with
+// and without CRC checks — without them the fuzzer reaches the structural checks and the rANS
+// streams behind the CRCs) and kvc1_decode_scatter. The expected geometry is taken from the
+// input's own header, so geometry mismatches do not stop the exploration early. The decoder
+// must answer every input with a status; the sanitizers (address, undefined) catch the rest.
+#include "format.h"
+
+#include <kdn/kernels/codec.h>
+#include <kdn/kernels/presets.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+using namespace kdn::kernels;
+
+constexpr uint64_t kMaxOutputBytes = 8u << 20;  // keep each run fast and small
+
+void decode_scatter(const uint8_t* data, size_t size, const ChunkGeometry& g, const kdn_key& fp) {
+  PagedShape shape;
+  shape.layers = g.layers;
+  shape.kv_heads = g.kv_heads;
+  shape.head_dim = g.head_dim;
+  shape.num_blocks = g.tokens;
+  shape.block_size = 1;
+  shape.dtype = DType::kF16;
+  const int64_t elems = engine_layer_elements(EngineLayoutKind::kSglangTokenPool, shape);
+  std::vector<std::vector<uint16_t>> k(g.layers, std::vector<uint16_t>(static_cast<size_t>(elems)));
+  std::vector<std::vector<uint16_t>> v = k;
+  std::vector<void*> kb, vb;
+  for (auto& b : k) kb.push_back(b.data());
+  for (auto& b : v) vb.push_back(b.data());
+  EngineView view;
+  if (!preset_view(EngineLayoutKind::kSglangTokenPool, shape, kb.data(), vb.data(), false, &view).ok()) return;
+  DecodeOptions o;
+  o.verify_crc = false;
+  (void)kvc1_decode_scatter(data, size, g, fp, view, nullptr, o);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  Kvc1Info info;
+  (void)kvc1_inspect(data, size, &info);
+  kvc1::Header h;
+  if (kvc1::parse_header(data, size, &h) != kvc1::kParseOk) return 0;
+  ChunkGeometry g;
+  g.layers = h.layers;
+  g.kv_heads = h.kv_heads;
+  g.head_dim = h.head_dim;
+  g.tokens = h.tokens;
+  g.dtype = static_cast<DType>(h.dtype);
+  const uint64_t bytes = uint64_t{g.layers} * 2 * g.tokens * g.kv_heads * g.head_dim * kvc1::dtype_bytes_of(h.dtype);
+  if (bytes > kMaxOutputBytes) return 0;
+  std::vector<uint8_t> out(static_cast<size_t>(bytes));
+  DecodeOptions o;
+  for (bool crc : {false, true}) {
+    o.verify_crc = crc;
+    (void)kvc1_decode(data, size, g, h.fingerprint, out.data(), out.size(), o);
+  }
+  if (bytes <= (1u << 20)) decode_scatter(data, size, g, h.fingerprint);
+  return 0;
+}

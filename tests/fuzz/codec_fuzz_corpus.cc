@@ -1,0 +1,81 @@
+// Writes the seed corpus of the KVC1 decoder fuzzer: valid blobs of small chunks in every mode
+// and dtype, with and without entropy coding and the token-delta predictor.
+//   codec_fuzz_corpus DIR
+#include <kdn/kernels/codec.h>
+#include <kdn/kernels/synthetic.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+using namespace kdn::kernels;
+
+namespace {
+
+bool write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) return false;
+  const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+  return std::fclose(f) == 0 && ok;
+}
+
+bool encode_one(const ChunkGeometry& g, const CodecConfig& c, const std::string& path) {
+  std::vector<uint8_t> chunk(static_cast<size_t>(g.layers) * 2 * g.tokens * g.kv_heads * g.head_dim * dtype_size(g.dtype));
+  SyntheticKvParams p;
+  p.seed = g.tokens * 131u + g.head_dim;
+  if (!fill_synthetic_kv(chunk.data(), g, p).ok()) return false;
+  std::vector<uint8_t> blob(kvc1_max_encoded_size(g, c)), scratch(kvc1_encode_scratch_bytes(g, c));
+  size_t n = 0;
+  const kdn_key fp{0x1234, 0x5678};
+  if (!kvc1_encode(g, fp, chunk.data(), c, blob.data(), blob.size(), &n, scratch.data(), scratch.size()).ok())
+    return false;
+  blob.resize(n);
+  return write_file(path, blob);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s OUTPUT_DIR\n", argv[0]);
+    return 2;
+  }
+  const std::string dir = argv[1];
+  struct Shape {
+    uint32_t layers, heads, dim, tokens;
+    DType dtype;
+  };
+  const Shape shapes[] = {{1, 1, 32, 8, DType::kF16}, {2, 2, 32, 24, DType::kF16}, {1, 1, 64, 40, DType::kBF16},
+                          {1, 2, 7, 5, DType::kF32}};
+  const CodecMode modes[] = {CodecMode::kRaw, CodecMode::kLossless, CodecMode::kInt8, CodecMode::kKivi4,
+                             CodecMode::kKivi2};
+  int written = 0;
+  for (const Shape& s : shapes) {
+    ChunkGeometry g;
+    g.layers = s.layers;
+    g.kv_heads = s.heads;
+    g.head_dim = s.dim;
+    g.tokens = s.tokens;
+    g.dtype = s.dtype;
+    for (CodecMode m : modes) {
+      for (int variant = 0; variant < 3; ++variant) {
+        if (m == CodecMode::kRaw && variant > 0) continue;
+        CodecConfig c;
+        c.mode = m;
+        c.entropy = variant != 1;
+        c.token_delta = variant != 2;
+        c.block_tokens = 16;
+        const std::string path = dir + "/" + codec_mode_name(m) + "-" + std::to_string(s.layers) + "x" +
+                                 std::to_string(s.heads) + "x" + std::to_string(s.dim) + "x" +
+                                 std::to_string(s.tokens) + "-" + std::to_string(variant) + ".kvc1";
+        if (!encode_one(g, c, path)) {
+          std::fprintf(stderr, "failed to write %s\n", path.c_str());
+          return 1;
+        }
+        ++written;
+      }
+    }
+  }
+  std::printf("wrote %d seed blobs to %s\n", written, dir.c_str());
+  return 0;
+}
