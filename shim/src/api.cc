@@ -13,23 +13,12 @@
 using kdn::Code;
 using kdn::Status;
 using kdn::shim::Client;
+using kdn::shim::guarded;
+using kdn::shim::rc;
 using kdn::shim::PayloadRange;
 using kdn::shim::Request;
 
 namespace {
-
-int rc(const Status& s) { return s.raw(); }
-
-template <class F>
-int guarded(F&& f) noexcept {
-  try {
-    return f();
-  } catch (const std::bad_alloc&) {
-    return KDN_ERR_NO_MEMORY;
-  } catch (...) {
-    return KDN_ERR_INTERNAL;
-  }
-}
 
 bool usable(kdn_client* cl) { return cl && cl->c && !cl->c->broken(); }
 

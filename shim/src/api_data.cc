@@ -48,17 +48,25 @@ Result<uint32_t> build_key_request(Client& c, const kdn_model& m, const int32_t*
 
 namespace {
 
-int rc(const Status& s) { return s.raw(); }
-
-template <class F>
-int guarded(F&& f) noexcept {
-  try {
-    return f();
-  } catch (const std::bad_alloc&) {
-    return KDN_ERR_NO_MEMORY;
-  } catch (...) {
-    return KDN_ERR_INTERNAL;
+// Runs a request whose completion counts its output records in res[count_index], copies
+// those records out of the payload area (at most `max`: more is a protocol error) and frees
+// the request's payload. A failed CQE status comes back as the Cqe, with no records.
+template <class T>
+kdn::Result<kdn::ipc::Cqe> call_for_records(Client& c, Request& r, uint32_t max, int count_index,
+                                       std::vector<T>* records) {
+  auto cqe = c.call(r);
+  c.free_payload(r.in);
+  if (cqe.ok() && cqe->status == KDN_OK) {
+    const uint64_t n = cqe->res[count_index];
+    if (n > max) {
+      c.free_payload(r.out);
+      return Status(Code::kProtocol, "kdnd returned more records than asked for");
+    }
+    records->resize(n);
+    if (n) std::memcpy(records->data(), c.payload_ptr(r.out), n * sizeof(T));
   }
+  c.free_payload(r.out);
+  return cqe;
 }
 
 void fill_lookup(const kdn::ipc::Cqe& c, uint32_t chunk_tokens, kdn_lookup_result* out) {
@@ -169,18 +177,10 @@ KDN_API int kdn_retrieve_lease(kdn_client* client, const kdn_model* model, const
       r.sqe.arg[0] = max_chunks;
       auto k = build_key_request(c, *model, tokens, n_tokens, 0, max_chunks, sizeof(kdn::ipc::LeaseSlot), r);
       if (!k.ok()) return rc(k.status());
-      auto cqe = c.call(r);
-      c.free_payload(r.in);
-      if (!cqe.ok()) {
-        c.free_payload(r.out);
-        return rc(cqe.status());
-      }
-      const uint64_t n = cqe->status == KDN_OK ? cqe->res[0] : 0;
-      std::vector<kdn::ipc::LeaseSlot> slots(n <= *k ? n : 0);
-      if (!slots.empty()) std::memcpy(slots.data(), c.payload_ptr(r.out), slots.size() * sizeof slots[0]);
-      c.free_payload(r.out);
+      std::vector<kdn::ipc::LeaseSlot> slots;
+      auto cqe = call_for_records(c, r, *k, 0, &slots);
+      if (!cqe.ok()) return rc(cqe.status());
       if (cqe->status != KDN_OK) return int(cqe->status);
-      if (n > *k) return int(KDN_ERR_PROTOCOL);
       for (const auto& s : slots) lease->ids.push_back(s.lease_id);
       for (const auto& s : slots) {
         if (!arena_range_ok(c, s.arena_off, model->info.chunk_bytes)) {
@@ -221,22 +221,15 @@ KDN_API int kdn_store_reserve(kdn_client* client, const kdn_model* model, const 
     auto k = build_key_request(c, *model, tokens, n_tokens, first_chunk, n_chunks,
                                sizeof(kdn::ipc::ReserveSlot), r);
     if (!k.ok()) return rc(k.status());
-    auto cqe = c.call(r);
-    c.free_payload(r.in);
-    if (!cqe.ok()) {
-      c.free_payload(r.out);
-      return rc(cqe.status());
-    }
-    const uint64_t filled = cqe->status == KDN_OK ? cqe->res[1] : 0;
-    std::vector<kdn::ipc::ReserveSlot> slots(filled <= *k ? filled : 0);
-    if (!slots.empty()) std::memcpy(slots.data(), c.payload_ptr(r.out), slots.size() * sizeof slots[0]);
-    c.free_payload(r.out);
+    std::vector<kdn::ipc::ReserveSlot> slots;
+    auto cqe = call_for_records(c, r, *k, 1, &slots);  // res1: records written
+    if (!cqe.ok()) return rc(cqe.status());
     if (cqe->status != KDN_OK) return int(cqe->status);
     auto st = std::make_unique<kdn_store>();
     st->model = model;
     st->data.assign(*k, nullptr);
     st->reservation.assign(*k, 0);
-    bool bad = filled > *k;
+    bool bad = false;
     for (size_t i = 0; i < slots.size(); ++i) {
       if (slots[i].state != uint32_t(kdn::ipc::ReserveState::kReserved)) continue;
       st->reservation[i] = slots[i].reservation_id;

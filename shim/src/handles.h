@@ -5,6 +5,7 @@
 
 #include <kdn/kdn.h>
 
+#include <new>
 #include <vector>
 
 struct kdn_client {
@@ -33,6 +34,21 @@ struct kdn_op {
 };
 
 namespace kdn::shim {
+
+inline int rc(const Status& s) { return s.raw(); }
+
+// Runs an API body; allocation failure and any stray exception become status codes, so
+// nothing is thrown across the C ABI.
+template <class F>
+int guarded(F&& f) noexcept {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return KDN_ERR_NO_MEMORY;
+  } catch (...) {
+    return KDN_ERR_INTERNAL;
+  }
+}
 
 // Argument checks common to every per-model call (KDN_OK or an error code).
 int check_model_call(kdn_client* client, const kdn_model* model, const int32_t* tokens, size_t n);
