@@ -1,0 +1,152 @@
+// A llama.cpp engine that uses kdn: before prefill it loads the longest cached prefix of the
+// prompt from a ChunkStore into its (empty) KV cache, prefills only the rest, and stores the
+// whole chunks it computed.
+//
+// Exactness. Chunks are loaded in position order into an empty cache, so every cell lands
+// where a fresh prefill would put it; prefill always runs in chunk-sized batches aligned to
+// chunk boundaries, so the suffix after a hit is computed in exactly the batches a miss would
+// use. Together these make a hit produce bit-identical logits and tokens to a miss on CPU.
+//
+// Safety. A chunk is loaded only if the store's key (which covers the engine fingerprint,
+// see identity()) matches, it has the exact canonical size and holds only finite values, and
+// the blob built from it passes the same validation as one from llama.cpp. If anything fails
+// (store error, bad chunk, llama.cpp refusing the blob, cells not where expected), the
+// sequence is cleared and the whole prompt is prefilled: a fault costs time, never output.
+//
+// Ownership and threads: an Engine owns its llama.cpp model and context; it is not
+// thread-safe. One Engine per thread.
+#pragma once
+
+#include <kdn/common/status.h>
+#include <kdn/kdn.h>
+#include <kdn/llama/chunk_store.h>
+#include <kdn/llama/state_blob.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+struct llama_context;
+struct llama_model;
+
+namespace kdn::llama {
+
+// The SmolLM2-135M-Instruct GGUF scripts/setup-llama.sh unpacked for this build.
+const char* default_model_path() noexcept;
+
+struct EngineOptions {
+  std::string model_path;
+  uint32_t n_ctx = 8192 + 512;  // KV cells: prompt + generated tokens must fit
+  uint32_t chunk_tokens = 256;  // kdn chunk size, also the prefill batch size
+  int32_t n_threads = 0;        // 0: every hardware thread
+  bool flash_attn = true;       // false: llama.cpp keeps V transposed (part of the fingerprint)
+  bool verbose = false;         // let llama.cpp log to stderr
+};
+
+// What makes this engine's KV bytes interchangeable with another's.
+struct EngineIdentity {
+  KvGeometry geometry;
+  kdn_model_desc desc;   // registered with kdn; its fingerprint keys every chunk
+  std::string build_id;  // llama.cpp version this engine was built from
+};
+
+struct RequestStats {
+  double ttft_s = 0;      // prompt tokens in -> first token chosen (retrieve + load + prefill)
+  double retrieve_s = 0;  // store lookup and lease
+  double load_s = 0;      // canonical chunks -> llama.cpp blob -> KV cache
+  double prefill_s = 0;   // computing the uncached tokens
+  double store_s = 0;     // extracting and storing new chunks (after the first token)
+  uint32_t tokens_reused = 0;
+  uint32_t tokens_computed = 0;
+  uint32_t chunks_loaded = 0;
+  uint32_t chunks_stored = 0;
+  uint64_t bytes_loaded = 0;
+  uint64_t bytes_stored = 0;
+  Status cache_status;    // why the cache was not (fully) used; ok if it was or was not needed
+};
+
+struct Generation {
+  std::vector<int32_t> tokens;      // greedy tokens after the prompt (stops early at end of turn)
+  std::vector<float> first_logits;  // the logits that chose tokens[0]
+  RequestStats stats;
+};
+
+// Called with the logits of prompt token i (predicting token i + 1) while prefilling.
+using LogitsSink = std::function<void(uint32_t i, std::span<const float> logits)>;
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> open(const EngineOptions& opts) noexcept;
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const EngineIdentity& identity() const noexcept { return identity_; }
+  // Ok if KV can move between this engine and kdn; otherwise why not (the engine still runs,
+  // without a cache).
+  const Status& cache_support() const noexcept { return cache_support_; }
+  uint32_t n_vocab() const noexcept;
+
+  // Text <-> tokens. `special` parses/prints control tokens such as <|im_start|>.
+  Result<std::vector<int32_t>> tokenize(std::string_view text, bool add_bos, bool special) const;
+  std::string detokenize(std::span<const int32_t> tokens) const;
+
+  // The chat prompt for one user turn: the model's chat template around
+  // `document` + "\n\n" + `question`. If context_tokens > 0, the document is cut so that the
+  // prompt up to the end of the document is exactly context_tokens long (chunk-aligned reuse),
+  // or an error if the document is too short.
+  Result<std::vector<int32_t>> chat_prompt(std::string_view document, std::string_view question,
+                                           uint32_t context_tokens) const;
+
+  // One request from an empty cache: load the cached prefix from `store` (null: no cache),
+  // prefill the rest, choose n_predict tokens greedily, then store the prompt's new whole
+  // chunks. Errors only for bad arguments or an engine failure; cache trouble is reported in
+  // stats.cache_status.
+  Result<Generation> generate(std::span<const int32_t> prompt, uint32_t n_predict,
+                              ChunkStore* store) noexcept;
+
+  // ---- steps of generate(), for tests, benchmarks and --dump-kv --------------------------
+  // Empties the KV cache, zeroing its buffers.
+  void reset() noexcept;
+  // Loads canonical chunks as positions [0, n * chunk_tokens) into the empty sequence.
+  Status load_chunks(std::span<const std::span<const uint8_t>> chunks) noexcept;
+  // Prefills tokens at positions first_pos.. in chunk-aligned batches; `sink` (may be empty)
+  // gets the logits of every token, otherwise only the last token's are computed.
+  Status prefill(std::span<const int32_t> tokens, uint32_t first_pos, const LogitsSink& sink) noexcept;
+  // Logits of the last prefilled or decoded token.
+  std::span<const float> last_logits() const noexcept;
+  // Continues greedily after a prefill: `tokens` holds the tokens chosen so far (at least the
+  // first, the argmax of last_logits()); appends until it holds n_predict tokens or ends
+  // with an end-of-turn token.
+  Status decode_greedy(std::vector<int32_t>& tokens, uint32_t n_predict) noexcept;
+  // Canonical bytes of chunks [first, first + out.size()) of the sequence (must be prefilled).
+  Status extract_chunks(uint32_t first, std::span<const std::span<uint8_t>> out) noexcept;
+  // Position count of the sequence (pos_max + 1; 0 if empty).
+  uint32_t sequence_length() const noexcept;
+
+  llama_context* context() const noexcept { return ctx_; }
+
+ private:
+  Engine() = default;
+  Status init(const EngineOptions& opts) noexcept;
+  Status probe_state_format() noexcept;
+  uint32_t load_cached_prefix(std::span<const int32_t> prompt, ChunkStore& store,
+                              RequestStats& stats) noexcept;
+  void store_new_chunks(std::span<const int32_t> prompt, uint32_t first_chunk, ChunkStore& store,
+                        RequestStats& stats) noexcept;
+  Status decode_one(int32_t token, uint32_t pos) noexcept;
+
+  EngineOptions opts_;
+  EngineIdentity identity_{};
+  Status cache_support_;
+  llama_model* model_ = nullptr;
+  llama_context* ctx_ = nullptr;
+  int32_t last_logits_index_ = -1;
+  std::vector<uint8_t> blobs_[2];  // reused across requests: state blobs in either direction
+};
+
+}  // namespace kdn::llama

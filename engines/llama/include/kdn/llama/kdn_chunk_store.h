@@ -1,0 +1,49 @@
+// ChunkStore over libkdn: the engine's chunks live in kdnd, shared by every engine on the node.
+//
+// Retrieve leases chunks zero-copy from kdnd's host arena (kdn_retrieve_lease); store
+// reserves arena slots, the engine writes canonical chunks straight into them, and commit
+// publishes them (kdn_store_reserve / kdn_store_commit). A lease is held only while the
+// engine copies its chunks into llama.cpp.
+//
+// Ownership: the store owns its kdn_client connection and model registration; leases and
+// reservations it hands out must be destroyed before it. Not thread-safe (libkdn clients
+// are not).
+#pragma once
+
+#include <kdn/kdn.h>
+#include <kdn/llama/chunk_store.h>
+
+#include <memory>
+#include <string>
+
+namespace kdn::llama {
+
+class KdnChunkStore final : public ChunkStore {
+ public:
+  // Connects to kdnd (socket_path empty: libkdn's default) in namespace `name_space` (empty:
+  // "default") and registers the model. A kUnavailable status when kdnd is not running.
+  static Result<std::unique_ptr<KdnChunkStore>> connect(const kdn_model_desc& desc,
+                                                        const std::string& socket_path,
+                                                        const std::string& name_space = "") noexcept;
+  ~KdnChunkStore() override;
+  KdnChunkStore(const KdnChunkStore&) = delete;
+  KdnChunkStore& operator=(const KdnChunkStore&) = delete;
+
+  Result<std::unique_ptr<ChunkLease>> retrieve(std::span<const int32_t> tokens,
+                                               uint32_t max_chunks) noexcept override;
+  Result<std::unique_ptr<ChunkReservation>> reserve(std::span<const int32_t> tokens,
+                                                    uint32_t first_chunk,
+                                                    uint32_t n_chunks) noexcept override;
+  // kdnd's counters for this client's namespace.
+  Result<kdn_stats> stats() noexcept;
+
+ private:
+  KdnChunkStore(kdn_client* client, kdn_model* model) noexcept : client_(client), model_(model) {}
+  kdn_client* client_;
+  kdn_model* model_;
+};
+
+// A kdn C status as a kdn::Status (the codes are the same numbers).
+Status from_kdn(int rc, const char* what) noexcept;
+
+}  // namespace kdn::llama

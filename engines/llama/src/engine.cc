@@ -1,0 +1,256 @@
+#include <kdn/llama/engine.h>
+
+#include "blob_pipeline.h"
+#include "engine_identity.h"
+
+#include <llama.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <mutex>
+#include <new>
+#include <thread>
+
+namespace kdn::llama {
+namespace {
+
+static_assert(static_cast<int>(KvType::kF16) == GGML_TYPE_F16);
+static_assert(static_cast<int>(KvType::kF32) == GGML_TYPE_F32);
+static_assert(static_cast<int>(KvType::kBF16) == GGML_TYPE_BF16);
+
+constexpr llama_seq_id kSeq = 0;      // the request's sequence
+constexpr llama_seq_id kScratch = 1;  // staging: chunks pass through it on load and on extract
+
+void quiet_log(ggml_log_level level, const char* text, void*) {
+  if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+}
+void verbose_log(ggml_log_level, const char* text, void*) { std::fputs(text, stderr); }
+
+void init_backend_once() {
+  static std::once_flag once;
+  std::call_once(once, [] { llama_backend_init(); });
+}
+
+// A llama_batch of one sequence, freed with the object.
+class Batch {
+ public:
+  explicit Batch(uint32_t capacity) : b_(llama_batch_init(static_cast<int32_t>(capacity), 0, 1)) {}
+  ~Batch() { llama_batch_free(b_); }
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+  void clear() { b_.n_tokens = 0; }
+  void add(int32_t token, uint32_t pos, bool logits) {
+    const int32_t i = b_.n_tokens++;
+    b_.token[i] = token;
+    b_.pos[i] = static_cast<llama_pos>(pos);
+    b_.n_seq_id[i] = 1;
+    b_.seq_id[i][0] = kSeq;
+    b_.logits[i] = logits;
+  }
+  const llama_batch& get() const { return b_; }
+
+ private:
+  llama_batch b_;
+};
+
+}  // namespace
+
+const char* default_model_path() noexcept { return KDN_LLAMA_DEFAULT_MODEL; }
+
+Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) noexcept {
+  std::unique_ptr<Engine> e(new (std::nothrow) Engine());
+  if (!e) return Status(Code::kNoMemory, "engine allocation failed");
+  KDN_RETURN_IF_ERROR(e->init(opts));
+  return e;
+}
+
+Engine::~Engine() {
+  if (ctx_) llama_free(ctx_);
+  if (model_) llama_model_free(model_);
+}
+
+Status Engine::init(const EngineOptions& opts) noexcept {
+  opts_ = opts;
+  if (opts.chunk_tokens == 0 || opts.n_ctx < opts.chunk_tokens)
+    return Status(Code::kInvalidArgument, "n_ctx must hold at least one chunk");
+  llama_log_set(opts.verbose ? verbose_log : quiet_log, nullptr);
+  init_backend_once();
+
+  llama_model_params mp = llama_model_default_params();
+  model_ = llama_model_load_from_file(opts.model_path.c_str(), mp);
+  if (!model_) return Status(Code::kIo, "llama.cpp could not load the model file");
+
+  llama_context_params cp = llama_context_default_params();
+  cp.n_ctx = opts.n_ctx;
+  cp.n_batch = opts.chunk_tokens;   // one chunk per llama_decode, one ubatch per chunk
+  cp.n_ubatch = opts.chunk_tokens;
+  cp.n_seq_max = 2;                 // the request's sequence and the extraction scratch
+  cp.kv_unified = true;             // so seq_cp to the scratch sequence copies no data
+  cp.flash_attn_type = opts.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+  cp.type_k = GGML_TYPE_F16;
+  cp.type_v = GGML_TYPE_F16;
+  const int32_t threads = opts.n_threads > 0 ? opts.n_threads
+                                             : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+  cp.n_threads = threads;
+  cp.n_threads_batch = threads;
+  cp.no_perf = true;
+  ctx_ = llama_init_from_model(model_, cp);
+  if (!ctx_) return Status(Code::kInternal, "llama.cpp could not create a context");
+
+  Result<EngineIdentity> id = make_identity(model_, opts);
+  if (!id.ok()) {
+    cache_support_ = id.status();
+    return OkStatus();
+  }
+  identity_ = std::move(id.value());
+  cache_support_ = probe_state_format();
+  return OkStatus();
+}
+
+// Checks, on one real token, that this llama.cpp build writes exactly the blob format
+// state_blob.h converts. If it does not (another state version, a cell extension, another
+// layer layout), the engine runs without a cache rather than risk a bad load.
+Status Engine::probe_state_format() noexcept {
+  reset();
+  KDN_RETURN_IF_ERROR(decode_one(0, 0));
+  const KvGeometry& g = identity_.geometry;
+  const size_t size = llama_state_seq_get_size(ctx_, kSeq);
+  Status st;
+  if (size != seq_blob_bytes(g, 1)) {
+    st = Status(Code::kUnsupported, "llama.cpp state blob size differs from the known format");
+  } else {
+    std::vector<uint8_t> blob(size);
+    if (llama_state_seq_get_data(ctx_, blob.data(), size, kSeq) != size)
+      st = Status(Code::kUnsupported, "llama.cpp did not write its state blob");
+    else if (Result<SeqBlobView> v = parse_seq_blob(g, blob); !v.ok())
+      st = v.status();
+  }
+  reset();
+  return st;
+}
+
+uint32_t Engine::n_vocab() const noexcept {
+  return static_cast<uint32_t>(llama_vocab_n_tokens(llama_model_get_vocab(model_)));
+}
+
+void Engine::reset() noexcept {
+  llama_memory_clear(llama_get_memory(ctx_), true);
+  last_logits_index_ = -1;
+}
+
+uint32_t Engine::sequence_length() const noexcept {
+  const llama_pos p = llama_memory_seq_pos_max(llama_get_memory(ctx_), kSeq);
+  return p < 0 ? 0 : static_cast<uint32_t>(p) + 1;
+}
+
+Status Engine::decode_one(int32_t token, uint32_t pos) noexcept {
+  Batch batch(1);
+  batch.add(token, pos, true);
+  if (llama_decode(ctx_, batch.get()) != 0) return Status(Code::kInternal, "llama_decode failed");
+  last_logits_index_ = 0;
+  return OkStatus();
+}
+
+Status Engine::prefill(std::span<const int32_t> tokens, uint32_t first_pos,
+                       const LogitsSink& sink) noexcept {
+  const uint32_t t = opts_.chunk_tokens;
+  if (uint64_t{first_pos} + tokens.size() > llama_n_ctx(ctx_))
+    return Status(Code::kInvalidArgument, "prompt does not fit in the context");
+  Batch batch(t);
+  const uint32_t vocab = n_vocab();
+  for (size_t done = 0; done < tokens.size();) {
+    // Batches end on chunk boundaries, so a suffix after a hit is split like a miss.
+    const uint32_t pos = first_pos + static_cast<uint32_t>(done);
+    const size_t n = std::min<size_t>(tokens.size() - done, t - pos % t);
+    batch.clear();
+    for (size_t i = 0; i < n; ++i)
+      batch.add(tokens[done + i], pos + static_cast<uint32_t>(i), sink || done + i + 1 == tokens.size());
+    if (llama_decode(ctx_, batch.get()) != 0) return Status(Code::kInternal, "llama_decode failed");
+    last_logits_index_ = static_cast<int32_t>(n) - 1;
+    for (size_t i = 0; sink && i < n; ++i)
+      sink(static_cast<uint32_t>(done + i), {llama_get_logits_ith(ctx_, static_cast<int32_t>(i)), vocab});
+    done += n;
+  }
+  return OkStatus();
+}
+
+std::span<const float> Engine::last_logits() const noexcept {
+  if (last_logits_index_ < 0) return {};
+  return {llama_get_logits_ith(ctx_, last_logits_index_), n_vocab()};
+}
+
+// Chunk by chunk: each chunk becomes a one-chunk blob (small enough to stay in cache between
+// our copy and llama.cpp's), restored into the scratch sequence and handed to the request's
+// sequence with seq_cp, which with a unified cache moves no data. Cells are taken in order
+// from an empty cache, so they land where a fresh prefill puts them. Building the next blob
+// overlaps with llama.cpp reading the current one (blob_pipeline.h).
+Status Engine::load_chunks(std::span<const std::span<const uint8_t>> chunks) noexcept {
+  const KvGeometry& g = identity_.geometry;
+  llama_memory_t mem = llama_get_memory(ctx_);
+  if (!cache_support_.ok()) return cache_support_;
+  if (llama_memory_seq_pos_max(mem, kSeq) != -1 || llama_memory_seq_pos_max(mem, kScratch) != -1)
+    return Status(Code::kInvalidArgument, "chunks load only into an empty sequence");
+  const uint64_t cells = uint64_t{chunks.size()} * g.chunk_tokens;
+  if (cells == 0 || cells > llama_n_ctx(ctx_))
+    return Status(Code::kInvalidArgument, "chunks do not fit in the context");
+  const uint64_t size = seq_blob_bytes(g, g.chunk_tokens);
+  try {
+    for (auto& b : blobs_) b.resize(size);
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "no memory for the KV blobs");
+  }
+  // Validates each chunk while copying it; llama.cpp never sees a blob that failed.
+  const BlobBuilder build = [&](uint32_t i, std::span<uint8_t> blob) {
+    return build_seq_blob(g, chunks.subspan(i, 1), static_cast<int32_t>(uint64_t{i} * g.chunk_tokens), blob);
+  };
+  const BlobConsumer consume = [&](uint32_t, std::span<const uint8_t> blob) {
+    const size_t read = llama_state_seq_set_data(ctx_, blob.data(), blob.size(), kScratch);
+    llama_memory_seq_cp(mem, kScratch, kSeq, -1, -1);
+    llama_memory_seq_rm(mem, kScratch, -1, -1);
+    return read == blob.size() ? OkStatus() : Status(Code::kCorrupt, "llama.cpp did not restore the KV blob");
+  };
+  Status st = run_blob_pipeline(static_cast<uint32_t>(chunks.size()), blobs_, build, consume);
+  if (st.ok() && (llama_memory_seq_pos_min(mem, kSeq) != 0 ||
+                  llama_memory_seq_pos_max(mem, kSeq) != static_cast<llama_pos>(cells - 1)))
+    st = Status(Code::kCorrupt, "restored cells are not the chunks' positions");
+  // All or nothing: a chunk that fails takes the ones before it out again.
+  if (!st.ok()) llama_memory_seq_rm(mem, kSeq, -1, -1);
+  return st;
+}
+
+Status Engine::extract_chunks(uint32_t first, std::span<const std::span<uint8_t>> out) noexcept {
+  const KvGeometry& g = identity_.geometry;
+  if (!cache_support_.ok()) return cache_support_;
+  const uint64_t p0 = uint64_t{first} * g.chunk_tokens;
+  const uint64_t cells = uint64_t{out.size()} * g.chunk_tokens;
+  if (cells == 0 || p0 + cells > sequence_length())
+    return Status(Code::kInvalidArgument, "chunks beyond the prefilled sequence");
+  llama_memory_t mem = llama_get_memory(ctx_);
+  llama_memory_seq_rm(mem, kScratch, -1, -1);
+  llama_memory_seq_cp(mem, kSeq, kScratch, static_cast<llama_pos>(p0), static_cast<llama_pos>(p0 + cells));
+  const size_t size = llama_state_seq_get_size(ctx_, kScratch);
+  Status st;
+  if (size != seq_blob_bytes(g, cells)) {
+    st = Status(Code::kInternal, "scratch sequence has an unexpected size");
+  } else {
+    try {
+      blobs_[0].resize(size);
+      if (llama_state_seq_get_data(ctx_, blobs_[0].data(), size, kScratch) != size)
+        st = Status(Code::kInternal, "llama.cpp did not write the KV blob");
+    } catch (const std::bad_alloc&) {
+      st = Status(Code::kNoMemory, "no memory for the KV blob");
+    }
+  }
+  llama_memory_seq_rm(mem, kScratch, -1, -1);
+  KDN_RETURN_IF_ERROR(st);
+  Result<SeqBlobView> view = parse_seq_blob(g, {blobs_[0].data(), size});
+  if (!view.ok()) return view.status();
+  if (view->first_pos != static_cast<int32_t>(p0) || view->n_cells != cells)
+    return Status(Code::kInternal, "extracted cells are not the requested range");
+  for (size_t i = 0; i < out.size(); ++i)
+    if (!out[i].empty())
+      KDN_RETURN_IF_ERROR(blob_chunk_to_canonical(g, view.value(), static_cast<uint32_t>(i), out[i]));
+  return OkStatus();
+}
+
+}  // namespace kdn::llama

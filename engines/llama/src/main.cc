@@ -1,0 +1,166 @@
+// kdn-llama: answers a question about a document with llama.cpp, reusing the document's KV
+// from kdnd when another engine on the node has computed it, and storing what it computes.
+//
+//   kdn-llama --model M.gguf --prompt-file doc.txt --question "..." [--n-predict 32]
+//             [--context-tokens 4096] [--no-cache] [--socket PATH] [--json] [--dump-kv DIR]
+//
+// Prints the time to first token, the tokens reused and computed, and the answer.
+#include <kdn/llama/engine.h>
+#include <kdn/llama/kdn_chunk_store.h>
+#include <kdn/llama/kv_dump.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace {
+
+struct CliOptions {
+  kdn::llama::EngineOptions engine;
+  std::string prompt_file;
+  std::string question;
+  uint32_t n_predict = 32;
+  uint32_t context_tokens = 0;
+  bool no_cache = false;
+  std::string socket;
+  std::string dump_kv;
+  bool json = false;
+};
+
+void add_flags(CLI::App& app, CliOptions& o) {
+  o.engine.model_path = kdn::llama::default_model_path();
+  app.add_option("--model", o.engine.model_path, "GGUF model file (default: the one setup-llama.sh unpacked)");
+  app.add_option("--prompt-file", o.prompt_file, "document to answer questions about")->required();
+  app.add_option("--question", o.question, "question about the document")->required();
+  app.add_option("--n-predict", o.n_predict, "tokens to generate (greedy)")->check(CLI::Range(1u, 4096u));
+  app.add_option("--context-tokens", o.context_tokens,
+                 "cut the document so the prompt up to its end is exactly this many tokens (0: whole)");
+  app.add_flag("--no-cache", o.no_cache, "do not use kdnd: prefill everything");
+  app.add_option("--socket", o.socket, "kdnd socket (default: libkdn's)");
+  app.add_option("--ctx", o.engine.n_ctx, "KV cache size in tokens");
+  app.add_option("--chunk-tokens", o.engine.chunk_tokens, "kdn chunk size and prefill batch");
+  app.add_option("--threads", o.engine.n_threads, "compute threads (0: all)");
+  app.add_flag("!--no-flash-attn", o.engine.flash_attn, "run without flash attention (V transposed)");
+  app.add_option("--dump-kv", o.dump_kv, "write the prompt's canonical KV chunks here (.kv + .json)");
+  app.add_flag("--json", o.json, "print one JSON object instead of text");
+  app.add_flag("--verbose", o.engine.verbose, "show llama.cpp's log");
+}
+
+bool read_file(const std::string& path, std::string& out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  out = ss.str();
+  return true;
+}
+
+// Opens kdnd's store, or says why the engine runs without one.
+std::unique_ptr<kdn::llama::ChunkStore> open_store(const CliOptions& o, const kdn::llama::Engine& e,
+                                                   std::string& cache_state) {
+  if (o.no_cache) {
+    cache_state = "disabled (--no-cache)";
+    return nullptr;
+  }
+  if (!e.cache_support().ok()) {
+    cache_state = std::string("unsupported: ") + e.cache_support().what();
+    return nullptr;
+  }
+  auto s = kdn::llama::KdnChunkStore::connect(e.identity().desc, o.socket);
+  if (!s.ok()) {
+    cache_state = std::string("unavailable (") + s.status().what() + "): prefilling everything";
+    return nullptr;
+  }
+  cache_state = "kdnd";
+  return std::move(s.value());
+}
+
+void print_text(const CliOptions& o, const kdn::llama::Engine& e, size_t prompt_tokens,
+                const std::string& cache_state, const kdn::llama::Generation& g, const std::string& answer) {
+  const kdn::llama::RequestStats& s = g.stats;
+  const kdn::llama::KvGeometry& geo = e.identity().geometry;
+  std::printf("model:   %s (%u layers, %u KV heads x %u, chunk %u tokens)\n", e.identity().desc.name,
+              geo.n_layer, geo.n_kv_heads, geo.head_dim, geo.chunk_tokens);
+  std::printf("cache:   %s\n", cache_state.c_str());
+  std::printf("prompt:  %zu tokens\n", prompt_tokens);
+  std::printf("ttft:    %.3f s (retrieve %.4f s, load %.4f s, prefill %.3f s)\n", s.ttft_s, s.retrieve_s,
+              s.load_s, s.prefill_s);
+  std::printf("reused:  %u tokens (%u chunks, %.1f MB)\n", s.tokens_reused, s.chunks_loaded,
+              s.bytes_loaded / 1e6);
+  std::printf("computed: %u tokens; stored %u chunks (%.1f MB) in %.4f s\n", s.tokens_computed,
+              s.chunks_stored, s.bytes_stored / 1e6, s.store_s);
+  if (!s.cache_status.ok()) std::printf("note:    cache not used: %s\n", s.cache_status.what());
+  std::printf("answer:  %s\n", answer.c_str());
+  (void)o;
+}
+
+void print_json(const kdn::llama::Engine& e, size_t prompt_tokens, const std::string& cache_state,
+                const kdn::llama::Generation& g, const std::string& answer) {
+  const kdn::llama::RequestStats& s = g.stats;
+  nlohmann::json j = {
+      {"model", e.identity().desc.name},    {"cache", cache_state},
+      {"prompt_tokens", prompt_tokens},     {"ttft_s", s.ttft_s},
+      {"retrieve_s", s.retrieve_s},         {"load_s", s.load_s},
+      {"prefill_s", s.prefill_s},           {"store_s", s.store_s},
+      {"tokens_reused", s.tokens_reused},   {"tokens_computed", s.tokens_computed},
+      {"chunks_loaded", s.chunks_loaded},   {"bytes_loaded", s.bytes_loaded},
+      {"chunks_stored", s.chunks_stored},   {"bytes_stored", s.bytes_stored},
+      {"cache_status", s.cache_status.ok() ? "ok" : s.cache_status.what()},
+      {"answer_tokens", g.tokens},          {"answer", answer},
+  };
+  std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+}
+
+int run(const CliOptions& o) {
+  std::string doc;
+  if (!read_file(o.prompt_file, doc)) {
+    std::fprintf(stderr, "kdn-llama: cannot read %s\n", o.prompt_file.c_str());
+    return 1;
+  }
+  auto engine = kdn::llama::Engine::open(o.engine);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "kdn-llama: %s\n", engine.status().what());
+    return 1;
+  }
+  kdn::llama::Engine& e = *engine.value();
+  auto prompt = e.chat_prompt(doc, o.question, o.context_tokens);
+  if (!prompt.ok()) {
+    std::fprintf(stderr, "kdn-llama: %s\n", prompt.status().what());
+    return 1;
+  }
+  std::string cache_state;
+  std::unique_ptr<kdn::llama::ChunkStore> store = open_store(o, e, cache_state);
+  auto gen = e.generate(prompt.value(), o.n_predict, store.get());
+  if (!gen.ok()) {
+    std::fprintf(stderr, "kdn-llama: %s\n", gen.status().what());
+    return 1;
+  }
+  const std::string answer = e.detokenize(gen->tokens);
+  if (o.json)
+    print_json(e, prompt->size(), cache_state, gen.value(), answer);
+  else
+    print_text(o, e, prompt->size(), cache_state, gen.value(), answer);
+  if (!o.dump_kv.empty()) {
+    const uint32_t whole = static_cast<uint32_t>(prompt->size() / e.identity().geometry.chunk_tokens);
+    const kdn::Status st = kdn::llama::dump_kv_chunks(e, whole, o.dump_kv);
+    if (!st.ok()) {
+      std::fprintf(stderr, "kdn-llama: --dump-kv: %s\n", st.what());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("kdn-llama: llama.cpp engine with kdn KV reuse");
+  CliOptions o;
+  add_flags(app, o);
+  CLI11_PARSE(app, argc, argv);
+  return run(o);
+}

@@ -1,0 +1,380 @@
+#include <kdn/llama/state_blob.h>
+
+#include <kdn/common/model.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace kdn::llama {
+namespace {
+
+// Most cells one blob may describe: 16M tokens is far beyond any context we run, and keeps
+// every size computation below well inside 64 bits.
+constexpr uint64_t kMaxCells = 1u << 24;
+// Bytes of the per-layer headers: i32 type + u64 row bytes (K, V rows) or
+// i32 type + u32 elem bytes + u32 n_embd (transposed V); both are 12.
+constexpr uint64_t kLayerHeaderBytes = 12;
+constexpr uint64_t kCellMetaBytes = 12;  // i32 pos, u32 n_seq_id, i32 seq_id
+
+// Appends little-endian fields to a buffer whose size the caller computed exactly.
+class BlobWriter {
+ public:
+  explicit BlobWriter(std::span<uint8_t> out) noexcept : p_(out.data()) {}
+  void u32(uint32_t v) noexcept { put(&v, 4); }
+  void i32(int32_t v) noexcept { put(&v, 4); }
+  void u64(uint64_t v) noexcept { put(&v, 8); }
+  uint8_t* take(uint64_t n) noexcept {
+    uint8_t* at = p_;
+    p_ += n;
+    return at;
+  }
+
+ private:
+  void put(const void* v, size_t n) noexcept {
+    std::memcpy(p_, v, n);
+    p_ += n;
+  }
+  uint8_t* p_;
+};
+
+// Reads fields from an untrusted blob; every read is bounds-checked and a failed read
+// leaves the reader failed, so callers test ok() once after a group of reads.
+class BlobReader {
+ public:
+  explicit BlobReader(std::span<const uint8_t> in) noexcept : in_(in) {}
+  uint32_t u32() noexcept { return get<uint32_t>(); }
+  int32_t i32() noexcept { return get<int32_t>(); }
+  uint64_t u64() noexcept { return get<uint64_t>(); }
+  const uint8_t* skip(uint64_t n) noexcept {
+    if (!ok_ || n > in_.size() - pos_) {
+      ok_ = false;
+      return nullptr;
+    }
+    const uint8_t* at = in_.data() + pos_;
+    pos_ += n;
+    return at;
+  }
+  bool ok() const noexcept { return ok_; }
+  bool at_end() const noexcept { return ok_ && pos_ == in_.size(); }
+
+ private:
+  template <class T>
+  T get() noexcept {
+    T v{};
+    if (const uint8_t* at = skip(sizeof(T))) std::memcpy(&v, at, sizeof(T));
+    return v;
+  }
+  std::span<const uint8_t> in_;
+  size_t pos_ = 0;
+  bool ok_ = true;
+};
+
+// Whether n elements of width sizeof(U) at `src` (unaligned is fine) are all finite: an
+// element is not when its exponent bits (exp_mask) are all set. Fixed-size blocks with no
+// early exit, so the compiler vectorizes the loop even at -O2.
+template <class U>
+bool finite_block(const uint8_t* src, uint64_t n, U exp_mask) noexcept {
+  constexpr uint64_t kBlock = 64;
+  U bad = 0;
+  uint64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    U v[kBlock];
+    std::memcpy(v, src + i * sizeof(U), sizeof v);
+    for (uint64_t j = 0; j < kBlock; ++j) bad |= static_cast<U>((v[j] & exp_mask) == exp_mask);
+  }
+  for (; i < n; ++i) {
+    U v;
+    std::memcpy(&v, src + i * sizeof(U), sizeof(U));
+    bad |= static_cast<U>((v & exp_mask) == exp_mask);
+  }
+  return bad == 0;
+}
+
+// Copies n elements and reports whether all were finite, in one pass: each block is loaded
+// once, checked in registers and stored.
+template <class U>
+bool copy_finite(uint8_t* dst, const uint8_t* src, uint64_t n, U exp_mask) noexcept {
+  constexpr uint64_t kBlock = 64;
+  U bad = 0;
+  uint64_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    U v[kBlock];
+    std::memcpy(v, src + i * sizeof(U), sizeof v);
+    for (uint64_t j = 0; j < kBlock; ++j) bad |= static_cast<U>((v[j] & exp_mask) == exp_mask);
+    std::memcpy(dst + i * sizeof(U), v, sizeof v);
+  }
+  std::memcpy(dst + i * sizeof(U), src + i * sizeof(U), (n - i) * sizeof(U));
+  return bad == 0 && finite_block<U>(src + i * sizeof(U), n - i, exp_mask);
+}
+
+bool copy_finite(KvType type, uint8_t* dst, const uint8_t* src, uint64_t bytes) noexcept {
+  switch (type) {
+    case KvType::kF16: return copy_finite<uint16_t>(dst, src, bytes / 2, 0x7c00);
+    case KvType::kBF16: return copy_finite<uint16_t>(dst, src, bytes / 2, 0x7f80);
+    case KvType::kF32: return copy_finite<uint32_t>(dst, src, bytes / 4, 0x7f800000u);
+  }
+  return false;
+}
+
+bool all_finite(KvType type, const uint8_t* src, uint64_t bytes) noexcept {
+  switch (type) {
+    case KvType::kF16: return finite_block<uint16_t>(src, bytes / 2, 0x7c00);
+    case KvType::kBF16: return finite_block<uint16_t>(src, bytes / 2, 0x7f80);
+    case KvType::kF32: return finite_block<uint32_t>(src, bytes / 4, 0x7f800000u);
+  }
+  return false;
+}
+
+// dst[c * dst_stride + r] = src[r * src_stride + c] for r < rows, c < cols (element units).
+// Tiled so both sides stay in cache.
+template <class U>
+void transpose(U* dst, uint64_t dst_stride, const U* src, uint64_t src_stride, uint64_t rows,
+               uint64_t cols) noexcept {
+  constexpr uint64_t kTile = 32;
+  for (uint64_t r0 = 0; r0 < rows; r0 += kTile) {
+    const uint64_t r1 = std::min(rows, r0 + kTile);
+    for (uint64_t c0 = 0; c0 < cols; c0 += kTile) {
+      const uint64_t c1 = std::min(cols, c0 + kTile);
+      for (uint64_t c = c0; c < c1; ++c)
+        for (uint64_t r = r0; r < r1; ++r) dst[c * dst_stride + r] = src[r * src_stride + c];
+    }
+  }
+}
+
+void transpose(uint32_t elem_bytes, void* dst, uint64_t dst_stride, const void* src,
+               uint64_t src_stride, uint64_t rows, uint64_t cols) noexcept {
+  if (elem_bytes == 4)
+    transpose(static_cast<uint32_t*>(dst), dst_stride, static_cast<const uint32_t*>(src),
+              src_stride, rows, cols);
+  else
+    transpose(static_cast<uint16_t*>(dst), dst_stride, static_cast<const uint16_t*>(src),
+              src_stride, rows, cols);
+}
+
+// Tokens [first, first + count) of every chunk: the cells one blob describes (whole chunks
+// for every caller today).
+struct TokenRange {
+  uint32_t first;
+  uint32_t count;
+};
+
+// Writes the transposed V section of one layer: element j of cell i at j * n_cells + i.
+void write_v_transposed(const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks,
+                        TokenRange r, uint32_t layer, uint8_t* dst, uint64_t n_cells) noexcept {
+  const uint64_t embd = uint64_t{g.n_kv_heads} * g.head_dim;
+  const uint64_t v_off = (2 * uint64_t{layer} + 1) * g.plane_bytes() + uint64_t{r.first} * g.row_bytes();
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    uint8_t* col0 = dst + c * r.count * g.elem_bytes();
+    transpose(g.elem_bytes(), col0, n_cells, chunks[c].data() + v_off, embd, r.count, embd);
+  }
+}
+
+}  // namespace
+
+Status validate_geometry(const KvGeometry& g) noexcept {
+  if (g.type != KvType::kF16 && g.type != KvType::kBF16 && g.type != KvType::kF32)
+    return Status(Code::kUnsupported, "KV element type must be f16, bf16 or f32");
+  if (g.n_layer == 0 || g.n_layer > kMaxLayers) return Status(Code::kInvalidArgument, "bad n_layer");
+  if (g.n_kv_heads == 0 || g.n_kv_heads > kMaxHeads)
+    return Status(Code::kInvalidArgument, "bad n_kv_heads");
+  if (g.head_dim == 0 || g.head_dim > kMaxHeadDim)
+    return Status(Code::kInvalidArgument, "bad head_dim");
+  if (g.n_stream == 0 || g.n_stream > 4096) return Status(Code::kInvalidArgument, "bad n_stream");
+  if (g.chunk_tokens == 0 || g.chunk_tokens > kMaxChunkTokens)
+    return Status(Code::kInvalidArgument, "bad chunk_tokens");
+  if (g.chunk_bytes() > kMaxChunkBytes) return Status(Code::kInvalidArgument, "chunk too large");
+  return OkStatus();
+}
+
+uint64_t seq_blob_bytes(const KvGeometry& g, uint64_t n_cells) noexcept {
+  uint64_t bytes = 12 + 4 * uint64_t{g.n_stream};  // magic, seq_id, n_stream, cell counts
+  if (n_cells == 0) return bytes;
+  bytes += n_cells * kCellMetaBytes + 8;           // cell metadata, v_trans, n_layer
+  bytes += 2 * uint64_t{g.n_layer} * (kLayerHeaderBytes + n_cells * g.row_bytes());
+  return bytes;
+}
+
+Status check_chunk(const KvGeometry& g, std::span<const uint8_t> chunk) noexcept {
+  if (chunk.size() != g.chunk_bytes()) return Status(Code::kCorrupt, "chunk has the wrong size");
+  if (!all_finite(g.type, chunk.data(), chunk.size()))
+    return Status(Code::kCorrupt, "chunk holds a non-finite value");
+  return OkStatus();
+}
+
+namespace {
+
+// Header, stream 0's cell count and its cell metadata: positions first_pos.., sequence 0.
+void write_cells(BlobWriter& w, const KvGeometry& g, uint64_t n_cells, int32_t first_pos) noexcept {
+  w.u32(kSeqStateMagic);
+  w.i32(0);  // source seq_id: llama.cpp ignores it on load
+  w.u32(g.n_stream);
+  w.u32(static_cast<uint32_t>(n_cells));
+  for (uint64_t i = 0; i < n_cells; ++i) {
+    w.i32(first_pos + static_cast<int32_t>(i));
+    w.u32(1);
+    w.i32(0);
+  }
+  w.u32(g.v_trans ? 1 : 0);
+  w.u32(g.n_layer);
+}
+
+// One layer's K (plane 0) or V (plane 1) section from tokens `r` of every chunk; false if a
+// value is not finite.
+bool write_plane(BlobWriter& w, const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks,
+                 TokenRange r, uint32_t layer, int plane, uint64_t n_cells) noexcept {
+  const bool transposed = plane == 1 && g.v_trans;
+  w.i32(static_cast<int32_t>(g.type));
+  if (transposed) {
+    w.u32(g.elem_bytes());
+    w.u32(g.n_kv_heads * g.head_dim);
+  } else {
+    w.u64(g.row_bytes());
+  }
+  const uint64_t off = (2 * uint64_t{layer} + plane) * g.plane_bytes() + uint64_t{r.first} * g.row_bytes();
+  const uint64_t bytes = uint64_t{r.count} * g.row_bytes();
+  bool finite = true;
+  if (transposed) {
+    for (const auto& c : chunks) finite &= all_finite(g.type, c.data() + off, bytes);
+    write_v_transposed(g, chunks, r, layer, w.take(n_cells * g.row_bytes()), n_cells);
+    return finite;
+  }
+  for (const auto& c : chunks) finite &= copy_finite(g.type, w.take(bytes), c.data() + off, bytes);
+  return finite;
+}
+
+Status build_blob(const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks, TokenRange r,
+                  int32_t first_pos, std::span<uint8_t> out) noexcept {
+  KDN_RETURN_IF_ERROR(validate_geometry(g));
+  const uint64_t n_cells = uint64_t{chunks.size()} * r.count;
+  if (n_cells == 0 || n_cells > kMaxCells) return Status(Code::kInvalidArgument, "bad chunk count");
+  if (uint64_t{r.first} + r.count > g.chunk_tokens) return Status(Code::kInvalidArgument, "tokens beyond the chunk");
+  if (first_pos < 0 || uint64_t(first_pos) + n_cells > uint64_t{INT32_MAX})
+    return Status(Code::kInvalidArgument, "positions out of range");
+  if (out.size() != seq_blob_bytes(g, n_cells))
+    return Status(Code::kInvalidArgument, "output is not exactly seq_blob_bytes long");
+  for (const auto& c : chunks)
+    if (c.size() != g.chunk_bytes()) return Status(Code::kCorrupt, "chunk has the wrong size");
+
+  BlobWriter w(out);
+  write_cells(w, g, n_cells, first_pos);
+  bool finite = true;
+  for (int plane = 0; plane < 2; ++plane)
+    for (uint32_t l = 0; l < g.n_layer; ++l) finite &= write_plane(w, g, chunks, r, l, plane, n_cells);
+  for (uint32_t s = 1; s < g.n_stream; ++s) w.u32(0);  // the other streams are empty
+  if (!finite) return Status(Code::kCorrupt, "chunk holds a non-finite value");
+  return OkStatus();
+}
+
+}  // namespace
+
+Status build_seq_blob(const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks,
+                      int32_t first_pos, std::span<uint8_t> out) noexcept {
+  return build_blob(g, chunks, {0, g.chunk_tokens}, first_pos, out);
+}
+
+namespace {
+
+// Cell metadata of the one non-empty stream: one sequence per cell, consecutive positions.
+Status parse_cells(BlobReader& r, uint32_t cells, SeqBlobView& v) noexcept {
+  v.n_cells = cells;
+  for (uint32_t i = 0; i < cells; ++i) {
+    const int32_t pos = r.i32();
+    const uint32_t n_seq = r.u32();
+    const int32_t seq = r.i32();
+    if (!r.ok()) return Status(Code::kCorrupt, "blob truncated in cell metadata");
+    if (i == 0) v.first_pos = pos;
+    if (n_seq != 1 || seq < 0) return Status(Code::kCorrupt, "cell is not of exactly one sequence");
+    if (pos < 0 || int64_t{pos} != int64_t{v.first_pos} + i)
+      return Status(Code::kCorrupt, "cell positions are not consecutive");
+  }
+  return OkStatus();
+}
+
+// One plane (K, or V) of every layer: header checked against g, then a pointer to its data.
+Status parse_plane(BlobReader& r, const KvGeometry& g, bool transposed, uint32_t cells,
+                   std::vector<const uint8_t*>& rows) noexcept {
+  rows.reserve(g.n_layer);
+  for (uint32_t l = 0; l < g.n_layer; ++l) {
+    const int32_t type = r.i32();
+    bool shape_ok;
+    if (transposed) {
+      const uint32_t elem = r.u32();
+      const uint32_t embd = r.u32();
+      shape_ok = elem == g.elem_bytes() && embd == g.n_kv_heads * g.head_dim;
+    } else {
+      shape_ok = r.u64() == g.row_bytes();
+    }
+    const uint8_t* data = r.skip(uint64_t{cells} * g.row_bytes());
+    if (!r.ok()) return Status(Code::kCorrupt, "blob truncated in the KV rows");
+    if (type != static_cast<int32_t>(g.type) || !shape_ok)
+      return Status(Code::kModelMismatch, "KV element type or row size differs");
+    rows.push_back(data);
+  }
+  return OkStatus();
+}
+
+Status parse_stream(BlobReader& r, const KvGeometry& g, uint32_t cells, SeqBlobView& v) noexcept {
+  if (cells > kMaxCells) return Status(Code::kCorrupt, "blob cell count out of range");
+  KDN_RETURN_IF_ERROR(parse_cells(r, cells, v));
+  const uint32_t v_trans = r.u32();
+  const uint32_t n_layer = r.u32();
+  if (!r.ok()) return Status(Code::kCorrupt, "blob truncated before the layers");
+  if (v_trans != (g.v_trans ? 1u : 0u)) return Status(Code::kModelMismatch, "V transposition differs");
+  if (n_layer != g.n_layer) return Status(Code::kModelMismatch, "layer count differs");
+  KDN_RETURN_IF_ERROR(parse_plane(r, g, false, cells, v.k_rows));
+  return parse_plane(r, g, g.v_trans, cells, v.v_data);
+}
+
+}  // namespace
+
+Result<SeqBlobView> parse_seq_blob(const KvGeometry& g, std::span<const uint8_t> blob) noexcept {
+  KDN_RETURN_IF_ERROR(validate_geometry(g));
+  BlobReader r(blob);
+  const uint32_t magic = r.u32();
+  (void)r.i32();  // source seq_id
+  const uint32_t n_stream = r.u32();
+  if (!r.ok() || magic != kSeqStateMagic) return Status(Code::kCorrupt, "not a sequence state blob");
+  if (n_stream != g.n_stream) return Status(Code::kModelMismatch, "blob has another stream count");
+
+  SeqBlobView v;
+  bool found = false;
+  for (uint32_t s = 0; s < n_stream; ++s) {
+    const uint32_t cells = r.u32();
+    if (!r.ok()) return Status(Code::kCorrupt, "blob truncated in the stream table");
+    if (cells == 0) continue;
+    if (found) return Status(Code::kCorrupt, "blob holds more than one non-empty stream");
+    found = true;
+    KDN_RETURN_IF_ERROR(parse_stream(r, g, cells, v));
+  }
+  if (!found) return Status(Code::kCorrupt, "blob holds no cells");
+  if (!r.at_end()) return Status(Code::kCorrupt, "blob has trailing bytes");
+  return v;
+}
+
+Status blob_chunk_to_canonical(const KvGeometry& g, const SeqBlobView& view, uint32_t c,
+                               std::span<uint8_t> out) noexcept {
+  if (out.size() != g.chunk_bytes()) return Status(Code::kInvalidArgument, "output is not one chunk");
+  if (view.k_rows.size() != g.n_layer || view.v_data.size() != g.n_layer)
+    return Status(Code::kInvalidArgument, "view does not match the geometry");
+  const uint64_t first = uint64_t{c} * g.chunk_tokens;
+  if (first + g.chunk_tokens > view.n_cells) return Status(Code::kInvalidArgument, "chunk beyond the blob");
+  const uint64_t embd = uint64_t{g.n_kv_heads} * g.head_dim;
+  bool finite = true;
+  for (uint32_t l = 0; l < g.n_layer; ++l) {
+    uint8_t* k_dst = out.data() + 2 * uint64_t{l} * g.plane_bytes();
+    uint8_t* v_dst = k_dst + g.plane_bytes();
+    finite &= copy_finite(g.type, k_dst, view.k_rows[l] + first * g.row_bytes(), g.plane_bytes());
+    if (!g.v_trans) {
+      finite &= copy_finite(g.type, v_dst, view.v_data[l] + first * g.row_bytes(), g.plane_bytes());
+      continue;
+    }
+    // Element j of cell i sits at j * n_cells + i: a (embd x n_cells) matrix to transpose.
+    const uint8_t* src = view.v_data[l] + first * g.elem_bytes();
+    transpose(g.elem_bytes(), v_dst, embd, src, view.n_cells, embd, g.chunk_tokens);
+    finite &= all_finite(g.type, v_dst, g.plane_bytes());
+  }
+  if (!finite) return Status(Code::kCorrupt, "engine KV holds a non-finite value");
+  return OkStatus();
+}
+
+}  // namespace kdn::llama

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# kdn end to end on a real engine: two llama.cpp processes (SmolLM2-135M-Instruct) answer
+# questions about the same long document; the second reuses the first one's KV through kdnd.
+#
+#   1. prepares everything if needed (scripts/setup.sh, scripts/setup-llama.sh, the build);
+#   2. renders the bash(1) manual (or another long document under /usr/share) to text;
+#   3. starts kdnd on a private socket;
+#   4. engine process A answers question A about the document's first 4096 tokens: a miss,
+#      it prefills everything and stores the document's chunks in kdnd;
+#   5. engine process B, a separate process, answers question B: it loads A's chunks from
+#      kdnd and prefills only its question;
+#   6. engine process C answers question B without kdn (the cost of a miss), for comparison;
+#   7. prints the TTFTs side by side with kdnd's counters, and stops kdnd.
+#
+#   KDN_BUILD_DIR=dir     build folder (default build/)
+#   KDN_DEMO_TOKENS=n     document tokens (multiple of 256; default 4096)
+#   KDN_DEMO_THREADS=n    llama.cpp threads per engine (default: every core)
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+build=${KDN_BUILD_DIR:-build}
+tokens=${KDN_DEMO_TOKENS:-4096}
+threads=${KDN_DEMO_THREADS:-0}
+question_a="What is the purpose of the program this manual describes?"
+question_b="Which options does it accept when it starts?"
+
+# ---- 1. prepare (each step is a no-op when already done) ---------------------------------
+scripts/setup-llama.sh
+if ! grep -qs '^KDN_BUILD_LLAMA:BOOL=ON' "$build/CMakeCache.txt"; then
+  KDN_BUILD_DIR=$build scripts/setup.sh
+fi
+cmake --build "$build" --target kdnd kdnctl kdn-llama >/dev/null
+bin=$build/bin
+
+work=$(mktemp -d /tmp/kdn-demo.XXXXXX)
+kdnd_pid=
+cleanup() {
+  if [[ -n "$kdnd_pid" ]]; then kill "$kdnd_pid" 2>/dev/null || true; wait "$kdnd_pid" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# ---- 2. the document ------------------------------------------------------------------------
+doc=$work/document.txt
+if [[ -f /usr/share/man/man1/bash.1.gz ]] && command -v man >/dev/null; then
+  MANWIDTH=100 man -P cat bash 2>/dev/null | col -bx >"$doc" || true
+  what="the bash(1) manual"
+fi
+if [[ ! -s "$doc" ]]; then
+  : >"$doc"
+  for f in /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/GPL-2 /usr/share/doc/*/copyright; do
+    [[ -f "$f" ]] && cat "$f" >>"$doc"
+    [[ $(wc -c <"$doc") -gt 40000 ]] && break
+  done
+  what="license texts under /usr/share"
+  question_a="What is the purpose of these terms?"
+  question_b="Who may copy and distribute the work?"
+fi
+echo "demo: document: $what, first $tokens tokens"
+
+# ---- 3. kdnd ---------------------------------------------------------------------------------
+socket=$work/kdnd.sock
+"$bin/kdnd" --socket "$socket" --host-arena-bytes 512M --log-level warn >"$work/kdnd.log" 2>&1 &
+kdnd_pid=$!
+for _ in $(seq 100); do
+  "$bin/kdnctl" --socket "$socket" ping >/dev/null 2>&1 && break
+  sleep 0.1
+done
+"$bin/kdnctl" --socket "$socket" ping >/dev/null || { cat "$work/kdnd.log"; exit 1; }
+echo "demo: kdnd running (pid $kdnd_pid)"
+
+# ---- 4-6. the engines ----------------------------------------------------------------------
+ask() {  # ask <out.json> <question> [flags...]
+  local out=$1 q=$2
+  shift 2
+  "$bin/kdn-llama" --json --prompt-file "$doc" --context-tokens "$tokens" --threads "$threads" \
+    --socket "$socket" --question "$q" "$@" >"$out"
+}
+echo "demo: engine A answers question A (cold: prefills the document, stores it in kdnd)..."
+ask "$work/a.json" "$question_a"
+echo "demo: engine B, another process, answers question B (reuses A's KV from kdnd)..."
+ask "$work/b.json" "$question_b"
+echo "demo: engine C answers question B without kdn (what B would have cost)..."
+ask "$work/c.json" "$question_b" --no-cache
+"$bin/kdnctl" --socket "$socket" stats >"$work/stats.txt" 2>&1 || true
+
+# ---- 7. the comparison ---------------------------------------------------------------------
+python3 - "$work" "$question_a" "$question_b" <<'EOF'
+import json, sys
+work, qa, qb = sys.argv[1:4]
+a, b, c = (json.load(open(f"{work}/{n}.json")) for n in "abc")
+print()
+print(f"  {'':28} {'A (miss)':>12} {'B (hit)':>12} {'B, no kdn':>12}")
+rows = [("prompt tokens", "prompt_tokens", "{:d}"), ("TTFT (s)", "ttft_s", "{:.3f}"),
+        ("tokens reused from kdnd", "tokens_reused", "{:d}"), ("tokens computed", "tokens_computed", "{:d}"),
+        ("KV loaded (MB)", "bytes_loaded", "{:.1f}"), ("KV stored (MB)", "bytes_stored", "{:.1f}")]
+for label, key, fmt in rows:
+    vals = [r[key] / 1e6 if key.startswith("bytes") else r[key] for r in (a, b, c)]
+    print(f"  {label:28} " + " ".join(f"{fmt.format(v):>12}" for v in vals))
+saved = c["ttft_s"] - b["ttft_s"]
+print(f"\n  B's time to first token: {b['ttft_s']:.3f} s with kdn vs {c['ttft_s']:.3f} s without: "
+      f"{saved:.3f} s saved ({c['ttft_s'] / b['ttft_s']:.1f}x faster)")
+print(f"  B's answer equals C's (no kdn), token for token: {b['answer_tokens'] == c['answer_tokens']}")
+print(f"\n  Q (A): {qa}\n  A: {a['answer'].strip()}\n")
+print(f"  Q (B): {qb}\n  A: {b['answer'].strip()}\n")
+EOF
+echo "kdnd counters:"
+sed 's/^/  /' "$work/stats.txt"
+echo "demo: stopping kdnd"

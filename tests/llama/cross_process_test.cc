@@ -1,0 +1,159 @@
+// kdn-llama processes sharing KV through a real kdnd: a process reuses another's chunks for
+// every hit length and answers exactly as without a cache; with kdnd down, or with garbage
+// chunks stored under the prompt's keys by a faulty engine, it falls back to a full prefill
+// with the same answer.
+#include "llama_test_util.h"
+
+#include <kdn/llama/kdn_chunk_store.h>
+
+#include <nlohmann/json.hpp>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+namespace kdn::llama {
+namespace {
+
+using Json = nlohmann::json;
+using testing::kTestChunk;
+using testing::read_document;
+
+constexpr const char* kQuestionA = "What is this document about?";
+constexpr const char* kQuestionB = "Who may copy it?";
+
+// Runs a command line, returns its stdout (and fails the test on a non-zero exit).
+std::string run_command(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int status = pclose(p);
+  EXPECT_EQ(status, 0) << cmd;
+  return out;
+}
+
+class CrossProcess : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("kdn-llama-xproc-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir_);
+    socket_ = (dir_ / "kdnd.sock").string();
+    start_kdnd();
+  }
+  void TearDown() override {
+    stop_kdnd();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  void start_kdnd() {
+    kdnd_ = fork();
+    ASSERT_GE(kdnd_, 0);
+    if (kdnd_ == 0) {
+      const std::string log = (dir_ / "kdnd.log").string();
+      freopen(log.c_str(), "w", stdout);
+      freopen(log.c_str(), "w", stderr);
+      execl(KDN_LLAMA_TEST_KDND, KDN_LLAMA_TEST_KDND, "--socket", socket_.c_str(), "--host-arena-bytes", "256M",
+            "--log-level", "warn", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    // Ready when a client can connect.
+    for (int i = 0; i < 500; ++i) {
+      kdn_connect_opts o{};
+      o.struct_size = sizeof o;
+      o.socket_path = socket_.c_str();
+      kdn_client* c = nullptr;
+      if (kdn_connect(&o, &c) == KDN_OK) {
+        kdn_disconnect(c);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    FAIL() << "kdnd did not come up";
+  }
+  void stop_kdnd() {
+    if (kdnd_ <= 0) return;
+    kill(kdnd_, SIGTERM);
+    int st = 0;
+    waitpid(kdnd_, &st, 0);
+    kdnd_ = -1;
+  }
+
+  // One kdn-llama process; its JSON report.
+  Json ask(const char* question, uint32_t context, const std::string& extra = "") {
+    const std::string cmd = std::string(KDN_LLAMA_TEST_CLI) + " --json --threads 1 --n-predict 32 --ctx 1024" +
+                            " --chunk-tokens " + std::to_string(kTestChunk) + " --model " + KDN_LLAMA_TEST_MODEL +
+                            " --prompt-file " + KDN_LLAMA_TEST_DOC + " --context-tokens " + std::to_string(context) +
+                            " --socket " + socket_ + " --question '" + question + "' " + extra;
+    Json j = Json::parse(run_command(cmd), nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << cmd;
+    return j.is_discarded() ? Json::object() : j;
+  }
+
+  std::filesystem::path dir_;
+  std::string socket_;
+  pid_t kdnd_ = -1;
+};
+
+TEST_F(CrossProcess, EveryHitLengthFromAnotherProcessMatchesNoCache) {
+  const Json a = ask(kQuestionA, 4 * kTestChunk);
+  EXPECT_EQ(a["cache"], "kdnd");
+  EXPECT_EQ(a["tokens_reused"], 0);
+  EXPECT_EQ(a["chunks_stored"], 4);
+  for (uint32_t k = 1; k <= 4; ++k) {
+    // The prompt's document part is k chunks long, so exactly k of A's chunks match.
+    const Json b = ask(kQuestionB, k * kTestChunk);
+    const Json ref = ask(kQuestionB, k * kTestChunk, "--no-cache");
+    EXPECT_EQ(b["tokens_reused"], k * kTestChunk) << "k=" << k;
+    EXPECT_EQ(b["cache_status"], "ok");
+    EXPECT_EQ(ref["tokens_reused"], 0);
+    EXPECT_EQ(b["answer_tokens"], ref["answer_tokens"]) << "k=" << k;
+    EXPECT_EQ(b["answer_tokens"].size(), 32u);
+  }
+}
+
+TEST_F(CrossProcess, KdndDownFallsBackToPrefill) {
+  const Json ref = ask(kQuestionA, 2 * kTestChunk, "--no-cache");
+  stop_kdnd();
+  const Json down = ask(kQuestionA, 2 * kTestChunk);
+  EXPECT_NE(down["cache"].get<std::string>().find("unavailable"), std::string::npos) << down["cache"];
+  EXPECT_EQ(down["tokens_reused"], 0);
+  EXPECT_EQ(down["answer_tokens"], ref["answer_tokens"]);
+}
+
+TEST_F(CrossProcess, GarbageStoredByAFaultyEngineIsNeverLoaded) {
+  // A faulty engine with the same fingerprint publishes non-finite bytes under the prompt's keys.
+  std::unique_ptr<Engine> engine = testing::open_engine(true);
+  ASSERT_NE(engine, nullptr);
+  auto prompt = engine->chat_prompt(read_document(), kQuestionA, 2 * kTestChunk);
+  ASSERT_TRUE(prompt.ok());
+  {
+    auto store = KdnChunkStore::connect(engine->identity().desc, socket_);
+    ASSERT_TRUE(store.ok()) << store.status().what();
+    auto res = (*store)->reserve(prompt.value(), 0, 2);
+    ASSERT_TRUE(res.ok()) << res.status().what();
+    for (uint32_t i = 0; i < 2; ++i) {
+      std::span<uint8_t> slot = (*res)->slot(i);
+      ASSERT_FALSE(slot.empty());
+      std::memset(slot.data(), 0xff, slot.size());  // 0xffff is a NaN in fp16
+    }
+    ASSERT_TRUE((*res)->commit().ok());
+  }
+  const Json bad = ask(kQuestionA, 2 * kTestChunk);
+  const Json ref = ask(kQuestionA, 2 * kTestChunk, "--no-cache");
+  EXPECT_EQ(bad["tokens_reused"], 0);
+  EXPECT_NE(bad["cache_status"], "ok");
+  EXPECT_EQ(bad["answer_tokens"], ref["answer_tokens"]);
+}
+
+}  // namespace
+}  // namespace kdn::llama
