@@ -1,8 +1,8 @@
 // The engine side of the node benchmark: what an engine process does per request, timed.
 //
-//   retrieve = kdn_retrieve_lease + memcpy of every leased chunk into the engine buffer +
+//   retrieve = kdn_retrieve_lease + kdn_copy_chunk of every leased chunk into the engine buffer +
 //              kdn_lease_release   (bytes copied / time, lease round trips included)
-//   store    = kdn_store_reserve + memcpy from the engine buffer into every handed-out slot +
+//   store    = kdn_store_reserve + kdn_copy_chunk from the engine buffer into every handed-out slot +
 //              kdn_store_commit    (bytes copied / time)
 //
 // Every chunk the bench stores carries a stamp (document, chunk) in its first bytes; every
@@ -134,7 +134,7 @@ void Engine::store_chunks(uint32_t doc, const std::vector<int32_t>& tokens, uint
       ++rep.store_skipped_chunks;
       continue;
     }
-    std::memcpy(slot, chunk_in_buffer(first + i), chunk_bytes_);
+    kdn_copy_chunk(slot, chunk_in_buffer(first + i), chunk_bytes_);
     ++copied;
   }
   if (!check(kdn_store_commit(client_, store), "kdn_store_commit", rep)) return;
@@ -155,7 +155,7 @@ uint32_t Engine::retrieve_chunks(uint32_t doc, const std::vector<int32_t>& token
   for (; copied < n; ++copied) {
     const void* src = kdn_lease_chunk_data(lease, copied);
     if (src == nullptr) break;
-    std::memcpy(chunk_in_buffer(copied), src, chunk_bytes_);
+    kdn_copy_chunk(chunk_in_buffer(copied), src, chunk_bytes_);
   }
   if (!check(kdn_lease_release(client_, lease), "kdn_lease_release", rep)) return 0;
   rep.retrieve_ns += now_ns() - t0;

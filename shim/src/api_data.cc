@@ -5,6 +5,7 @@
 #include <kdn/ipc/payload.h>
 #include <kdn/kernels/layout.h>
 #include <kdn/kernels/ops.h>
+#include <kdn/kernels/stream_copy.h>
 
 #include <cstring>
 #include <new>
@@ -193,6 +194,12 @@ KDN_API int kdn_retrieve_lease(kdn_client* client, const kdn_model* model, const
     *out = lease.release();
     return int(KDN_OK);
   });
+}
+
+KDN_API void kdn_copy_chunk(void* dst, const void* src, size_t bytes) {
+  if (!dst || !src || bytes == 0) return;
+  kdn::kernels::detail::copy_bytes(dst, src, bytes, bytes >= (1u << 20));
+  kdn::kernels::detail::streaming_fence();
 }
 
 KDN_API uint32_t kdn_lease_chunks(const kdn_lease* l) { return l ? uint32_t(l->data.size()) : 0; }

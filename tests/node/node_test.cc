@@ -370,3 +370,26 @@ TEST(Node, GracefulShutdown) {
 
 }  // namespace
 }  // namespace kdn::testing
+
+namespace kdn::testing {
+namespace {
+
+TEST(Api, CopyChunkIsExactAtAnyAlignment) {
+  std::vector<uint8_t> src((4u << 20) + 100), dst(src.size() + 64);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = uint8_t(i * 131 + 7);
+  for (size_t size : {size_t(1), size_t(255), size_t(4096), size_t(1u << 20), size_t((3u << 20) + 37)})
+    for (size_t so : {0, 1, 13})
+      for (size_t dof : {0, 5, 16}) {
+        std::fill(dst.begin(), dst.end(), 0xEE);
+        kdn_copy_chunk(dst.data() + dof, src.data() + so, size);
+        ASSERT_EQ(std::memcmp(dst.data() + dof, src.data() + so, size), 0) << size << " " << so << " " << dof;
+        ASSERT_EQ(dst[dof + size], 0xEE) << "wrote past the end";
+        if (dof) {
+          ASSERT_EQ(dst[dof - 1], 0xEE) << "wrote before the start";
+        }
+      }
+  kdn_copy_chunk(nullptr, src.data(), 10);  // ignored, no crash
+}
+
+}  // namespace
+}  // namespace kdn::testing
