@@ -231,6 +231,54 @@ TEST(StateBlob, NonFiniteOrMissizedChunksAreNeverBuilt) {
     }
 }
 
+// Planes long enough for the vectorized check (128-byte steps plus a ragged tail): every
+// element position of a plane, every lane, is caught; the largest finite values pass; the
+// copy the check rides on is exact.
+TEST(StateBlob, VectorizedCheckCatchesEveryPositionAndPassesLargestFinite) {
+  for (KvType type : {KvType::kF16, KvType::kBF16, KvType::kF32}) {
+    KvGeometry g;
+    g.n_layer = 2;
+    g.n_kv_heads = 3;
+    g.head_dim = 63;
+    g.type = type;
+    g.chunk_tokens = 7;  // a K plane is 7 rows of 378 (f32: 756) bytes: not a multiple of 128
+    const uint32_t e = g.elem_bytes();
+    std::vector<uint8_t> good = random_chunk(g, 21);
+    const uint32_t max_finite = e == 4 ? 0x7f7fffffu : type == KvType::kF16 ? 0x7bffu : 0x7f7fu;
+    const uint32_t sign = e == 4 ? 0x80000000u : 0x8000u;
+    for (size_t off : {size_t{0}, size_t{128}, good.size() / 2})
+      for (uint32_t bits : {max_finite, max_finite | sign}) std::memcpy(&good[off + e], &bits, e);
+    ASSERT_TRUE(check_chunk(g, good).ok()) << static_cast<int>(type);
+    const std::vector<std::span<const uint8_t>> one{good};
+    std::vector<uint8_t> blob(seq_blob_bytes(g, g.chunk_tokens));
+    ASSERT_TRUE(build_seq_blob(g, one, 0, blob).ok());
+    Result<SeqBlobView> view = parse_seq_blob(g, blob);
+    ASSERT_TRUE(view.ok());
+    std::vector<uint8_t> back(g.chunk_bytes());
+    ASSERT_TRUE(blob_chunk_to_canonical(g, view.value(), 0, back).ok());
+    EXPECT_EQ(back, good);
+
+    const uint32_t inf = e == 4 ? 0x7f800000u : type == KvType::kF16 ? 0x7c00u : 0x7f80u;
+    const uint32_t nan = inf | 1u;
+    // Every element of layer 0's K plane and of the last V plane.
+    std::vector<size_t> offsets;
+    for (uint64_t i = 0; i < g.plane_bytes(); i += e) {
+      offsets.push_back(i);
+      offsets.push_back(good.size() - g.plane_bytes() + i);
+    }
+    size_t missed = 0;
+    for (size_t k = 0; k < offsets.size(); ++k) {
+      std::vector<uint8_t> bad = good;
+      const uint32_t bits = (k % 3 == 0 ? nan : inf) | (k % 2 ? sign : 0u);
+      std::memcpy(&bad[offsets[k]], &bits, e);
+      const std::vector<std::span<const uint8_t>> spans{bad};
+      missed += check_chunk(g, bad).code() != Code::kCorrupt;
+      missed += build_seq_blob(g, spans, 0, blob).code() != Code::kCorrupt;
+    }
+    EXPECT_EQ(missed, 0u) << "type " << static_cast<int>(type);
+  }
+}
+
 TEST(StateBlob, BuildRejectsBadArguments) {
   const KvGeometry g = small_geometry(false);
   const std::vector<uint8_t> c = random_chunk(g, 5);

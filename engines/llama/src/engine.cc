@@ -1,6 +1,5 @@
 #include <kdn/llama/engine.h>
 
-#include "blob_pipeline.h"
 #include "engine_identity.h"
 
 #include <llama.h>
@@ -182,8 +181,8 @@ std::span<const float> Engine::last_logits() const noexcept {
 // Chunk by chunk: each chunk becomes a one-chunk blob (small enough to stay in cache between
 // our copy and llama.cpp's), restored into the scratch sequence and handed to the request's
 // sequence with seq_cp, which with a unified cache moves no data. Cells are taken in order
-// from an empty cache, so they land where a fresh prefill puts them. Building the next blob
-// overlaps with llama.cpp reading the current one (blob_pipeline.h).
+// from an empty cache, so they land where a fresh prefill puts them. One thread: building
+// the next blob on a second thread measured slower (both copies share memory bandwidth).
 Status Engine::load_chunks(std::span<const std::span<const uint8_t>> chunks) noexcept {
   const KvGeometry& g = identity_.geometry;
   llama_memory_t mem = llama_get_memory(ctx_);
@@ -195,21 +194,20 @@ Status Engine::load_chunks(std::span<const std::span<const uint8_t>> chunks) noe
     return Status(Code::kInvalidArgument, "chunks do not fit in the context");
   const uint64_t size = seq_blob_bytes(g, g.chunk_tokens);
   try {
-    for (auto& b : blobs_) b.resize(size);
+    blob_.resize(size);
   } catch (const std::bad_alloc&) {
-    return Status(Code::kNoMemory, "no memory for the KV blobs");
+    return Status(Code::kNoMemory, "no memory for the KV blob");
   }
   // Validates each chunk while copying it; llama.cpp never sees a blob that failed.
-  const BlobBuilder build = [&](uint32_t i, std::span<uint8_t> blob) {
-    return build_seq_blob(g, chunks.subspan(i, 1), static_cast<int32_t>(uint64_t{i} * g.chunk_tokens), blob);
-  };
-  const BlobConsumer consume = [&](uint32_t, std::span<const uint8_t> blob) {
-    const size_t read = llama_state_seq_set_data(ctx_, blob.data(), blob.size(), kScratch);
+  Status st;
+  for (size_t i = 0; i < chunks.size() && st.ok(); ++i) {
+    st = build_seq_blob(g, chunks.subspan(i, 1), static_cast<int32_t>(uint64_t{i} * g.chunk_tokens), blob_);
+    if (!st.ok()) break;
+    const size_t read = llama_state_seq_set_data(ctx_, blob_.data(), size, kScratch);
     llama_memory_seq_cp(mem, kScratch, kSeq, -1, -1);
     llama_memory_seq_rm(mem, kScratch, -1, -1);
-    return read == blob.size() ? OkStatus() : Status(Code::kCorrupt, "llama.cpp did not restore the KV blob");
-  };
-  Status st = run_blob_pipeline(static_cast<uint32_t>(chunks.size()), blobs_, build, consume);
+    if (read != size) st = Status(Code::kCorrupt, "llama.cpp did not restore the KV blob");
+  }
   if (st.ok() && (llama_memory_seq_pos_min(mem, kSeq) != 0 ||
                   llama_memory_seq_pos_max(mem, kSeq) != static_cast<llama_pos>(cells - 1)))
     st = Status(Code::kCorrupt, "restored cells are not the chunks' positions");
@@ -234,8 +232,8 @@ Status Engine::extract_chunks(uint32_t first, std::span<const std::span<uint8_t>
     st = Status(Code::kInternal, "scratch sequence has an unexpected size");
   } else {
     try {
-      blobs_[0].resize(size);
-      if (llama_state_seq_get_data(ctx_, blobs_[0].data(), size, kScratch) != size)
+      blob_.resize(size);
+      if (llama_state_seq_get_data(ctx_, blob_.data(), size, kScratch) != size)
         st = Status(Code::kInternal, "llama.cpp did not write the KV blob");
     } catch (const std::bad_alloc&) {
       st = Status(Code::kNoMemory, "no memory for the KV blob");
@@ -243,7 +241,7 @@ Status Engine::extract_chunks(uint32_t first, std::span<const std::span<uint8_t>
   }
   llama_memory_seq_rm(mem, kScratch, -1, -1);
   KDN_RETURN_IF_ERROR(st);
-  Result<SeqBlobView> view = parse_seq_blob(g, {blobs_[0].data(), size});
+  Result<SeqBlobView> view = parse_seq_blob(g, {blob_.data(), size});
   if (!view.ok()) return view.status();
   if (view->first_pos != static_cast<int32_t>(p0) || view->n_cells != cells)
     return Status(Code::kInternal, "extracted cells are not the requested range");

@@ -146,7 +146,7 @@ class Engine {
   llama_model* model_ = nullptr;
   llama_context* ctx_ = nullptr;
   int32_t last_logits_index_ = -1;
-  std::vector<uint8_t> blobs_[2];  // reused across requests: state blobs in either direction
+  std::vector<uint8_t> blob_;  // reused across requests: the state blob in either direction
 };
 
 }  // namespace kdn::llama
