@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -48,16 +49,9 @@ struct Options {
   uint32_t n_predict = 32;
   uint32_t eval_tokens = 256;
   std::string question = "Summarize the terms above in one sentence.";
-  std::string codec = "kivi4";  // the KVC1 mode whose quality is measured
+  kdn::kernels::CodecMode codec = kdn::kernels::CodecMode::kKivi4;  // the mode whose quality is measured
   bool json = false;
 };
-
-kdn::kernels::CodecMode codec_mode(const std::string& name) {
-  using kdn::kernels::CodecMode;
-  for (CodecMode m : {CodecMode::kRaw, CodecMode::kLossless, CodecMode::kInt8, CodecMode::kKivi4, CodecMode::kKivi2})
-    if (name == kdn::kernels::codec_mode_name(m)) return m;
-  return CodecMode::kKivi4;
-}
 
 // Every license text Debian installs (base-files): a long real document on any machine.
 std::vector<std::string> default_documents() {
@@ -178,10 +172,10 @@ Json codec_quality(Engine& e, kdn::llama::ChunkStore& store, const Side& s) {
   std::vector<std::span<const uint8_t>> exact;
   for (uint32_t i = 0; i < chunks; ++i) exact.push_back((*lease)->chunk(i));
   kdn::kernels::CodecConfig cfg;
-  cfg.mode = codec_mode(s.o.codec);
+  cfg.mode = s.o.codec;
   auto q = kdn::llama::measure_codec_quality(e, exact, std::span(ext.value()).subspan(s.size, s.o.eval_tokens), cfg);
   if (!q.ok()) return failure("codec", q.status());
-  return Json{{"mode", s.o.codec},
+  return Json{{"mode", kdn::kernels::codec_mode_name(s.o.codec)},
               {"top1_agreement", q->top1_agreement},
               {"agreeing_positions", static_cast<uint32_t>(q->top1_agreement * q->eval_tokens + 0.5)},
               {"eval_tokens", q->eval_tokens},
@@ -318,8 +312,19 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--n-predict", o.n_predict, "greedy tokens compared between hit and miss");
   app.add_option("--eval-tokens", o.eval_tokens, "document tokens scored for the codec")->check(CLI::Range(2u, 4096u));
   app.add_option("--kdnd", o.kdnd, "kdnd binary (default: next to kdn-bench)");
-  app.add_option("--codec", o.codec, "KVC1 mode whose quality is measured (the bar applies to kivi4)")
-      ->check(CLI::IsMember({"raw", "lossless", "int8", "kivi4", "kivi2"}));
+  using kdn::kernels::CodecMode;
+  // Names as the codec spells them; the callback stores the mode itself.
+  static const std::map<std::string, CodecMode> modes = [] {
+    std::map<std::string, CodecMode> m;
+    for (CodecMode c : {CodecMode::kRaw, CodecMode::kLossless, CodecMode::kInt8, CodecMode::kKivi4, CodecMode::kKivi2})
+      m.emplace(kdn::kernels::codec_mode_name(c), c);
+    return m;
+  }();
+  std::vector<std::string> names;
+  for (const auto& [name, mode] : modes) names.push_back(name);
+  app.add_option_function<std::string>("--codec", [&o](const std::string& v) { o.codec = modes.at(v); },
+                                       "KVC1 mode whose quality is measured (default kivi4; the bar applies to kivi4)")
+      ->check(CLI::IsMember(names));
 }
 
 void set_bars(kdn::bench::Report& r, const Options& o, bool all_identical, uint64_t agree, uint64_t scored) {
@@ -333,10 +338,10 @@ void set_bars(kdn::bench::Report& r, const Options& o, bool all_identical, uint6
   r.set_bar("bars.tokens_identical", all_identical ? 1.0 : 0.0, kdn::bench::BarOp::kAtLeast, 1.0);
   std::optional<double> top1;
   if (scored > 0) top1 = static_cast<double>(agree) / static_cast<double>(scored);
-  r.set("codec.mode", o.codec);
+  r.set("codec.mode", kdn::kernels::codec_mode_name(o.codec));
   r.set("codec.top1_agreement", top1);
   r.set("codec.scored_positions", scored);
-  if (o.codec == "kivi4") r.set_bar("bars.codec_top1_agreement", top1, kdn::bench::BarOp::kAtLeast, 0.98);
+  if (o.codec == kdn::kernels::CodecMode::kKivi4) r.set_bar("bars.codec_top1_agreement", top1, kdn::bench::BarOp::kAtLeast, 0.98);
 }
 
 }  // namespace

@@ -74,11 +74,12 @@ class BlobReader {
   bool ok_ = true;
 };
 
-// Whether n elements of width sizeof(U) at `src` (unaligned is fine) are all finite: an
-// element is not when its exponent bits (exp_mask) are all set. Fixed-size blocks with no
-// early exit, so the compiler vectorizes the loop even at -O2.
+// Whether n elements of width sizeof(U) at `src` (unaligned is fine) are all finite, copying
+// them to `dst` in the same pass when it is not null: an element is not finite when its
+// exponent bits (exp_mask) are all set. Fixed-size blocks with no early exit, so the compiler
+// vectorizes the loop even at -O2; each block is loaded once, checked in registers and stored.
 template <class U>
-bool finite_block(const uint8_t* src, uint64_t n, U exp_mask) noexcept {
+bool finite_scalar(uint8_t* dst, const uint8_t* src, uint64_t n, U exp_mask) noexcept {
   constexpr uint64_t kBlock = 64;
   U bad = 0;
   uint64_t i = 0;
@@ -86,30 +87,21 @@ bool finite_block(const uint8_t* src, uint64_t n, U exp_mask) noexcept {
     U v[kBlock];
     std::memcpy(v, src + i * sizeof(U), sizeof v);
     for (uint64_t j = 0; j < kBlock; ++j) bad |= static_cast<U>((v[j] & exp_mask) == exp_mask);
+    if (dst) std::memcpy(dst + i * sizeof(U), v, sizeof v);
   }
   for (; i < n; ++i) {
     U v;
     std::memcpy(&v, src + i * sizeof(U), sizeof(U));
     bad |= static_cast<U>((v & exp_mask) == exp_mask);
+    if (dst) std::memcpy(dst + i * sizeof(U), &v, sizeof(U));
   }
   return bad == 0;
 }
 
-// Copies n elements and reports whether all were finite, in one pass: each block is loaded
-// once, checked in registers and stored.
-template <class U>
-bool copy_finite(uint8_t* dst, const uint8_t* src, uint64_t n, U exp_mask) noexcept {
-  constexpr uint64_t kBlock = 64;
-  U bad = 0;
-  uint64_t i = 0;
-  for (; i + kBlock <= n; i += kBlock) {
-    U v[kBlock];
-    std::memcpy(v, src + i * sizeof(U), sizeof v);
-    for (uint64_t j = 0; j < kBlock; ++j) bad |= static_cast<U>((v[j] & exp_mask) == exp_mask);
-    std::memcpy(dst + i * sizeof(U), v, sizeof v);
-  }
-  std::memcpy(dst + i * sizeof(U), src + i * sizeof(U), (n - i) * sizeof(U));
-  return bad == 0 && finite_block<U>(src + i * sizeof(U), n - i, exp_mask);
+// finite_scalar on `bytes` bytes of 16-bit (or, when `wide`, 32-bit) elements.
+bool finite_scalar(uint8_t* dst, const uint8_t* src, uint64_t bytes, uint32_t exp_mask, bool wide) noexcept {
+  if (wide) return finite_scalar<uint32_t>(dst, src, bytes / 4, exp_mask);
+  return finite_scalar<uint16_t>(dst, src, bytes / 2, static_cast<uint16_t>(exp_mask));
 }
 
 uint32_t exp_mask_of(KvType type) noexcept {
@@ -146,10 +138,7 @@ __attribute__((target("avx512bw"))) bool finite_avx512(uint8_t* dst, const uint8
   }
   const bool ok = wide ? _mm512_cmpge_epu32_mask(_mm512_mask_max_epu32(m0, 0xffff, m0, m1), _mm512_set1_epi32(static_cast<int>(exp_mask))) == 0
                        : _mm512_cmpge_epu16_mask(_mm512_mask_max_epu16(m0, ~__mmask32{0}, m0, m1), _mm512_set1_epi16(static_cast<short>(exp_mask))) == 0;
-  const uint64_t rest = bytes - i;
-  if (dst) std::memcpy(dst + i, src + i, rest);
-  if (wide) return ok && finite_block<uint32_t>(src + i, rest / 4, exp_mask);
-  return ok && finite_block<uint16_t>(src + i, rest / 2, static_cast<uint16_t>(exp_mask));
+  return finite_scalar(dst ? dst + i : nullptr, src + i, bytes - i, exp_mask, wide) && ok;
 }
 
 __attribute__((target("avx2"))) bool finite_avx2(uint8_t* dst, const uint8_t* src, uint64_t bytes,
@@ -172,10 +161,7 @@ __attribute__((target("avx2"))) bool finite_avx2(uint8_t* dst, const uint8_t* sr
   for (int k = 1; k < 4; ++k) x = wide ? _mm256_max_epu32(x, m[k]) : _mm256_max_epu16(x, m[k]);
   x = wide ? _mm256_max_epu32(x, lim) : _mm256_max_epu16(x, lim);
   const bool ok = _mm256_movemask_epi8(_mm256_cmpeq_epi8(x, lim)) == -1;
-  const uint64_t rest = bytes - i;
-  if (dst) std::memcpy(dst + i, src + i, rest);
-  if (wide) return ok && finite_block<uint32_t>(src + i, rest / 4, exp_mask);
-  return ok && finite_block<uint16_t>(src + i, rest / 2, static_cast<uint16_t>(exp_mask));
+  return finite_scalar(dst ? dst + i : nullptr, src + i, bytes - i, exp_mask, wide) && ok;
 }
 
 enum class Simd { kNone, kAvx2, kAvx512 };
@@ -195,41 +181,29 @@ Simd simd_level() noexcept {
   return level;
 }
 
-// True when a SIMD path handled the bytes; *ok then says whether all were finite.
-bool finite_simd(KvType type, uint8_t* dst, const uint8_t* src, uint64_t bytes, bool* ok) noexcept {
-  const uint32_t mask = exp_mask_of(type);
-  const bool wide = type == KvType::kF32;
-  switch (simd_level()) {
-    case Simd::kAvx512: *ok = finite_avx512(dst, src, bytes, mask, wide); return true;
-    case Simd::kAvx2: *ok = finite_avx2(dst, src, bytes, mask, wide); return true;
-    case Simd::kNone: break;
-  }
-  return false;
-}
 #endif
 
-bool copy_finite(KvType type, uint8_t* dst, const uint8_t* src, uint64_t bytes) noexcept {
+// Whether every element of `bytes` bytes of `type` at src is finite, copying them to dst in
+// the same pass when dst is not null: with the widest SIMD this CPU has, else scalar.
+bool check_finite(KvType type, uint8_t* dst, const uint8_t* src, uint64_t bytes) noexcept {
+  const uint32_t mask = exp_mask_of(type);
+  const bool wide = type == KvType::kF32;
 #if defined(__x86_64__)
-  if (bool ok; finite_simd(type, dst, src, bytes, &ok)) return ok;
-#endif
-  switch (type) {
-    case KvType::kF16: return copy_finite<uint16_t>(dst, src, bytes / 2, 0x7c00);
-    case KvType::kBF16: return copy_finite<uint16_t>(dst, src, bytes / 2, 0x7f80);
-    case KvType::kF32: return copy_finite<uint32_t>(dst, src, bytes / 4, 0x7f800000u);
+  switch (simd_level()) {
+    case Simd::kAvx512: return finite_avx512(dst, src, bytes, mask, wide);
+    case Simd::kAvx2: return finite_avx2(dst, src, bytes, mask, wide);
+    case Simd::kNone: break;
   }
-  return false;
+#endif
+  return finite_scalar(dst, src, bytes, mask, wide);
+}
+
+bool copy_finite(KvType type, uint8_t* dst, const uint8_t* src, uint64_t bytes) noexcept {
+  return check_finite(type, dst, src, bytes);
 }
 
 bool all_finite(KvType type, const uint8_t* src, uint64_t bytes) noexcept {
-#if defined(__x86_64__)
-  if (bool ok; finite_simd(type, nullptr, src, bytes, &ok)) return ok;
-#endif
-  switch (type) {
-    case KvType::kF16: return finite_block<uint16_t>(src, bytes / 2, 0x7c00);
-    case KvType::kBF16: return finite_block<uint16_t>(src, bytes / 2, 0x7f80);
-    case KvType::kF32: return finite_block<uint32_t>(src, bytes / 4, 0x7f800000u);
-  }
-  return false;
+  return check_finite(type, nullptr, src, bytes);
 }
 
 // dst[c * dst_stride + r] = src[r * src_stride + c] for r < rows, c < cols (element units).
