@@ -35,13 +35,15 @@ class CodecQuality : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status().what();
     if (!r.ok()) return {};
     const CodecQualityReport& q = r.value();
-    std::printf("codec %-8s ratio %.2fx  top1 %.4f  ppl %.4f -> %.4f (%+.3f%%)  rel_err %.4f  cos_min %.5f\n",
+    std::printf("codec %-8s ratio %.2fx  top1 %.4f  ppl %.4f -> %.4f (%+.3f%%)  rel_err %.4f  cos_min %.5f"
+                "  one-ulp control: top1 %.4f ppl %+.3f%%\n",
                 kernels::codec_mode_name(mode), q.ratio_vs_fp16, q.top1_agreement, q.ppl_exact, q.ppl_codec,
-                q.ppl_delta_pct, q.rel_frobenius_error, q.cosine_min);
+                q.ppl_delta_pct, q.rel_frobenius_error, q.cosine_min, q.floor_top1_agreement, q.floor_ppl_delta_pct);
     const std::string m = kernels::codec_mode_name(mode);
     RecordProperty(m + "_top1_agreement", std::to_string(q.top1_agreement));
     RecordProperty(m + "_ppl_delta_pct", std::to_string(q.ppl_delta_pct));
     RecordProperty(m + "_ratio_vs_fp16", std::to_string(q.ratio_vs_fp16));
+    RecordProperty("floor_top1_agreement", std::to_string(q.floor_top1_agreement));
     return q;
   }
   std::unique_ptr<Engine> engine_;
@@ -55,6 +57,9 @@ TEST_F(CodecQuality, LosslessChangesNothing) {
   EXPECT_EQ(q.rel_frobenius_error, 0.0);
   EXPECT_GT(q.ratio_vs_fp16, 1.0);
   EXPECT_GT(q.ppl_exact, 1.0);
+  // The control is a real perturbation of the same KV: the scored logits move.
+  EXPECT_NE(q.floor_ppl_delta_pct, 0.0);
+  EXPECT_LE(q.floor_top1_agreement, 1.0);
 }
 
 TEST_F(CodecQuality, FourBitKiviStaysClose) {

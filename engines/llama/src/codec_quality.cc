@@ -68,6 +68,31 @@ Status codec_round_trip(const Engine& e, std::span<const std::span<const uint8_t
   return OkStatus();
 }
 
+// The one-ulp control: flips the lowest bit of a fixed pseudo-random half of the elements.
+std::vector<std::vector<uint8_t>> flip_last_bits(std::span<const std::span<const uint8_t>> exact,
+                                                 uint32_t elem_bytes) {
+  std::vector<std::vector<uint8_t>> out(exact.size());
+  uint64_t state = 0x9E3779B97F4A7C15ull;  // xorshift64: the same pattern on every machine
+  for (size_t c = 0; c < exact.size(); ++c) {
+    out[c].assign(exact[c].begin(), exact[c].end());
+    for (size_t i = 0; i + elem_bytes <= out[c].size(); i += elem_bytes) {
+      state ^= state << 13;
+      state ^= state >> 7;
+      state ^= state << 17;
+      out[c][i] ^= static_cast<uint8_t>(state >> 63);  // little-endian: byte 0 holds the lowest bit
+    }
+  }
+  return out;
+}
+
+double agreement(const Scores& a, const Scores& b) {
+  uint32_t same = 0;
+  for (size_t i = 0; i < a.top1.size(); ++i) same += a.top1[i] == b.top1[i];
+  return static_cast<double>(same) / static_cast<double>(a.top1.size());
+}
+
+double perplexity(const Scores& s) { return std::exp(s.nll_sum / s.nll_count); }
+
 std::vector<std::span<const uint8_t>> spans_of(const std::vector<std::vector<uint8_t>>& v) {
   return {v.begin(), v.end()};
 }
@@ -94,15 +119,17 @@ Result<CodecQualityReport> measure_codec_quality(Engine& engine,
   std::vector<std::vector<uint8_t>> decoded(exact.size());
   KDN_RETURN_IF_ERROR(codec_round_trip(engine, exact, config, decoded, report));
 
-  Scores base, lossy;
+  Scores base, lossy, control;
   KDN_RETURN_IF_ERROR(score(engine, exact, eval, context, base));
   KDN_RETURN_IF_ERROR(score(engine, spans_of(decoded), eval, context, lossy));
-  uint32_t same = 0;
-  for (size_t i = 0; i < eval.size(); ++i) same += base.top1[i] == lossy.top1[i];
-  report.top1_agreement = static_cast<double>(same) / static_cast<double>(eval.size());
-  report.ppl_exact = std::exp(base.nll_sum / base.nll_count);
-  report.ppl_codec = std::exp(lossy.nll_sum / lossy.nll_count);
+  decoded = flip_last_bits(exact, g.elem_bytes());
+  KDN_RETURN_IF_ERROR(score(engine, spans_of(decoded), eval, context, control));
+  report.top1_agreement = agreement(base, lossy);
+  report.ppl_exact = perplexity(base);
+  report.ppl_codec = perplexity(lossy);
   report.ppl_delta_pct = 100.0 * (report.ppl_codec - report.ppl_exact) / report.ppl_exact;
+  report.floor_top1_agreement = agreement(base, control);
+  report.floor_ppl_delta_pct = 100.0 * (perplexity(control) - report.ppl_exact) / report.ppl_exact;
   engine.reset();
   return report;
 }

@@ -24,8 +24,8 @@ void note(RequestStats& stats, const Status& st) {
 
 }  // namespace
 
-uint32_t Engine::load_cached_prefix(std::span<const int32_t> prompt, ChunkStore& store,
-                                    RequestStats& stats) noexcept {
+uint32_t Engine::load_cached_prefix(std::span<const int32_t> prompt, ChunkStore& store, RequestStats& stats,
+                                    std::unique_ptr<ChunkLease>& held) noexcept {
   const uint32_t t = identity_.geometry.chunk_tokens;
   // The last prompt token is always computed: its logits choose the first new token.
   const uint32_t max_chunks = static_cast<uint32_t>((prompt.size() - 1) / t);
@@ -43,12 +43,12 @@ uint32_t Engine::load_cached_prefix(std::span<const int32_t> prompt, ChunkStore&
   std::vector<std::span<const uint8_t>> chunks(n);
   for (uint32_t i = 0; i < n; ++i) chunks[i] = (*lease)->chunk(i);
   const Status st = load_chunks(chunks);
-  lease.value().reset();  // the bytes are in the KV cache now (or rejected): release early
   stats.load_s = seconds_between(t1, now_ns());
   if (!st.ok()) {
     note(stats, st);
-    return 0;
+    return 0;  // the lease goes back here
   }
+  held = std::move(lease.value());
   stats.chunks_loaded = n;
   stats.bytes_loaded = uint64_t{n} * identity_.geometry.chunk_bytes();
   return n * t;
@@ -94,7 +94,8 @@ Result<Generation> Engine::generate(std::span<const int32_t> prompt, uint32_t n_
   if (store != nullptr) note(stats, cache_support_);
 
   const uint64_t t0 = now_ns();
-  const uint32_t reused = use_cache ? load_cached_prefix(prompt, *store, stats) : 0;
+  std::unique_ptr<ChunkLease> lease;
+  const uint32_t reused = use_cache ? load_cached_prefix(prompt, *store, stats, lease) : 0;
   const uint64_t t1 = now_ns();
   KDN_RETURN_IF_ERROR(prefill(prompt.subspan(reused), reused, {}));
   std::span<const float> logits = last_logits();
@@ -106,6 +107,7 @@ Result<Generation> Engine::generate(std::span<const int32_t> prompt, uint32_t n_
   stats.tokens_computed = static_cast<uint32_t>(prompt.size()) - reused;
   gen.first_logits.assign(logits.begin(), logits.end());
   gen.tokens.push_back(token);
+  lease.reset();  // the bytes have been in the KV cache since the load; the first token is out
 
   if (use_cache) store_new_chunks(prompt, reused / identity_.geometry.chunk_tokens, *store, stats);
 

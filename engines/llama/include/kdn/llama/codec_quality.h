@@ -8,6 +8,12 @@
 // agreement), the perplexity of the document's actual next tokens under each, and the
 // codec's compression ratio and tensor error.
 //
+// A third run is the control that says how much agreement any lossy KV can keep: the exact
+// chunks with the lowest bit of every other element (a fixed pseudo-random half) flipped,
+// a change of at most one unit in the last place. Engines that quantize activations (llama.cpp
+// multiplies quantized weights by 8-bit activations) turn even that into flipped near-ties,
+// so floor_top1_agreement is the ceiling a codec's top1_agreement can be read against.
+//
 // Runs on the caller's engine (it resets its KV cache); not thread-safe, like the engine.
 #pragma once
 
@@ -30,6 +36,8 @@ struct CodecQualityReport {
   double ratio_vs_fp16 = 0;        // canonical fp16 bytes / encoded bytes, all chunks
   double rel_frobenius_error = 0;  // worst chunk
   double cosine_min = 0;           // worst (layer, plane) over all chunks
+  double floor_top1_agreement = 0; // the one-ulp control's agreement with the exact run
+  double floor_ppl_delta_pct = 0;  // and its perplexity delta
 };
 
 // `tokens` must hold context_chunks * chunk_tokens + eval_tokens tokens (eval_tokens >= 2);

@@ -134,8 +134,10 @@ class Engine {
   Engine() = default;
   Status init(const EngineOptions& opts) noexcept;
   Status probe_state_format() noexcept;
-  uint32_t load_cached_prefix(std::span<const int32_t> prompt, ChunkStore& store,
-                              RequestStats& stats) noexcept;
+  // Loads the cached prefix; `lease` keeps the chunks pinned until the caller drops it (after
+  // the first token, so the release round trip is not part of the time to first token).
+  uint32_t load_cached_prefix(std::span<const int32_t> prompt, ChunkStore& store, RequestStats& stats,
+                              std::unique_ptr<ChunkLease>& lease) noexcept;
   void store_new_chunks(std::span<const int32_t> prompt, uint32_t first_chunk, ChunkStore& store,
                         RequestStats& stats) noexcept;
   Status decode_one(int32_t token, uint32_t pos) noexcept;
