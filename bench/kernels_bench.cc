@@ -9,6 +9,7 @@
 #include "commands.h"
 #include "report.h"
 
+#include <kdn/common/model_presets.h>
 #include <kdn/kernels/cpu_rows.h>
 #include <kdn/kernels/device.h>
 #include <kdn/kernels/kv_file.h>
@@ -58,15 +59,12 @@ struct ModelShape {
 };
 
 bool model_shape(const std::string& name, ModelShape* out) {
-  if (name == "llama3-8b") {
-    *out = {32, 8, 128, {RopeStyle::kNeox, 128, 0, 500000.0, RopeScaling::kLlama3, {8.0f, 1.0f, 4.0f, 8192.0f}}};
-    return true;
-  }
-  if (name == "smollm2-135m") {
-    *out = {30, 3, 64, {RopeStyle::kNeox, 64, 0, 100000.0, RopeScaling::kNone, {}}};
-    return true;
-  }
-  return false;
+  const ModelPreset* p = find_model_preset(name);
+  if (p == nullptr) return false;
+  out->layers = p->layers;
+  out->kv_heads = p->kv_heads;
+  out->head_dim = p->head_dim;
+  return rope_config_from_desc(preset_desc(*p, name), &out->rope).ok();
 }
 
 std::string describe(const Status& s) { return std::string(code_name(s.code())) + ": " + s.what(); }

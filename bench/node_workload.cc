@@ -1,5 +1,7 @@
 #include "node_workload.h"
 
+#include <kdn/common/model_presets.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -26,10 +28,11 @@ void append_tokens(std::vector<int32_t>& out, uint64_t state, uint32_t n) {
 }  // namespace
 
 const std::vector<ModelLayout>& bench_models() {
-  static const std::vector<ModelLayout> models = {
-      {"llama3-8b", 32, 8, 128, 500000.0},
-      {"smollm2-135m", 30, 3, 64, 100000.0},
-  };
+  static const std::vector<ModelLayout> models = [] {
+    std::vector<ModelLayout> v;
+    for (const ModelPreset& p : model_presets()) v.push_back({p.name, p.layers, p.kv_heads, p.head_dim, p.rope_theta});
+    return v;
+  }();
   return models;
 }
 
@@ -41,19 +44,8 @@ std::optional<ModelLayout> find_model(std::string_view name) {
 }
 
 kdn_model_desc model_desc(const ModelLayout& layout) {
-  kdn_model_desc d;
-  std::memset(&d, 0, sizeof d);
-  d.struct_size = sizeof d;
-  d.num_layers = layout.layers;
-  d.num_kv_heads = layout.kv_heads;
-  d.head_dim = layout.head_dim;
-  d.dtype = KDN_DTYPE_F16;
+  kdn_model_desc d = preset_desc(*find_model_preset(layout.name), "kdn-bench/" + std::string(layout.name));
   d.chunk_tokens = kBenchChunkTokens;
-  d.rope_style = KDN_ROPE_NEOX;
-  d.rope_theta = layout.rope_theta;
-  d.tp_size = 1;
-  std::string name = "kdn-bench/" + std::string(layout.name);
-  std::memcpy(d.name, name.data(), std::min(name.size(), sizeof d.name - 1));
   return d;
 }
 

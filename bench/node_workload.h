@@ -17,7 +17,7 @@ constexpr uint32_t kBenchChunkTokens = 256;
 constexpr uint32_t kDocTokens = 8192;  // 32 chunks
 constexpr uint32_t kVocabSize = 128256;
 
-// A model's KV geometry (fp16, 256-token chunks).
+// A model's KV geometry (fp16, 256-token chunks), one per kdn::model_presets() entry.
 struct ModelLayout {
   std::string_view name;
   uint32_t layers;
@@ -31,7 +31,7 @@ struct ModelLayout {
   uint64_t doc_bytes() const noexcept { return chunk_bytes() * (kDocTokens / kBenchChunkTokens); }
 };
 
-// llama3-8b (32 MiB per chunk) and smollm2-135m (5.625 MiB per chunk).
+// The presets: llama3-8b (32 MiB per chunk) and smollm2-135m (5.625 MiB per chunk).
 const std::vector<ModelLayout>& bench_models();
 std::optional<ModelLayout> find_model(std::string_view name);
 

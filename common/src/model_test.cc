@@ -1,21 +1,19 @@
 #include <kdn/common/model.h>
+#include <kdn/common/model_presets.h>
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <string>
 #include <vector>
 
 namespace kdn {
 namespace {
 
+// GPT-J pairing on purpose: the golden key below pins this exact descriptor.
 kdn_model_desc smol() {
-  kdn_model_desc d{};
-  d.struct_size = sizeof d;
-  d.num_layers = 30;
-  d.num_kv_heads = 3;
-  d.head_dim = 64;
-  d.dtype = KDN_DTYPE_F16;
+  kdn_model_desc d = preset_desc(*find_model_preset("smollm2-135m"), "");
   d.rope_style = KDN_ROPE_GPTJ;
-  d.rope_theta = 100000.0;
   return d;
 }
 
@@ -81,6 +79,26 @@ TEST(PrefixKeys, ChainAndDeterminism) {
 
 // Frozen value: keys must not depend on the process, the build or the hash library's
 // seeding. Changing the key scheme invalidates every disk tier: bump the canonical version.
+TEST(ModelPresets, EveryPresetIsAValidModel) {
+  ASSERT_FALSE(model_presets().empty());
+  for (const ModelPreset& p : model_presets()) {
+    EXPECT_EQ(find_model_preset(p.name), &p);
+    auto m = ModelInfo::from_desc(preset_desc(p, p.name));
+    ASSERT_TRUE(m.ok()) << p.name << ": " << m.status().what();
+    EXPECT_EQ(m->desc.num_layers, p.layers);
+    EXPECT_EQ(m->desc.rope_scaling, p.rope_scaling);
+    EXPECT_STREQ(m->desc.name, std::string(p.name).c_str());
+  }
+  EXPECT_EQ(find_model_preset("gpt-5"), nullptr);
+  EXPECT_EQ(find_model_preset("llama3-8b")->head_dim, 128u);
+}
+
+TEST(ModelPresets, LongNamesAreTruncatedNotOverrun) {
+  const std::string long_name(200, 'x');
+  const kdn_model_desc d = preset_desc(*find_model_preset("smollm2-135m"), long_name);
+  EXPECT_EQ(std::strlen(d.name), sizeof d.name - 1);
+}
+
 TEST(PrefixKeys, GoldenValue) {
   auto m = ModelInfo::from_desc(smol());
   ASSERT_TRUE(m.ok());

@@ -1,6 +1,7 @@
 // Layouts: every preset against its engine's offset formula, scatter/gather round trips on random
 // block tables, CPU launchers against the element bodies, and validation of untrusted views.
 #include <kdn/common/model.h>
+#include <kdn/common/model_presets.h>
 #include <kdn/kernels/layout.h>
 #include <kdn/kernels/ops.h>
 #include <kdn/kernels/presets.h>
@@ -333,14 +334,8 @@ TEST(Layout, GeometryMismatchIsRefused) {
 }
 
 TEST(Layout, GeometryOfARegisteredModel) {
-  kdn_model_desc d{};
-  d.struct_size = sizeof d;
-  d.num_layers = 30;
-  d.num_kv_heads = 3;
-  d.head_dim = 64;
-  d.dtype = KDN_DTYPE_BF16;
-  d.rope_style = KDN_ROPE_NEOX;
-  d.rope_theta = 100000.0;
+  kdn_model_desc d = preset_desc(*find_model_preset("smollm2-135m"), "");
+  d.dtype = KDN_DTYPE_BF16;  // the chunk geometry follows the model's dtype
   Result<ModelInfo> m = ModelInfo::from_desc(d);
   ASSERT_TRUE(m.ok()) << m.status().what();
   const ChunkGeometry g = chunk_geometry_of(*m);

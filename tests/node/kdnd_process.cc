@@ -1,5 +1,7 @@
 #include "kdnd_process.h"
 
+#include <kdn/common/model_presets.h>
+
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -108,16 +110,7 @@ kdn_model_desc tiny_model(uint32_t chunk_tokens) {
 }
 
 kdn_model_desc smol_model() {
-  kdn_model_desc d{};
-  d.struct_size = sizeof d;
-  d.num_layers = 30;
-  d.num_kv_heads = 3;
-  d.head_dim = 64;
-  d.dtype = KDN_DTYPE_F16;
-  d.rope_style = KDN_ROPE_GPTJ;
-  d.rope_theta = 100000.0;
-  std::strcpy(d.name, "HuggingFaceTB/SmolLM2-135M");
-  return d;
+  return preset_desc(*find_model_preset("smollm2-135m"), "HuggingFaceTB/SmolLM2-135M");
 }
 
 std::vector<int32_t> doc_tokens(uint32_t doc, size_t n) {
