@@ -105,17 +105,34 @@ struct Side {
   }
 };
 
+// What each side's process starts with: its engine, a kdnd connection and the prompt.
+struct Session {
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<kdn::llama::KdnChunkStore> store;
+  std::vector<int32_t> prompt;
+
+  // Null on success, else the failure to report.
+  std::optional<Json> open(const Side& s) {
+    auto e = s.open_engine();
+    if (!e.ok()) return failure("engine", e.status());
+    engine = std::move(e.value());
+    auto c = kdn::llama::KdnChunkStore::connect(engine->identity().desc, s.socket, s.name_space);
+    if (!c.ok()) return failure("kdnd", c.status());
+    store = std::move(c.value());
+    auto p = engine->chat_prompt(s.doc, s.o.question, s.size);
+    if (!p.ok()) return failure("prompt", p.status());
+    prompt = std::move(p.value());
+    return std::nullopt;
+  }
+};
+
 // Process A: the miss. Prefills the prompt, stores its chunks in kdnd, and saves the same
 // prefix as a slot file the way llama-server's slot save does.
 Json run_store_side(const Side& s) {
-  auto engine = s.open_engine();
-  if (!engine.ok()) return failure("engine", engine.status());
-  Engine& e = *engine.value();
-  auto store = kdn::llama::KdnChunkStore::connect(e.identity().desc, s.socket, s.name_space);
-  if (!store.ok()) return failure("kdnd", store.status());
-  auto prompt = e.chat_prompt(s.doc, s.o.question, s.size);
-  if (!prompt.ok()) return failure("prompt", prompt.status());
-  auto gen = e.generate(prompt.value(), s.o.n_predict, store.value().get());
+  Session ss;
+  if (auto err = ss.open(s)) return *err;
+  Engine& e = *ss.engine;
+  auto gen = e.generate(ss.prompt, s.o.n_predict, ss.store.get());
   if (!gen.ok()) return failure("generate", gen.status());
   if (gen->stats.tokens_reused != 0 || !gen->stats.cache_status.ok())
     return Json{{"error", "the store side was not a clean miss"}};
@@ -123,11 +140,11 @@ Json run_store_side(const Side& s) {
   llama_context* ctx = e.context();
   llama_memory_t mem = llama_get_memory(ctx);
   llama_memory_seq_cp(mem, 0, 1, 0, static_cast<llama_pos>(s.size));
-  const size_t saved = llama_state_seq_save_file(ctx, s.slot_path.c_str(), 1, prompt->data(), s.size);
+  const size_t saved = llama_state_seq_save_file(ctx, s.slot_path.c_str(), 1, ss.prompt.data(), s.size);
   llama_memory_seq_rm(mem, 1, -1, -1);
   if (saved == 0) return Json{{"error", "llama_state_seq_save_file failed"}};
   const auto& st = gen->stats;
-  return Json{{"prompt_tokens", prompt->size()}, {"ttft_s", st.ttft_s},  {"store_s", st.store_s},
+  return Json{{"prompt_tokens", ss.prompt.size()}, {"ttft_s", st.ttft_s},  {"store_s", st.store_s},
               {"chunks_stored", st.chunks_stored}, {"bytes_stored", st.bytes_stored},
               {"slot_file_bytes", saved},         {"tokens", gen->tokens}};
 }
@@ -193,20 +210,16 @@ Json codec_quality(Engine& e, kdn::llama::ChunkStore& store, const Side& s) {
 
 // Process B: the hit, the slot-restore baseline and the codec, all on A's work.
 Json run_reuse_side(const Side& s) {
-  auto engine = s.open_engine();
-  if (!engine.ok()) return failure("engine", engine.status());
-  Engine& e = *engine.value();
-  auto store = kdn::llama::KdnChunkStore::connect(e.identity().desc, s.socket, s.name_space);
-  if (!store.ok()) return failure("kdnd", store.status());
-  auto prompt = e.chat_prompt(s.doc, s.o.question, s.size);
-  if (!prompt.ok()) return failure("prompt", prompt.status());
+  Session ss;
+  if (auto err = ss.open(s)) return *err;
+  Engine& e = *ss.engine;
 
   // Hit and slot-restore runs alternate, so both see the same machine load.
   Json out;
   std::vector<double> hit, hit_retrieve, hit_load, slot, slot_load;
   std::vector<int32_t> slot_tokens;
   auto run_hit = [&](uint32_t r) -> std::optional<Json> {
-    auto gen = e.generate(prompt.value(), s.o.n_predict, store.value().get());
+    auto gen = e.generate(ss.prompt, s.o.n_predict, ss.store.get());
     if (!gen.ok()) return failure("generate", gen.status());
     const auto& st = gen->stats;
     if (st.tokens_reused != s.size) return Json{{"error", std::string("hit incomplete: ") + st.cache_status.what()}};
@@ -221,7 +234,7 @@ Json run_reuse_side(const Side& s) {
     return std::nullopt;
   };
   auto run_slot = [&](uint32_t r) -> std::optional<Json> {
-    auto run = slot_restore(e, s, prompt.value(), r == 0 ? &slot_tokens : nullptr);
+    auto run = slot_restore(e, s, ss.prompt, r == 0 ? &slot_tokens : nullptr);
     if (!run.ok()) return failure("slot restore", run.status());
     slot.push_back(run->ttft_s);
     slot_load.push_back(run->load_s);
@@ -242,7 +255,7 @@ Json run_reuse_side(const Side& s) {
   out["ttft_slot_restore_runs_s"] = slot;
   out["slot_load_s"] = median(slot_load);
   out["slot_tokens"] = slot_tokens;
-  out["codec"] = codec_quality(e, *store.value(), s);
+  out["codec"] = codec_quality(e, *ss.store, s);
   return out;
 }
 
