@@ -103,6 +103,14 @@ Status Engine::init(const EngineOptions& opts) noexcept {
   }
   identity_ = std::move(id.value());
   cache_support_ = probe_state_format();
+  if (cache_support_.ok()) {
+    // One chunk's blob, allocated and faulted in now rather than in the first request's load.
+    try {
+      blob_.resize(seq_blob_bytes(identity_.geometry, identity_.geometry.chunk_tokens));
+    } catch (const std::bad_alloc&) {
+      return Status(Code::kNoMemory, "no memory for the KV blob");
+    }
+  }
   return OkStatus();
 }
 
