@@ -1,10 +1,7 @@
 #include "node_workload.h"
 
-#include <kdn/common/model_presets.h>
-
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <string>
 
 namespace kdn::bench {
@@ -30,7 +27,7 @@ void append_tokens(std::vector<int32_t>& out, uint64_t state, uint32_t n) {
 const std::vector<ModelLayout>& bench_models() {
   static const std::vector<ModelLayout> models = [] {
     std::vector<ModelLayout> v;
-    for (const ModelPreset& p : model_presets()) v.push_back({p.name, p.layers, p.kv_heads, p.head_dim, p.rope_theta});
+    for (const ModelPreset& p : model_presets()) v.push_back(ModelLayout{p});
     return v;
   }();
   return models;
@@ -44,7 +41,7 @@ std::optional<ModelLayout> find_model(std::string_view name) {
 }
 
 kdn_model_desc model_desc(const ModelLayout& layout) {
-  kdn_model_desc d = preset_desc(*find_model_preset(layout.name), "kdn-bench/" + std::string(layout.name));
+  kdn_model_desc d = preset_desc(layout, "kdn-bench/" + std::string(layout.name));
   d.chunk_tokens = kBenchChunkTokens;
   return d;
 }

@@ -3,6 +3,7 @@
 // (and every rerun) sees the same documents and keys.
 #pragma once
 
+#include <kdn/common/model_presets.h>
 #include <kdn/kdn.h>
 
 #include <cstdint>
@@ -17,14 +18,8 @@ constexpr uint32_t kBenchChunkTokens = 256;
 constexpr uint32_t kDocTokens = 8192;  // 32 chunks
 constexpr uint32_t kVocabSize = 128256;
 
-// A model's KV geometry (fp16, 256-token chunks), one per kdn::model_presets() entry.
-struct ModelLayout {
-  std::string_view name;
-  uint32_t layers;
-  uint32_t kv_heads;
-  uint32_t head_dim;
-  double rope_theta;
-
+// A model preset with the benchmark's chunk and document sizes (fp16, 256-token chunks).
+struct ModelLayout : ModelPreset {
   uint64_t chunk_bytes() const noexcept {
     return uint64_t{layers} * 2 * kBenchChunkTokens * kv_heads * head_dim * sizeof(uint16_t);
   }
