@@ -77,8 +77,6 @@ TEST(PrefixKeys, ChainAndDeterminism) {
   EXPECT_TRUE(again[2] == k[2]);
 }
 
-// Frozen value: keys must not depend on the process, the build or the hash library's
-// seeding. Changing the key scheme invalidates every disk tier: bump the canonical version.
 TEST(ModelPresets, EveryPresetIsAValidModel) {
   ASSERT_FALSE(model_presets().empty());
   for (const ModelPreset& p : model_presets()) {
@@ -99,6 +97,8 @@ TEST(ModelPresets, LongNamesAreTruncatedNotOverrun) {
   EXPECT_EQ(std::strlen(d.name), sizeof d.name - 1);
 }
 
+// Frozen value: keys must not depend on the process, the build or the hash library's
+// seeding. Changing the key scheme invalidates every disk tier: bump the canonical version.
 TEST(PrefixKeys, GoldenValue) {
   auto m = ModelInfo::from_desc(smol());
   ASSERT_TRUE(m.ok());

@@ -57,9 +57,10 @@ TEST_F(CodecQuality, LosslessChangesNothing) {
   EXPECT_EQ(q.rel_frobenius_error, 0.0);
   EXPECT_GT(q.ratio_vs_fp16, 1.0);
   EXPECT_GT(q.ppl_exact, 1.0);
-  // The control is a real perturbation of the same KV: the scored logits move.
+  // The control is a real perturbation of the same KV: the scored logits move, yet it is
+  // a small one (a flip outside the lowest bit would disagree far more often; 0.969 here).
   EXPECT_NE(q.floor_ppl_delta_pct, 0.0);
-  EXPECT_LE(q.floor_top1_agreement, 1.0);
+  EXPECT_GE(q.floor_top1_agreement, 0.90);
 }
 
 TEST_F(CodecQuality, FourBitKiviStaysClose) {

@@ -9,8 +9,8 @@
 // codec's compression ratio and tensor error.
 //
 // A third run is the control that says how much agreement any lossy KV can keep: the exact
-// chunks with the lowest bit of every other element (a fixed pseudo-random half) flipped,
-// a change of at most one unit in the last place. Engines that quantize activations (llama.cpp
+// chunks with the lowest bit of a fixed pseudo-random half of the elements flipped, a change
+// of at most one unit in the last place. Engines that quantize activations (llama.cpp
 // multiplies quantized weights by 8-bit activations) turn even that into flipped near-ties,
 // so floor_top1_agreement is the ceiling a codec's top1_agreement can be read against.
 //
