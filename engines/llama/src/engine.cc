@@ -103,13 +103,16 @@ Status Engine::init(const EngineOptions& opts) noexcept {
   }
   identity_ = std::move(id.value());
   cache_support_ = probe_state_format();
-  if (cache_support_.ok()) {
-    // One chunk's blob, allocated and faulted in now rather than in the first request's load.
-    try {
-      blob_.resize(seq_blob_bytes(identity_.geometry, identity_.geometry.chunk_tokens));
-    } catch (const std::bad_alloc&) {
-      return Status(Code::kNoMemory, "no memory for the KV blob");
-    }
+  // One chunk's blob, allocated and faulted in now rather than in the first request's load.
+  if (cache_support_.ok()) return size_blob(seq_blob_bytes(identity_.geometry, identity_.geometry.chunk_tokens));
+  return OkStatus();
+}
+
+Status Engine::size_blob(uint64_t bytes) noexcept {
+  try {
+    blob_.resize(bytes);
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "no memory for the KV blob");
   }
   return OkStatus();
 }
@@ -201,11 +204,7 @@ Status Engine::load_chunks(std::span<const std::span<const uint8_t>> chunks) noe
   if (cells == 0 || cells > llama_n_ctx(ctx_))
     return Status(Code::kInvalidArgument, "chunks do not fit in the context");
   const uint64_t size = seq_blob_bytes(g, g.chunk_tokens);
-  try {
-    blob_.resize(size);
-  } catch (const std::bad_alloc&) {
-    return Status(Code::kNoMemory, "no memory for the KV blob");
-  }
+  KDN_RETURN_IF_ERROR(size_blob(size));
   // Validates each chunk while copying it; llama.cpp never sees a blob that failed.
   Status st;
   for (size_t i = 0; i < chunks.size() && st.ok(); ++i) {
@@ -235,18 +234,10 @@ Status Engine::extract_chunks(uint32_t first, std::span<const std::span<uint8_t>
   llama_memory_seq_rm(mem, kScratch, -1, -1);
   llama_memory_seq_cp(mem, kSeq, kScratch, static_cast<llama_pos>(p0), static_cast<llama_pos>(p0 + cells));
   const size_t size = llama_state_seq_get_size(ctx_, kScratch);
-  Status st;
-  if (size != seq_blob_bytes(g, cells)) {
-    st = Status(Code::kInternal, "scratch sequence has an unexpected size");
-  } else {
-    try {
-      blob_.resize(size);
-      if (llama_state_seq_get_data(ctx_, blob_.data(), size, kScratch) != size)
-        st = Status(Code::kInternal, "llama.cpp did not write the KV blob");
-    } catch (const std::bad_alloc&) {
-      st = Status(Code::kNoMemory, "no memory for the KV blob");
-    }
-  }
+  Status st = size == seq_blob_bytes(g, cells) ? size_blob(size)
+                                                : Status(Code::kInternal, "scratch sequence has an unexpected size");
+  if (st.ok() && llama_state_seq_get_data(ctx_, blob_.data(), size, kScratch) != size)
+    st = Status(Code::kInternal, "llama.cpp did not write the KV blob");
   llama_memory_seq_rm(mem, kScratch, -1, -1);
   KDN_RETURN_IF_ERROR(st);
   Result<SeqBlobView> view = parse_seq_blob(g, {blob_.data(), size});

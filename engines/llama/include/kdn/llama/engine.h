@@ -134,6 +134,7 @@ class Engine {
   Engine() = default;
   Status init(const EngineOptions& opts) noexcept;
   Status probe_state_format() noexcept;
+  Status size_blob(uint64_t bytes) noexcept;  // blob_ resized to `bytes`; kNoMemory if it cannot be
   // Loads the cached prefix; `lease` keeps the chunks pinned until the caller drops it (after
   // the first token, so the release round trip is not part of the time to first token).
   uint32_t load_cached_prefix(std::span<const int32_t> prompt, ChunkStore& store, RequestStats& stats,
