@@ -79,7 +79,7 @@ std::unique_ptr<kdn::llama::ChunkStore> open_store(const CliOptions& o, const kd
   return std::move(s.value());
 }
 
-void print_text(const CliOptions& o, const kdn::llama::Engine& e, size_t prompt_tokens,
+void print_text(const kdn::llama::Engine& e, size_t prompt_tokens,
                 const std::string& cache_state, const kdn::llama::Generation& g, const std::string& answer) {
   const kdn::llama::RequestStats& s = g.stats;
   const kdn::llama::KvGeometry& geo = e.identity().geometry;
@@ -95,7 +95,6 @@ void print_text(const CliOptions& o, const kdn::llama::Engine& e, size_t prompt_
               s.chunks_stored, s.bytes_stored / 1e6, s.store_s);
   if (!s.cache_status.ok()) std::printf("note:    cache not used: %s\n", s.cache_status.what());
   std::printf("answer:  %s\n", answer.c_str());
-  (void)o;
 }
 
 void print_json(const kdn::llama::Engine& e, size_t prompt_tokens, const std::string& cache_state,
@@ -143,7 +142,7 @@ int run(const CliOptions& o) {
   if (o.json)
     print_json(e, prompt->size(), cache_state, gen.value(), answer);
   else
-    print_text(o, e, prompt->size(), cache_state, gen.value(), answer);
+    print_text(e, prompt->size(), cache_state, gen.value(), answer);
   if (!o.dump_kv.empty()) {
     const uint32_t whole = static_cast<uint32_t>(prompt->size() / e.identity().geometry.chunk_tokens);
     const kdn::Status st = kdn::llama::dump_kv_chunks(e, whole, o.dump_kv);
