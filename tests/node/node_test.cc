@@ -368,12 +368,6 @@ TEST(Node, GracefulShutdown) {
   EXPECT_NE(kdn_ping(k.c), KDN_OK);
 }
 
-}  // namespace
-}  // namespace kdn::testing
-
-namespace kdn::testing {
-namespace {
-
 TEST(Api, CopyChunkIsExactAtAnyAlignment) {
   std::vector<uint8_t> src((4u << 20) + 100), dst(src.size() + 64);
   for (size_t i = 0; i < src.size(); ++i) src[i] = uint8_t(i * 131 + 7);
