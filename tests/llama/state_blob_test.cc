@@ -59,6 +59,70 @@ void put(std::vector<uint8_t>& b, size_t off, T v) {
   std::memcpy(&b[off], &v, sizeof v);
 }
 
+TEST(StateBlob, CheckedCopyAtEveryDestinationAlignment) {
+  // The SIMD copies store to aligned addresses and hand what comes before and after to the
+  // scalar path: every alignment and length copies exactly and still sees every bad value.
+  const KvGeometry g = small_geometry(false);
+  const std::vector<uint8_t> src = random_chunk(g, 9);  // f16, finite
+  std::vector<uint8_t> dst(src.size() + 128);
+  for (size_t align = 0; align < 66; align += 2)
+    for (size_t len : {size_t{0}, size_t{2}, size_t{126}, size_t{128}, size_t{130}, size_t{382}, size_t{478}}) {
+      ASSERT_LE(len, src.size());
+      std::fill(dst.begin(), dst.end(), uint8_t{0x55});
+      ASSERT_TRUE(copy_finite(KvType::kF16, dst.data() + align, src.data(), len)) << align << " " << len;
+      EXPECT_EQ(std::memcmp(dst.data() + align, src.data(), len), 0) << align << " " << len;
+      EXPECT_EQ(dst[align + len], 0x55) << "wrote past the end: " << align << " " << len;
+      if (align > 0) EXPECT_EQ(dst[align - 1], 0x55) << "wrote before the start: " << align << " " << len;
+      for (size_t bad_at = 0; bad_at < len; bad_at += 2) {
+        std::vector<uint8_t> bad(src.begin(), src.begin() + static_cast<std::ptrdiff_t>(len));
+        bad[bad_at] = 0x00;
+        bad[bad_at + 1] = 0x7c;  // +inf
+        ASSERT_FALSE(copy_finite(KvType::kF16, dst.data() + align, bad.data(), len)) << align << " " << len << " " << bad_at;
+      }
+    }
+}
+
+TEST(StateBlob, PiecesPointIntoTheChunksAndAreReusable) {
+  // A load copies KV once: untransposed K and V pieces are the chunks' own bytes, in order,
+  // and the fields between them are exactly what the blob holds there.
+  for (bool v_trans : {false, true}) {
+    const KvGeometry g = small_geometry(v_trans, 2);
+    const std::vector<std::vector<uint8_t>> chunks{random_chunk(g, 1), random_chunk(g, 2)};
+    const std::vector<std::span<const uint8_t>> spans(chunks.begin(), chunks.end());
+    SeqBlobPieces pieces;
+    for (int32_t first_pos : {0, 40}) {  // a second describe reuses the buffers
+      ASSERT_TRUE(pieces.describe(g, spans, first_pos).ok());
+      const std::vector<uint8_t> blob = build(g, chunks, first_pos);
+      ASSERT_EQ(pieces.size(), blob.size());
+      uint64_t at = 0, into_chunks = 0;
+      for (const BlobPiece& p : pieces.pieces()) {
+        ASSERT_LE(at + p.size, blob.size());
+        EXPECT_EQ(std::memcmp(p.data, blob.data() + at, p.size), 0) << "piece at " << at;
+        for (const auto& c : chunks)
+          if (p.data >= c.data() && p.data + p.size <= c.data() + c.size()) into_chunks += p.size;
+        at += p.size;
+      }
+      EXPECT_EQ(at, blob.size());
+      // K always, V too unless it is transposed: 2 chunks x 3 layers x 5 tokens x 16 bytes.
+      EXPECT_EQ(into_chunks, (v_trans ? 1u : 2u) * 2 * 3 * 5 * 16) << "v_trans " << v_trans;
+    }
+  }
+  // Pieces whose KV is not finite are refused where they are copied.
+  const KvGeometry g = small_geometry(false);
+  std::vector<uint8_t> bad = random_chunk(g, 3);
+  const uint16_t nan = 0x7e00;
+  std::memcpy(bad.data() + bad.size() - 2, &nan, 2);
+  const std::vector<std::span<const uint8_t>> one{bad};
+  SeqBlobPieces pieces;
+  ASSERT_TRUE(pieces.describe(g, one, 0).ok());
+  std::vector<uint8_t> out(pieces.size());
+  EXPECT_EQ(gather_pieces(g.type, pieces.pieces(), out).code(), Code::kCorrupt);
+  EXPECT_EQ(gather_pieces(g.type, pieces.pieces(), std::span(out).first(out.size() - 1)).code(),
+            Code::kInvalidArgument);
+  EXPECT_FALSE(pieces.describe(g, {}, 0).ok());
+  EXPECT_TRUE(pieces.pieces().empty());
+}
+
 TEST(StateBlob, SizeMatchesLlamaCppForSmolLM2) {
   // 30 layers, 3 KV heads x 64, f16: llama.cpp writes 744 + 23052 * n bytes (measured).
   KvGeometry g;

@@ -1,10 +1,12 @@
 #include <kdn/llama/engine.h>
 
 #include "engine_identity.h"
+#include "kv_restore.h"
 
 #include <llama.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <mutex>
 #include <new>
@@ -103,9 +105,13 @@ Status Engine::init(const EngineOptions& opts) noexcept {
   }
   identity_ = std::move(id.value());
   cache_support_ = probe_state_format();
-  // One chunk's blob, allocated and faulted in now rather than in the first request's load.
-  if (cache_support_.ok()) return size_blob(seq_blob_bytes(identity_.geometry, identity_.geometry.chunk_tokens));
-  return OkStatus();
+  // One chunk's blob and pieces, allocated and faulted in now rather than in the first
+  // request's store or load.
+  if (!cache_support_.ok()) return OkStatus();
+  const KvGeometry& g = identity_.geometry;
+  KDN_RETURN_IF_ERROR(size_blob(seq_blob_bytes(g, g.chunk_tokens)));
+  const std::array<std::span<const uint8_t>, 1> one{std::span<const uint8_t>(blob_.data(), g.chunk_bytes())};
+  return pieces_.describe(g, one, 0);
 }
 
 Status Engine::size_blob(uint64_t bytes) noexcept {
@@ -118,22 +124,34 @@ Status Engine::size_blob(uint64_t bytes) noexcept {
 }
 
 // Checks, on one real token, that this llama.cpp build writes exactly the blob format
-// state_blob.h converts. If it does not (another state version, a cell extension, another
-// layer layout), the engine runs without a cache rather than risk a bad load.
+// state_blob.h converts, and that restoring that blob through our piece reader gives back the
+// same blob. If either fails (another state version, a cell extension, another layer layout,
+// another reader interface), the engine runs without a cache rather than risk a bad load.
 Status Engine::probe_state_format() noexcept {
   reset();
   KDN_RETURN_IF_ERROR(decode_one(0, 0));
   const KvGeometry& g = identity_.geometry;
   const size_t size = llama_state_seq_get_size(ctx_, kSeq);
   Status st;
+  std::vector<uint8_t> blob, again;
   if (size != seq_blob_bytes(g, 1)) {
     st = Status(Code::kUnsupported, "llama.cpp state blob size differs from the known format");
   } else {
-    std::vector<uint8_t> blob(size);
+    blob.resize(size);
+    again.resize(size);
     if (llama_state_seq_get_data(ctx_, blob.data(), size, kSeq) != size)
       st = Status(Code::kUnsupported, "llama.cpp did not write its state blob");
     else if (Result<SeqBlobView> v = parse_seq_blob(g, blob); !v.ok())
       st = v.status();
+  }
+  if (st.ok()) {
+    // The whole blob as one piece: fields are read as fields, KV ranges checked as KV.
+    const BlobPiece whole{blob.data(), blob.size(), true};
+    reset();
+    st = restore_seq_pieces(ctx_, kSeq, g.type, {&whole, 1});
+    if (st.ok() && (llama_state_seq_get_size(ctx_, kSeq) != size ||
+                    llama_state_seq_get_data(ctx_, again.data(), size, kSeq) != size || again != blob))
+      st = Status(Code::kUnsupported, "restoring through the piece reader changes the KV state");
   }
   reset();
   return st;
@@ -189,11 +207,11 @@ std::span<const float> Engine::last_logits() const noexcept {
   return {llama_get_logits_ith(ctx_, last_logits_index_), n_vocab()};
 }
 
-// Chunk by chunk: each chunk becomes a one-chunk blob (small enough to stay in cache between
-// our copy and llama.cpp's), restored into the scratch sequence and handed to the request's
-// sequence with seq_cp, which with a unified cache moves no data. Cells are taken in order
-// from an empty cache, so they land where a fresh prefill puts them. One thread: building
-// the next blob on a second thread measured slower (both copies share memory bandwidth).
+// Chunk by chunk: each chunk is described as a one-chunk blob whose KV pieces point into the
+// chunk itself, restored into the scratch sequence (llama.cpp's reader pulls each KV range
+// straight from the chunk into the cache tensor, checked finite on the way) and handed to the
+// request's sequence with seq_cp, which with a unified cache moves no data. Cells are taken in
+// order from an empty cache, so they land where a fresh prefill puts them.
 Status Engine::load_chunks(std::span<const std::span<const uint8_t>> chunks) noexcept {
   const KvGeometry& g = identity_.geometry;
   llama_memory_t mem = llama_get_memory(ctx_);
@@ -203,17 +221,13 @@ Status Engine::load_chunks(std::span<const std::span<const uint8_t>> chunks) noe
   const uint64_t cells = uint64_t{chunks.size()} * g.chunk_tokens;
   if (cells == 0 || cells > llama_n_ctx(ctx_))
     return Status(Code::kInvalidArgument, "chunks do not fit in the context");
-  const uint64_t size = seq_blob_bytes(g, g.chunk_tokens);
-  KDN_RETURN_IF_ERROR(size_blob(size));
-  // Validates each chunk while copying it; llama.cpp never sees a blob that failed.
   Status st;
   for (size_t i = 0; i < chunks.size() && st.ok(); ++i) {
-    st = build_seq_blob(g, chunks.subspan(i, 1), static_cast<int32_t>(uint64_t{i} * g.chunk_tokens), blob_);
+    st = pieces_.describe(g, chunks.subspan(i, 1), static_cast<int32_t>(uint64_t{i} * g.chunk_tokens));
     if (!st.ok()) break;
-    const size_t read = llama_state_seq_set_data(ctx_, blob_.data(), size, kScratch);
-    llama_memory_seq_cp(mem, kScratch, kSeq, -1, -1);
+    st = restore_seq_pieces(ctx_, kScratch, g.type, pieces_.pieces());
+    if (st.ok()) llama_memory_seq_cp(mem, kScratch, kSeq, -1, -1);
     llama_memory_seq_rm(mem, kScratch, -1, -1);
-    if (read != size) st = Status(Code::kCorrupt, "llama.cpp did not restore the KV blob");
   }
   if (st.ok() && (llama_memory_seq_pos_min(mem, kSeq) != 0 ||
                   llama_memory_seq_pos_max(mem, kSeq) != static_cast<llama_pos>(cells - 1)))

@@ -21,25 +21,28 @@ constexpr uint64_t kMaxCells = 1u << 24;
 constexpr uint64_t kLayerHeaderBytes = 12;
 constexpr uint64_t kCellMetaBytes = 12;  // i32 pos, u32 n_seq_id, i32 seq_id
 
-// Appends little-endian fields to a buffer whose size the caller computed exactly.
-class BlobWriter {
+// Writes a blob as pieces: little-endian fields go into a buffer the caller sized exactly
+// (consecutive fields join one piece), KV pieces point at bytes kept elsewhere.
+class PieceWriter {
  public:
-  explicit BlobWriter(std::span<uint8_t> out) noexcept : p_(out.data()) {}
+  PieceWriter(uint8_t* fields, std::vector<BlobPiece>& pieces) noexcept : p_(fields), pieces_(pieces) {}
   void u32(uint32_t v) noexcept { put(&v, 4); }
   void i32(int32_t v) noexcept { put(&v, 4); }
   void u64(uint64_t v) noexcept { put(&v, 8); }
-  uint8_t* take(uint64_t n) noexcept {
-    uint8_t* at = p_;
-    p_ += n;
-    return at;
-  }
+  // The vector's capacity was reserved for every piece: push_back does not allocate.
+  void kv(const uint8_t* data, uint64_t n) noexcept { pieces_.push_back({data, n, true}); }
 
  private:
   void put(const void* v, size_t n) noexcept {
     std::memcpy(p_, v, n);
+    if (!pieces_.empty() && !pieces_.back().kv && pieces_.back().data + pieces_.back().size == p_)
+      pieces_.back().size += n;
+    else
+      pieces_.push_back({p_, n, false});
     p_ += n;
   }
   uint8_t* p_;
+  std::vector<BlobPiece>& pieces_;
 };
 
 // Reads fields from an untrusted blob; every read is bounds-checked and a failed read
@@ -114,14 +117,26 @@ uint32_t exp_mask_of(KvType type) noexcept {
 }
 
 #if defined(__x86_64__)
+// Bytes at the start of a copy to dst that come before its first `align`-byte boundary, if
+// that is a whole number of elements (else `bytes`: the whole copy then takes the plain path).
+uint64_t head_to_align(const uint8_t* dst, uint64_t bytes, uint64_t align, bool wide) noexcept {
+  const uint64_t head = (align - (reinterpret_cast<uintptr_t>(dst) & (align - 1))) & (align - 1);
+  return head % (wide ? 4 : 2) == 0 ? std::min(head, bytes) : bytes;
+}
+
 // The same check (and copy, when dst is not null) with SIMD, 128 bytes per step, at memory
 // speed: an element is not finite when its magnitude bits (sign cleared) reach exp_mask, so
-// the loop keeps running maxima of the magnitudes and compares once at the end.
+// the loop keeps running maxima of the magnitudes and compares once at the end. The copy
+// uses streaming stores, which skip reading the destination lines first (the destination is
+// an engine's KV cache or a store slot, not read again by this thread soon); the part
+// before dst's first aligned address is copied by the scalar path.
 __attribute__((target("avx512bw"))) bool finite_avx512(uint8_t* dst, const uint8_t* src, uint64_t bytes,
                                                        uint32_t exp_mask, bool wide) noexcept {
+  const uint64_t head = dst ? head_to_align(dst, bytes, 64, wide) : 0;
+  const bool head_ok = head == 0 || finite_scalar(dst, src, head, exp_mask, wide);
   const __m512i abs = wide ? _mm512_set1_epi32(0x7fffffff) : _mm512_set1_epi16(0x7fff);
   __m512i m0 = _mm512_setzero_si512(), m1 = m0;
-  uint64_t i = 0;
+  uint64_t i = head;
   for (; i + 128 <= bytes; i += 128) {
     const __m512i v0 = _mm512_loadu_si512(src + i), v1 = _mm512_loadu_si512(src + i + 64);
     if (wide) {
@@ -132,28 +147,32 @@ __attribute__((target("avx512bw"))) bool finite_avx512(uint8_t* dst, const uint8
       m1 = _mm512_mask_max_epu16(m1, ~__mmask32{0}, m1, _mm512_and_si512(v1, abs));
     }
     if (dst) {
-      _mm512_storeu_si512(dst + i, v0);
-      _mm512_storeu_si512(dst + i + 64, v1);
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), v0);
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i + 64), v1);
     }
   }
+  if (dst) _mm_sfence();
   const bool ok = wide ? _mm512_cmpge_epu32_mask(_mm512_mask_max_epu32(m0, 0xffff, m0, m1), _mm512_set1_epi32(static_cast<int>(exp_mask))) == 0
                        : _mm512_cmpge_epu16_mask(_mm512_mask_max_epu16(m0, ~__mmask32{0}, m0, m1), _mm512_set1_epi16(static_cast<short>(exp_mask))) == 0;
-  return finite_scalar(dst ? dst + i : nullptr, src + i, bytes - i, exp_mask, wide) && ok;
+  return finite_scalar(dst ? dst + i : nullptr, src + i, bytes - i, exp_mask, wide) && ok && head_ok;
 }
 
 __attribute__((target("avx2"))) bool finite_avx2(uint8_t* dst, const uint8_t* src, uint64_t bytes,
                                                  uint32_t exp_mask, bool wide) noexcept {
+  const uint64_t head = dst ? head_to_align(dst, bytes, 32, wide) : 0;
+  const bool head_ok = head == 0 || finite_scalar(dst, src, head, exp_mask, wide);
   const __m256i abs = wide ? _mm256_set1_epi32(0x7fffffff) : _mm256_set1_epi16(0x7fff);
   __m256i m[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
-  uint64_t i = 0;
+  uint64_t i = head;
   for (; i + 128 <= bytes; i += 128) {
     for (int k = 0; k < 4; ++k) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32 * k));
       const __m256i a = _mm256_and_si256(v, abs);
       m[k] = wide ? _mm256_max_epu32(m[k], a) : _mm256_max_epu16(m[k], a);
-      if (dst) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i + 32 * k), v);
+      if (dst) _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 32 * k), v);
     }
   }
+  if (dst) _mm_sfence();
   // max >= exp_mask  <=>  max(max, exp_mask - 1) != exp_mask - 1
   const __m256i lim = wide ? _mm256_set1_epi32(static_cast<int>(exp_mask - 1))
                            : _mm256_set1_epi16(static_cast<short>(exp_mask - 1));
@@ -161,7 +180,7 @@ __attribute__((target("avx2"))) bool finite_avx2(uint8_t* dst, const uint8_t* sr
   for (int k = 1; k < 4; ++k) x = wide ? _mm256_max_epu32(x, m[k]) : _mm256_max_epu16(x, m[k]);
   x = wide ? _mm256_max_epu32(x, lim) : _mm256_max_epu16(x, lim);
   const bool ok = _mm256_movemask_epi8(_mm256_cmpeq_epi8(x, lim)) == -1;
-  return finite_scalar(dst ? dst + i : nullptr, src + i, bytes - i, exp_mask, wide) && ok;
+  return finite_scalar(dst ? dst + i : nullptr, src + i, bytes - i, exp_mask, wide) && ok && head_ok;
 }
 
 enum class Simd { kNone, kAvx2, kAvx512 };
@@ -198,10 +217,6 @@ bool check_finite(KvType type, uint8_t* dst, const uint8_t* src, uint64_t bytes)
   return finite_scalar(dst, src, bytes, mask, wide);
 }
 
-bool copy_finite(KvType type, uint8_t* dst, const uint8_t* src, uint64_t bytes) noexcept {
-  return check_finite(type, dst, src, bytes);
-}
-
 bool all_finite(KvType type, const uint8_t* src, uint64_t bytes) noexcept {
   return check_finite(type, nullptr, src, bytes);
 }
@@ -232,24 +247,23 @@ void transpose(uint32_t elem_bytes, void* dst, uint64_t dst_stride, const void* 
               src_stride, rows, cols);
 }
 
-// Tokens [first, first + count) of every chunk: the cells one blob describes.
-struct TokenRange {
-  uint32_t first;
-  uint32_t count;
-};
-
-// Writes the transposed V section of one layer: element j of cell i at j * n_cells + i.
-void write_v_transposed(const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks,
-                        TokenRange r, uint32_t layer, uint8_t* dst, uint64_t n_cells) noexcept {
+// Transposes the V plane of `layer` of every chunk into dst, the layer's transposed V
+// section: element j of cell i at j * n_cells + i.
+void write_v_transposed(const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks, uint32_t layer,
+                        uint8_t* dst, uint64_t n_cells) noexcept {
   const uint64_t embd = uint64_t{g.n_kv_heads} * g.head_dim;
-  const uint64_t v_off = (2 * uint64_t{layer} + 1) * g.plane_bytes() + uint64_t{r.first} * g.row_bytes();
+  const uint64_t v_off = (2 * uint64_t{layer} + 1) * g.plane_bytes();
   for (size_t c = 0; c < chunks.size(); ++c) {
-    uint8_t* col0 = dst + c * r.count * g.elem_bytes();
-    transpose(g.elem_bytes(), col0, n_cells, chunks[c].data() + v_off, embd, r.count, embd);
+    uint8_t* col0 = dst + c * g.chunk_tokens * g.elem_bytes();
+    transpose(g.elem_bytes(), col0, n_cells, chunks[c].data() + v_off, embd, g.chunk_tokens, embd);
   }
 }
 
 }  // namespace
+
+bool copy_finite(KvType type, uint8_t* dst, const uint8_t* src, uint64_t bytes) noexcept {
+  return check_finite(type, dst, src, bytes);
+}
 
 Status validate_geometry(const KvGeometry& g) noexcept {
   if (g.type != KvType::kF16 && g.type != KvType::kBF16 && g.type != KvType::kF32)
@@ -284,7 +298,7 @@ Status check_chunk(const KvGeometry& g, std::span<const uint8_t> chunk) noexcept
 namespace {
 
 // Header, stream 0's cell count and its cell metadata: positions first_pos.., sequence 0.
-void write_cells(BlobWriter& w, const KvGeometry& g, uint64_t n_cells, int32_t first_pos) noexcept {
+void write_cells(PieceWriter& w, const KvGeometry& g, uint64_t n_cells, int32_t first_pos) noexcept {
   w.u32(kSeqStateMagic);
   w.i32(0);  // source seq_id: llama.cpp ignores it on load
   w.u32(g.n_stream);
@@ -298,58 +312,80 @@ void write_cells(BlobWriter& w, const KvGeometry& g, uint64_t n_cells, int32_t f
   w.u32(g.n_layer);
 }
 
-// One layer's K (plane 0) or V (plane 1) section from tokens `r` of every chunk; false if a
-// value is not finite.
-bool write_plane(BlobWriter& w, const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks,
-                 TokenRange r, uint32_t layer, int plane, uint64_t n_cells) noexcept {
-  const bool transposed = plane == 1 && g.v_trans;
+// One layer's K (plane 0) or V (plane 1) section: its fields, then the plane of every chunk,
+// or (transposed V) the layer's slice of `transposed`, filled here.
+void write_plane(PieceWriter& w, const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks,
+                 uint32_t layer, int plane, uint8_t* transposed, uint64_t n_cells) noexcept {
   w.i32(static_cast<int32_t>(g.type));
-  if (transposed) {
+  if (plane == 1 && g.v_trans) {
     w.u32(g.elem_bytes());
     w.u32(g.n_kv_heads * g.head_dim);
-  } else {
-    w.u64(g.row_bytes());
+    uint8_t* dst = transposed + uint64_t{layer} * n_cells * g.row_bytes();
+    write_v_transposed(g, chunks, layer, dst, n_cells);
+    w.kv(dst, n_cells * g.row_bytes());
+    return;
   }
-  const uint64_t off = (2 * uint64_t{layer} + plane) * g.plane_bytes() + uint64_t{r.first} * g.row_bytes();
-  const uint64_t bytes = uint64_t{r.count} * g.row_bytes();
-  bool finite = true;
-  if (transposed) {
-    for (const auto& c : chunks) finite &= all_finite(g.type, c.data() + off, bytes);
-    write_v_transposed(g, chunks, r, layer, w.take(n_cells * g.row_bytes()), n_cells);
-    return finite;
-  }
-  for (const auto& c : chunks) finite &= copy_finite(g.type, w.take(bytes), c.data() + off, bytes);
-  return finite;
-}
-
-Status build_blob(const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks, TokenRange r,
-                  int32_t first_pos, std::span<uint8_t> out) noexcept {
-  KDN_RETURN_IF_ERROR(validate_geometry(g));
-  const uint64_t n_cells = uint64_t{chunks.size()} * r.count;
-  if (n_cells == 0 || n_cells > kMaxCells) return Status(Code::kInvalidArgument, "bad chunk count");
-  if (uint64_t{r.first} + r.count > g.chunk_tokens) return Status(Code::kInvalidArgument, "tokens beyond the chunk");
-  if (first_pos < 0 || uint64_t(first_pos) + n_cells > uint64_t{INT32_MAX})
-    return Status(Code::kInvalidArgument, "positions out of range");
-  if (out.size() != seq_blob_bytes(g, n_cells))
-    return Status(Code::kInvalidArgument, "output is not exactly seq_blob_bytes long");
-  for (const auto& c : chunks)
-    if (c.size() != g.chunk_bytes()) return Status(Code::kCorrupt, "chunk has the wrong size");
-
-  BlobWriter w(out);
-  write_cells(w, g, n_cells, first_pos);
-  bool finite = true;
-  for (int plane = 0; plane < 2; ++plane)
-    for (uint32_t l = 0; l < g.n_layer; ++l) finite &= write_plane(w, g, chunks, r, l, plane, n_cells);
-  for (uint32_t s = 1; s < g.n_stream; ++s) w.u32(0);  // the other streams are empty
-  if (!finite) return Status(Code::kCorrupt, "chunk holds a non-finite value");
-  return OkStatus();
+  w.u64(g.row_bytes());
+  const uint64_t off = (2 * uint64_t{layer} + plane) * g.plane_bytes();
+  for (const auto& c : chunks) w.kv(c.data() + off, g.plane_bytes());
 }
 
 }  // namespace
 
+Status SeqBlobPieces::describe(const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks,
+                               int32_t first_pos) noexcept {
+  pieces_.clear();
+  size_ = 0;
+  KDN_RETURN_IF_ERROR(validate_geometry(g));
+  const uint64_t n_cells = uint64_t{chunks.size()} * g.chunk_tokens;
+  if (n_cells == 0 || n_cells > kMaxCells) return Status(Code::kInvalidArgument, "bad chunk count");
+  if (first_pos < 0 || uint64_t(first_pos) + n_cells > uint64_t{INT32_MAX})
+    return Status(Code::kInvalidArgument, "positions out of range");
+  for (const auto& c : chunks)
+    if (c.size() != g.chunk_bytes()) return Status(Code::kCorrupt, "chunk has the wrong size");
+
+  const uint64_t kv_bytes = 2 * uint64_t{g.n_layer} * n_cells * g.row_bytes();
+  const uint64_t total = seq_blob_bytes(g, n_cells);
+  try {
+    fields_.resize(total - kv_bytes);
+    if (g.v_trans) transposed_.resize(kv_bytes / 2);
+    // At most: one run of fields before each layer section and after the last, and a KV piece
+    // per chunk in each section.
+    pieces_.reserve(2 * uint64_t{g.n_layer} * (1 + chunks.size()) + 2);
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "no memory to describe the KV blob");
+  }
+  PieceWriter w(fields_.data(), pieces_);
+  write_cells(w, g, n_cells, first_pos);
+  for (int plane = 0; plane < 2; ++plane)
+    for (uint32_t l = 0; l < g.n_layer; ++l) write_plane(w, g, chunks, l, plane, transposed_.data(), n_cells);
+  for (uint32_t s = 1; s < g.n_stream; ++s) w.u32(0);  // the other streams are empty
+  size_ = total;
+  return OkStatus();
+}
+
+Status gather_pieces(KvType type, std::span<const BlobPiece> pieces, std::span<uint8_t> out) noexcept {
+  uint64_t at = 0;
+  bool finite = true;
+  for (const BlobPiece& p : pieces) {
+    if (p.size > out.size() - at) return Status(Code::kInvalidArgument, "pieces overrun the output");
+    if (p.kv)
+      finite &= copy_finite(type, out.data() + at, p.data, p.size);
+    else
+      std::memcpy(out.data() + at, p.data, p.size);
+    at += p.size;
+  }
+  if (at != out.size()) return Status(Code::kInvalidArgument, "pieces do not fill the output");
+  if (!finite) return Status(Code::kCorrupt, "chunk holds a non-finite value");
+  return OkStatus();
+}
+
 Status build_seq_blob(const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks,
                       int32_t first_pos, std::span<uint8_t> out) noexcept {
-  return build_blob(g, chunks, {0, g.chunk_tokens}, first_pos, out);
+  SeqBlobPieces pieces;
+  KDN_RETURN_IF_ERROR(pieces.describe(g, chunks, first_pos));
+  if (out.size() != pieces.size()) return Status(Code::kInvalidArgument, "output is not exactly seq_blob_bytes long");
+  return gather_pieces(g.type, pieces.pieces(), out);
 }
 
 namespace {

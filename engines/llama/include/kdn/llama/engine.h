@@ -149,7 +149,8 @@ class Engine {
   llama_model* model_ = nullptr;
   llama_context* ctx_ = nullptr;
   int32_t last_logits_index_ = -1;
-  std::vector<uint8_t> blob_;  // reused across requests: the state blob in either direction
+  std::vector<uint8_t> blob_;  // reused across requests: the state blob of a store
+  SeqBlobPieces pieces_;       // reused across requests: the blob of a load, as pieces
 };
 
 }  // namespace kdn::llama

@@ -64,12 +64,48 @@ uint64_t seq_blob_bytes(const KvGeometry& g, uint64_t n_cells) noexcept;
 // A chunk that fails is never loaded into an engine.
 Status check_chunk(const KvGeometry& g, std::span<const uint8_t> chunk) noexcept;
 
-// Writes into `out` (exactly seq_blob_bytes(g, chunks.size() * chunk_tokens) bytes) the blob of
-// one sequence holding `chunks` in order at positions first_pos, first_pos + 1, ...; the cells
-// go into stream 0, the other streams are empty. Every chunk is checked (check_chunk) while it
-// is copied; on error `out` holds garbage and must not be given to llama.cpp.
+// A run of a blob's bytes: `size` bytes at `data`. KV pieces are engine KV, checked finite
+// (copy_finite) by whoever copies them; the others are the blob's small fields.
+struct BlobPiece {
+  const uint8_t* data = nullptr;
+  uint64_t size = 0;
+  bool kv = false;
+};
+
+// The blob of one sequence holding `chunks` in order at positions first_pos, first_pos + 1, ...
+// (cells in stream 0, the other streams empty), described as pieces instead of copied: the
+// header, cell metadata and per-layer fields live in an internal buffer, K rows and V rows
+// point into the chunks, and a transposed V (g.v_trans) is transposed into an internal buffer.
+// Concatenated, the pieces are exactly the seq_blob_bytes(g, cells) bytes of the blob.
+// Buffers are reused across calls; pieces are valid until the next describe() and while the
+// chunks are. Sizes and arguments are checked here, finiteness where the KV is copied.
+class SeqBlobPieces {
+ public:
+  Status describe(const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks,
+                  int32_t first_pos) noexcept;
+  std::span<const BlobPiece> pieces() const noexcept { return pieces_; }
+  uint64_t size() const noexcept { return size_; }
+
+ private:
+  std::vector<uint8_t> fields_;
+  std::vector<uint8_t> transposed_;
+  std::vector<BlobPiece> pieces_;
+  uint64_t size_ = 0;
+};
+
+// Copies `pieces` into `out` (exactly their total size), KV pieces through copy_finite;
+// kCorrupt if a KV element is not finite (out then holds garbage).
+Status gather_pieces(KvType type, std::span<const BlobPiece> pieces, std::span<uint8_t> out) noexcept;
+
+// Writes into `out` (exactly seq_blob_bytes(g, chunks.size() * chunk_tokens) bytes) the blob
+// SeqBlobPieces describes. Every chunk is checked (check_chunk) while it is copied; on error
+// `out` holds garbage and must not be given to llama.cpp.
 Status build_seq_blob(const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks,
                       int32_t first_pos, std::span<uint8_t> out) noexcept;
+
+// Whether every element of `bytes` bytes of `type` at src is finite, copying them to dst in
+// the same pass (at memory speed where the CPU has AVX2 or AVX-512).
+bool copy_finite(KvType type, uint8_t* dst, const uint8_t* src, uint64_t bytes) noexcept;
 
 // A validated blob: pointers into its bytes, valid while the blob is.
 struct SeqBlobView {

@@ -1,0 +1,24 @@
+// Restoring a sequence straight from blob pieces (private to kdn_llama_core).
+#pragma once
+
+#include <kdn/common/status.h>
+#include <kdn/llama/state_blob.h>
+
+#include <cstdint>
+#include <span>
+
+struct llama_context;
+
+namespace kdn::llama {
+
+// Restores the one-sequence blob `pieces` describe into sequence `seq` of ctx, as
+// llama_state_seq_set_data does with the concatenated blob, but without the blob: llama.cpp's
+// own state reader walks the pieces, and each KV range it asks for is copied from the chunk
+// straight into the cache tensor, checked finite in the same pass. One copy instead of two.
+// Like set_data it replaces whatever the sequence held. Errors: kCorrupt (a non-finite KV
+// element, or llama.cpp refused the blob: the sequence is then empty again), kInternal.
+// This is the one place that uses llama.cpp's internal state-reader interface; the engine
+// checks at open that it restores exactly what set_data restores.
+Status restore_seq_pieces(llama_context* ctx, int32_t seq, KvType type, std::span<const BlobPiece> pieces) noexcept;
+
+}  // namespace kdn::llama
