@@ -46,11 +46,17 @@ struct Options {
   std::string kdnd = kdn::bench::default_kdnd_path();
   std::vector<uint32_t> sizes = {1024, 2048, 4096, 8192};
   int32_t threads = 1;
-  uint32_t reps = 5;
+  uint32_t reps = 11;
   uint32_t n_predict = 32;
   uint32_t eval_tokens = 256;
   std::string question = "Summarize the terms above in one sentence.";
   kdn::kernels::CodecMode codec = kdn::kernels::CodecMode::kKivi4;  // the mode whose quality is measured
+  uint32_t k_group_tokens = 0;    // 0: the codec's default
+  uint32_t k_bits = 0;            // 0: the mode's
+  uint32_t v_bits = 0;            // 0: the mode's
+  std::vector<uint8_t> layer_k_bits;  // empty, or one width per layer
+  std::vector<uint8_t> layer_v_bits;
+  uint32_t v_group_channels = 0;  // 0: the codec's default
   bool json = false;
 };
 
@@ -191,6 +197,16 @@ Json codec_quality(Engine& e, kdn::llama::ChunkStore& store, const Side& s) {
   for (uint32_t i = 0; i < chunks; ++i) exact.push_back((*lease)->chunk(i));
   kdn::kernels::CodecConfig cfg;
   cfg.mode = s.o.codec;
+  cfg.k_group_tokens = s.o.k_group_tokens;
+  cfg.k_bits = static_cast<uint8_t>(s.o.k_bits);
+  cfg.v_bits = static_cast<uint8_t>(s.o.v_bits);
+  const uint32_t layers = e.identity().geometry.n_layer;
+  for (const auto* bits : {&s.o.layer_k_bits, &s.o.layer_v_bits})
+    if (!bits->empty() && bits->size() != layers)
+      return Json{{"error", "codec: --layer-k-bits and --layer-v-bits take one width per layer (" + std::to_string(layers) + ")"}};
+  if (!s.o.layer_k_bits.empty()) cfg.layer_k_bits = s.o.layer_k_bits.data();
+  if (!s.o.layer_v_bits.empty()) cfg.layer_v_bits = s.o.layer_v_bits.data();
+  cfg.v_group_channels = s.o.v_group_channels;
   auto q = kdn::llama::measure_codec_quality(e, exact, std::span(ext.value()).subspan(s.size, s.o.eval_tokens), cfg);
   if (!q.ok()) return failure("codec", q.status());
   return Json{{"mode", kdn::kernels::codec_mode_name(s.o.codec)},
@@ -355,6 +371,16 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option_function<std::string>("--codec", [&o](const std::string& v) { o.codec = modes.at(v); },
                                        "KVC1 mode whose quality is measured (default kivi4; the bar applies to kivi4)")
       ->check(CLI::IsMember(names));
+  app.add_option("--k-bits", o.k_bits, "quantized modes: K code bits (default: the mode's)")->check(CLI::Range(1u, 8u));
+  app.add_option("--v-bits", o.v_bits, "quantized modes: V code bits (default: the mode's)")->check(CLI::Range(1u, 8u));
+  app.add_option("--layer-k-bits", o.layer_k_bits, "quantized modes: K code bits per layer, one per layer")
+      ->delimiter(',')->check(CLI::Range(1, 8));
+  app.add_option("--layer-v-bits", o.layer_v_bits, "quantized modes: V code bits per layer, one per layer")
+      ->delimiter(',')->check(CLI::Range(1, 8));
+  app.add_option("--k-group-tokens", o.k_group_tokens, "kivi modes: tokens per K channel group (default: the codec's)")
+      ->check(CLI::Range(1u, 4096u));
+  app.add_option("--v-group-channels", o.v_group_channels, "kivi modes: channels per V token group, dividing head_dim (default: head_dim)")
+      ->check(CLI::Range(1u, 1024u));
 }
 
 // Scored positions over all sizes: where the codec's run and the one-ulp control agree with the exact run.
