@@ -57,6 +57,7 @@ struct Options {
   std::vector<uint8_t> layer_k_bits;  // empty, or one width per layer
   std::vector<uint8_t> layer_v_bits;
   uint32_t v_group_channels = 0;  // 0: the codec's default
+  bool f16_weights = false;
   bool json = false;
 };
 
@@ -351,6 +352,8 @@ void report_size(kdn::bench::Report& r, uint32_t size, const Json& a, const Json
 void add_flags(CLI::App& app, Options& o) {
   app.add_flag("--json", o.json, "print JSON");
   app.add_option("--model", o.model, "GGUF model (default: the one setup-llama.sh unpacked)");
+  app.add_flag("--f16-weights", o.f16_weights,
+               "run on the model's weights stored as f16 (NAME.f16.gguf, written next to it once)");
   app.add_option("--doc", o.docs, "document file(s), concatenated (default: /usr/share/common-licenses/*)");
   app.add_option("--sizes", o.sizes, "prompt sizes in tokens (multiples of 256)")->delimiter(',');
   app.add_option("--threads", o.threads, "llama.cpp threads per engine (default 1: stable under other load)");
@@ -418,6 +421,14 @@ int run_llama_bench(int argc, char** argv) {
   add_flags(app, o);
   CLI11_PARSE(app, argc, argv);
   if (o.docs.empty()) o.docs = default_documents();
+  if (o.f16_weights) {
+    const kdn::Result<std::string> f16 = kdn::llama::f16_weights_model(o.model);
+    if (!f16.ok()) {
+      std::fprintf(stderr, "llama bench: %s: %s\n", o.model.c_str(), f16.status().what());
+      return 1;
+    }
+    o.model = f16.value();
+  }
   const std::string doc = read_documents(o.docs);
   for (uint32_t size : o.sizes)
     if (size == 0 || size % 256 != 0) {

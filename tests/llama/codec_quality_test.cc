@@ -7,6 +7,9 @@
 #include <kdn/llama/codec_quality.h>
 
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <unistd.h>
 
 namespace kdn::llama {
 namespace {
@@ -72,6 +75,48 @@ TEST_F(CodecQuality, FourBitKiviStaysClose) {
   // even 8-bit K and V agree on only ~97% here. kdn-bench llama measures it on long prompts.
   EXPECT_GE(q.top1_agreement, 0.90);
   EXPECT_LT(std::abs(q.ppl_delta_pct), 5.0);
+}
+
+// The f16 copy of the model that measurements free of activation quantization run on: written
+// once next to the model, whole or not at all, and a model of its own (another fingerprint).
+TEST(F16Weights, WrittenOnceNextToTheModelAndUsable) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("kdn-f16-test-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::create_symlink(fs::absolute(KDN_LLAMA_TEST_MODEL), dir / "m.gguf");
+
+  Result<std::string> f16 = f16_weights_model((dir / "m.gguf").string());
+  ASSERT_TRUE(f16.ok()) << f16.status().what();
+  EXPECT_EQ(fs::path(f16.value()), dir / "m.f16.gguf");
+  // 16 bits per weight against Q4_1's 5: well over twice the size.
+  EXPECT_GT(fs::file_size(f16.value()), 2 * fs::file_size(KDN_LLAMA_TEST_MODEL));
+  EXPECT_FALSE(fs::exists(dir / "m.f16.gguf.tmp"));
+  const fs::file_time_type written = fs::last_write_time(f16.value());
+  Result<std::string> again = f16_weights_model((dir / "m.gguf").string());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again.value(), f16.value());
+  EXPECT_EQ(fs::last_write_time(f16.value()), written) << "rewritten on the second call";
+  EXPECT_EQ(f16_weights_model((dir / "missing.gguf").string()).status().code(), Code::kNotFound);
+
+  std::unique_ptr<Engine> q4 = open_engine(true);
+  ASSERT_NE(q4, nullptr);
+  EngineOptions o;
+  o.model_path = f16.value();
+  o.n_ctx = 1024;
+  o.chunk_tokens = kTestChunk;
+  o.n_threads = 1;
+  Result<std::unique_ptr<Engine>> e = Engine::open(o);
+  ASSERT_TRUE(e.ok()) << e.status().what();
+  ASSERT_TRUE(e.value()->cache_support().ok());
+  EXPECT_NE(std::memcmp(&e.value()->identity().desc.engine_salt, &q4->identity().desc.engine_salt,
+                        sizeof q4->identity().desc.engine_salt), 0);
+  Result<std::vector<int32_t>> p = e.value()->chat_prompt(read_document(), "What is this?", 2 * kTestChunk);
+  ASSERT_TRUE(p.ok());
+  Result<Generation> g = e.value()->generate(p.value(), 4, nullptr);
+  ASSERT_TRUE(g.ok()) << g.status().what();
+  EXPECT_FALSE(g->tokens.empty());
+  fs::remove_all(dir);
 }
 
 }  // namespace

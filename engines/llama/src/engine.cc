@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <mutex>
 #include <new>
 #include <thread>
@@ -57,6 +58,31 @@ class Batch {
 }  // namespace
 
 const char* default_model_path() noexcept { return KDN_LLAMA_DEFAULT_MODEL; }
+
+Result<std::string> f16_weights_model(const std::string& model_path) noexcept {
+  try {
+    const std::filesystem::path in(model_path);
+    std::filesystem::path out = in;
+    out.replace_extension(".f16.gguf");
+    std::error_code ec;
+    if (std::filesystem::exists(out, ec)) return out.string();
+    if (!std::filesystem::exists(in, ec)) return Status(Code::kNotFound, "model file not found");
+    init_backend_once();
+    llama_log_set(quiet_log, nullptr);
+    llama_model_quantize_params p = llama_model_quantize_default_params();
+    p.ftype = LLAMA_FTYPE_MOSTLY_F16;
+    p.allow_requantize = true;  // quantized tensors are dequantized, then stored as f16
+    const std::filesystem::path tmp = out.string() + ".tmp";
+    if (llama_model_quantize(in.c_str(), tmp.c_str(), &p) != 0) {
+      std::filesystem::remove(tmp, ec);
+      return Status(Code::kIo, "llama.cpp could not write the f16 model");
+    }
+    std::filesystem::rename(tmp, out);  // whole or absent: a concurrent reader never sees half
+    return out.string();
+  } catch (const std::exception&) {
+    return Status(Code::kIo, "could not write the f16 model next to the model file");
+  }
+}
 
 Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) noexcept {
   std::unique_ptr<Engine> e(new (std::nothrow) Engine());

@@ -8,10 +8,11 @@
 // use. Together these make a hit produce bit-identical logits and tokens to a miss on CPU.
 //
 // Safety. A chunk is loaded only if the store's key (which covers the engine fingerprint,
-// see identity()) matches, it has the exact canonical size and holds only finite values, and
-// the blob built from it passes the same validation as one from llama.cpp. If anything fails
-// (store error, bad chunk, llama.cpp refusing the blob, cells not where expected), the
-// sequence is cleared and the whole prompt is prefilled: a fault costs time, never output.
+// see identity()) matches, it has the exact canonical size, holds only finite values (checked
+// as it is copied into the cache) and llama.cpp's state reader accepts the fields around it.
+// If anything fails (store error, bad chunk, llama.cpp refusing the blob, cells not where
+// expected), the sequence is cleared and the whole prompt is prefilled: a fault costs time,
+// never output.
 //
 // Ownership and threads: an Engine owns its llama.cpp model and context; it is not
 // thread-safe. One Engine per thread.
@@ -38,6 +39,12 @@ namespace kdn::llama {
 // The SmolLM2-135M-Instruct GGUF scripts/setup-llama.sh unpacked for this build.
 const char* default_model_path() noexcept;
 
+// The same model with every weight tensor stored as f16 (dequantized by llama.cpp's own
+// quantizer), written once next to `model_path` as NAME.f16.gguf and reused afterwards; its
+// path. For measurements that must not see weight quantization: llama.cpp runs quantized
+// weights against 8-bit activations, which hides small KV differences in rounding noise.
+Result<std::string> f16_weights_model(const std::string& model_path) noexcept;
+
 struct EngineOptions {
   std::string model_path;
   uint32_t n_ctx = 8192 + 512;  // KV cells: prompt + generated tokens must fit
@@ -57,7 +64,7 @@ struct EngineIdentity {
 struct RequestStats {
   double ttft_s = 0;      // prompt tokens in -> first token chosen (retrieve + load + prefill)
   double retrieve_s = 0;  // store lookup and lease
-  double load_s = 0;      // canonical chunks -> llama.cpp blob -> KV cache
+  double load_s = 0;      // leased canonical chunks -> KV cache
   double prefill_s = 0;   // computing the uncached tokens
   double store_s = 0;     // extracting and storing new chunks (after the first token)
   uint32_t tokens_reused = 0;
