@@ -51,11 +51,11 @@ struct Options {
   uint32_t eval_tokens = 256;
   std::string question = "Summarize the terms above in one sentence.";
   kdn::kernels::CodecMode codec = kdn::kernels::CodecMode::kKivi4;  // the mode whose quality is measured
-  uint32_t k_group_tokens = 0;    // 0: the codec's default
   uint32_t k_bits = 0;            // 0: the mode's
   uint32_t v_bits = 0;            // 0: the mode's
   std::vector<uint8_t> layer_k_bits;  // empty, or one width per layer
   std::vector<uint8_t> layer_v_bits;
+  uint32_t k_group_tokens = 0;    // 0: the codec's default
   uint32_t v_group_channels = 0;  // 0: the codec's default
   bool f16_weights = false;
   bool json = false;

@@ -72,7 +72,9 @@ TEST(StateBlob, CheckedCopyAtEveryDestinationAlignment) {
       ASSERT_TRUE(copy_finite(KvType::kF16, dst.data() + align, src.data(), len)) << align << " " << len;
       EXPECT_EQ(std::memcmp(dst.data() + align, src.data(), len), 0) << align << " " << len;
       EXPECT_EQ(dst[align + len], 0x55) << "wrote past the end: " << align << " " << len;
-      if (align > 0) EXPECT_EQ(dst[align - 1], 0x55) << "wrote before the start: " << align << " " << len;
+      if (align > 0) {
+        EXPECT_EQ(dst[align - 1], 0x55) << "wrote before the start: " << align << " " << len;
+      }
       for (size_t bad_at = 0; bad_at < len; bad_at += 2) {
         std::vector<uint8_t> bad(src.begin(), src.begin() + static_cast<std::ptrdiff_t>(len));
         bad[bad_at] = 0x00;

@@ -6,7 +6,6 @@
 #include <llama.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
@@ -131,13 +130,9 @@ Status Engine::init(const EngineOptions& opts) noexcept {
   }
   identity_ = std::move(id.value());
   cache_support_ = probe_state_format();
-  // One chunk's blob and pieces, allocated and faulted in now rather than in the first
-  // request's store or load.
+  // A one-chunk load's buffers, allocated now rather than in the first request's load.
   if (!cache_support_.ok()) return OkStatus();
-  const KvGeometry& g = identity_.geometry;
-  KDN_RETURN_IF_ERROR(size_blob(seq_blob_bytes(g, g.chunk_tokens)));
-  const std::array<std::span<const uint8_t>, 1> one{std::span<const uint8_t>(blob_.data(), g.chunk_bytes())};
-  return pieces_.describe(g, one, 0);
+  return pieces_.reserve(identity_.geometry, 1);
 }
 
 Status Engine::size_blob(uint64_t bytes) noexcept {

@@ -332,35 +332,40 @@ void write_plane(PieceWriter& w, const KvGeometry& g, std::span<const std::span<
 
 }  // namespace
 
+Status SeqBlobPieces::reserve(const KvGeometry& g, uint64_t n_chunks) noexcept {
+  KDN_RETURN_IF_ERROR(validate_geometry(g));
+  const uint64_t n_cells = n_chunks * g.chunk_tokens;
+  if (n_chunks == 0 || n_cells > kMaxCells) return Status(Code::kInvalidArgument, "bad chunk count");
+  const uint64_t kv_bytes = 2 * uint64_t{g.n_layer} * n_cells * g.row_bytes();
+  try {
+    fields_.resize(seq_blob_bytes(g, n_cells) - kv_bytes);
+    if (g.v_trans) transposed_.resize(kv_bytes / 2);
+    // At most: one run of fields before each layer section and after the last, and a KV piece
+    // per chunk in each section.
+    pieces_.reserve(2 * uint64_t{g.n_layer} * (1 + n_chunks) + 2);
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "no memory to describe the KV blob");
+  }
+  return OkStatus();
+}
+
 Status SeqBlobPieces::describe(const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks,
                                int32_t first_pos) noexcept {
   pieces_.clear();
   size_ = 0;
-  KDN_RETURN_IF_ERROR(validate_geometry(g));
+  KDN_RETURN_IF_ERROR(reserve(g, chunks.size()));
   const uint64_t n_cells = uint64_t{chunks.size()} * g.chunk_tokens;
-  if (n_cells == 0 || n_cells > kMaxCells) return Status(Code::kInvalidArgument, "bad chunk count");
   if (first_pos < 0 || uint64_t(first_pos) + n_cells > uint64_t{INT32_MAX})
     return Status(Code::kInvalidArgument, "positions out of range");
   for (const auto& c : chunks)
     if (c.size() != g.chunk_bytes()) return Status(Code::kCorrupt, "chunk has the wrong size");
 
-  const uint64_t kv_bytes = 2 * uint64_t{g.n_layer} * n_cells * g.row_bytes();
-  const uint64_t total = seq_blob_bytes(g, n_cells);
-  try {
-    fields_.resize(total - kv_bytes);
-    if (g.v_trans) transposed_.resize(kv_bytes / 2);
-    // At most: one run of fields before each layer section and after the last, and a KV piece
-    // per chunk in each section.
-    pieces_.reserve(2 * uint64_t{g.n_layer} * (1 + chunks.size()) + 2);
-  } catch (const std::bad_alloc&) {
-    return Status(Code::kNoMemory, "no memory to describe the KV blob");
-  }
   PieceWriter w(fields_.data(), pieces_);
   write_cells(w, g, n_cells, first_pos);
   for (int plane = 0; plane < 2; ++plane)
     for (uint32_t l = 0; l < g.n_layer; ++l) write_plane(w, g, chunks, l, plane, transposed_.data(), n_cells);
   for (uint32_t s = 1; s < g.n_stream; ++s) w.u32(0);  // the other streams are empty
-  size_ = total;
+  size_ = seq_blob_bytes(g, n_cells);
   return OkStatus();
 }
 

@@ -83,6 +83,9 @@ class SeqBlobPieces {
  public:
   Status describe(const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks,
                   int32_t first_pos) noexcept;
+  // Allocates the buffers for `n_chunks` chunks of geometry g now (describe does it too), so
+  // a later describe of at most that many allocates nothing.
+  Status reserve(const KvGeometry& g, uint64_t n_chunks) noexcept;
   std::span<const BlobPiece> pieces() const noexcept { return pieces_; }
   uint64_t size() const noexcept { return size_; }
 
