@@ -244,16 +244,18 @@ struct ModeRun {
 };
 
 std::vector<ModeRun> codec_modes() {
-  CodecConfig raw, lossless, int8, kivi4, kivi4_packed, kivi2;
+  CodecConfig raw, lossless, int8, kivi4, kivi4_packed, kivi4_rotated, kivi2;
   raw.mode = CodecMode::kRaw;
   lossless.mode = CodecMode::kLossless;
   int8.mode = CodecMode::kInt8;
   kivi4.mode = CodecMode::kKivi4;
   kivi4_packed.mode = CodecMode::kKivi4;
   kivi4_packed.entropy = false;
+  kivi4_rotated.mode = CodecMode::kKivi4;
+  kivi4_rotated.rotate = true;
   kivi2.mode = CodecMode::kKivi2;
   return {{"raw", raw}, {"lossless", lossless}, {"int8", int8}, {"kivi4", kivi4}, {"kivi4_packed", kivi4_packed},
-          {"kivi2", kivi2}};
+          {"kivi4_rotated", kivi4_rotated}, {"kivi2", kivi2}};
 }
 
 // One chunk encoded with one mode: blob, decoded copy, quality.

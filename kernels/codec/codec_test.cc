@@ -1,6 +1,7 @@
 // kvc1_encode / kvc1_decode through the public API: round trips, error bounds, options and
 // every error path the header promises.
 #include "codec_test_util.h"
+#include "crc32c.h"
 #include "format.h"
 #include "quant.h"
 #include "validate.h"
@@ -260,6 +261,114 @@ TEST(Codec, EveryTruncationIsRejected) {
     ASSERT_EQ(kvc1_decode(blob.data(), n, g, kTestFingerprint, out.data(), out.size()).code(), Code::kCorrupt) << n;
 }
 
+CodecConfig rotated(CodecMode m) {
+  CodecConfig c = config(m);
+  c.rotate = true;
+  return c;
+}
+
+// Rotated rows: x^ = H y^ / n with |y_j - y^_j| <= S_j / 2, so each element of a row is off by
+// at most the mean of S_j / 2 over the row (plus f32 and output rounding).
+TEST(Codec, RotatedRowsStayWithinTheMeanHalfScaleOfTheirRow) {
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const ChunkGeometry g = geometry(2, 2, 64, 100, dt);
+    const std::vector<uint8_t> chunk = synthetic_chunk(g, 5);
+    for (CodecMode m : {CodecMode::kInt8, CodecMode::kKivi4, CodecMode::kKivi2}) {
+      const std::vector<uint8_t> blob = encode(g, chunk.data(), rotated(m));
+      const std::vector<uint8_t> out = decode_ok(blob, g);
+      for (uint32_t l = 0; l < g.layers; ++l)
+        for (uint32_t p = 0; p < 2; ++p)
+          for (uint32_t t = 0; t < g.tokens; ++t)
+            for (uint32_t h = 0; h < g.kv_heads; ++h) {
+              double half_scales = 0, row_max = 0;
+              float s_max = 0;
+              for (uint32_t j = 0; j < g.head_dim; ++j) {
+                const float s = stored_scale(blob, l, p, t, h, j);
+                half_scales += s / 2;
+                s_max = std::max(s_max, s);
+                row_max = std::max(row_max, std::fabs(double{load_f32(chunk.data(), chunk_offset(g, l, p, t, h, j), dt, 1.0f)}));
+              }
+              const double bound = half_scales / g.head_dim;
+              for (uint32_t d = 0; d < g.head_dim; ++d) {
+                const int64_t i = chunk_offset(g, l, p, t, h, d);
+                const float x = load_f32(chunk.data(), i, dt, 1.0f), xh = load_f32(out.data(), i, dt, 1.0f);
+                // The output rounding, the quantizer's f32 arithmetic, and both transforms' f32
+                // sums (about log2(n) roundings of values up to n * row_max, divided by n).
+                const double slack = ulp_of(xh, dt) + 2 * ulp_of(256 * s_max, DType::kF32) + 1e-5 * row_max;
+                ASSERT_LE(std::fabs(double{x} - xh), bound + slack)
+                    << codec_mode_name(m) << " l=" << l << " p=" << p << " t=" << t << " h=" << h << " d=" << d;
+              }
+            }
+    }
+  }
+}
+
+TEST(Codec, RotatedBlobsAreMinorVersion1WithEveryPlanePerTokenAndHadamard) {
+  const ChunkGeometry g = geometry(2, 2, 32, 40);
+  const std::vector<uint8_t> chunk = synthetic_chunk(g);
+  const std::vector<uint8_t> plain = encode(g, chunk.data(), config(CodecMode::kKivi4));
+  const std::vector<uint8_t> rot = encode(g, chunk.data(), rotated(CodecMode::kKivi4));
+  EXPECT_EQ(kvc1::ld16(plain.data() + kvc1::kHfVersionMinor), 0);
+  EXPECT_EQ(kvc1::ld16(rot.data() + kvc1::kHfVersionMinor), kvc1::kVersionMinorTransform);
+  kvc1::Header h;
+  ASSERT_EQ(kvc1::parse_header(rot.data(), rot.size(), &h), kvc1::kParseOk);
+  for (uint32_t l = 0; l < g.layers; ++l) {
+    kvc1::Plane pl[2];
+    ASSERT_EQ(kvc1::locate_planes(rot.data(), h, l, pl), kvc1::kParseOk);
+    for (const kvc1::Plane& p : pl) {
+      EXPECT_EQ(p.codec, kvc1::kCodecUintToken);
+      EXPECT_EQ(p.transform, kvc1::kTransformHadamard);
+      EXPECT_EQ(p.bits, 4);
+    }
+  }
+  // Rotating changes what is stored, not how well the decode matches: same mode, same size class.
+  const CodecQuality q = kvc1_quality(g, chunk.data(), decode_ok(rot, g).data(), rot.size());
+  EXPECT_GE(q.cosine_min, 0.99);
+}
+
+// The transform byte is checked where it is read: unknown values, a transform on a
+// per-channel plane, and a transformed plane in a minor-0 blob are all corrupt (CRCs redone,
+// so the structure checks are what must catch them).
+TEST(Codec, BadTransformBytesAreCorrupt) {
+  const ChunkGeometry g = geometry(1, 1, 32, 16);
+  const std::vector<uint8_t> chunk = synthetic_chunk(g);
+  auto recrc = [](std::vector<uint8_t>& b) {
+    kvc1::Header h;
+    ASSERT_EQ(kvc1::parse_header(b.data(), b.size(), &h), kvc1::kParseOk);
+    const uint8_t* e = b.data() + h.dir_off;
+    const uint64_t off = kvc1::ld64(e), bytes = kvc1::ld64(e + 8);
+    const uint32_t layer_crc = kvc1::crc32c(b.data() + off, bytes);
+    std::memcpy(b.data() + h.dir_off + 16, &layer_crc, 4);
+    const uint32_t dir_crc = kvc1::crc32c(b.data() + h.dir_off, h.dir_bytes);
+    std::memcpy(b.data() + kvc1::kHfDirCrc, &dir_crc, 4);
+    const uint32_t hdr_crc = kvc1::crc32c(b.data(), kvc1::kHeaderCrcOffset);
+    std::memcpy(b.data() + kvc1::kHfHeaderCrc, &hdr_crc, 4);
+  };
+  auto k_plane = [](const std::vector<uint8_t>& b) {
+    kvc1::Header h;
+    kvc1::Plane pl[2];
+    EXPECT_EQ(kvc1::parse_header(b.data(), b.size(), &h), kvc1::kParseOk);
+    EXPECT_EQ(kvc1::locate_planes(b.data(), h, 0, pl), kvc1::kParseOk);
+    return pl[0].offset;
+  };
+  const std::vector<uint8_t> rot = encode(g, chunk.data(), rotated(CodecMode::kKivi4));
+  std::vector<uint8_t> b = rot;
+  recrc(b);
+  ASSERT_EQ(b, rot);  // the CRC helper reproduces the encoder's CRCs
+  b[k_plane(b) + 3] = 2;
+  recrc(b);
+  EXPECT_EQ(decode_code(b, g), Code::kCorrupt);
+  b = rot;
+  b[kvc1::kHfVersionMinor] = 0;
+  recrc(b);
+  EXPECT_EQ(decode_code(b, g), Code::kCorrupt);
+  b = encode(g, chunk.data(), config(CodecMode::kKivi4));
+  b[kvc1::kHfVersionMinor] = 1;
+  b[k_plane(b) + 3] = kvc1::kTransformHadamard;  // K is per channel in plain kivi4
+  recrc(b);
+  EXPECT_EQ(decode_code(b, g), Code::kCorrupt);
+}
+
 TEST(Codec, UnknownMajorVersionIsRejected) {
   const ChunkGeometry g = geometry(1, 1, 32, 8);
   std::vector<uint8_t> blob = encode(g, synthetic_chunk(g).data(), config(CodecMode::kRaw));
@@ -324,6 +433,13 @@ TEST(Codec, ConfigValidation) {
   EXPECT_EQ(kvc1_max_encoded_size(g, c), 0u);
   c = config(static_cast<CodecMode>(9));
   EXPECT_EQ(kvc1_max_encoded_size(g, c), 0u);
+  c = config(CodecMode::kLossless);
+  c.rotate = true;  // nothing to rotate without a quantizer
+  EXPECT_EQ(kvc1_max_encoded_size(g, c), 0u);
+  c = config(CodecMode::kKivi4);
+  c.rotate = true;
+  EXPECT_GT(kvc1_max_encoded_size(g, c), 0u);
+  EXPECT_EQ(kvc1_max_encoded_size(geometry(2, 2, 80, 64), c), 0u);  // head_dim not a power of two
   ChunkGeometry fp8 = g;
   fp8.dtype = DType::kFP8E4M3;
   EXPECT_EQ(kvc1_max_encoded_size(fp8, config(CodecMode::kKivi4)), 0u);

@@ -18,6 +18,7 @@
 
 #include <kdn/common/model.h>
 #include <kdn/common/status.h>
+#include <kdn/kernels/cpu_rows.h>
 
 #include <cstring>
 
@@ -76,6 +77,7 @@ Status decode_quant_head(const uint8_t* blob, const Header& h, const Plane& pl, 
   SegmentReader reader;
   if (parse_segment(blob, h, pl, head, &sg) != kParseOk || !reader.open(blob, h, sg)) return stream_corrupt();
   alignas(32) uint8_t tile[kTileSymbols + 32];
+  alignas(32) float rot[kMaxHeadDim];  // a rotated row (kTransformHadamard)
   const uint32_t per = pl.codec == kCodecUintChannel ? 1 : pl.group;
   const uint32_t tt = tile_tokens(h.head_dim);
   for (uint32_t t0 = 0; t0 < h.tokens; t0 += tt) {
@@ -84,8 +86,19 @@ Status decode_quant_head(const uint8_t* blob, const Header& h, const Plane& pl, 
     for (uint32_t r = 0; r < rows; ++r) {
       uint64_t s_off, z_off;
       row_scale_offsets(h, pl, t0 + r, head, &s_off, &z_off);
-      dequantize_row(tile + size_t{r} * h.head_dim, h.head_dim, blob + pl.params_off + s_off,
-                     blob + pl.params_off + z_off, pl.scale_dtype, per, sink.quant_type(), sink.quant_row(t0 + r));
+      const uint8_t* q = tile + size_t{r} * h.head_dim;
+      const uint8_t* s = blob + pl.params_off + s_off;
+      const uint8_t* z = blob + pl.params_off + z_off;
+      if (pl.transform == kTransformHadamard) {
+        // Dequantize in f32, rotate back, then round once to the sink's dtype.
+        dequantize_row(q, h.head_dim, s, z, pl.scale_dtype, per, DType::kF32, rot);
+        hadamard_inplace(rot, h.head_dim);
+        const float inv = hadamard_inverse_scale(h.head_dim);
+        for (uint32_t d = 0; d < h.head_dim; ++d) rot[d] = fmul_rn(rot[d], inv);
+        store_row_f32(rot, h.head_dim, sink.quant_type(), 1.0f, sink.quant_row(t0 + r));
+      } else {
+        dequantize_row(q, h.head_dim, s, z, pl.scale_dtype, per, sink.quant_type(), sink.quant_row(t0 + r));
+      }
       sink.commit_quant(t0 + r);
     }
   }

@@ -66,10 +66,11 @@ struct WarpSmem {
   uint8_t* lut;     // [4096] slot -> symbol (bits > 4)
   uint8_t* select;  // [head_dim] 0xff on token-delta channels
   uint8_t* prev;    // [head_dim] previous token's codes
+  float* rot;       // [head_dim] the row being rotated back (kTransformHadamard)
 };
 
 KDN_HD_INLINE uint32_t smem_bytes_per_warp(uint32_t head_dim) {
-  return 1024 + 544 + 4096 + 2 * ((head_dim + 15) / 16 * 16);
+  return 1024 + 544 + 4096 + 2 * ((head_dim + 15) / 16 * 16) + 4 * ((head_dim + 3) / 4 * 4);
 }
 
 KDN_WARP_FN WarpSmem carve(uint8_t* base, uint32_t head_dim) {
@@ -79,6 +80,7 @@ KDN_WARP_FN WarpSmem carve(uint8_t* base, uint32_t head_dim) {
   s.lut = base + 1024 + 544;
   s.select = s.lut + 4096;
   s.prev = s.select + (head_dim + 15) / 16 * 16;
+  s.rot = reinterpret_cast<float*>(s.prev + (head_dim + 15) / 16 * 16);
   return s;
 }
 
@@ -198,6 +200,40 @@ struct Where {
   uint32_t layer, plane, head;
 };
 
+// A Hadamard plane: the codes of row (t, head) are first parked in the first head_dim bytes of
+// that row's output slot; then, row by row, the warp dequantizes them into shared memory,
+// runs the butterfly stages (lanes split each stage, a barrier between stages), scales by 1/n
+// and writes the row, rounded once, over its codes.
+KDN_WARP_FN bool decode_rotated(const Where& w, const Plane& pl, const Segment& sg, const WarpSmem& s, uint32_t lane,
+                                bool predicted) {
+  const uint32_t n = w.g.head_dim, e = dtype_bytes_of(static_cast<uint32_t>(w.g.dtype));
+  const uint32_t mask = (1u << pl.bits) - 1;
+  const bool ok = decode_segment(w.blob, sg, s, lane, [&](uint32_t i, uint32_t y) {
+    const uint32_t t = i / n, d = i % n;
+    w.out[chunk_offset(w.g, w.layer, w.plane, t, w.head, 0) * e + d] = undo_delta(s, predicted, d, y, mask);
+  });
+  if (!ok) return false;
+  warp_sync();
+  const uint8_t* params = w.blob + pl.params_off;
+  const float inv = hadamard_inverse_scale(n);
+  for (uint32_t t = 0; t < w.g.tokens; ++t) {
+    const int64_t row = chunk_offset(w.g, w.layer, w.plane, t, w.head, 0);
+    uint64_t s_off, z_off;
+    row_scale_offsets(*w.h, pl, t, w.head, &s_off, &z_off);
+    for (uint32_t d = lane; d < n; d += 32)
+      s.rot[d] = dequantize_value(w.out[row * e + d], load_scale(params + s_off, d / pl.group, pl.scale_dtype),
+                                  load_scale(params + z_off, d / pl.group, pl.scale_dtype));
+    warp_sync();
+    for (uint32_t len = 1; len < n; len *= 2) {
+      for (uint32_t j = lane; j < n / 2; j += 32) hadamard_butterfly(s.rot, len, j);
+      warp_sync();
+    }
+    for (uint32_t d = lane; d < n; d += 32) store_f32(w.out, row + d, w.g.dtype, fmul_rn(s.rot[d], inv), 1.0f);
+    warp_sync();
+  }
+  return true;
+}
+
 KDN_WARP_FN bool decode_quantized(const Where& w, const Plane& pl, const WarpSmem& s, uint32_t lane) {
   Segment sg;
   if (parse_segment(w.blob, *w.h, pl, w.head, &sg) != kParseOk) return false;
@@ -205,6 +241,7 @@ KDN_WARP_FN bool decode_quantized(const Where& w, const Plane& pl, const WarpSme
   if (predicted) load_predictor(w.blob, sg, s, w.g.head_dim, lane);
   const uint32_t mask = (1u << pl.bits) - 1, per = pl.codec == kCodecUintChannel ? 1 : pl.group;
   const uint8_t* params = w.blob + pl.params_off;
+  if (pl.transform == kTransformHadamard) return decode_rotated(w, pl, sg, s, lane, predicted);
   return decode_segment(w.blob, sg, s, lane, [&](uint32_t i, uint32_t y) {
     const uint32_t t = i / w.g.head_dim, d = i % w.g.head_dim;
     const uint8_t q = undo_delta(s, predicted, d, y, mask);

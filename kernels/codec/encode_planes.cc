@@ -194,6 +194,7 @@ Status write_plane_as(const ChunkGeometry& g, const void* chunk, uint32_t layer,
   pl.codec = spec.codec;
   pl.bits = spec.bits;
   pl.group = spec.group;
+  pl.transform = spec.transform;
   const size_t at = out.pos;
   if (!out.zeros(kPlaneHeaderBytes)) return no_space();
   pl.params_off = out.pos;
@@ -217,6 +218,7 @@ Status write_plane_as(const ChunkGeometry& g, const void* chunk, uint32_t layer,
   out.data[at] = pl.codec;
   out.data[at + 1] = pl.bits;
   out.data[at + 2] = pl.scale_dtype;
+  out.data[at + 3] = pl.transform;
   out.st32(at + 4, pl.group);
   out.st32(at + 8, expected_segments(hdr, pl.codec));
   out.st32(at + 12, pl.params_bytes);

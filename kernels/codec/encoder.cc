@@ -2,6 +2,7 @@
 #include "encoder.h"
 
 #include "crc32c.h"
+#include "quant.h"
 
 #include <cstring>
 
@@ -40,7 +41,7 @@ void write_header(const ChunkGeometry& g, const kdn_key& fp, const CodecConfig& 
   std::memset(p, 0, kHeaderBytes);
   std::memcpy(p, "KDNKVC1", 8);
   out.st16(kHfVersionMajor, kVersionMajor);
-  out.st16(kHfVersionMinor, kVersionMinor);
+  out.st16(kHfVersionMinor, plan.rotate ? kVersionMinorTransform : kVersionMinor);
   out.st32(kHfHeaderBytes, kHeaderBytes);
   out.st64(kHfTotalBytes, total);
   out.st64(kHfFingerprint, fp.lo);
@@ -113,6 +114,10 @@ Status make_encode_plan(const ChunkGeometry& g, const CodecConfig& cfg, EncodePl
   p.entropy = cfg.entropy;
   p.token_delta = cfg.token_delta;
   p.f32_scales = cfg.f32_scales;
+  p.rotate = cfg.rotate;
+  if (p.rotate && !q) return Status(Code::kInvalidArgument, "rotate applies to quantized modes only");
+  if (p.rotate && !is_pow2(g.head_dim))
+    return Status(Code::kInvalidArgument, "rotate needs a power-of-two head_dim");
   return OkStatus();
 }
 
@@ -123,9 +128,11 @@ PlaneSpec plane_spec(const EncodePlan& plan, const ChunkGeometry& g, uint32_t la
     default: break;
   }
   const uint8_t bits = plan.layer_bits[plane] ? plan.layer_bits[plane][layer] : (plane ? plan.v_bits : plan.k_bits);
-  // int8 is per (token, head) for both planes; the kivi modes are per channel for K.
-  if (plane == 0 && plan.mode != CodecMode::kInt8) return {kCodecUintChannel, bits, plan.k_group};
-  return {kCodecUintToken, bits, plane == 0 ? g.head_dim : plan.v_group};
+  // int8 is per (token, head) for both planes; the kivi modes are per channel for K, unless
+  // rows are rotated, which makes K per (token, head) too.
+  if (plane == 0 && plan.mode != CodecMode::kInt8 && !plan.rotate) return {kCodecUintChannel, bits, plan.k_group};
+  return {kCodecUintToken, bits, plane == 0 ? g.head_dim : plan.v_group,
+          plan.rotate ? kTransformHadamard : kTransformNone};
 }
 
 uint64_t plane_max_bytes(const ChunkGeometry& g, const PlaneSpec& spec) noexcept {

@@ -24,7 +24,7 @@ struct EncodePlan {
   uint32_t k_group, v_group;
   uint8_t k_bits, v_bits;
   const uint8_t* layer_bits[2];
-  bool entropy, token_delta, f32_scales;
+  bool entropy, token_delta, f32_scales, rotate;
 };
 Status make_encode_plan(const ChunkGeometry& g, const CodecConfig& cfg, EncodePlan* out) noexcept;
 
@@ -32,6 +32,7 @@ Status make_encode_plan(const ChunkGeometry& g, const CodecConfig& cfg, EncodePl
 struct PlaneSpec {
   uint8_t codec, bits;
   uint32_t group;
+  uint8_t transform = kTransformNone;
 };
 PlaneSpec plane_spec(const EncodePlan& plan, const ChunkGeometry& g, uint32_t layer, uint32_t plane) noexcept;
 

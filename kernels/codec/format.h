@@ -22,7 +22,10 @@ namespace kdn::kernels::kvc1 {
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "KVC1 code assumes a little-endian host");
 
 constexpr uint16_t kVersionMajor = 1;
+// Minor 1 adds the plane transform byte (kTransformHadamard). An encoder writes minor 1 only
+// when a plane uses a transform, so every other blob stays readable by minor-0 decoders.
 constexpr uint16_t kVersionMinor = 0;
+constexpr uint16_t kVersionMinorTransform = 1;
 constexpr uint32_t kHeaderBytes = 128;
 constexpr uint32_t kHeaderCrcOffset = 124;
 constexpr uint32_t kLayerEntryBytes = 32;
@@ -38,6 +41,12 @@ enum : uint8_t {
   kCodecBytePlanes = 1,    // lossless: exponent rebased per channel, bytes split into planes
   kCodecUintChannel = 2,   // asymmetric uint, per (head, token group, channel): K in kivi modes
   kCodecUintToken = 3,     // asymmetric uint, per (token, head, channel group): V, and int8
+};
+
+// Plane transforms (PlaneRecord byte 3), applied to each (token, head) row before quantizing.
+enum : uint8_t {
+  kTransformNone = 0,
+  kTransformHadamard = 1,  // y = H x, H the Sylvester Hadamard matrix of order head_dim (a power of 2)
 };
 
 // Segment codings (Segment.coding).
@@ -172,7 +181,7 @@ struct Plane {
   uint64_t params_off;   // blob offset of the parameters
   uint64_t payload_off;  // blob offset of the payload
   uint64_t end;          // blob offset just past the payload
-  uint8_t codec, bits, scale_dtype;
+  uint8_t codec, bits, scale_dtype, transform;
   uint32_t group, n_segments, params_bytes, payload_bytes;
 };
 
@@ -184,16 +193,19 @@ KDN_HD_INLINE uint32_t parse_plane(const uint8_t* blob, uint64_t off, uint64_t l
   pl->codec = p[0];
   pl->bits = p[1];
   pl->scale_dtype = p[2];
+  pl->transform = p[3];
   pl->group = ld32(p + 4);
   pl->n_segments = ld32(p + 8);
   pl->params_bytes = ld32(p + 12);
   pl->payload_bytes = ld32(p + 16);
-  if (p[3] != 0 || ld32(p + 20) != 0 || ld64(p + 24) != 0) return kParseCorrupt;
+  if (ld32(p + 20) != 0 || ld64(p + 24) != 0) return kParseCorrupt;
   pl->params_off = off + kPlaneHeaderBytes;
   pl->payload_off = pl->params_off + align16(pl->params_bytes);
   pl->end = pl->payload_off + pl->payload_bytes;
   if (pl->end > limit) return kParseTruncated;
   if (pl->codec > kCodecUintToken) return kParseCorrupt;
+  // Only per-token quantized rows are transformed (the transform mixes a row's channels).
+  if (pl->transform > kTransformHadamard || (pl->transform && pl->codec != kCodecUintToken)) return kParseCorrupt;
   return kParseOk;
 }
 

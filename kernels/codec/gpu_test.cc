@@ -85,9 +85,12 @@ TEST(CodecCuda, DecodeEqualsCpuBitForBit) {
                                   geometry(1, 2, 80, 37, DType::kF32), geometry(2, 1, 7, 5), geometry(1, 1, 32, 1)};
   for (const ChunkGeometry& g : shapes) {
     for (CodecMode m : testing::kAllModes) {
-      for (bool entropy : {true, false}) {
+      for (int variant = 0; variant < 3; ++variant) {
+        const bool entropy = variant != 1, rotate = variant == 2;
+        if (rotate && (m == CodecMode::kRaw || m == CodecMode::kLossless || (g.head_dim & (g.head_dim - 1)))) continue;
         CodecConfig c = testing::config(m);
         c.entropy = entropy;
+        c.rotate = rotate;
         c.block_tokens = 64;
         std::vector<std::vector<uint8_t>> blobs;
         for (uint64_t seed = 1; seed <= 3; ++seed) blobs.push_back(testing::encode(g, testing::synthetic_chunk(g, seed).data(), c));
@@ -95,7 +98,7 @@ TEST(CodecCuda, DecodeEqualsCpuBitForBit) {
         const Status st = gpu_decode(blobs, g, &outs);
         ASSERT_TRUE(st.ok()) << st.what();
         for (size_t i = 0; i < blobs.size(); ++i)
-          EXPECT_EQ(outs[i], cpu_decode(blobs[i], g)) << codec_mode_name(m) << " entropy " << entropy << " D=" << g.head_dim;
+          EXPECT_EQ(outs[i], cpu_decode(blobs[i], g)) << codec_mode_name(m) << " entropy " << entropy << " rotate " << rotate << " D=" << g.head_dim;
       }
     }
   }

@@ -35,6 +35,34 @@ KDN_HD_INLINE uint32_t quantize_value(float x, float s, float z, uint32_t qmax) 
   return static_cast<uint32_t>(rintf(v));
 }
 
+// ---- Hadamard transform (plane transform kTransformHadamard) ---------------------------------
+//
+// The unnormalized Walsh-Hadamard transform of n = 2^k values in Sylvester order, computed in
+// stages len = 1, 2, 4, ..., n/2; stage len replaces each pair (x[i], x[i + len]) with
+// (x[i] + x[i + len], x[i] - x[i + len]) for every i with i & len == 0. The encoder transforms a
+// row before quantizing it; the decoder transforms the dequantized row and multiplies by 1/n,
+// which inverts it (H H = n I) and is exact because n is a power of two. Every output element
+// of a stage is one rounded add or subtract of two inputs, so any split of the butterflies
+// over threads gives the same bits.
+
+KDN_HD_INLINE bool is_pow2(uint32_t n) { return n != 0 && (n & (n - 1)) == 0; }
+
+// Butterfly j (0 <= j < n/2) of stage `len`.
+KDN_HD_INLINE void hadamard_butterfly(float* x, uint32_t len, uint32_t j) {
+  const uint32_t i = (j / len) * 2 * len + j % len;
+  const float a = x[i], b = x[i + len];
+  x[i] = fadd_rn(a, b);
+  x[i + len] = fsub_rn(a, b);
+}
+
+KDN_HD_INLINE void hadamard_inplace(float* x, uint32_t n) {
+  for (uint32_t len = 1; len < n; len *= 2)
+    for (uint32_t j = 0; j < n / 2; ++j) hadamard_butterfly(x, len, j);
+}
+
+// 1/n, exact for n = 2^k (k <= 12).
+KDN_HD_INLINE float hadamard_inverse_scale(uint32_t n) { return 1.0f / static_cast<float>(n); }
+
 // Stored scale (or zero point) number `index` of a parameter array in `scale_dtype`.
 KDN_HD_INLINE float load_scale(const uint8_t* params, uint64_t index, uint8_t scale_dtype) {
   if (scale_dtype == kScaleF16) return f16_to_f32(ld16(params + 2 * index));

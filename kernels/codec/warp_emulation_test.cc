@@ -105,16 +105,19 @@ TEST(WarpEmulation, DeviceAlgorithmEqualsCpuDecoder) {
                                   geometry(1, 1, 40, 20, DType::kF32), geometry(1, 1, 7, 9)};
   for (const ChunkGeometry& g : shapes) {
     for (CodecMode m : testing::kAllModes) {
-      for (bool entropy : {true, false}) {
+      for (int variant = 0; variant < 3; ++variant) {
+        const bool entropy = variant != 1, rotate = variant == 2;
+        if (rotate && (m == CodecMode::kRaw || m == CodecMode::kLossless || (g.head_dim & (g.head_dim - 1)))) continue;
         CodecConfig c = testing::config(m);
         c.entropy = entropy;
+        c.rotate = rotate;
         c.block_tokens = 16;  // several blocks, the last one partial
         const std::vector<std::vector<uint8_t>> blobs = {testing::encode(g, testing::synthetic_chunk(g, 11).data(), c),
                                                          testing::encode(g, testing::synthetic_chunk(g, 12).data(), c)};
         std::vector<std::vector<uint8_t>> outs;
         ASSERT_EQ(emulate(blobs, g, &outs), 0u) << codec_mode_name(m);
         for (size_t i = 0; i < blobs.size(); ++i)
-          EXPECT_EQ(outs[i], cpu_decode(blobs[i], g)) << codec_mode_name(m) << " entropy " << entropy << " D=" << g.head_dim;
+          EXPECT_EQ(outs[i], cpu_decode(blobs[i], g)) << codec_mode_name(m) << " entropy " << entropy << " rotate " << rotate << " D=" << g.head_dim;
       }
     }
   }

@@ -1,5 +1,5 @@
 // Writes the seed corpus of the KVC1 decoder fuzzer: valid blobs of small chunks in every mode
-// and dtype, with and without entropy coding and the token-delta predictor.
+// and dtype, with and without entropy coding and the token-delta predictor, and with rotated rows.
 //   codec_fuzz_corpus DIR
 #include <kdn/kernels/codec.h>
 #include <kdn/kernels/synthetic.h>
@@ -58,12 +58,15 @@ int main(int argc, char** argv) {
     g.tokens = s.tokens;
     g.dtype = s.dtype;
     for (CodecMode m : modes) {
-      for (int variant = 0; variant < 3; ++variant) {
+      for (int variant = 0; variant < 4; ++variant) {
         if (m == CodecMode::kRaw && variant > 0) continue;
+        // variant 3: Hadamard-rotated rows (quantized modes, power-of-two head_dim)
+        if (variant == 3 && (m == CodecMode::kLossless || (s.dim & (s.dim - 1)) != 0)) continue;
         CodecConfig c;
         c.mode = m;
         c.entropy = variant != 1;
         c.token_delta = variant != 2;
+        c.rotate = variant == 3;
         c.block_tokens = 16;
         const std::string path = dir + "/" + codec_mode_name(m) + "-" + std::to_string(s.layers) + "x" +
                                  std::to_string(s.heads) + "x" + std::to_string(s.dim) + "x" +

@@ -81,6 +81,11 @@ struct CodecConfig {
   // With entropy: code a channel's difference to the previous token instead of its value
   // where that is cheaper (chosen per channel; pays off on KV with token-wise locality).
   bool token_delta = true;
+  // Quantized modes: quantize every (token, head) row of K and V after a Hadamard rotation of
+  // its channels (head_dim must be a power of two); the decoder rotates back. K then uses
+  // per-token groups of head_dim channels instead of per-channel groups. Spreads outlier
+  // channels over the row, which lowers the error of attention scores at the same size.
+  bool rotate = false;
   // Store quantizer scales and zero points as fp32 instead of fp16 (fp16 planes switch to
   // fp32 by themselves when a value does not fit fp16).
   bool f32_scales = false;
