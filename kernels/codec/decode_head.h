@@ -92,9 +92,7 @@ Status decode_quant_head(const uint8_t* blob, const Header& h, const Plane& pl, 
       if (pl.transform == kTransformHadamard) {
         // Dequantize in f32, rotate back, then round once to the sink's dtype.
         dequantize_row(q, h.head_dim, s, z, pl.scale_dtype, per, DType::kF32, rot);
-        hadamard_inplace(rot, h.head_dim);
-        const float inv = hadamard_inverse_scale(h.head_dim);
-        for (uint32_t d = 0; d < h.head_dim; ++d) rot[d] = fmul_rn(rot[d], inv);
+        hadamard_row(rot, h.head_dim, hadamard_inverse_scale(h.head_dim));
         store_row_f32(rot, h.head_dim, sink.quant_type(), 1.0f, sink.quant_row(t0 + r));
       } else {
         dequantize_row(q, h.head_dim, s, z, pl.scale_dtype, per, sink.quant_type(), sink.quant_row(t0 + r));

@@ -71,7 +71,7 @@ bool write_token_scales(const Source& src, const Plane& pl, uint8_t sd, EncodeSc
         *non_finite = true;
         return true;
       }
-      if (pl.transform == kTransformHadamard) hadamard_inplace(sc.row, g.head_dim);
+      if (pl.transform == kTransformHadamard) hadamard_row(sc.row, g.head_dim, 1.0f);
       for (uint32_t gi = 0; gi < ng; ++gi) {
         float lo = INFINITY, hi = -INFINITY;
         for (uint32_t d = gi * pl.group; d < (gi + 1) * pl.group; ++d) {
@@ -150,7 +150,7 @@ void quantize_head(const Source& src, const Header& hdr, const Plane& pl, const 
     // Per-channel scales change once per token group; per-token ones every row.
     if (pl.codec != kCodecUintChannel || t % pl.group == 0) row_scales(hdr, pl, params, t, head, sc.lo, sc.hi);
     (void)src.row_f32(t, head, sc.row);  // finiteness was checked with the scales
-    if (pl.transform == kTransformHadamard) hadamard_inplace(sc.row, hdr.head_dim);
+    if (pl.transform == kTransformHadamard) hadamard_row(sc.row, hdr.head_dim, 1.0f);
     quantize_row(sc.row, sc.lo, sc.hi, hdr.head_dim, qmax, sc.symbols + size_t{t} * hdr.head_dim);
   }
 }

@@ -116,7 +116,48 @@ KDN_TARGET_DEQ uint32_t quantize_row_avx2(const float* x, const float* s, const 
 }
 #endif
 
+#if defined(__x86_64__)
+// Stage `len` < 8 inside one vector of 8: p holds each lane's partner x[i ^ len]; lanes with
+// i & len == 0 take x + p (= x[i] + x[i + len]), the others p - x (= x[i - len] - x[i]), the
+// same two IEEE operations as hadamard_butterfly.
+KDN_TARGET_DEQ inline __m256 hadamard_in_vector(__m256 x) {
+  __m256 p = _mm256_permute_ps(x, 0xB1);  // i ^ 1
+  x = _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xAA);
+  p = _mm256_permute_ps(x, 0x4E);  // i ^ 2
+  x = _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xCC);
+  p = _mm256_permute2f128_ps(x, x, 1);  // i ^ 4
+  return _mm256_blend_ps(_mm256_add_ps(x, p), _mm256_sub_ps(p, x), 0xF0);
+}
+
+KDN_TARGET_DEQ void hadamard_row_avx2(float* x, uint32_t n, float scale) {
+  for (uint32_t i = 0; i < n; i += 8) _mm256_storeu_ps(x + i, hadamard_in_vector(_mm256_loadu_ps(x + i)));
+  for (uint32_t len = 8; len < n; len *= 2)
+    for (uint32_t i0 = 0; i0 < n; i0 += 2 * len)
+      for (uint32_t i = i0; i < i0 + len; i += 8) {
+        const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + len);
+        _mm256_storeu_ps(x + i, _mm256_add_ps(a, b));
+        _mm256_storeu_ps(x + i + len, _mm256_sub_ps(a, b));
+      }
+  if (scale != 1.0f) {
+    const __m256 s = _mm256_set1_ps(scale);
+    for (uint32_t i = 0; i < n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), s));
+  }
+}
+#endif
+
 }  // namespace
+
+void hadamard_row(float* x, uint32_t n, float scale) noexcept {
+#if defined(__x86_64__)
+  if (n >= 8 && g_simd_enabled.load(std::memory_order_relaxed) && cpu_has_deq_simd()) {
+    hadamard_row_avx2(x, n, scale);
+    return;
+  }
+#endif
+  hadamard_inplace(x, n);
+  if (scale != 1.0f)
+    for (uint32_t i = 0; i < n; ++i) x[i] = fmul_rn(x[i], scale);
+}
 
 void quantize_row(const float* x, const float* s, const float* z, uint32_t n, uint32_t qmax, uint8_t* q) noexcept {
   uint32_t d = 0;

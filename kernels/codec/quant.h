@@ -47,17 +47,24 @@ KDN_HD_INLINE uint32_t quantize_value(float x, float s, float z, uint32_t qmax) 
 
 KDN_HD_INLINE bool is_pow2(uint32_t n) { return n != 0 && (n & (n - 1)) == 0; }
 
-// Butterfly j (0 <= j < n/2) of stage `len`.
+// Butterfly j (0 <= j < n/2) of stage `len` (a power of two).
 KDN_HD_INLINE void hadamard_butterfly(float* x, uint32_t len, uint32_t j) {
-  const uint32_t i = (j / len) * 2 * len + j % len;
+  const uint32_t i = ((j & ~(len - 1)) << 1) | (j & (len - 1));
   const float a = x[i], b = x[i + len];
   x[i] = fadd_rn(a, b);
   x[i + len] = fsub_rn(a, b);
 }
 
+// All stages on one thread; the pairs of a stage are visited in blocks so that the inner loop
+// is contiguous (the same operations as hadamard_butterfly for every j).
 KDN_HD_INLINE void hadamard_inplace(float* x, uint32_t n) {
   for (uint32_t len = 1; len < n; len *= 2)
-    for (uint32_t j = 0; j < n / 2; ++j) hadamard_butterfly(x, len, j);
+    for (uint32_t i0 = 0; i0 < n; i0 += 2 * len)
+      for (uint32_t i = i0; i < i0 + len; ++i) {
+        const float a = x[i], b = x[i + len];
+        x[i] = fadd_rn(a, b);
+        x[i + len] = fsub_rn(a, b);
+      }
 }
 
 // 1/n, exact for n = 2^k (k <= 12).
@@ -85,6 +92,12 @@ struct GroupScale {
 // The stored scale and zero point of a group whose finite values span [mn, mx] (mn <= mx).
 // False if they do not fit `scale_dtype` (the encoder then stores the plane's scales as f32).
 bool stored_group_scale(float mn, float mx, uint32_t bits, uint8_t scale_dtype, GroupScale* out) noexcept;
+
+// ---- CPU rows ----------------------------------------------------------------------------------
+
+// hadamard_inplace(x, n), then x[i] = fmul_rn(x[i], scale) unless scale is 1 (n a power of
+// two). AVX2 when the CPU has it; the bits are those of the scalar bodies either way.
+void hadamard_row(float* x, uint32_t n, float scale) noexcept;
 
 // ---- CPU row dequantization --------------------------------------------------------------------
 

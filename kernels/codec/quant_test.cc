@@ -163,5 +163,41 @@ TEST(Quant, QuantizeRowSimdMatchesScalar) {
   }
 }
 
+// The row transform (AVX2 where present) gives the bits of the scalar butterflies, and the
+// butterflies split by index (the GPU warp's way) give the same bits too; transforming twice
+// and scaling by 1/n returns the input within rounding.
+TEST(Quant, HadamardRowMatchesTheButterfliesAndInvertsItself) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (uint32_t n = 1; n <= 4096; n *= 2) {
+    std::vector<float> x(n);
+    for (float& v : x) v = nd(rng) * (rng() % 16 == 0 ? 100.0f : 1.0f);
+    for (float scale : {1.0f, hadamard_inverse_scale(n)}) {
+      std::vector<float> fast = x, scalar = x, split = x;
+      hadamard_row(fast.data(), n, scale);
+      hadamard_inplace(scalar.data(), n);
+      for (uint32_t len = 1; len < n; len *= 2)
+        for (uint32_t j = n / 2; j-- > 0;) hadamard_butterfly(split.data(), len, j);  // any order within a stage
+      for (uint32_t i = 0; i < n; ++i) {
+        scalar[i] = fmul_rn(scalar[i], scale);
+        split[i] = fmul_rn(split[i], scale);
+      }
+      ASSERT_EQ(std::memcmp(fast.data(), scalar.data(), 4 * n), 0) << "n=" << n << " scale=" << scale;
+      ASSERT_EQ(std::memcmp(split.data(), scalar.data(), 4 * n), 0) << "n=" << n;
+      const bool was = set_dequantize_simd_enabled(false);
+      std::vector<float> off = x;
+      hadamard_row(off.data(), n, scale);
+      set_dequantize_simd_enabled(was);
+      ASSERT_EQ(std::memcmp(off.data(), scalar.data(), 4 * n), 0) << "n=" << n;
+    }
+    std::vector<float> y = x;
+    hadamard_row(y.data(), n, 1.0f);
+    hadamard_row(y.data(), n, hadamard_inverse_scale(n));
+    float mx = 0;
+    for (float v : x) mx = std::max(mx, std::fabs(v));
+    for (uint32_t i = 0; i < n; ++i) ASSERT_NEAR(y[i], x[i], 1e-6f * mx * (1 + std::log2(float(n)))) << n << " " << i;
+  }
+}
+
 }  // namespace
 }  // namespace kdn::kernels::kvc1

@@ -84,8 +84,9 @@ struct Case {
   uint32_t rotary_dim;
 };
 
-void check_case(const Case& c, CodecMode mode) {
-  SCOPED_TRACE(::testing::Message() << engine_layout_name(c.layout) << " " << codec_mode_name(mode) << " chunk "
+void check_case(const Case& c, CodecMode mode, bool rotate = false) {
+  SCOPED_TRACE(::testing::Message() << engine_layout_name(c.layout) << " " << codec_mode_name(mode)
+                                    << (rotate ? " rotated" : "") << " chunk "
                                     << static_cast<int>(c.chunk_dtype) << " engine " << static_cast<int>(c.engine_dtype));
   const ChunkGeometry g = geometry(2, 2, 64, 40, c.chunk_dtype);
   PagedShape shape;
@@ -96,7 +97,9 @@ void check_case(const Case& c, CodecMode mode) {
   shape.block_size = 8;
   shape.dtype = c.engine_dtype;
   const std::vector<uint8_t> chunk = testing::synthetic_chunk(g, 4);
-  const std::vector<uint8_t> blob = encode(g, chunk.data(), config(mode));
+  CodecConfig cfg = config(mode);
+  cfg.rotate = rotate;
+  const std::vector<uint8_t> blob = encode(g, chunk.data(), cfg);
   const RopeFixture rope(c.style, g.head_dim, c.rotary_dim, 777);
 
   Engine fused(c.layout, shape, c.permute_k, g.tokens), reference(c.layout, shape, c.permute_k, g.tokens);
@@ -132,8 +135,10 @@ TEST(DecodeScatter, MatchesDecodeThenRopeScatter) {
       {EngineLayoutKind::kSglangTokenPool, false, DType::kF16, DType::kF32, RopeStyle::kNeox, 48},
       {EngineLayoutKind::kVllmFlashHnd, false, DType::kBF16, DType::kBF16, RopeStyle::kNeox, 64},
   };
-  for (const Case& c : cases)
+  for (const Case& c : cases) {
     for (CodecMode m : testing::kAllModes) check_case(c, m);
+    for (CodecMode m : {CodecMode::kInt8, CodecMode::kKivi4, CodecMode::kKivi2}) check_case(c, m, true);
+  }
 }
 
 TEST(DecodeScatter, WithoutRopeEqualsDecodeThenScatter) {
