@@ -200,6 +200,13 @@ struct Where {
   uint32_t layer, plane, head;
 };
 
+// Code q of channel d in a row whose S and Z arrays start at params + s_off / z_off.
+KDN_WARP_FN float dequantize_code(const uint8_t* params, const Plane& pl, uint64_t s_off, uint64_t z_off, uint32_t d,
+                                  uint32_t per, uint32_t q) {
+  return dequantize_value(q, load_scale(params + s_off, d / per, pl.scale_dtype),
+                          load_scale(params + z_off, d / per, pl.scale_dtype));
+}
+
 // A Hadamard plane: the codes of row (t, head) are first parked in the first head_dim bytes of
 // that row's output slot; then, row by row, the warp dequantizes them into shared memory,
 // runs the butterfly stages (lanes split each stage, a barrier between stages), scales by 1/n
@@ -221,8 +228,7 @@ KDN_WARP_FN bool decode_rotated(const Where& w, const Plane& pl, const Segment& 
     uint64_t s_off, z_off;
     row_scale_offsets(*w.h, pl, t, w.head, &s_off, &z_off);
     for (uint32_t d = lane; d < n; d += 32)
-      s.rot[d] = dequantize_value(w.out[row * e + d], load_scale(params + s_off, d / pl.group, pl.scale_dtype),
-                                  load_scale(params + z_off, d / pl.group, pl.scale_dtype));
+      s.rot[d] = dequantize_code(params, pl, s_off, z_off, d, pl.group, w.out[row * e + d]);
     warp_sync();
     for (uint32_t len = 1; len < n; len *= 2) {
       for (uint32_t j = lane; j < n / 2; j += 32) hadamard_butterfly(s.rot, len, j);
@@ -239,17 +245,16 @@ KDN_WARP_FN bool decode_quantized(const Where& w, const Plane& pl, const WarpSme
   if (parse_segment(w.blob, *w.h, pl, w.head, &sg) != kParseOk) return false;
   const bool predicted = sg.predictor == kPredictTokenDelta;
   if (predicted) load_predictor(w.blob, sg, s, w.g.head_dim, lane);
+  if (pl.transform == kTransformHadamard) return decode_rotated(w, pl, sg, s, lane, predicted);
   const uint32_t mask = (1u << pl.bits) - 1, per = pl.codec == kCodecUintChannel ? 1 : pl.group;
   const uint8_t* params = w.blob + pl.params_off;
-  if (pl.transform == kTransformHadamard) return decode_rotated(w, pl, sg, s, lane, predicted);
   return decode_segment(w.blob, sg, s, lane, [&](uint32_t i, uint32_t y) {
     const uint32_t t = i / w.g.head_dim, d = i % w.g.head_dim;
     const uint8_t q = undo_delta(s, predicted, d, y, mask);
     uint64_t s_off, z_off;
     row_scale_offsets(*w.h, pl, t, w.head, &s_off, &z_off);
-    const float v = dequantize_value(q, load_scale(params + s_off, d / per, pl.scale_dtype),
-                                     load_scale(params + z_off, d / per, pl.scale_dtype));
-    store_f32(w.out, chunk_offset(w.g, w.layer, w.plane, t, w.head, d), w.g.dtype, v, 1.0f);
+    store_f32(w.out, chunk_offset(w.g, w.layer, w.plane, t, w.head, d), w.g.dtype,
+              dequantize_code(params, pl, s_off, z_off, d, per, q), 1.0f);
   });
 }
 

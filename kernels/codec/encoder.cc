@@ -2,8 +2,8 @@
 #include "encoder.h"
 
 #include "crc32c.h"
-#include "quant.h"
 
+#include <bit>
 #include <cstring>
 
 namespace kdn::kernels {
@@ -116,7 +116,7 @@ Status make_encode_plan(const ChunkGeometry& g, const CodecConfig& cfg, EncodePl
   p.f32_scales = cfg.f32_scales;
   p.rotate = cfg.rotate;
   if (p.rotate && !q) return Status(Code::kInvalidArgument, "rotate applies to quantized modes only");
-  if (p.rotate && !is_pow2(g.head_dim))
+  if (p.rotate && !std::has_single_bit(g.head_dim))
     return Status(Code::kInvalidArgument, "rotate needs a power-of-two head_dim");
   return OkStatus();
 }

@@ -45,26 +45,24 @@ KDN_HD_INLINE uint32_t quantize_value(float x, float s, float z, uint32_t qmax) 
 // of a stage is one rounded add or subtract of two inputs, so any split of the butterflies
 // over threads gives the same bits.
 
-KDN_HD_INLINE bool is_pow2(uint32_t n) { return n != 0 && (n & (n - 1)) == 0; }
-
-// Butterfly j (0 <= j < n/2) of stage `len` (a power of two).
-KDN_HD_INLINE void hadamard_butterfly(float* x, uint32_t len, uint32_t j) {
-  const uint32_t i = ((j & ~(len - 1)) << 1) | (j & (len - 1));
+// The pair (x[i], x[i + len]), i & len == 0, of stage `len`.
+KDN_HD_INLINE void hadamard_pair(float* x, uint32_t len, uint32_t i) {
   const float a = x[i], b = x[i + len];
   x[i] = fadd_rn(a, b);
   x[i + len] = fsub_rn(a, b);
 }
 
-// All stages on one thread; the pairs of a stage are visited in blocks so that the inner loop
-// is contiguous (the same operations as hadamard_butterfly for every j).
+// Butterfly j (0 <= j < n/2) of stage `len` (a power of two): the split a warp's lanes use.
+KDN_HD_INLINE void hadamard_butterfly(float* x, uint32_t len, uint32_t j) {
+  hadamard_pair(x, len, ((j & ~(len - 1)) << 1) | (j & (len - 1)));
+}
+
+// All stages on one thread, the pairs of a stage visited in blocks so that the inner loop is
+// contiguous.
 KDN_HD_INLINE void hadamard_inplace(float* x, uint32_t n) {
   for (uint32_t len = 1; len < n; len *= 2)
     for (uint32_t i0 = 0; i0 < n; i0 += 2 * len)
-      for (uint32_t i = i0; i < i0 + len; ++i) {
-        const float a = x[i], b = x[i + len];
-        x[i] = fadd_rn(a, b);
-        x[i + len] = fsub_rn(a, b);
-      }
+      for (uint32_t i = i0; i < i0 + len; ++i) hadamard_pair(x, len, i);
 }
 
 // 1/n, exact for n = 2^k (k <= 12).

@@ -4,6 +4,7 @@
 #include "quant.h"
 #include "rans.h"
 
+#include <bit>
 #include <cmath>
 
 namespace kdn::kernels::kvc1 {
@@ -99,7 +100,7 @@ Status check_plane_params(const uint8_t* blob, const Header& h, const Plane& pl)
     return corrupt("KVC1 token group out of range");
   if (pl.codec == kCodecUintToken && (pl.group == 0 || h.head_dim % pl.group != 0))
     return corrupt("KVC1 channel group does not divide head_dim");
-  if (pl.transform != kTransformNone && (h.version_minor < kVersionMinorTransform || !is_pow2(h.head_dim)))
+  if (pl.transform != kTransformNone && (h.version_minor < kVersionMinorTransform || !std::has_single_bit(h.head_dim)))
     return corrupt("KVC1 Hadamard plane in a minor-0 blob or with a head_dim that is not a power of two");
   const uint64_t per_array = pl.codec == kCodecUintChannel
                                  ? uint64_t{h.kv_heads} * scale_groups(h, pl) * h.head_dim

@@ -4,6 +4,7 @@
 #include <kdn/kernels/codec.h>
 #include <kdn/kernels/synthetic.h>
 
+#include <bit>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -61,7 +62,7 @@ int main(int argc, char** argv) {
       for (int variant = 0; variant < 4; ++variant) {
         if (m == CodecMode::kRaw && variant > 0) continue;
         // variant 3: Hadamard-rotated rows (quantized modes, power-of-two head_dim)
-        if (variant == 3 && (m == CodecMode::kLossless || (s.dim & (s.dim - 1)) != 0)) continue;
+        if (variant == 3 && (m == CodecMode::kLossless || !std::has_single_bit(s.dim))) continue;
         CodecConfig c;
         c.mode = m;
         c.entropy = variant != 1;
