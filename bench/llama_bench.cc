@@ -58,6 +58,7 @@ struct Options {
   uint32_t k_group_tokens = 0;    // 0: the codec's default
   uint32_t v_group_channels = 0;  // 0: the codec's default
   bool rotate = false;            // Hadamard-rotated rows (CodecConfig::rotate)
+  uint32_t sink_tokens = kdn::kernels::kDefaultSinkTokens;  // exact leading rows of the first chunk
   bool f16_weights = false;
   bool json = false;
 };
@@ -210,10 +211,12 @@ Json codec_quality(Engine& e, kdn::llama::ChunkStore& store, const Side& s) {
   if (!s.o.layer_v_bits.empty()) cfg.layer_v_bits = s.o.layer_v_bits.data();
   cfg.v_group_channels = s.o.v_group_channels;
   cfg.rotate = s.o.rotate;
+  cfg.sink_tokens = s.o.sink_tokens;
   auto q = kdn::llama::measure_codec_quality(e, exact, std::span(ext.value()).subspan(s.size, s.o.eval_tokens), cfg);
   if (!q.ok()) return failure("codec", q.status());
   return Json{{"mode", kdn::kernels::codec_mode_name(s.o.codec)},
               {"rotate", s.o.rotate},
+              {"sink_tokens", s.o.sink_tokens},
               {"top1_agreement", q->top1_agreement},
               {"agreeing_positions", static_cast<uint32_t>(q->top1_agreement * q->eval_tokens + 0.5)},
               {"eval_tokens", q->eval_tokens},
@@ -388,6 +391,9 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--v-group-channels", o.v_group_channels, "kivi modes: channels per V token group, dividing head_dim (default: head_dim)")
       ->check(CLI::Range(1u, 1024u));
   app.add_flag("--rotate", o.rotate, "quantized modes: quantize Hadamard-rotated K and V rows (both per token)");
+  app.add_option("--sink-tokens", o.sink_tokens,
+                 "quantized modes: leading tokens of the context stored exactly (attention sinks; 0: none)")
+      ->check(CLI::Range(0u, 4096u));
 }
 
 // Scored positions over all sizes: where the codec's run and the one-ulp control agree with the exact run.
@@ -412,6 +418,7 @@ void set_bars(kdn::bench::Report& r, const Options& o, bool all_identical, const
   const std::optional<double> top1 = fraction(a.codec, a.scored);
   r.set("codec.mode", kdn::kernels::codec_mode_name(o.codec));
   r.set("codec.rotate", o.rotate);
+  r.set("codec.sink_tokens", o.sink_tokens);
   r.set("codec.top1_agreement", top1);
   r.set("codec.floor_top1_agreement", fraction(a.floor, a.scored));
   r.set("codec.scored_positions", a.scored);

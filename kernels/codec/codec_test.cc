@@ -24,6 +24,7 @@ using testing::geometry;
 using testing::geometry_bytes;
 using testing::kAllModes;
 using testing::kTestFingerprint;
+using testing::no_sinks;
 using testing::synthetic_chunk;
 
 std::vector<uint8_t> decode_ok(const std::vector<uint8_t>& blob, const ChunkGeometry& g, DecodeOptions opts = {}) {
@@ -306,8 +307,10 @@ TEST(Codec, RotatedRowsStayWithinTheMeanHalfScaleOfTheirRow) {
 TEST(Codec, RotatedBlobsAreMinorVersion1WithEveryPlanePerTokenAndHadamard) {
   const ChunkGeometry g = geometry(2, 2, 32, 40);
   const std::vector<uint8_t> chunk = synthetic_chunk(g);
-  const std::vector<uint8_t> plain = encode(g, chunk.data(), config(CodecMode::kKivi4));
-  const std::vector<uint8_t> rot = encode(g, chunk.data(), rotated(CodecMode::kKivi4));
+  const std::vector<uint8_t> plain = encode(g, chunk.data(), no_sinks(CodecMode::kKivi4));
+  CodecConfig rc = rotated(CodecMode::kKivi4);
+  rc.sink_tokens = 0;
+  const std::vector<uint8_t> rot = encode(g, chunk.data(), rc);
   EXPECT_EQ(kvc1::ld16(plain.data() + kvc1::kHfVersionMinor), 0);
   EXPECT_EQ(kvc1::ld16(rot.data() + kvc1::kHfVersionMinor), kvc1::kVersionMinorTransform);
   kvc1::Header h;
@@ -329,28 +332,34 @@ TEST(Codec, RotatedBlobsAreMinorVersion1WithEveryPlanePerTokenAndHadamard) {
 // The transform byte is checked where it is read: unknown values, a transform on a
 // per-channel plane, and a transformed plane in a minor-0 blob are all corrupt (CRCs redone,
 // so the structure checks are what must catch them).
+// Recomputes the CRCs of a one-layer blob after an edit, so the structure checks behind them
+// are what must catch it.
+void recrc(std::vector<uint8_t>& b) {
+  kvc1::Header h;
+  ASSERT_EQ(kvc1::parse_header(b.data(), b.size(), &h), kvc1::kParseOk);
+  const uint8_t* e = b.data() + h.dir_off;
+  const uint64_t off = kvc1::ld64(e), bytes = kvc1::ld64(e + 8);
+  const uint32_t layer_crc = kvc1::crc32c(b.data() + off, bytes);
+  std::memcpy(b.data() + h.dir_off + 16, &layer_crc, 4);
+  const uint32_t dir_crc = kvc1::crc32c(b.data() + h.dir_off, h.dir_bytes);
+  std::memcpy(b.data() + kvc1::kHfDirCrc, &dir_crc, 4);
+  const uint32_t hdr_crc = kvc1::crc32c(b.data(), kvc1::kHeaderCrcOffset);
+  std::memcpy(b.data() + kvc1::kHfHeaderCrc, &hdr_crc, 4);
+}
+
+// Plane `plane` of layer 0.
+kvc1::Plane plane_of(const std::vector<uint8_t>& b, uint32_t plane) {
+  kvc1::Header h;
+  kvc1::Plane pl[2];
+  EXPECT_EQ(kvc1::parse_header(b.data(), b.size(), &h), kvc1::kParseOk);
+  EXPECT_EQ(kvc1::locate_planes(b.data(), h, 0, pl), kvc1::kParseOk);
+  return pl[plane];
+}
+
 TEST(Codec, BadTransformBytesAreCorrupt) {
   const ChunkGeometry g = geometry(1, 1, 32, 16);
   const std::vector<uint8_t> chunk = synthetic_chunk(g);
-  auto recrc = [](std::vector<uint8_t>& b) {
-    kvc1::Header h;
-    ASSERT_EQ(kvc1::parse_header(b.data(), b.size(), &h), kvc1::kParseOk);
-    const uint8_t* e = b.data() + h.dir_off;
-    const uint64_t off = kvc1::ld64(e), bytes = kvc1::ld64(e + 8);
-    const uint32_t layer_crc = kvc1::crc32c(b.data() + off, bytes);
-    std::memcpy(b.data() + h.dir_off + 16, &layer_crc, 4);
-    const uint32_t dir_crc = kvc1::crc32c(b.data() + h.dir_off, h.dir_bytes);
-    std::memcpy(b.data() + kvc1::kHfDirCrc, &dir_crc, 4);
-    const uint32_t hdr_crc = kvc1::crc32c(b.data(), kvc1::kHeaderCrcOffset);
-    std::memcpy(b.data() + kvc1::kHfHeaderCrc, &hdr_crc, 4);
-  };
-  auto k_plane = [](const std::vector<uint8_t>& b) {
-    kvc1::Header h;
-    kvc1::Plane pl[2];
-    EXPECT_EQ(kvc1::parse_header(b.data(), b.size(), &h), kvc1::kParseOk);
-    EXPECT_EQ(kvc1::locate_planes(b.data(), h, 0, pl), kvc1::kParseOk);
-    return pl[0].offset;
-  };
+  auto k_plane = [](const std::vector<uint8_t>& b) { return plane_of(b, 0).offset; };
   const std::vector<uint8_t> rot = encode(g, chunk.data(), rotated(CodecMode::kKivi4));
   std::vector<uint8_t> b = rot;
   recrc(b);
@@ -362,7 +371,7 @@ TEST(Codec, BadTransformBytesAreCorrupt) {
   b[kvc1::kHfVersionMinor] = 0;
   recrc(b);
   EXPECT_EQ(decode_code(b, g), Code::kCorrupt);
-  b = encode(g, chunk.data(), config(CodecMode::kKivi4));
+  b = encode(g, chunk.data(), no_sinks(CodecMode::kKivi4));
   b[kvc1::kHfVersionMinor] = 1;
   b[k_plane(b) + 3] = kvc1::kTransformHadamard;  // K is per channel in plain kivi4
   recrc(b);
@@ -453,7 +462,7 @@ TEST(Codec, LargeValuesSwitchThePlaneToF32Scales) {
   std::vector<uint8_t> chunk = synthetic_chunk(g);
   auto* f = reinterpret_cast<float*>(chunk.data());
   f[3] = 2e6f;  // K plane, beyond f16
-  const std::vector<uint8_t> blob = encode(g, chunk.data(), config(CodecMode::kKivi4));
+  const std::vector<uint8_t> blob = encode(g, chunk.data(), no_sinks(CodecMode::kKivi4));
   kvc1::Header h;
   kvc1::Plane pl[2];
   ASSERT_EQ(kvc1::parse_header(blob.data(), blob.size(), &h), kvc1::kParseOk);
@@ -487,14 +496,132 @@ TEST(Codec, InspectReportsTheHeader) {
 }
 
 // The 4-bit packed layout's size is structural: codes plus f16 scales (K groups of 128 tokens,
-// V groups of head_dim channels) plus framing.
+// V groups of head_dim channels) plus framing. A chunk that starts its sequence also carries its
+// sink rows at f16 (4 of 256 tokens: 6% more at 4 bits), so this is a later chunk.
 TEST(Codec, Kivi4PackedRatioIsAtLeast3p5) {
   const ChunkGeometry g = geometry(30, 3, 64, 256);
   const std::vector<uint8_t> chunk = synthetic_chunk(g, 10);
   CodecConfig c = config(CodecMode::kKivi4);
+  c.pos_base = 256;
   c.entropy = false;
   const std::vector<uint8_t> blob = encode(g, chunk.data(), c);
   EXPECT_GE(kvc1_quality(g, chunk.data(), chunk.data(), blob.size()).ratio_vs_fp16, 3.5);
+}
+
+
+// Sink rows: in a chunk at position 0 the first sink_tokens rows of every quantized plane are
+// stored exactly (bit for bit, any dtype, rotated or not), minor 2; later chunks, sink_tokens 0
+// and lossless modes leave blobs as before.
+TEST(Codec, SinkRowsOfASequenceStartDecodeBitExact) {
+  for (DType dt : {DType::kF16, DType::kBF16, DType::kF32})
+    for (CodecMode m : {CodecMode::kInt8, CodecMode::kKivi4, CodecMode::kKivi2})
+      for (bool rot : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "dtype " << static_cast<int>(dt) << " mode " << static_cast<int>(m)
+                                          << " rotate " << rot);
+        const ChunkGeometry g = geometry(2, 3, 32, 40, dt);
+        const std::vector<uint8_t> chunk = synthetic_chunk(g, 11);
+        CodecConfig c = rot ? rotated(m) : config(m);
+        const std::vector<uint8_t> blob = encode(g, chunk.data(), c);
+        EXPECT_EQ(kvc1::ld16(blob.data() + kvc1::kHfVersionMinor), kvc1::kVersionMinorExact);
+        EXPECT_EQ(plane_of(blob, 0).exact_tokens, kDefaultSinkTokens);
+        EXPECT_EQ(plane_of(blob, 1).exact_tokens, kDefaultSinkTokens);
+        const std::vector<uint8_t> out = decode_ok(blob, g);
+        const size_t row = size_t{g.head_dim} * dtype_size(g.dtype);
+        size_t differing_later_rows = 0;
+        for (uint32_t l = 0; l < g.layers; ++l)
+          for (uint32_t p = 0; p < 2; ++p)
+            for (uint32_t t = 0; t < g.tokens; ++t)
+              for (uint32_t h = 0; h < g.kv_heads; ++h) {
+                const size_t at = static_cast<size_t>(chunk_offset(g, l, p, t, h, 0)) * dtype_size(g.dtype);
+                const bool same = std::memcmp(out.data() + at, chunk.data() + at, row) == 0;
+                if (t < kDefaultSinkTokens) EXPECT_TRUE(same) << "layer " << l << " plane " << p << " token " << t;
+                else differing_later_rows += !same;
+              }
+        EXPECT_GT(differing_later_rows, 0u);  // the other rows are quantized
+        c.pos_base = 40;
+        const std::vector<uint8_t> later = encode(g, chunk.data(), c);
+        EXPECT_EQ(plane_of(later, 0).exact_tokens, 0u);
+        EXPECT_LT(later.size(), blob.size());
+        c.pos_base = 0;
+        c.sink_tokens = 0;
+        const std::vector<uint8_t> off = encode(g, chunk.data(), c);
+        EXPECT_EQ(off.size(), later.size());
+        EXPECT_EQ(kvc1::ld16(off.data() + kvc1::kHfVersionMinor), rot ? kvc1::kVersionMinorTransform : 0);
+      }
+  const ChunkGeometry g = geometry(1, 2, 32, 8);
+  const std::vector<uint8_t> chunk = synthetic_chunk(g);
+  CodecConfig all = config(CodecMode::kKivi2);
+  all.sink_tokens = 100;  // more than the chunk: every row exact
+  const std::vector<uint8_t> blob = encode(g, chunk.data(), all);
+  EXPECT_EQ(plane_of(blob, 1).exact_tokens, g.tokens);
+  EXPECT_EQ(decode_ok(blob, g), chunk);
+  EXPECT_EQ(encode(g, chunk.data(), config(CodecMode::kLossless)),
+            encode(g, chunk.data(), no_sinks(CodecMode::kLossless)));
+}
+
+// Exact rows are left out of the quantizer ranges: a huge first token does not coarsen the
+// steps of the tokens that share its K group or its V row scale.
+TEST(Codec, SinkRowsStayOutOfTheQuantizerRanges) {
+  const ChunkGeometry g = geometry(1, 1, 32, 64, DType::kF32);
+  std::vector<uint8_t> chunk = synthetic_chunk(g);
+  auto* f = reinterpret_cast<float*>(chunk.data());
+  const size_t plane_elems = size_t{g.tokens} * g.head_dim;
+  for (uint32_t d = 0; d < g.head_dim; ++d) f[d] = f[plane_elems + d] = 5000.0f;  // token 0 of K and V
+  const std::vector<uint8_t> with = encode(g, chunk.data(), config(CodecMode::kKivi4));
+  const std::vector<uint8_t> without = encode(g, chunk.data(), no_sinks(CodecMode::kKivi4));
+  const std::vector<uint8_t> a = decode_ok(with, g), b = decode_ok(without, g);
+  const float* fa = reinterpret_cast<const float*>(a.data());
+  const float* fb = reinterpret_cast<const float*>(b.data());
+  double err_with = 0, err_without = 0;
+  for (size_t i = 0; i < 2 * plane_elems; ++i) {
+    if (i % plane_elems < size_t{kDefaultSinkTokens} * g.head_dim) {
+      EXPECT_EQ(fa[i], f[i]);
+      continue;
+    }
+    err_with = std::max(err_with, std::fabs(double{fa[i]} - f[i]));
+    err_without = std::max(err_without, std::fabs(double{fb[i]} - f[i]));
+  }
+  EXPECT_GT(err_without, 100.0);  // up to 5000 / 15 / 2 in token 0's K group and V rows
+  EXPECT_LT(err_with * 10, err_without);
+  EXPECT_LT(stored_scale(with, 0, 0, 4, 0, 0) * 10, stored_scale(without, 0, 0, 4, 0, 0));
+  EXPECT_EQ(stored_scale(with, 0, 1, 3, 0, 0), 0.0f);
+  EXPECT_GT(stored_scale(with, 0, 1, 4, 0, 0), 0.0f);
+}
+
+// The exact-row fields are checked like every other: a count beyond the chunk, exact rows in a
+// minor-1 blob, a non-zero scale on an exact row, NaN in an exact row, non-zero padding before
+// the rows, and a count on a lossless plane are corrupt (CRCs redone).
+TEST(Codec, BadExactRowsAreCorrupt) {
+  const ChunkGeometry g = geometry(1, 1, 32, 18);  // V's scales end 8 bytes short of 16-alignment
+  const std::vector<uint8_t> chunk = synthetic_chunk(g);
+  const std::vector<uint8_t> good = encode(g, chunk.data(), config(CodecMode::kKivi4));
+  ASSERT_EQ(decode_code(good, g), Code::kOk);
+  const kvc1::Plane k = plane_of(good, 0), v = plane_of(good, 1);
+  kvc1::Header h;
+  ASSERT_EQ(kvc1::parse_header(good.data(), good.size(), &h), kvc1::kParseOk);
+  auto expect_corrupt = [&](const char* what, auto&& edit) {
+    std::vector<uint8_t> b = good;
+    edit(b);
+    recrc(b);
+    EXPECT_EQ(decode_code(b, g), Code::kCorrupt) << what;
+  };
+  expect_corrupt("count beyond tokens", [&](std::vector<uint8_t>& b) { b[k.offset + 20] = 19; });
+  expect_corrupt("count disagrees with the params size", [&](std::vector<uint8_t>& b) { b[v.offset + 20] = 3; });
+  expect_corrupt("minor 1", [&](std::vector<uint8_t>& b) { b[kvc1::kHfVersionMinor] = 1; });
+  expect_corrupt("scale of an exact V row", [&](std::vector<uint8_t>& b) { b[v.params_off + 1] = 0x3c; });
+  const uint64_t exact = kvc1::exact_rows_offset(h, v);
+  expect_corrupt("NaN in an exact row", [&](std::vector<uint8_t>& b) {
+    b[v.params_off + exact + 2] = 0x00;
+    b[v.params_off + exact + 3] = 0x7e;
+  });
+  const uint64_t scales = 2 * kvc1::scale_array_elems(h, v) * 2;
+  ASSERT_LT(scales, exact);
+  expect_corrupt("padding", [&](std::vector<uint8_t>& b) { b[v.params_off + scales] = 1; });
+  const std::vector<uint8_t> lossless = encode(g, chunk.data(), config(CodecMode::kLossless));
+  std::vector<uint8_t> b = lossless;
+  b[plane_of(lossless, 0).offset + 20] = 1;
+  recrc(b);
+  EXPECT_EQ(decode_code(b, g), Code::kCorrupt);
 }
 
 }  // namespace

@@ -59,6 +59,13 @@ inline CodecConfig config(CodecMode mode) {
   return c;
 }
 
+// A config without sink rows: blobs of minor 0 (or 1 with rotate), as before they existed.
+inline CodecConfig no_sinks(CodecMode mode) {
+  CodecConfig c = config(mode);
+  c.sink_tokens = 0;
+  return c;
+}
+
 constexpr CodecMode kAllModes[] = {CodecMode::kRaw, CodecMode::kLossless, CodecMode::kInt8, CodecMode::kKivi4,
                                    CodecMode::kKivi2};
 

@@ -5,7 +5,8 @@
 //   DType quant_type();              dtype dequantized rows are written in
 //   void* quant_row(uint32_t t);     where the dequantized row of token t goes
 //   void commit_quant(uint32_t t);   that row is complete
-//   void* bits_row(uint32_t t);      where the exact element bits of token t go (raw, lossless)
+//   void* bits_row(uint32_t t);      where the exact element bits of token t go (raw, lossless,
+//                                    the exact rows of a quantized plane)
 //   void commit_bits(uint32_t t);
 // Inputs come from a blob that validate_layer accepted; what validation cannot see (the rANS
 // word stream, exponent deltas) is checked here and reported as kCorrupt.
@@ -79,11 +80,18 @@ Status decode_quant_head(const uint8_t* blob, const Header& h, const Plane& pl, 
   alignas(32) uint8_t tile[kTileSymbols + 32];
   alignas(32) float rot[kMaxHeadDim];  // a rotated row (kTransformHadamard)
   const uint32_t per = pl.codec == kCodecUintChannel ? 1 : pl.group;
+  const uint8_t* exact = blob + pl.params_off + exact_rows_offset(h, pl);
+  const size_t row_bytes = size_t{h.head_dim} * dtype_bytes_of(h.dtype);
   const uint32_t tt = tile_tokens(h.head_dim);
   for (uint32_t t0 = 0; t0 < h.tokens; t0 += tt) {
     const uint32_t rows = h.tokens - t0 < tt ? h.tokens - t0 : tt;
     if (!reader.read_rows(tile, rows)) return stream_corrupt();
     for (uint32_t r = 0; r < rows; ++r) {
+      if (t0 + r < pl.exact_tokens) {  // stored exactly; its codes are placeholders
+        std::memcpy(sink.bits_row(t0 + r), exact + (size_t{t0 + r} * h.kv_heads + head) * row_bytes, row_bytes);
+        sink.commit_bits(t0 + r);
+        continue;
+      }
       uint64_t s_off, z_off;
       row_scale_offsets(h, pl, t0 + r, head, &s_off, &z_off);
       const uint8_t* q = tile + size_t{r} * h.head_dim;

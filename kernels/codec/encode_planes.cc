@@ -195,6 +195,7 @@ Status write_plane_as(const ChunkGeometry& g, const void* chunk, uint32_t layer,
   pl.bits = spec.bits;
   pl.group = spec.group;
   pl.transform = spec.transform;
+  pl.exact_tokens = spec.exact_tokens;
   const size_t at = out.pos;
   if (!out.zeros(kPlaneHeaderBytes)) return no_space();
   pl.params_off = out.pos;
@@ -223,6 +224,7 @@ Status write_plane_as(const ChunkGeometry& g, const void* chunk, uint32_t layer,
   out.st32(at + 8, expected_segments(hdr, pl.codec));
   out.st32(at + 12, pl.params_bytes);
   out.st32(at + 16, static_cast<uint32_t>(out.pos - payload));
+  out.st32(at + 20, pl.exact_tokens);
   return out.pad16() ? OkStatus() : no_space();
 }
 

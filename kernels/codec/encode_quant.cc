@@ -33,6 +33,11 @@ bool store_group(float lo, float hi, uint32_t bits, uint8_t sd, uint8_t* params,
   return true;
 }
 
+void store_zero_group(uint8_t* params, uint8_t sd, uint64_t i, uint64_t per_array) {
+  store_scale(params, i, sd, 0);
+  store_scale(params, per_array + i, sd, 0);
+}
+
 // K: per (head, token group, channel). False if a value does not fit the scale dtype.
 bool write_channel_scales(const Source& src, const Plane& pl, uint8_t sd, EncodeScratch& sc, uint8_t* params,
                           bool* non_finite) {
@@ -43,7 +48,12 @@ bool write_channel_scales(const Source& src, const Plane& pl, uint8_t sd, Encode
     for (uint32_t gi = 0; gi < ng; ++gi) {
       for (uint32_t d = 0; d < g.head_dim; ++d) sc.lo[d] = INFINITY, sc.hi[d] = -INFINITY;
       const uint32_t t1 = (gi + 1) * pl.group < g.tokens ? (gi + 1) * pl.group : g.tokens;
-      for (uint32_t t = gi * pl.group; t < t1; ++t) {
+      const uint32_t t0 = gi * pl.group > pl.exact_tokens ? gi * pl.group : pl.exact_tokens;
+      if (t0 >= t1) {  // every token of the group is exact: S = Z = 0
+        for (uint32_t d = 0; d < g.head_dim; ++d) store_zero_group(params, sd, (uint64_t{h} * ng + gi) * g.head_dim + d, per_array);
+        continue;
+      }
+      for (uint32_t t = t0; t < t1; ++t) {
         if (!src.row_f32(t, h, sc.row)) *non_finite = true;
         for (uint32_t d = 0; d < g.head_dim; ++d) {
           sc.lo[d] = sc.row[d] < sc.lo[d] ? sc.row[d] : sc.lo[d];
@@ -67,6 +77,10 @@ bool write_token_scales(const Source& src, const Plane& pl, uint8_t sd, EncodeSc
   const uint64_t per_array = uint64_t{g.tokens} * g.kv_heads * ng;
   for (uint32_t t = 0; t < g.tokens; ++t) {
     for (uint32_t h = 0; h < g.kv_heads; ++h) {
+      if (t < pl.exact_tokens) {  // stored exactly: S = Z = 0
+        for (uint32_t gi = 0; gi < ng; ++gi) store_zero_group(params, sd, (uint64_t{t} * g.kv_heads + h) * ng + gi, per_array);
+        continue;
+      }
       if (!src.row_f32(t, h, sc.row)) {
         *non_finite = true;
         return true;
@@ -85,11 +99,15 @@ bool write_token_scales(const Source& src, const Plane& pl, uint8_t sd, EncodeSc
   return true;
 }
 
-uint64_t scale_array_bytes(const Header& hdr, const Plane& pl, uint8_t sd) {
-  const uint64_t ng = scale_groups(hdr, pl);
-  const uint64_t per_array = pl.codec == kCodecUintChannel ? uint64_t{hdr.kv_heads} * ng * hdr.head_dim
-                                                           : uint64_t{hdr.tokens} * hdr.kv_heads * ng;
-  return 2 * per_array * scale_bytes(sd);
+// The exact rows of a plane, E[t][h][d] for t < exact_tokens, in the chunk dtype.
+void write_exact_rows(const Source& src, uint32_t exact_tokens, uint8_t* at) {
+  const ChunkGeometry& g = src.g;
+  const size_t row = size_t{g.head_dim} * dtype_size(g.dtype);
+  for (uint32_t t = 0; t < exact_tokens; ++t)
+    for (uint32_t h = 0; h < g.kv_heads; ++h) {
+      std::memcpy(at, static_cast<const uint8_t*>(src.chunk) + src.index(t, h, 0) * dtype_size(g.dtype), row);
+      at += row;
+    }
 }
 
 // The stored S and Z of row (t, head), widened to f32, one per channel.
@@ -126,14 +144,21 @@ Status write_quant_params(const Source& src, const Header& hdr, Plane& pl, const
   for (uint8_t sd : {kScaleF16, kScaleF32}) {
     if (sd == kScaleF16 && plan.f32_scales) continue;
     pl.scale_dtype = sd;
-    const uint64_t bytes = scale_array_bytes(hdr, pl, sd);
+    const uint64_t exact_off = exact_rows_offset(hdr, pl);
+    const uint64_t bytes =
+        pl.exact_tokens ? exact_off + uint64_t{pl.exact_tokens} * hdr.kv_heads * hdr.head_dim * dtype_size(src.g.dtype)
+                        : 2 * scale_array_elems(hdr, pl) * scale_bytes(sd);
     out.pos = at;
     if (!out.reserve(bytes)) return no_space();
+    std::memset(out.data + at, 0, bytes);  // S and Z of exact rows, the padding before the exact rows
     bool non_finite = false;
     const bool fits = pl.codec == kCodecUintChannel
                           ? write_channel_scales(src, pl, sd, sc, out.data + at, &non_finite)
                           : write_token_scales(src, pl, sd, sc, out.data + at, &non_finite);
+    for (uint32_t t = 0; t < pl.exact_tokens && !non_finite; ++t)
+      for (uint32_t h = 0; h < hdr.kv_heads; ++h) non_finite |= !src.row_f32(t, h, sc.row);
     if (non_finite) return Status(Code::kInvalidArgument, "NaN or Inf in a chunk to quantize");
+    if (pl.exact_tokens) write_exact_rows(src, pl.exact_tokens, out.data + at + exact_off);
     if (fits) {
       pl.params_bytes = static_cast<uint32_t>(bytes);
       out.pos = at + bytes;
@@ -147,11 +172,17 @@ void quantize_head(const Source& src, const Header& hdr, const Plane& pl, const 
                    EncodeScratch& sc) noexcept {
   const uint32_t qmax = (1u << pl.bits) - 1;
   for (uint32_t t = 0; t < hdr.tokens; ++t) {
+    uint8_t* codes = sc.symbols + size_t{t} * hdr.head_dim;
+    if (t < pl.exact_tokens) {  // the decoder takes these rows from the exact rows
+      std::memset(codes, 0, hdr.head_dim);
+      continue;
+    }
     // Per-channel scales change once per token group; per-token ones every row.
-    if (pl.codec != kCodecUintChannel || t % pl.group == 0) row_scales(hdr, pl, params, t, head, sc.lo, sc.hi);
+    if (pl.codec != kCodecUintChannel || t % pl.group == 0 || t == pl.exact_tokens)
+      row_scales(hdr, pl, params, t, head, sc.lo, sc.hi);
     (void)src.row_f32(t, head, sc.row);  // finiteness was checked with the scales
     if (pl.transform == kTransformHadamard) hadamard_row(sc.row, hdr.head_dim, 1.0f);
-    quantize_row(sc.row, sc.lo, sc.hi, hdr.head_dim, qmax, sc.symbols + size_t{t} * hdr.head_dim);
+    quantize_row(sc.row, sc.lo, sc.hi, hdr.head_dim, qmax, codes);
   }
 }
 

@@ -22,10 +22,12 @@ namespace kdn::kernels::kvc1 {
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "KVC1 code assumes a little-endian host");
 
 constexpr uint16_t kVersionMajor = 1;
-// Minor 1 adds the plane transform byte (kTransformHadamard). An encoder writes minor 1 only
-// when a plane uses a transform, so every other blob stays readable by minor-0 decoders.
+// Minor 1 adds the plane transform byte (kTransformHadamard), minor 2 the exact leading tokens
+// of a quantized plane (Plane::exact_tokens). An encoder writes the lowest minor that describes
+// the blob, so every other blob stays readable by older decoders.
 constexpr uint16_t kVersionMinor = 0;
 constexpr uint16_t kVersionMinorTransform = 1;
+constexpr uint16_t kVersionMinorExact = 2;
 constexpr uint32_t kHeaderBytes = 128;
 constexpr uint32_t kHeaderCrcOffset = 124;
 constexpr uint32_t kLayerEntryBytes = 32;
@@ -183,6 +185,7 @@ struct Plane {
   uint64_t end;          // blob offset just past the payload
   uint8_t codec, bits, scale_dtype, transform;
   uint32_t group, n_segments, params_bytes, payload_bytes;
+  uint32_t exact_tokens;  // quantized planes: leading tokens stored exactly after S and Z
 };
 
 // Parses the plane header at `off`, which must lie inside [off, limit).
@@ -198,7 +201,8 @@ KDN_HD_INLINE uint32_t parse_plane(const uint8_t* blob, uint64_t off, uint64_t l
   pl->n_segments = ld32(p + 8);
   pl->params_bytes = ld32(p + 12);
   pl->payload_bytes = ld32(p + 16);
-  if (ld32(p + 20) != 0 || ld64(p + 24) != 0) return kParseCorrupt;
+  pl->exact_tokens = ld32(p + 20);
+  if (ld64(p + 24) != 0) return kParseCorrupt;
   pl->params_off = off + kPlaneHeaderBytes;
   pl->payload_off = pl->params_off + align16(pl->params_bytes);
   pl->end = pl->payload_off + pl->payload_bytes;
@@ -206,6 +210,8 @@ KDN_HD_INLINE uint32_t parse_plane(const uint8_t* blob, uint64_t off, uint64_t l
   if (pl->codec > kCodecUintToken) return kParseCorrupt;
   // Only per-token quantized rows are transformed (the transform mixes a row's channels).
   if (pl->transform > kTransformHadamard || (pl->transform && pl->codec != kCodecUintToken)) return kParseCorrupt;
+  // Only quantized planes have rows that could be anything but exact.
+  if (pl->exact_tokens && pl->codec != kCodecUintChannel && pl->codec != kCodecUintToken) return kParseCorrupt;
   return kParseOk;
 }
 
@@ -353,6 +359,18 @@ KDN_HD_INLINE void row_scale_offsets(const Header& h, const Plane& pl, uint32_t 
     *s_off = ((uint64_t{t} * h.kv_heads + head) * ng) * sb;
     *z_off = *s_off + per_array * sb;
   }
+}
+
+// Elements in each of the S and Z arrays of a uint plane (group validated first).
+KDN_HD_INLINE uint64_t scale_array_elems(const Header& h, const Plane& pl) {
+  const uint64_t ng = scale_groups(h, pl);
+  return pl.codec == kCodecUintChannel ? uint64_t{h.kv_heads} * ng * h.head_dim : uint64_t{h.tokens} * h.kv_heads * ng;
+}
+
+// Byte offset (from params_off) of the exact rows E[exact_tokens][kv_heads][head_dim], stored in
+// the chunk dtype after S and Z at the next 16-byte boundary.
+KDN_HD_INLINE uint64_t exact_rows_offset(const Header& h, const Plane& pl) {
+  return align16(2 * scale_array_elems(h, pl) * (pl.scale_dtype == kScaleF16 ? 2u : 4u));
 }
 
 // ---- lossless byte-plane transform ---------------------------------------------------------------

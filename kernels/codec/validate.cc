@@ -72,6 +72,39 @@ Status check_scales(const uint8_t* blob, const Plane& pl, uint64_t per_array) {
   return OkStatus();
 }
 
+// Rows stored exactly have S = Z = 0 (bits zero): per token-head row for UINT_TOK, per token
+// group lying wholly inside the exact rows for UINT_CHAN.
+Status check_exact_scales_zero(const uint8_t* blob, const Header& h, const Plane& pl, uint64_t per_array) {
+  const uint64_t sb = scale_bytes(pl.scale_dtype);
+  const uint8_t* s = blob + pl.params_off;
+  auto zero_at = [&](uint64_t i) {
+    for (uint64_t b = 0; b < sb; ++b)
+      if (s[i * sb + b] != 0 || s[(per_array + i) * sb + b] != 0) return false;
+    return true;
+  };
+  const uint64_t ng = scale_groups(h, pl);
+  if (pl.codec == kCodecUintToken) {
+    for (uint64_t i = 0; i < uint64_t{pl.exact_tokens} * h.kv_heads * ng; ++i)
+      if (!zero_at(i)) return corrupt("KVC1 exact row has a non-zero scale");
+    return OkStatus();
+  }
+  for (uint32_t head = 0; head < h.kv_heads; ++head)
+    for (uint64_t gi = 0; gi < ng && (gi + 1) * pl.group <= pl.exact_tokens; ++gi)
+      for (uint32_t d = 0; d < h.head_dim; ++d)
+        if (!zero_at((head * ng + gi) * h.head_dim + d)) return corrupt("KVC1 exact token group has a non-zero scale");
+  return OkStatus();
+}
+
+// Quantized planes decode to finite values, their exact rows included.
+Status check_exact_values(const uint8_t* e, uint64_t elems, uint32_t dtype) {
+  const ExponentField f = exponent_field(dtype);
+  for (uint64_t i = 0; i < elems; ++i) {
+    const uint32_t u = f.width == 32 ? ld32(e + 4 * i) : ld16(e + 2 * i);
+    if (((rotate_sign_down(u, f.width) >> f.shift) & f.mask) == f.mask) return corrupt("KVC1 exact row holds NaN or Inf");
+  }
+  return OkStatus();
+}
+
 Status check_exponent_refs(const uint8_t* blob, const Header& h, const Plane& pl) {
   const uint32_t mask = exponent_field(h.dtype).mask;
   for (uint32_t i = 0; i < pl.params_bytes; ++i)
@@ -102,11 +135,22 @@ Status check_plane_params(const uint8_t* blob, const Header& h, const Plane& pl)
     return corrupt("KVC1 channel group does not divide head_dim");
   if (pl.transform != kTransformNone && (h.version_minor < kVersionMinorTransform || !std::has_single_bit(h.head_dim)))
     return corrupt("KVC1 Hadamard plane in a minor-0 blob or with a head_dim that is not a power of two");
-  const uint64_t per_array = pl.codec == kCodecUintChannel
-                                 ? uint64_t{h.kv_heads} * scale_groups(h, pl) * h.head_dim
-                                 : uint64_t{h.tokens} * h.kv_heads * scale_groups(h, pl);
-  if (pl.params_bytes != 2 * per_array * scale_bytes(pl.scale_dtype)) return corrupt("KVC1 scale array size");
-  return check_scales(blob, pl, per_array);
+  const uint64_t per_array = scale_array_elems(h, pl);
+  const uint64_t scale_bytes_total = 2 * per_array * scale_bytes(pl.scale_dtype);
+  if (pl.exact_tokens == 0) {
+    if (pl.params_bytes != scale_bytes_total) return corrupt("KVC1 scale array size");
+    return check_scales(blob, pl, per_array);
+  }
+  if (h.version_minor < kVersionMinorExact || pl.exact_tokens > h.tokens)
+    return corrupt("KVC1 exact rows in a blob of minor < 2 or beyond the chunk's tokens");
+  const uint64_t exact_off = exact_rows_offset(h, pl);
+  const uint64_t exact_elems = uint64_t{pl.exact_tokens} * h.kv_heads * h.head_dim;
+  if (pl.params_bytes != exact_off + exact_elems * dtype_bytes_of(h.dtype)) return corrupt("KVC1 exact rows size");
+  for (uint64_t i = scale_bytes_total; i < exact_off; ++i)
+    if (blob[pl.params_off + i] != 0) return corrupt("KVC1 padding before the exact rows is not zero");
+  KDN_RETURN_IF_ERROR(check_scales(blob, pl, per_array));
+  KDN_RETURN_IF_ERROR(check_exact_scales_zero(blob, h, pl, per_array));
+  return check_exact_values(blob + pl.params_off + exact_off, exact_elems, h.dtype);
 }
 
 }  // namespace

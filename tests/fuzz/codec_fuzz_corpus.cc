@@ -68,6 +68,7 @@ int main(int argc, char** argv) {
         c.entropy = variant != 1;
         c.token_delta = variant != 2;
         c.rotate = variant == 3;
+        c.pos_base = variant == 2 ? 512 : 0;  // quantized chunks at position 0 carry exact sink rows
         c.block_tokens = 16;
         const std::string path = dir + "/" + codec_mode_name(m) + "-" + std::to_string(s.layers) + "x" +
                                  std::to_string(s.heads) + "x" + std::to_string(s.dim) + "x" +

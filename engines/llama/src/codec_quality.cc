@@ -51,9 +51,11 @@ Status codec_round_trip(const Engine& e, std::span<const std::span<const uint8_t
   std::vector<uint8_t> blob(cap), scratch(std::max<size_t>(scratch_bytes, 1));
   uint64_t raw_bytes = 0, encoded_bytes = 0;
   report.cosine_min = 1.0;
+  kernels::CodecConfig chunk_config = config;
   for (size_t c = 0; c < exact.size(); ++c) {
     size_t written = 0;
-    KDN_RETURN_IF_ERROR(kernels::kvc1_encode(geo, info->fingerprint, exact[c].data(), config, blob.data(), cap,
+    chunk_config.pos_base = static_cast<int64_t>(c) * geo.tokens;  // the chunks are the context in order
+    KDN_RETURN_IF_ERROR(kernels::kvc1_encode(geo, info->fingerprint, exact[c].data(), chunk_config, blob.data(), cap,
                                              &written, scratch.data(), scratch.size()));
     decoded[c].resize(exact[c].size());
     KDN_RETURN_IF_ERROR(kernels::kvc1_decode(blob.data(), written, geo, info->fingerprint, decoded[c].data(),
@@ -122,8 +124,8 @@ Result<CodecQualityReport> measure_codec_quality(Engine& engine,
   Scores base, lossy, control;
   KDN_RETURN_IF_ERROR(score(engine, exact, eval, context, base));
   KDN_RETURN_IF_ERROR(score(engine, spans_of(decoded), eval, context, lossy));
-  decoded = flip_last_bits(exact, g.elem_bytes());
-  KDN_RETURN_IF_ERROR(score(engine, spans_of(decoded), eval, context, control));
+  const std::vector<std::vector<uint8_t>> flipped = flip_last_bits(exact, g.elem_bytes());
+  KDN_RETURN_IF_ERROR(score(engine, spans_of(flipped), eval, context, control));
   report.top1_agreement = agreement(base, lossy);
   report.ppl_exact = perplexity(base);
   report.ppl_codec = perplexity(lossy);

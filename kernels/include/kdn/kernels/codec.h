@@ -59,7 +59,10 @@ const char* codec_mode_name(CodecMode mode) noexcept;
 // The geometry of a full chunk of `model` (tokens = chunk_tokens).
 ChunkGeometry kvc1_geometry(const ModelInfo& model) noexcept;
 
-// Encoder settings. Zero means "the mode's default" for every numeric field.
+constexpr uint32_t kDefaultSinkTokens = 4;
+
+// Encoder settings. Zero means "the mode's default" for every numeric field except
+// sink_tokens, pos_base and the per-layer arrays.
 struct CodecConfig {
   CodecMode mode = CodecMode::kKivi4;
   // Bit widths (1..8) of K and V codes for quantized modes; defaults: int8 8, kivi4 4,
@@ -89,6 +92,13 @@ struct CodecConfig {
   // Store quantizer scales and zero points as fp32 instead of fp16 (fp16 planes switch to
   // fp32 by themselves when a value does not fit fp16).
   bool f32_scales = false;
+  // Quantized modes: in a chunk that starts its sequence (pos_base 0), the first sink_tokens
+  // tokens are stored exactly instead of quantized, and left out of the quantizer ranges. Most
+  // attention heads put much of their weight on a sequence's first tokens (attention sinks),
+  // so their K and V errors reach every later token; keeping them costs sink_tokens rows at the
+  // chunk's dtype in that one chunk (every row of a shorter chunk). 0 turns it off; raw and
+  // lossless chunks are exact anyway.
+  uint32_t sink_tokens = kDefaultSinkTokens;
   // Absolute position of token 0, recorded for RoPE re-positioning at decode time.
   int64_t pos_base = 0;
   // Optional chunk key recorded in the header (zero when the index holds it).
