@@ -33,12 +33,8 @@ bool store_group(float lo, float hi, uint32_t bits, uint8_t sd, uint8_t* params,
   return true;
 }
 
-void store_zero_group(uint8_t* params, uint8_t sd, uint64_t i, uint64_t per_array) {
-  store_scale(params, i, sd, 0);
-  store_scale(params, per_array + i, sd, 0);
-}
-
-// K: per (head, token group, channel). False if a value does not fit the scale dtype.
+// K: per (head, token group, channel). False if a value does not fit the scale dtype. `params`
+// arrives zeroed: groups of exact tokens only keep S = Z = 0.
 bool write_channel_scales(const Source& src, const Plane& pl, uint8_t sd, EncodeScratch& sc, uint8_t* params,
                           bool* non_finite) {
   const ChunkGeometry& g = src.g;
@@ -49,10 +45,7 @@ bool write_channel_scales(const Source& src, const Plane& pl, uint8_t sd, Encode
       for (uint32_t d = 0; d < g.head_dim; ++d) sc.lo[d] = INFINITY, sc.hi[d] = -INFINITY;
       const uint32_t t1 = (gi + 1) * pl.group < g.tokens ? (gi + 1) * pl.group : g.tokens;
       const uint32_t t0 = gi * pl.group > pl.exact_tokens ? gi * pl.group : pl.exact_tokens;
-      if (t0 >= t1) {  // every token of the group is exact: S = Z = 0
-        for (uint32_t d = 0; d < g.head_dim; ++d) store_zero_group(params, sd, (uint64_t{h} * ng + gi) * g.head_dim + d, per_array);
-        continue;
-      }
+      if (t0 >= t1) continue;  // every token of the group is exact: S = Z = 0
       for (uint32_t t = t0; t < t1; ++t) {
         if (!src.row_f32(t, h, sc.row)) *non_finite = true;
         for (uint32_t d = 0; d < g.head_dim; ++d) {
@@ -69,7 +62,8 @@ bool write_channel_scales(const Source& src, const Plane& pl, uint8_t sd, Encode
   return true;
 }
 
-// V (and int8 K): per (token, head, channel group).
+// V (and int8 K): per (token, head, channel group). `params` arrives zeroed: exact rows keep
+// S = Z = 0.
 bool write_token_scales(const Source& src, const Plane& pl, uint8_t sd, EncodeScratch& sc, uint8_t* params,
                         bool* non_finite) {
   const ChunkGeometry& g = src.g;
@@ -77,10 +71,7 @@ bool write_token_scales(const Source& src, const Plane& pl, uint8_t sd, EncodeSc
   const uint64_t per_array = uint64_t{g.tokens} * g.kv_heads * ng;
   for (uint32_t t = 0; t < g.tokens; ++t) {
     for (uint32_t h = 0; h < g.kv_heads; ++h) {
-      if (t < pl.exact_tokens) {  // stored exactly: S = Z = 0
-        for (uint32_t gi = 0; gi < ng; ++gi) store_zero_group(params, sd, (uint64_t{t} * g.kv_heads + h) * ng + gi, per_array);
-        continue;
-      }
+      if (t < pl.exact_tokens) continue;  // stored exactly: S = Z = 0
       if (!src.row_f32(t, h, sc.row)) {
         *non_finite = true;
         return true;
@@ -144,10 +135,7 @@ Status write_quant_params(const Source& src, const Header& hdr, Plane& pl, const
   for (uint8_t sd : {kScaleF16, kScaleF32}) {
     if (sd == kScaleF16 && plan.f32_scales) continue;
     pl.scale_dtype = sd;
-    const uint64_t exact_off = exact_rows_offset(hdr, pl);
-    const uint64_t bytes =
-        pl.exact_tokens ? exact_off + uint64_t{pl.exact_tokens} * hdr.kv_heads * hdr.head_dim * dtype_size(src.g.dtype)
-                        : 2 * scale_array_elems(hdr, pl) * scale_bytes(sd);
+    const uint64_t bytes = quant_params_bytes(hdr, pl);
     out.pos = at;
     if (!out.reserve(bytes)) return no_space();
     std::memset(out.data + at, 0, bytes);  // S and Z of exact rows, the padding before the exact rows
@@ -158,7 +146,7 @@ Status write_quant_params(const Source& src, const Header& hdr, Plane& pl, const
     for (uint32_t t = 0; t < pl.exact_tokens && !non_finite; ++t)
       for (uint32_t h = 0; h < hdr.kv_heads; ++h) non_finite |= !src.row_f32(t, h, sc.row);
     if (non_finite) return Status(Code::kInvalidArgument, "NaN or Inf in a chunk to quantize");
-    if (pl.exact_tokens) write_exact_rows(src, pl.exact_tokens, out.data + at + exact_off);
+    if (pl.exact_tokens) write_exact_rows(src, pl.exact_tokens, out.data + at + exact_rows_offset(hdr, pl));
     if (fits) {
       pl.params_bytes = static_cast<uint32_t>(bytes);
       out.pos = at + bytes;

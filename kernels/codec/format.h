@@ -344,11 +344,13 @@ KDN_HD_INLINE uint32_t scale_groups(const Header& h, const Plane& pl) {
   return 0;
 }
 
+KDN_HD_INLINE uint32_t scale_bytes(uint8_t scale_dtype) { return scale_dtype == kScaleF16 ? 2u : 4u; }
+
 // Byte offsets (from params_off) of the S and Z values of the first channel of a row (t, head).
 // uint_chan stores S[head][group][d] then Z likewise; uint_tok stores S[t][head][group] then Z.
 KDN_HD_INLINE void row_scale_offsets(const Header& h, const Plane& pl, uint32_t t, uint32_t head,
                                      uint64_t* s_off, uint64_t* z_off) {
-  const uint64_t sb = pl.scale_dtype == kScaleF16 ? 2 : 4;
+  const uint64_t sb = scale_bytes(pl.scale_dtype);
   const uint64_t ng = scale_groups(h, pl);
   if (pl.codec == kCodecUintChannel) {
     const uint64_t per_array = uint64_t{h.kv_heads} * ng * h.head_dim;
@@ -370,7 +372,13 @@ KDN_HD_INLINE uint64_t scale_array_elems(const Header& h, const Plane& pl) {
 // Byte offset (from params_off) of the exact rows E[exact_tokens][kv_heads][head_dim], stored in
 // the chunk dtype after S and Z at the next 16-byte boundary.
 KDN_HD_INLINE uint64_t exact_rows_offset(const Header& h, const Plane& pl) {
-  return align16(2 * scale_array_elems(h, pl) * (pl.scale_dtype == kScaleF16 ? 2u : 4u));
+  return align16(2 * scale_array_elems(h, pl) * scale_bytes(pl.scale_dtype));
+}
+
+// params_bytes of a uint plane: S and Z, then (exact_tokens > 0) the padding and exact rows.
+KDN_HD_INLINE uint64_t quant_params_bytes(const Header& h, const Plane& pl) {
+  if (pl.exact_tokens == 0) return 2 * scale_array_elems(h, pl) * scale_bytes(pl.scale_dtype);
+  return exact_rows_offset(h, pl) + uint64_t{pl.exact_tokens} * h.kv_heads * h.head_dim * dtype_bytes_of(h.dtype);
 }
 
 // ---- lossless byte-plane transform ---------------------------------------------------------------

@@ -74,8 +74,6 @@ KDN_HD_INLINE float load_scale(const uint8_t* params, uint64_t index, uint8_t sc
   return bits_as<float>(ld32(params + 4 * index));
 }
 
-KDN_HD_INLINE uint32_t scale_bytes(uint8_t scale_dtype) { return scale_dtype == kScaleF16 ? 2u : 4u; }
-
 // ---- encoder-side scale rules (host) -----------------------------------------------------------
 
 // Largest binary16 value <= v (may be -inf), and smallest >= v (may be +inf).

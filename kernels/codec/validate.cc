@@ -136,17 +136,16 @@ Status check_plane_params(const uint8_t* blob, const Header& h, const Plane& pl)
   if (pl.transform != kTransformNone && (h.version_minor < kVersionMinorTransform || !std::has_single_bit(h.head_dim)))
     return corrupt("KVC1 Hadamard plane in a minor-0 blob or with a head_dim that is not a power of two");
   const uint64_t per_array = scale_array_elems(h, pl);
-  const uint64_t scale_bytes_total = 2 * per_array * scale_bytes(pl.scale_dtype);
   if (pl.exact_tokens == 0) {
-    if (pl.params_bytes != scale_bytes_total) return corrupt("KVC1 scale array size");
+    if (pl.params_bytes != quant_params_bytes(h, pl)) return corrupt("KVC1 scale array size");
     return check_scales(blob, pl, per_array);
   }
   if (h.version_minor < kVersionMinorExact || pl.exact_tokens > h.tokens)
     return corrupt("KVC1 exact rows in a blob of minor < 2 or beyond the chunk's tokens");
+  if (pl.params_bytes != quant_params_bytes(h, pl)) return corrupt("KVC1 exact rows size");
   const uint64_t exact_off = exact_rows_offset(h, pl);
   const uint64_t exact_elems = uint64_t{pl.exact_tokens} * h.kv_heads * h.head_dim;
-  if (pl.params_bytes != exact_off + exact_elems * dtype_bytes_of(h.dtype)) return corrupt("KVC1 exact rows size");
-  for (uint64_t i = scale_bytes_total; i < exact_off; ++i)
+  for (uint64_t i = 2 * per_array * scale_bytes(pl.scale_dtype); i < exact_off; ++i)
     if (blob[pl.params_off + i] != 0) return corrupt("KVC1 padding before the exact rows is not zero");
   KDN_RETURN_IF_ERROR(check_scales(blob, pl, per_array));
   KDN_RETURN_IF_ERROR(check_exact_scales_zero(blob, h, pl, per_array));
