@@ -7,8 +7,11 @@
 //                        save/restore, llama_state_seq_save_file by A of the same prefix and
 //                        llama_state_seq_load_file by B (median), then the same suffix prefill;
 //   tokens_identical     B's greedy tokens (hit) equal A's (miss), and the slot restore's too;
-//   codec.*              KVC1 (kivi4, or --codec MODE) on the same prefix: top-1 next-token agreement
-//                        and perplexity delta over the document's next tokens vs exact KV.
+//   codec.*              KVC1 (kivi4, or --codec MODE) on the same prefix: top-1 next-token agreement,
+//                        perplexity delta and KL over the document's next tokens vs exact KV, with
+//                        uniform widths and (codec.calibrated.*) with per-layer widths of the same
+//                        mean calibrated first on another part of the text, on the model's f16
+//                        weights (calibrate_codec_bits).
 // Every figure comes from this run; the miss prefill is the baseline the speedup divides.
 #include "commands.h"
 #include "kdnd_process.h"
@@ -60,7 +63,17 @@ struct Options {
   bool rotate = false;            // Hadamard-rotated rows (CodecConfig::rotate)
   uint32_t sink_tokens = kdn::kernels::kDefaultSinkTokens;  // exact leading rows of the first chunk
   bool f16_weights = false;
+  bool calibrate = true;               // per-layer widths from calibrate_codec_bits (quantized modes)
+  std::vector<std::string> calib_docs;  // empty: the document's last tokens
+  uint32_t calib_chunks = 4;
+  uint32_t calib_eval_tokens = 256;
   bool json = false;
+};
+
+// What the calibration child found; empty widths when it did not run.
+struct Calibration {
+  std::vector<uint8_t> k_bits, v_bits;
+  Json report;
 };
 
 // Every license text Debian installs (base-files): a long real document on any machine.
@@ -102,6 +115,7 @@ Json failure(const std::string& what, const kdn::Status& st) {
 struct Side {
   const Options& o;
   const std::string& doc;
+  const Calibration& cal;
   uint32_t size;
   std::string socket, name_space, slot_path;
 
@@ -187,6 +201,81 @@ kdn::Result<SlotRun> slot_restore(Engine& e, const Side& s, const std::vector<in
   return run;
 }
 
+// The codec settings the options name (uniform widths unless --layer-*-bits).
+kdn::kernels::CodecConfig codec_config(const Options& o) {
+  kdn::kernels::CodecConfig cfg;
+  cfg.mode = o.codec;
+  cfg.k_group_tokens = o.k_group_tokens;
+  cfg.k_bits = static_cast<uint8_t>(o.k_bits);
+  cfg.v_bits = static_cast<uint8_t>(o.v_bits);
+  if (!o.layer_k_bits.empty()) cfg.layer_k_bits = o.layer_k_bits.data();
+  if (!o.layer_v_bits.empty()) cfg.layer_v_bits = o.layer_v_bits.data();
+  cfg.v_group_channels = o.v_group_channels;
+  cfg.rotate = o.rotate;
+  cfg.sink_tokens = o.sink_tokens;
+  return cfg;
+}
+
+Json quality_json(const kdn::llama::CodecQualityReport& q) {
+  return Json{{"top1_agreement", q.top1_agreement},
+              {"agreeing_positions", static_cast<uint32_t>(q.top1_agreement * q.eval_tokens + 0.5)},
+              {"eval_tokens", q.eval_tokens},
+              {"ppl_exact", q.ppl_exact},
+              {"ppl_codec", q.ppl_codec},
+              {"ppl_delta_pct", q.ppl_delta_pct},
+              {"kl", q.kl},
+              {"ratio_vs_fp16", q.ratio_vs_fp16},
+              {"rel_frobenius_error", q.rel_frobenius_error},
+              {"cosine_min", q.cosine_min},
+              {"floor_top1_agreement", q.floor_top1_agreement},
+              {"floor_agreeing_positions", static_cast<uint32_t>(q.floor_top1_agreement * q.eval_tokens + 0.5)},
+              {"floor_ppl_delta_pct", q.floor_ppl_delta_pct},
+              {"floor_kl", q.floor_kl}};
+}
+
+// Calibration child: per-layer widths for the options' codec, measured on `tokens` (another part
+// of the text than the one scored later) with the model's f16 weights.
+Json run_calibration(const Options& o, const std::string& f16_model, const std::string& text, bool from_tail) {
+  kdn::llama::EngineOptions eo;
+  eo.model_path = f16_model;
+  eo.n_threads = o.threads;
+  const uint32_t need = o.calib_chunks * eo.chunk_tokens + o.calib_eval_tokens;
+  eo.n_ctx = need + 256;
+  auto e = Engine::open(eo);
+  if (!e.ok()) return failure("calibration engine", e.status());
+  auto tokens = e.value()->tokenize(text, false, false);
+  if (!tokens.ok()) return failure("calibration tokens", tokens.status());
+  const std::vector<int32_t>& t = tokens.value();
+  // From the document's tail: far enough from the scored prefix that the two never overlap.
+  const uint64_t scored_end = uint64_t{*std::max_element(o.sizes.begin(), o.sizes.end())} + o.eval_tokens + 512;
+  if (t.size() < need || (from_tail && t.size() < scored_end + need))
+    return Json{{"error", "calibration: the text is too short for " + std::to_string(need) +
+                              " tokens apart from the scored part (give --calib-doc)"}};
+  const std::span<const int32_t> part = std::span(t).subspan(from_tail ? t.size() - need : 0, need);
+  kdn::llama::CalibrationOptions co;
+  co.context_chunks = o.calib_chunks;
+  co.eval_tokens = o.calib_eval_tokens;
+  co.progress = [](uint32_t done, uint32_t total) {
+    if (done % 10 == 0 || done == total) std::fprintf(stderr, "llama bench: calibration: %u/%u runs\n", done, total);
+  };
+  const uint64_t t0 = kdn::now_ns();
+  auto cal = kdn::llama::calibrate_codec_bits(*e.value(), part, codec_config(o), co);
+  if (!cal.ok()) return failure("calibration", cal.status());
+  return Json{{"model", f16_model.substr(f16_model.find_last_of('/') + 1)},
+              {"text", from_tail ? "the document's last tokens" : "--calib-doc"},
+              {"context_tokens", cal->context_tokens},
+              {"eval_tokens", cal->eval_tokens},
+              {"probe_bits", cal->probe_bits},
+              {"k_bits", cal->k_bits},
+              {"v_bits", cal->v_bits},
+              {"mean_bits", cal->mean_bits},
+              {"k_sensitivity", cal->k_sensitivity},
+              {"v_sensitivity", cal->v_sensitivity},
+              {"modelled_kl_uniform", cal->modelled_kl_uniform},
+              {"modelled_kl_allocated", cal->modelled_kl_allocated},
+              {"seconds", static_cast<double>(kdn::now_ns() - t0) * 1e-9}};
+}
+
 // The KVC1 4-bit codec on the prefix A stored: exact chunks leased from kdnd, the document's
 // next eval_tokens tokens scored on top of them and of their decoded copies.
 Json codec_quality(Engine& e, kdn::llama::ChunkStore& store, const Side& s) {
@@ -198,37 +287,24 @@ Json codec_quality(Engine& e, kdn::llama::ChunkStore& store, const Side& s) {
   if ((*lease)->chunks() != chunks) return Json{{"error", "codec: prefix not in kdnd"}};
   std::vector<std::span<const uint8_t>> exact;
   for (uint32_t i = 0; i < chunks; ++i) exact.push_back((*lease)->chunk(i));
-  kdn::kernels::CodecConfig cfg;
-  cfg.mode = s.o.codec;
-  cfg.k_group_tokens = s.o.k_group_tokens;
-  cfg.k_bits = static_cast<uint8_t>(s.o.k_bits);
-  cfg.v_bits = static_cast<uint8_t>(s.o.v_bits);
   const uint32_t layers = e.identity().geometry.n_layer;
-  for (const auto* bits : {&s.o.layer_k_bits, &s.o.layer_v_bits})
+  for (const auto* bits : {&s.o.layer_k_bits, &s.o.layer_v_bits, &s.cal.k_bits, &s.cal.v_bits})
     if (!bits->empty() && bits->size() != layers)
-      return Json{{"error", "codec: --layer-k-bits and --layer-v-bits take one width per layer (" + std::to_string(layers) + ")"}};
-  if (!s.o.layer_k_bits.empty()) cfg.layer_k_bits = s.o.layer_k_bits.data();
-  if (!s.o.layer_v_bits.empty()) cfg.layer_v_bits = s.o.layer_v_bits.data();
-  cfg.v_group_channels = s.o.v_group_channels;
-  cfg.rotate = s.o.rotate;
-  cfg.sink_tokens = s.o.sink_tokens;
-  auto q = kdn::llama::measure_codec_quality(e, exact, std::span(ext.value()).subspan(s.size, s.o.eval_tokens), cfg);
+      return Json{{"error", "codec: per-layer widths need one width per layer (" + std::to_string(layers) + ")"}};
+  std::vector<kdn::kernels::CodecConfig> configs = {codec_config(s.o)};
+  if (!s.cal.k_bits.empty()) {
+    configs.push_back(configs.front());
+    configs.back().layer_k_bits = s.cal.k_bits.data();
+    configs.back().layer_v_bits = s.cal.v_bits.data();
+  }
+  auto q = kdn::llama::measure_codec_quality(e, exact, std::span(ext.value()).subspan(s.size, s.o.eval_tokens), configs);
   if (!q.ok()) return failure("codec", q.status());
-  return Json{{"mode", kdn::kernels::codec_mode_name(s.o.codec)},
-              {"rotate", s.o.rotate},
-              {"sink_tokens", s.o.sink_tokens},
-              {"top1_agreement", q->top1_agreement},
-              {"agreeing_positions", static_cast<uint32_t>(q->top1_agreement * q->eval_tokens + 0.5)},
-              {"eval_tokens", q->eval_tokens},
-              {"ppl_exact", q->ppl_exact},
-              {"ppl_codec", q->ppl_codec},
-              {"ppl_delta_pct", q->ppl_delta_pct},
-              {"ratio_vs_fp16", q->ratio_vs_fp16},
-              {"rel_frobenius_error", q->rel_frobenius_error},
-              {"cosine_min", q->cosine_min},
-              {"floor_top1_agreement", q->floor_top1_agreement},
-              {"floor_agreeing_positions", static_cast<uint32_t>(q->floor_top1_agreement * q->eval_tokens + 0.5)},
-              {"floor_ppl_delta_pct", q->floor_ppl_delta_pct}};
+  Json out = quality_json(q->front());
+  out["mode"] = kdn::kernels::codec_mode_name(s.o.codec);
+  out["rotate"] = s.o.rotate;
+  out["sink_tokens"] = s.o.sink_tokens;
+  if (q->size() > 1) out["calibrated"] = quality_json(q->back());
+  return out;
 }
 
 // Process B: the hit, the slot-restore baseline and the codec, all on A's work.
@@ -349,10 +425,13 @@ void report_size(kdn::bench::Report& r, uint32_t size, const Json& a, const Json
     r.set(k + "codec.error", c["error"].get<std::string>());
     return;
   }
-  for (const char* f : {"top1_agreement", "ppl_exact", "ppl_codec", "ppl_delta_pct", "ratio_vs_fp16",
-                        "rel_frobenius_error", "cosine_min", "floor_top1_agreement", "floor_ppl_delta_pct"})
-    r.set(k + "codec." + f, c[f].get<double>());
+  const auto fields = {"top1_agreement", "ppl_exact", "ppl_codec", "ppl_delta_pct", "kl", "ratio_vs_fp16",
+                       "rel_frobenius_error", "cosine_min", "floor_top1_agreement", "floor_ppl_delta_pct", "floor_kl"};
+  for (const char* f : fields) r.set(k + "codec." + f, c[f].get<double>());
   r.set(k + "codec.eval_tokens", c["eval_tokens"].get<uint64_t>());
+  if (c.contains("calibrated"))
+    for (const char* f : {"top1_agreement", "ppl_delta_pct", "kl", "ratio_vs_fp16", "rel_frobenius_error"})
+      r.set(k + "codec.calibrated." + f, c["calibrated"][f].get<double>());
 }
 
 void add_flags(CLI::App& app, Options& o) {
@@ -394,11 +473,17 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--sink-tokens", o.sink_tokens,
                  "quantized modes: leading tokens of the context stored exactly (attention sinks; 0: none)")
       ->check(CLI::Range(0u, 4096u));
+  app.add_flag("!--no-calibrate", o.calibrate,
+               "skip the per-layer width calibration (by default it runs first, on the model's f16 weights)");
+  app.add_option("--calib-doc", o.calib_docs, "text file(s) to calibrate on (default: the document's last tokens)");
+  app.add_option("--calib-chunks", o.calib_chunks, "calibration context in chunks")->check(CLI::Range(1u, 32u));
+  app.add_option("--calib-eval-tokens", o.calib_eval_tokens, "positions scored per calibration run")
+      ->check(CLI::Range(2u, 4096u));
 }
 
 // Scored positions over all sizes: where the codec's run and the one-ulp control agree with the exact run.
 struct Agreement {
-  uint64_t codec = 0, floor = 0, scored = 0;
+  uint64_t codec = 0, calibrated = 0, floor = 0, scored = 0;
 };
 
 std::optional<double> fraction(uint64_t part, uint64_t whole) {
@@ -406,7 +491,8 @@ std::optional<double> fraction(uint64_t part, uint64_t whole) {
   return static_cast<double>(part) / static_cast<double>(whole);
 }
 
-void set_bars(kdn::bench::Report& r, const Options& o, bool all_identical, const Agreement& a) {
+void set_bars(kdn::bench::Report& r, const Options& o, const Calibration& cal, bool all_identical,
+              const Agreement& a) {
   if (std::find(o.sizes.begin(), o.sizes.end(), 4096u) != o.sizes.end())
     r.set_bar("bars.speedup_4k", r.number("prompt_4096.speedup"), kdn::bench::BarOp::kAtLeast, 20);
   for (uint32_t size : o.sizes) {
@@ -422,7 +508,11 @@ void set_bars(kdn::bench::Report& r, const Options& o, bool all_identical, const
   r.set("codec.top1_agreement", top1);
   r.set("codec.floor_top1_agreement", fraction(a.floor, a.scored));
   r.set("codec.scored_positions", a.scored);
-  if (o.codec == kdn::kernels::CodecMode::kKivi4) r.set_bar("bars.codec_top1_agreement", top1, kdn::bench::BarOp::kAtLeast, 0.98);
+  // The bar goes to the calibrated widths when they ran (the same mean, 4 bits for kivi4).
+  const std::optional<double> calibrated = cal.k_bits.empty() ? std::nullopt : fraction(a.calibrated, a.scored);
+  if (calibrated) r.set("codec.calibrated.top1_agreement", calibrated);
+  if (o.codec == kdn::kernels::CodecMode::kKivi4)
+    r.set_bar("bars.codec_top1_agreement", calibrated ? calibrated : top1, kdn::bench::BarOp::kAtLeast, 0.98);
 }
 
 }  // namespace
@@ -433,13 +523,18 @@ int run_llama_bench(int argc, char** argv) {
   add_flags(app, o);
   CLI11_PARSE(app, argc, argv);
   if (o.docs.empty()) o.docs = default_documents();
-  if (o.f16_weights) {
+  // Calibration needs layer_*_bits free and a quantized mode; it always runs on f16 weights.
+  const bool calibrate = o.calibrate && kdn::kernels::codec_mode_default_bits(o.codec) != 0 &&
+                         o.layer_k_bits.empty() && o.layer_v_bits.empty() && o.k_bits == o.v_bits;
+  std::string f16_model;
+  if (o.f16_weights || calibrate) {
     const kdn::Result<std::string> f16 = kdn::llama::f16_weights_model(o.model);
     if (!f16.ok()) {
       std::fprintf(stderr, "llama bench: %s: %s\n", o.model.c_str(), f16.status().what());
       return 1;
     }
-    o.model = f16.value();
+    f16_model = f16.value();
+    if (o.f16_weights) o.model = f16_model;
   }
   const std::string doc = read_documents(o.docs);
   for (uint32_t size : o.sizes)
@@ -463,15 +558,27 @@ int run_llama_bench(int argc, char** argv) {
     return 1;
   }
 
+  Calibration cal;
+  if (calibrate) {
+    std::fprintf(stderr, "llama bench: calibrating per-layer codec widths on %s...\n", f16_model.c_str());
+    const std::string text = o.calib_docs.empty() ? doc : read_documents(o.calib_docs);
+    auto c = in_child([&] { return run_calibration(o, f16_model, text, o.calib_docs.empty()); });
+    if (!c.ok()) return 1;
+    cal.report = c.value();
+    cal.k_bits = cal.report["k_bits"].get<std::vector<uint8_t>>();
+    cal.v_bits = cal.report["v_bits"].get<std::vector<uint8_t>>();
+  }
+
   kdn::bench::Report r;
   r.set("model", o.model.substr(o.model.find_last_of('/') + 1));
+  if (calibrate) r.set_json("codec.calibration", kdn::bench::Report::Json::parse(cal.report.dump()));
   r.set("threads", static_cast<int64_t>(o.threads));
   r.set("chunk_tokens", 256);
   bool all_identical = true;
   Agreement agree;
   for (uint32_t size : o.sizes) {
     // A namespace per size: the shorter prompts' chunks are prefixes of the longer ones'.
-    const Side side{o, doc, size, ko.socket_path, "llama-bench-" + std::to_string(size),
+    const Side side{o, doc, cal, size, ko.socket_path, "llama-bench-" + std::to_string(size),
                     tmp->path() + "/slot-" + std::to_string(size) + ".bin"};
     std::fprintf(stderr, "llama bench: %u tokens: process A (miss, store)...\n", size);
     auto a = in_child([&] { return run_store_side(side); });
@@ -483,12 +590,14 @@ int run_llama_bench(int argc, char** argv) {
     all_identical &= a.value()["tokens"] == b.value()["tokens"] && a.value()["tokens"] == b.value()["slot_tokens"];
     if (b.value()["codec"].contains("agreeing_positions")) {
       agree.codec += b.value()["codec"]["agreeing_positions"].get<uint64_t>();
+      if (b.value()["codec"].contains("calibrated"))
+        agree.calibrated += b.value()["codec"]["calibrated"]["agreeing_positions"].get<uint64_t>();
       agree.floor += b.value()["codec"]["floor_agreeing_positions"].get<uint64_t>();
       agree.scored += b.value()["codec"]["eval_tokens"].get<uint64_t>();
     }
   }
   (void)kdnd.value().stop();
-  set_bars(r, o, all_identical, agree);
+  set_bars(r, o, cal, all_identical, agree);
   std::printf("%s\n", o.json ? r.to_json().c_str() : r.to_table().c_str());
   return 0;
 }

@@ -211,6 +211,15 @@ const char* codec_mode_name(CodecMode mode) noexcept {
   return "unknown";
 }
 
+uint8_t codec_mode_default_bits(CodecMode mode) noexcept {
+  switch (mode) {
+    case CodecMode::kInt8: return 8;
+    case CodecMode::kKivi4: return 4;
+    case CodecMode::kKivi2: return 2;
+    default: return 0;
+  }
+}
+
 ChunkGeometry kvc1_geometry(const ModelInfo& model) noexcept {
   ChunkGeometry g;
   g.layers = model.desc.num_layers;

@@ -10,15 +10,6 @@ namespace kdn::kernels {
 namespace kvc1 {
 namespace {
 
-uint8_t default_bits(CodecMode m) {
-  switch (m) {
-    case CodecMode::kInt8: return 8;
-    case CodecMode::kKivi4: return 4;
-    case CodecMode::kKivi2: return 2;
-    default: return 0;
-  }
-}
-
 bool quantized(CodecMode m) { return m == CodecMode::kInt8 || m == CodecMode::kKivi4 || m == CodecMode::kKivi2; }
 
 bool bits_ok(uint8_t b) { return b >= 1 && b <= 8; }
@@ -99,8 +90,8 @@ Status make_encode_plan(const ChunkGeometry& g, const CodecConfig& cfg, EncodePl
     return Status(Code::kUnsupported, "fp8 chunks can only be stored raw");
   if (!q && (cfg.k_bits || cfg.v_bits || cfg.layer_k_bits || cfg.layer_v_bits))
     return Status(Code::kInvalidArgument, "bit widths apply to quantized modes only");
-  p.k_bits = cfg.k_bits ? cfg.k_bits : default_bits(cfg.mode);
-  p.v_bits = cfg.v_bits ? cfg.v_bits : default_bits(cfg.mode);
+  p.k_bits = cfg.k_bits ? cfg.k_bits : codec_mode_default_bits(cfg.mode);
+  p.v_bits = cfg.v_bits ? cfg.v_bits : codec_mode_default_bits(cfg.mode);
   if (q && (!bits_ok(p.k_bits) || !bits_ok(p.v_bits))) return Status(Code::kInvalidArgument, "bit widths must be 1..8");
   KDN_RETURN_IF_ERROR(check_layer_bits(cfg.layer_k_bits, g.layers));
   KDN_RETURN_IF_ERROR(check_layer_bits(cfg.layer_v_bits, g.layers));

@@ -6,6 +6,7 @@
 
 #include <kdn/llama/codec_quality.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -58,12 +59,14 @@ TEST_F(CodecQuality, LosslessChangesNothing) {
   const CodecQualityReport q = measure(kernels::CodecMode::kLossless);
   EXPECT_EQ(q.top1_agreement, 1.0);
   EXPECT_EQ(q.ppl_codec, q.ppl_exact);  // bit-identical KV gives bit-identical logits
+  EXPECT_EQ(q.kl, 0.0);
   EXPECT_EQ(q.rel_frobenius_error, 0.0);
   EXPECT_GT(q.ratio_vs_fp16, 1.0);
   EXPECT_GT(q.ppl_exact, 1.0);
   // The control is a real perturbation of the same KV: the scored logits move, yet it is
   // a small one (a flip outside the lowest bit would disagree far more often; 0.969 here).
   EXPECT_NE(q.floor_ppl_delta_pct, 0.0);
+  EXPECT_GT(q.floor_kl, 0.0);
   EXPECT_GE(q.floor_top1_agreement, 0.90);
 }
 
@@ -71,6 +74,7 @@ TEST_F(CodecQuality, FourBitKiviStaysClose) {
   const CodecQualityReport q = measure(kernels::CodecMode::kKivi4);
   EXPECT_GT(q.ratio_vs_fp16, 3.0);
   EXPECT_GT(q.rel_frobenius_error, 0.0);  // it is lossy: the measurement sees a difference
+  EXPECT_GT(q.kl, 0.0);
   // A regression guard, not the bar: with 256 scored positions one flip is 0.4%, and this
   // small model has many near ties (5% of positions have a top-2 logit gap under 0.07), so
   // even 8-bit K and V agree on only ~97% here. kdn-bench llama measures it on long prompts.
@@ -129,6 +133,99 @@ TEST(F16Weights, WrittenOnceNextToTheModelAndUsable) {
   ASSERT_TRUE(g.ok()) << g.status().what();
   EXPECT_FALSE(g->tokens.empty());
   fs::remove_all(dir);
+}
+
+// Per-layer widths calibrated on one part of the document, on the model's f16 weights, beat
+// uniform 4-bit widths of the same mean on another part: KL and the modelled KL both fall.
+TEST(CodecCalibration, CalibratedWidthsBeatUniformOnAnotherPart) {
+  Result<std::string> f16 = f16_weights_model(KDN_LLAMA_TEST_MODEL);
+  ASSERT_TRUE(f16.ok()) << f16.status().what();
+  EngineOptions o;
+  o.model_path = f16.value();
+  o.n_ctx = 1024;
+  o.chunk_tokens = kTestChunk;
+  o.n_threads = 1;
+  Result<std::unique_ptr<Engine>> opened = Engine::open(o);
+  ASSERT_TRUE(opened.ok()) << opened.status().what();
+  Engine& e = *opened.value();
+  Result<std::vector<int32_t>> t = e.tokenize(read_document(), false, false);
+  ASSERT_TRUE(t.ok());
+  const std::vector<int32_t>& tokens = t.value();
+  constexpr size_t kEvalFrom = 2048;  // the evaluated part starts after the calibrated one ends
+  ASSERT_GE(tokens.size(), kEvalFrom + 4 * kTestChunk + 256);
+
+  kernels::CodecConfig probe;  // kivi4
+  CalibrationOptions co;
+  co.context_chunks = 2;
+  co.eval_tokens = 128;
+  uint32_t calls = 0, last_done = 0, last_total = 0;
+  co.progress = [&](uint32_t done, uint32_t total) { ++calls, last_done = done, last_total = total; };
+  Result<CodecCalibration> cal = calibrate_codec_bits(e, std::span(tokens).first(2 * kTestChunk + 128), probe, co);
+  ASSERT_TRUE(cal.ok()) << cal.status().what();
+  const uint32_t layers = e.identity().geometry.n_layer;
+  EXPECT_EQ(calls, 2 * layers + 1);
+  EXPECT_EQ(last_done, last_total);
+  EXPECT_EQ(cal->probe_bits, 4u);
+  ASSERT_EQ(cal->k_bits.size(), layers);
+  ASSERT_EQ(cal->v_bits.size(), layers);
+  EXPECT_LE(cal->mean_bits, 4.0);
+  EXPECT_GT(cal->mean_bits, 3.95);
+  EXPECT_LT(cal->modelled_kl_allocated, cal->modelled_kl_uniform);
+  EXPECT_GT(*std::max_element(cal->k_sensitivity.begin(), cal->k_sensitivity.end()), 0.0);
+  std::printf("calibration: K bits");
+  for (uint8_t b : cal->k_bits) std::printf(" %u", b);
+  std::printf("\ncalibration: V bits");
+  for (uint8_t b : cal->v_bits) std::printf(" %u", b);
+  std::printf("\ncalibration: modelled KL %.5f uniform -> %.5f\n", cal->modelled_kl_uniform, cal->modelled_kl_allocated);
+
+  kernels::CodecConfig calibrated;
+  calibrated.layer_k_bits = cal->k_bits.data();
+  calibrated.layer_v_bits = cal->v_bits.data();
+  const std::vector<kernels::CodecConfig> configs = {probe, calibrated};
+  ASSERT_TRUE(e.prefill(std::span(tokens).subspan(kEvalFrom, 4 * kTestChunk), 0, {}).ok());
+  std::vector<std::vector<uint8_t>> exact(4, std::vector<uint8_t>(e.identity().geometry.chunk_bytes()));
+  std::vector<std::span<uint8_t>> out(exact.begin(), exact.end());
+  ASSERT_TRUE(e.extract_chunks(0, out).ok());
+  const std::vector<std::span<const uint8_t>> spans(exact.begin(), exact.end());
+  Result<std::vector<CodecQualityReport>> r =
+      measure_codec_quality(e, spans, std::span(tokens).subspan(kEvalFrom + 4 * kTestChunk, 256), configs);
+  ASSERT_TRUE(r.ok()) << r.status().what();
+  const CodecQualityReport &uniform = r->at(0), &alloc = r->at(1);
+  std::printf("uniform kivi4: KL %.5f top1 %.4f ratio %.2f | calibrated: KL %.5f top1 %.4f ratio %.2f | control KL %.6f\n",
+              uniform.kl, uniform.top1_agreement, uniform.ratio_vs_fp16, alloc.kl, alloc.top1_agreement,
+              alloc.ratio_vs_fp16, alloc.floor_kl);
+  RecordProperty("uniform_kl", std::to_string(uniform.kl));
+  RecordProperty("calibrated_kl", std::to_string(alloc.kl));
+  EXPECT_GT(uniform.kl, 0.0);
+  EXPECT_LT(alloc.kl, 0.8 * uniform.kl);
+  EXPECT_EQ(alloc.floor_kl, uniform.floor_kl);  // one shared control run
+  EXPECT_GT(alloc.ratio_vs_fp16, 3.0);
+}
+
+TEST(CodecCalibration, RejectsProbesAndInputsItCannotUse) {
+  std::unique_ptr<Engine> e = open_engine(true);
+  ASSERT_NE(e, nullptr);
+  Result<std::vector<int32_t>> t = e->tokenize(read_document(), false, false);
+  ASSERT_TRUE(t.ok());
+  const std::span<const int32_t> tokens(t.value());
+  CalibrationOptions co;
+  co.context_chunks = 1;
+  co.eval_tokens = 16;
+  kernels::CodecConfig lossless;
+  lossless.mode = kernels::CodecMode::kLossless;
+  EXPECT_EQ(calibrate_codec_bits(*e, tokens, lossless, co).status().code(), Code::kInvalidArgument);
+  kernels::CodecConfig mixed;
+  mixed.k_bits = 4;
+  mixed.v_bits = 3;
+  EXPECT_EQ(calibrate_codec_bits(*e, tokens, mixed, co).status().code(), Code::kInvalidArgument);
+  const std::vector<uint8_t> widths(e->identity().geometry.n_layer, 4);
+  kernels::CodecConfig layered;
+  layered.layer_k_bits = widths.data();
+  EXPECT_EQ(calibrate_codec_bits(*e, tokens, layered, co).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(calibrate_codec_bits(*e, tokens.first(kTestChunk), kernels::CodecConfig{}, co).status().code(),
+            Code::kInvalidArgument);
+  co.mean_bits = 9;
+  EXPECT_EQ(calibrate_codec_bits(*e, tokens, kernels::CodecConfig{}, co).status().code(), Code::kInvalidArgument);
 }
 
 }  // namespace

@@ -9,11 +9,14 @@
 namespace kdn::llama {
 namespace {
 
-// Teacher-forced predictions of one run over the scored tokens.
+// Teacher-forced predictions of one run over the scored tokens. The reference run keeps its
+// log-probabilities so that later runs can be measured against them.
 struct Scores {
   std::vector<int32_t> top1;
   double nll_sum = 0;  // -log p(actual next token), summed
   uint32_t nll_count = 0;
+  double kl_sum = 0;             // sum over positions of KL(reference || this run)
+  std::vector<float> log_probs;  // reference runs only: [position][vocab]
 };
 
 double log_prob(std::span<const float> logits, int32_t target) {
@@ -23,17 +26,45 @@ double log_prob(std::span<const float> logits, int32_t target) {
   return (static_cast<double>(logits[static_cast<size_t>(target)]) - mx) - std::log(sum);
 }
 
+// log-softmax of `logits` into `out`.
+void log_softmax(std::span<const float> logits, std::span<float> out) {
+  const float mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float l : logits) sum += std::exp(static_cast<double>(l) - mx);
+  const double log_z = mx + std::log(sum);
+  for (size_t j = 0; j < logits.size(); ++j) out[j] = static_cast<float>(logits[j] - log_z);
+}
+
+// KL(p || q) from p's log-probabilities and q's logits.
+double kl_divergence(std::span<const float> log_p, std::span<const float> logits_q, std::vector<float>& scratch) {
+  scratch.resize(logits_q.size());
+  log_softmax(logits_q, scratch);
+  double kl = 0;
+  for (size_t j = 0; j < log_p.size(); ++j)
+    kl += std::exp(static_cast<double>(log_p[j])) * (static_cast<double>(log_p[j]) - scratch[j]);
+  return kl;
+}
+
+// Scores `eval` on top of `chunks`. Without `reference` the run keeps its log-probabilities
+// (it is the reference); with one, it sums its KL against it.
 Status score(Engine& e, std::span<const std::span<const uint8_t>> chunks, std::span<const int32_t> eval,
-             uint32_t first_pos, Scores& out) {
+             uint32_t first_pos, const Scores* reference, Scores& out) {
   e.reset();
   KDN_RETURN_IF_ERROR(e.load_chunks(chunks));
+  const size_t vocab = e.n_vocab();
   out.top1.assign(eval.size(), -1);
+  if (!reference) out.log_probs.resize(eval.size() * vocab);
+  std::vector<float> scratch;
   const LogitsSink sink = [&](uint32_t i, std::span<const float> logits) {
     out.top1[i] = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
     if (i + 1 < eval.size()) {
       out.nll_sum -= log_prob(logits, eval[i + 1]);
       ++out.nll_count;
     }
+    if (reference)
+      out.kl_sum += kl_divergence(std::span(reference->log_probs).subspan(i * vocab, vocab), logits, scratch);
+    else
+      log_softmax(logits, std::span(out.log_probs).subspan(i * vocab, vocab));
   };
   return e.prefill(eval, first_pos, sink);
 }
@@ -105,50 +136,153 @@ bool sizes_match(const KvGeometry& g, std::span<const std::span<const uint8_t>> 
   return !chunks.empty();
 }
 
+// Prefills the first context_chunks chunks of `tokens` and extracts them.
+Result<std::vector<std::vector<uint8_t>>> prefill_exact(Engine& e, std::span<const int32_t> tokens,
+                                                        uint32_t context_chunks, uint32_t eval_tokens) {
+  const KvGeometry& g = e.identity().geometry;
+  const uint64_t context = uint64_t{context_chunks} * g.chunk_tokens;
+  if (context_chunks == 0 || tokens.size() < context + eval_tokens)
+    return Status(Code::kInvalidArgument, "not enough tokens for the context and the scored part");
+  e.reset();
+  KDN_RETURN_IF_ERROR(e.prefill(tokens.first(context), 0, {}));
+  std::vector<std::vector<uint8_t>> exact(context_chunks, std::vector<uint8_t>(g.chunk_bytes()));
+  std::vector<std::span<uint8_t>> out(exact.begin(), exact.end());
+  KDN_RETURN_IF_ERROR(e.extract_chunks(0, out));
+  return exact;
+}
+
+double mean_kl(const Scores& s) { return s.kl_sum / static_cast<double>(s.top1.size()); }
+
+// The probe width of a calibration config, or 0 if it cannot be one.
+uint32_t probe_bits_of(const kernels::CodecConfig& c) {
+  const uint32_t def = kernels::codec_mode_default_bits(c.mode);
+  const uint32_t k = c.k_bits ? c.k_bits : def, v = c.v_bits ? c.v_bits : def;
+  if (def == 0 || k != v || c.layer_k_bits || c.layer_v_bits) return 0;
+  return k;
+}
+
+// `exact` with layer `layer`'s plane `plane` (0 K, 1 V) replaced by `decoded`'s, chunk by chunk.
+void splice_plane(std::span<const std::span<const uint8_t>> exact, const std::vector<std::vector<uint8_t>>& decoded,
+                  const KvGeometry& g, uint32_t layer, uint32_t plane, std::vector<std::vector<uint8_t>>& out) {
+  const size_t plane_bytes = g.plane_bytes();
+  const size_t at = (size_t{layer} * 2 + plane) * plane_bytes;
+  for (size_t c = 0; c < exact.size(); ++c) {
+    out[c].assign(exact[c].begin(), exact[c].end());
+    std::copy_n(decoded[c].begin() + static_cast<ptrdiff_t>(at), plane_bytes, out[c].begin() + static_cast<ptrdiff_t>(at));
+  }
+}
+
 }  // namespace
+
+Result<std::vector<CodecQualityReport>> measure_codec_quality(Engine& engine,
+                                                              std::span<const std::span<const uint8_t>> exact,
+                                                              std::span<const int32_t> eval,
+                                                              std::span<const kernels::CodecConfig> configs) noexcept {
+  const KvGeometry& g = engine.identity().geometry;
+  if (!sizes_match(g, exact) || eval.size() < 2)
+    return Status(Code::kInvalidArgument, "need whole exact chunks and at least 2 scored tokens");
+  const uint32_t context = static_cast<uint32_t>(exact.size()) * g.chunk_tokens;
+  Scores base, control;
+  KDN_RETURN_IF_ERROR(score(engine, exact, eval, context, nullptr, base));
+  const std::vector<std::vector<uint8_t>> flipped = flip_last_bits(exact, g.elem_bytes());
+  KDN_RETURN_IF_ERROR(score(engine, spans_of(flipped), eval, context, &base, control));
+  std::vector<CodecQualityReport> reports;
+  for (const kernels::CodecConfig& config : configs) {
+    CodecQualityReport report;
+    report.context_tokens = context;
+    report.eval_tokens = static_cast<uint32_t>(eval.size());
+    std::vector<std::vector<uint8_t>> decoded(exact.size());
+    KDN_RETURN_IF_ERROR(codec_round_trip(engine, exact, config, decoded, report));
+    Scores lossy;
+    KDN_RETURN_IF_ERROR(score(engine, spans_of(decoded), eval, context, &base, lossy));
+    report.top1_agreement = agreement(base, lossy);
+    report.ppl_exact = perplexity(base);
+    report.ppl_codec = perplexity(lossy);
+    report.ppl_delta_pct = 100.0 * (report.ppl_codec - report.ppl_exact) / report.ppl_exact;
+    report.kl = mean_kl(lossy);
+    report.floor_top1_agreement = agreement(base, control);
+    report.floor_ppl_delta_pct = 100.0 * (perplexity(control) - report.ppl_exact) / report.ppl_exact;
+    report.floor_kl = mean_kl(control);
+    reports.push_back(report);
+  }
+  engine.reset();
+  return reports;
+}
 
 Result<CodecQualityReport> measure_codec_quality(Engine& engine,
                                                  std::span<const std::span<const uint8_t>> exact,
                                                  std::span<const int32_t> eval,
                                                  const kernels::CodecConfig& config) noexcept {
-  const KvGeometry& g = engine.identity().geometry;
-  if (!sizes_match(g, exact) || eval.size() < 2)
-    return Status(Code::kInvalidArgument, "need whole exact chunks and at least 2 scored tokens");
-  CodecQualityReport report;
-  const uint32_t context = static_cast<uint32_t>(exact.size()) * g.chunk_tokens;
-  report.context_tokens = context;
-  report.eval_tokens = static_cast<uint32_t>(eval.size());
-  std::vector<std::vector<uint8_t>> decoded(exact.size());
-  KDN_RETURN_IF_ERROR(codec_round_trip(engine, exact, config, decoded, report));
-
-  Scores base, lossy, control;
-  KDN_RETURN_IF_ERROR(score(engine, exact, eval, context, base));
-  KDN_RETURN_IF_ERROR(score(engine, spans_of(decoded), eval, context, lossy));
-  const std::vector<std::vector<uint8_t>> flipped = flip_last_bits(exact, g.elem_bytes());
-  KDN_RETURN_IF_ERROR(score(engine, spans_of(flipped), eval, context, control));
-  report.top1_agreement = agreement(base, lossy);
-  report.ppl_exact = perplexity(base);
-  report.ppl_codec = perplexity(lossy);
-  report.ppl_delta_pct = 100.0 * (report.ppl_codec - report.ppl_exact) / report.ppl_exact;
-  report.floor_top1_agreement = agreement(base, control);
-  report.floor_ppl_delta_pct = 100.0 * (perplexity(control) - report.ppl_exact) / report.ppl_exact;
-  engine.reset();
-  return report;
+  Result<std::vector<CodecQualityReport>> r = measure_codec_quality(engine, exact, eval, std::span(&config, 1));
+  if (!r.ok()) return r.status();
+  return r.value().front();
 }
 
 Result<CodecQualityReport> measure_codec_quality(Engine& engine, std::span<const int32_t> tokens,
                                                  uint32_t context_chunks, uint32_t eval_tokens,
                                                  const kernels::CodecConfig& config) noexcept {
+  Result<std::vector<std::vector<uint8_t>>> exact = prefill_exact(engine, tokens, context_chunks, eval_tokens);
+  if (!exact.ok()) return exact.status();
+  const uint64_t context = uint64_t{context_chunks} * engine.identity().geometry.chunk_tokens;
+  return measure_codec_quality(engine, spans_of(exact.value()), tokens.subspan(context, eval_tokens), config);
+}
+
+Result<CodecCalibration> calibrate_codec_bits(Engine& engine, std::span<const int32_t> tokens,
+                                              const kernels::CodecConfig& probe,
+                                              const CalibrationOptions& options) noexcept {
+  const uint32_t probe_bits = probe_bits_of(probe);
+  if (probe_bits == 0)
+    return Status(Code::kInvalidArgument, "calibration probe: a quantized mode with one uniform width for K and V");
+  if (options.eval_tokens < 2) return Status(Code::kInvalidArgument, "calibration: at least 2 scored tokens");
+  if (options.min_bits < 1 || options.max_bits > 8 || !(options.mean_bits >= options.min_bits) ||
+      !(options.mean_bits <= options.max_bits))
+    return Status(Code::kInvalidArgument, "calibration: needs 1 <= min_bits <= mean_bits <= max_bits <= 8");
+  Result<std::vector<std::vector<uint8_t>>> exact_r =
+      prefill_exact(engine, tokens, options.context_chunks, options.eval_tokens);
+  if (!exact_r.ok()) return exact_r.status();
+  const std::vector<std::span<const uint8_t>> exact = spans_of(exact_r.value());
   const KvGeometry& g = engine.identity().geometry;
-  const uint64_t context = uint64_t{context_chunks} * g.chunk_tokens;
-  if (context_chunks == 0 || tokens.size() < context + eval_tokens)
-    return Status(Code::kInvalidArgument, "not enough tokens for the context and the scored part");
+  const uint32_t context = options.context_chunks * g.chunk_tokens;
+  const std::span<const int32_t> eval = tokens.subspan(context, options.eval_tokens);
+
+  CodecQualityReport unused;
+  std::vector<std::vector<uint8_t>> decoded(exact.size()), spliced(exact.size());
+  KDN_RETURN_IF_ERROR(codec_round_trip(engine, exact, probe, decoded, unused));
+  const uint32_t runs = 2 * g.n_layer + 1;
+  Scores base;
+  KDN_RETURN_IF_ERROR(score(engine, exact, eval, context, nullptr, base));
+  if (options.progress) options.progress(1, runs);
+
+  CodecCalibration cal;
+  cal.probe_bits = probe_bits;
+  cal.context_tokens = context;
+  cal.eval_tokens = options.eval_tokens;
+  cal.k_sensitivity.resize(g.n_layer);
+  cal.v_sensitivity.resize(g.n_layer);
+  for (uint32_t layer = 0; layer < g.n_layer; ++layer)
+    for (uint32_t plane = 0; plane < 2; ++plane) {
+      splice_plane(exact, decoded, g, layer, plane, spliced);
+      Scores s;
+      KDN_RETURN_IF_ERROR(score(engine, spans_of(spliced), eval, context, &base, s));
+      // A KL below zero is rounding in the sum; it means "no measurable effect".
+      (plane == 0 ? cal.k_sensitivity : cal.v_sensitivity)[layer] = std::max(0.0, mean_kl(s));
+      if (options.progress) options.progress(2 + 2 * layer + plane, runs);
+    }
   engine.reset();
-  KDN_RETURN_IF_ERROR(engine.prefill(tokens.first(context), 0, {}));
-  std::vector<std::vector<uint8_t>> exact(context_chunks, std::vector<uint8_t>(g.chunk_bytes()));
-  std::vector<std::span<uint8_t>> out(exact.begin(), exact.end());
-  KDN_RETURN_IF_ERROR(engine.extract_chunks(0, out));
-  return measure_codec_quality(engine, spans_of(exact), tokens.subspan(context, eval_tokens), config);
+
+  cal.k_bits.resize(g.n_layer);
+  cal.v_bits.resize(g.n_layer);
+  KDN_RETURN_IF_ERROR(kernels::kvc1_allocate_bits(cal.k_sensitivity, cal.v_sensitivity, probe_bits, options.mean_bits,
+                                                  options.min_bits, options.max_bits, cal.k_bits, cal.v_bits));
+  double bits = 0;
+  for (uint32_t l = 0; l < g.n_layer; ++l) {
+    bits += cal.k_bits[l] + cal.v_bits[l];
+    cal.modelled_kl_uniform += cal.k_sensitivity[l] + cal.v_sensitivity[l];
+    cal.modelled_kl_allocated += kernels::kvc1_modelled_cost(cal.k_sensitivity[l], probe_bits, cal.k_bits[l]) +
+                                 kernels::kvc1_modelled_cost(cal.v_sensitivity[l], probe_bits, cal.v_bits[l]);
+  }
+  cal.mean_bits = bits / (2.0 * g.n_layer);
+  return cal;
 }
 
 }  // namespace kdn::llama

@@ -38,6 +38,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 namespace kdn::kernels {
 
@@ -51,6 +52,9 @@ enum class CodecMode : uint8_t {
 
 // Name of a mode ("raw", "lossless", "int8", "kivi4", "kivi2"); "unknown" otherwise.
 const char* codec_mode_name(CodecMode mode) noexcept;
+
+// Code width of a quantized mode (int8 8, kivi4 4, kivi2 2); 0 for raw and lossless.
+uint8_t codec_mode_default_bits(CodecMode mode) noexcept;
 
 // The chunk shape is kdn/kernels/layout.h's ChunkGeometry; the codec handles dtypes f16, bf16
 // and f32 (fp8 chunks in raw mode only). The model fingerprint travels beside it: the encoder
@@ -182,5 +186,24 @@ struct CodecQuality {
 };
 CodecQuality kvc1_quality(const ChunkGeometry& g, const void* original, const void* decoded,
                           size_t encoded_bytes) noexcept;
+
+// Per-layer bit widths for a quantized mode, from measured sensitivities. sensitivity[i] is
+// the model-quality cost (e.g. the mean KL divergence of next-token distributions) of
+// quantizing only layer i's K (k_sensitivity) or V (v_sensitivity) at probe_bits, everything
+// else exact. The cost of b bits is modelled as sensitivity * 4^(probe_bits - b) (each bit
+// halves the quantization step, so the error power falls 4x), the slots' costs as additive,
+// and the widths minimise their sum with at most mean_bits * 2 * layers bits in all, each in
+// [min_bits, max_bits]: greedily, one bit at a time to the slot it helps most, which is exact
+// for costs that fall geometrically. Ties (e.g. zero sensitivities) go to the narrower slot,
+// then the lower layer, K before V, so the result is deterministic and equal sensitivities
+// get equal widths. Errors: kInvalidArgument for spans of different or zero length, a
+// sensitivity that is negative or not finite, or bounds outside 1 <= min_bits <= mean_bits
+// <= max_bits <= 8 (probe_bits 1..8). Writes k_bits and v_bits only on success.
+Status kvc1_allocate_bits(std::span<const double> k_sensitivity, std::span<const double> v_sensitivity,
+                          uint32_t probe_bits, double mean_bits, uint32_t min_bits, uint32_t max_bits,
+                          std::span<uint8_t> k_bits, std::span<uint8_t> v_bits) noexcept;
+
+// The modelled cost of a width: sensitivity * 4^(probe_bits - bits).
+double kvc1_modelled_cost(double sensitivity, uint32_t probe_bits, uint32_t bits) noexcept;
 
 }  // namespace kdn::kernels

@@ -14,6 +14,10 @@
 // multiplies quantized weights by 8-bit activations) turn even that into flipped near-ties,
 // so floor_top1_agreement is the ceiling a codec's top1_agreement can be read against.
 //
+// Beside top-1 agreement, the mean KL divergence KL(exact || codec) of the next-token
+// distributions over the scored positions: a continuous measure that a near tie does not
+// turn into all or nothing, which the calibration below is built on.
+//
 // Runs on the caller's engine (it resets its KV cache); not thread-safe, like the engine.
 #pragma once
 
@@ -22,7 +26,9 @@
 #include <kdn/llama/engine.h>
 
 #include <cstdint>
+#include <functional>
 #include <span>
+#include <vector>
 
 namespace kdn::llama {
 
@@ -36,8 +42,10 @@ struct CodecQualityReport {
   double ratio_vs_fp16 = 0;        // canonical fp16 bytes / encoded bytes, all chunks
   double rel_frobenius_error = 0;  // worst chunk
   double cosine_min = 0;           // worst (layer, plane) over all chunks
+  double kl = 0;                   // mean KL(exact || codec) of next-token distributions, nats
   double floor_top1_agreement = 0; // the one-ulp control's agreement with the exact run
   double floor_ppl_delta_pct = 0;  // and its perplexity delta
+  double floor_kl = 0;             // and its mean KL
 };
 
 // `tokens` must hold context_chunks * chunk_tokens + eval_tokens tokens (eval_tokens >= 2);
@@ -52,5 +60,50 @@ Result<CodecQualityReport> measure_codec_quality(Engine& engine,
                                                  std::span<const std::span<const uint8_t>> exact,
                                                  std::span<const int32_t> eval,
                                                  const kernels::CodecConfig& config) noexcept;
+
+// Several configs on the same chunks: the exact and control runs are shared, one report per
+// config in order.
+Result<std::vector<CodecQualityReport>> measure_codec_quality(Engine& engine,
+                                                              std::span<const std::span<const uint8_t>> exact,
+                                                              std::span<const int32_t> eval,
+                                                              std::span<const kernels::CodecConfig> configs) noexcept;
+
+// Calibration of per-layer bit widths for a quantized mode (KVQuant-style sensitivity, measured
+// through the real engine). The context is prefilled and round-tripped through the codec at
+// the probe config's uniform width; then, for each layer and plane in turn, only that
+// plane's KV is taken from the codec's copy (the rest exact) and the scored positions' mean KL
+// against the exact run is that plane's sensitivity. kvc1_allocate_bits turns the
+// sensitivities into widths averaging mean_bits. 2 * layers + 1 scoring runs.
+//
+// Measure on an engine that computes in floating point (f16_weights_model): llama.cpp's 8-bit
+// activations for quantized weights turn any change of the KV, however small, into about the
+// same KL (the one-ulp control's), which hides the differences between layers.
+struct CalibrationOptions {
+  uint32_t context_chunks = 4;  // chunks through the codec
+  uint32_t eval_tokens = 256;   // positions scored after them
+  double mean_bits = 4.0;       // the widths' mean over every layer's K and V
+  uint32_t min_bits = 2;
+  uint32_t max_bits = 8;
+  // Called after each scoring run with (runs done, runs in all); may be empty.
+  std::function<void(uint32_t done, uint32_t total)> progress;
+};
+
+struct CodecCalibration {
+  uint32_t probe_bits = 0;                   // the uniform width the sensitivities were measured at
+  std::vector<double> k_sensitivity;         // per layer: mean KL with only that layer's K quantized
+  std::vector<double> v_sensitivity;         // the same for V
+  std::vector<uint8_t> k_bits, v_bits;       // the allocation (CodecConfig::layer_k_bits/layer_v_bits)
+  double mean_bits = 0;                      // of the allocation
+  double modelled_kl_uniform = 0;            // sum of sensitivities (every plane at probe_bits)
+  double modelled_kl_allocated = 0;          // the allocation's modelled sum
+  uint32_t context_tokens = 0;
+  uint32_t eval_tokens = 0;
+};
+
+// `tokens` must hold context_chunks * chunk_tokens + eval_tokens tokens; `probe` is a kivi or
+// int8 config with uniform widths (no per-layer arrays) and the same width for K and V.
+Result<CodecCalibration> calibrate_codec_bits(Engine& engine, std::span<const int32_t> tokens,
+                                              const kernels::CodecConfig& probe,
+                                              const CalibrationOptions& options) noexcept;
 
 }  // namespace kdn::llama
