@@ -36,6 +36,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -67,6 +68,7 @@ struct Options {
   std::vector<std::string> calib_docs;  // empty: the document's last tokens
   uint32_t calib_chunks = 4;
   uint32_t calib_eval_tokens = 256;
+  int32_t calib_threads = 0;  // 0: every core (nothing else runs while it does)
   bool json = false;
 };
 
@@ -238,7 +240,7 @@ Json quality_json(const kdn::llama::CodecQualityReport& q) {
 Json run_calibration(const Options& o, const std::string& f16_model, const std::string& text, bool from_tail) {
   kdn::llama::EngineOptions eo;
   eo.model_path = f16_model;
-  eo.n_threads = o.threads;
+  eo.n_threads = o.calib_threads > 0 ? o.calib_threads : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
   const uint32_t need = o.calib_chunks * eo.chunk_tokens + o.calib_eval_tokens;
   eo.n_ctx = need + 256;
   auto e = Engine::open(eo);
@@ -479,6 +481,8 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--calib-chunks", o.calib_chunks, "calibration context in chunks")->check(CLI::Range(1u, 32u));
   app.add_option("--calib-eval-tokens", o.calib_eval_tokens, "positions scored per calibration run")
       ->check(CLI::Range(2u, 4096u));
+  app.add_option("--calib-threads", o.calib_threads, "llama.cpp threads for the calibration (default 0: every core)")
+      ->check(CLI::Range(0, 256));
 }
 
 // Scored positions over all sizes: where the codec's run and the one-ulp control agree with the exact run.
