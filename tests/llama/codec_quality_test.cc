@@ -117,19 +117,14 @@ TEST(F16Weights, WrittenOnceNextToTheModelAndUsable) {
 
   std::unique_ptr<Engine> q4 = open_engine(true);
   ASSERT_NE(q4, nullptr);
-  EngineOptions o;
-  o.model_path = f16.value();
-  o.n_ctx = 1024;
-  o.chunk_tokens = kTestChunk;
-  o.n_threads = 1;
-  Result<std::unique_ptr<Engine>> e = Engine::open(o);
-  ASSERT_TRUE(e.ok()) << e.status().what();
-  ASSERT_TRUE(e.value()->cache_support().ok());
-  EXPECT_NE(std::memcmp(&e.value()->identity().desc.engine_salt, &q4->identity().desc.engine_salt,
+  std::unique_ptr<Engine> e = open_engine(true, 1024, f16.value());
+  ASSERT_NE(e, nullptr);
+  ASSERT_TRUE(e->cache_support().ok());
+  EXPECT_NE(std::memcmp(&e->identity().desc.engine_salt, &q4->identity().desc.engine_salt,
                         sizeof q4->identity().desc.engine_salt), 0);
-  Result<std::vector<int32_t>> p = e.value()->chat_prompt(read_document(), "What is this?", 2 * kTestChunk);
+  Result<std::vector<int32_t>> p = e->chat_prompt(read_document(), "What is this?", 2 * kTestChunk);
   ASSERT_TRUE(p.ok());
-  Result<Generation> g = e.value()->generate(p.value(), 4, nullptr);
+  Result<Generation> g = e->generate(p.value(), 4, nullptr);
   ASSERT_TRUE(g.ok()) << g.status().what();
   EXPECT_FALSE(g->tokens.empty());
   fs::remove_all(dir);
@@ -140,14 +135,9 @@ TEST(F16Weights, WrittenOnceNextToTheModelAndUsable) {
 TEST(CodecCalibration, CalibratedWidthsBeatUniformOnAnotherPart) {
   Result<std::string> f16 = f16_weights_model(KDN_LLAMA_TEST_MODEL);
   ASSERT_TRUE(f16.ok()) << f16.status().what();
-  EngineOptions o;
-  o.model_path = f16.value();
-  o.n_ctx = 1024;
-  o.chunk_tokens = kTestChunk;
-  o.n_threads = 1;
-  Result<std::unique_ptr<Engine>> opened = Engine::open(o);
-  ASSERT_TRUE(opened.ok()) << opened.status().what();
-  Engine& e = *opened.value();
+  std::unique_ptr<Engine> opened = open_engine(true, 1024, f16.value());
+  ASSERT_NE(opened, nullptr);
+  Engine& e = *opened;
   Result<std::vector<int32_t>> t = e.tokenize(read_document(), false, false);
   ASSERT_TRUE(t.ok());
   const std::vector<int32_t>& tokens = t.value();

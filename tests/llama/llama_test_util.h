@@ -27,9 +27,10 @@ inline std::string read_document() {
 // between thread counts, so every comparison here is between runs of one engine setup.)
 constexpr uint32_t kTestChunk = 128;
 
-inline std::unique_ptr<Engine> open_engine(bool flash_attn = true, uint32_t n_ctx = 1024) {
+inline std::unique_ptr<Engine> open_engine(bool flash_attn = true, uint32_t n_ctx = 1024,
+                                           const std::string& model = KDN_LLAMA_TEST_MODEL) {
   EngineOptions o;
-  o.model_path = KDN_LLAMA_TEST_MODEL;
+  o.model_path = model;
   o.n_ctx = n_ctx;
   o.chunk_tokens = kTestChunk;
   o.n_threads = 1;

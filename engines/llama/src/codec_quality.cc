@@ -19,29 +19,19 @@ struct Scores {
   std::vector<float> log_probs;  // reference runs only: [position][vocab]
 };
 
-double log_prob(std::span<const float> logits, int32_t target) {
+// log sum_j exp(logits[j]), computed around the largest logit.
+double log_normalizer(std::span<const float> logits) {
   const float mx = *std::max_element(logits.begin(), logits.end());
   double sum = 0;
   for (float l : logits) sum += std::exp(static_cast<double>(l) - mx);
-  return (static_cast<double>(logits[static_cast<size_t>(target)]) - mx) - std::log(sum);
+  return mx + std::log(sum);
 }
 
-// log-softmax of `logits` into `out`.
-void log_softmax(std::span<const float> logits, std::span<float> out) {
-  const float mx = *std::max_element(logits.begin(), logits.end());
-  double sum = 0;
-  for (float l : logits) sum += std::exp(static_cast<double>(l) - mx);
-  const double log_z = mx + std::log(sum);
-  for (size_t j = 0; j < logits.size(); ++j) out[j] = static_cast<float>(logits[j] - log_z);
-}
-
-// KL(p || q) from p's log-probabilities and q's logits.
-double kl_divergence(std::span<const float> log_p, std::span<const float> logits_q, std::vector<float>& scratch) {
-  scratch.resize(logits_q.size());
-  log_softmax(logits_q, scratch);
+// KL(p || q) from both distributions' log-probabilities.
+double kl_divergence(std::span<const float> log_p, std::span<const float> log_q) {
   double kl = 0;
   for (size_t j = 0; j < log_p.size(); ++j)
-    kl += std::exp(static_cast<double>(log_p[j])) * (static_cast<double>(log_p[j]) - scratch[j]);
+    kl += std::exp(static_cast<double>(log_p[j])) * (static_cast<double>(log_p[j]) - log_q[j]);
   return kl;
 }
 
@@ -54,17 +44,17 @@ Status score(Engine& e, std::span<const std::span<const uint8_t>> chunks, std::s
   const size_t vocab = e.n_vocab();
   out.top1.assign(eval.size(), -1);
   if (!reference) out.log_probs.resize(eval.size() * vocab);
-  std::vector<float> scratch;
+  std::vector<float> scratch(reference ? vocab : 0);
   const LogitsSink sink = [&](uint32_t i, std::span<const float> logits) {
     out.top1[i] = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    const double log_z = log_normalizer(logits);
     if (i + 1 < eval.size()) {
-      out.nll_sum -= log_prob(logits, eval[i + 1]);
+      out.nll_sum -= logits[static_cast<size_t>(eval[i + 1])] - log_z;
       ++out.nll_count;
     }
-    if (reference)
-      out.kl_sum += kl_divergence(std::span(reference->log_probs).subspan(i * vocab, vocab), logits, scratch);
-    else
-      log_softmax(logits, std::span(out.log_probs).subspan(i * vocab, vocab));
+    const std::span<float> log_probs = reference ? std::span(scratch) : std::span(out.log_probs).subspan(i * vocab, vocab);
+    for (size_t j = 0; j < vocab; ++j) log_probs[j] = static_cast<float>(logits[j] - log_z);
+    if (reference) out.kl_sum += kl_divergence(std::span(reference->log_probs).subspan(i * vocab, vocab), log_probs);
   };
   return e.prefill(eval, first_pos, sink);
 }
@@ -234,14 +224,19 @@ Result<CodecCalibration> calibrate_codec_bits(Engine& engine, std::span<const in
   if (probe_bits == 0)
     return Status(Code::kInvalidArgument, "calibration probe: a quantized mode with one uniform width for K and V");
   if (options.eval_tokens < 2) return Status(Code::kInvalidArgument, "calibration: at least 2 scored tokens");
-  if (options.min_bits < 1 || options.max_bits > 8 || !(options.mean_bits >= options.min_bits) ||
-      !(options.mean_bits <= options.max_bits))
-    return Status(Code::kInvalidArgument, "calibration: needs 1 <= min_bits <= mean_bits <= max_bits <= 8");
+  const KvGeometry& g = engine.identity().geometry;
+  CodecCalibration cal;
+  cal.k_bits.resize(g.n_layer);
+  cal.v_bits.resize(g.n_layer);
+  // The allocator checks its bounds itself; asking it once with no sensitivities does that
+  // before the runs instead of after them.
+  const std::vector<double> unmeasured(g.n_layer, 0.0);
+  KDN_RETURN_IF_ERROR(kernels::kvc1_allocate_bits(unmeasured, unmeasured, probe_bits, options.mean_bits,
+                                                  options.min_bits, options.max_bits, cal.k_bits, cal.v_bits));
   Result<std::vector<std::vector<uint8_t>>> exact_r =
       prefill_exact(engine, tokens, options.context_chunks, options.eval_tokens);
   if (!exact_r.ok()) return exact_r.status();
   const std::vector<std::span<const uint8_t>> exact = spans_of(exact_r.value());
-  const KvGeometry& g = engine.identity().geometry;
   const uint32_t context = options.context_chunks * g.chunk_tokens;
   const std::span<const int32_t> eval = tokens.subspan(context, options.eval_tokens);
 
@@ -253,7 +248,6 @@ Result<CodecCalibration> calibrate_codec_bits(Engine& engine, std::span<const in
   KDN_RETURN_IF_ERROR(score(engine, exact, eval, context, nullptr, base));
   if (options.progress) options.progress(1, runs);
 
-  CodecCalibration cal;
   cal.probe_bits = probe_bits;
   cal.context_tokens = context;
   cal.eval_tokens = options.eval_tokens;
@@ -270,8 +264,6 @@ Result<CodecCalibration> calibrate_codec_bits(Engine& engine, std::span<const in
     }
   engine.reset();
 
-  cal.k_bits.resize(g.n_layer);
-  cal.v_bits.resize(g.n_layer);
   KDN_RETURN_IF_ERROR(kernels::kvc1_allocate_bits(cal.k_sensitivity, cal.v_sensitivity, probe_bits, options.mean_bits,
                                                   options.min_bits, options.max_bits, cal.k_bits, cal.v_bits));
   double bits = 0;
