@@ -2,16 +2,24 @@
 // document plus a question) and SmolLM2-135M on llama.cpp:
 //   ttft_miss_s          engine process A prefills everything (and stores its chunks in kdnd);
 //   ttft_hit_s           engine process B, another process, asks the same prompt and loads
-//                        A's KV from kdnd (median of --reps runs);
+//                        A's KV from kdnd (median of --reps runs, after --warmup unscored ones);
 //   ttft_slot_restore_s  the engine's own alternative, measured in B: llama-server's slot
 //                        save/restore, llama_state_seq_save_file by A of the same prefix and
 //                        llama_state_seq_load_file by B (median), then the same suffix prefill;
+//   hit_vs_slot_restore  the median over repetitions of hit / slot restore, each pair run back
+//                        to back: both sides do the same suffix prefill, whose run-to-run noise
+//                        on a shared machine is far larger than the load they differ in, and
+//                        a pair sees the same machine state (the ratio of the two medians is
+//                        reported beside it);
 //   tokens_identical     B's greedy tokens (hit) equal A's (miss), and the slot restore's too;
 //   codec.*              KVC1 (kivi4, or --codec MODE) on the same prefix: top-1 next-token agreement,
 //                        perplexity delta and KL over the document's next tokens vs exact KV, with
 //                        uniform widths and (codec.calibrated.*) with per-layer widths of the same
 //                        mean calibrated first on another part of the text, on the model's f16
-//                        weights (calibrate_codec_bits).
+//                        weights (calibrate_codec_bits). Scored on the served weights in B and
+//                        (codec_f16.*, process C) on their f16 copy, where llama.cpp computes the
+//                        activations in floating point: on Q4_1 weights it rounds them to 8 bits
+//                        and a one-ulp change of the KV already moves the top-1 token (floor_*).
 // Every figure comes from this run; the miss prefill is the baseline the speedup divides.
 #include "commands.h"
 #include "kdnd_process.h"
@@ -50,7 +58,8 @@ struct Options {
   std::string kdnd = kdn::bench::default_kdnd_path();
   std::vector<uint32_t> sizes = {1024, 2048, 4096, 8192};
   int32_t threads = 1;
-  uint32_t reps = 11;
+  uint32_t reps = 21;
+  uint32_t warmup = 1;  // unscored hit and slot-restore runs first (first-touch page faults)
   uint32_t n_predict = 32;
   uint32_t eval_tokens = 256;
   std::string question = "Summarize the terms above in one sentence.";
@@ -64,6 +73,7 @@ struct Options {
   bool rotate = false;            // Hadamard-rotated rows (CodecConfig::rotate)
   uint32_t sink_tokens = kdn::kernels::kDefaultSinkTokens;  // exact leading rows of the first chunk
   bool f16_weights = false;
+  bool f16_codec = true;  // also score the codec on the f16 copy of the weights (process C)
   bool calibrate = true;               // per-layer widths from calibrate_codec_bits (quantized modes)
   std::vector<std::string> calib_docs;  // empty: the document's last tokens
   uint32_t calib_chunks = 4;
@@ -121,10 +131,10 @@ struct Side {
   uint32_t size;
   std::string socket, name_space, slot_path;
 
-  kdn::Result<std::unique_ptr<Engine>> open_engine() const {
+  kdn::Result<std::unique_ptr<Engine>> open_engine(const std::string& model, int32_t threads) const {
     kdn::llama::EngineOptions eo;
-    eo.model_path = o.model;
-    eo.n_threads = o.threads;
+    eo.model_path = model;
+    eo.n_threads = threads;
     eo.n_ctx = size + o.eval_tokens + 512;
     return Engine::open(eo);
   }
@@ -136,9 +146,9 @@ struct Session {
   std::unique_ptr<kdn::llama::KdnChunkStore> store;
   std::vector<int32_t> prompt;
 
-  // Null on success, else the failure to report.
-  std::optional<Json> open(const Side& s) {
-    auto e = s.open_engine();
+  // Null on success, else the failure to report. By default the options' model and threads.
+  std::optional<Json> open(const Side& s, const std::string* model = nullptr, int32_t threads = 0) {
+    auto e = s.open_engine(model ? *model : s.o.model, threads > 0 ? threads : s.o.threads);
     if (!e.ok()) return failure("engine", e.status());
     engine = std::move(e.value());
     auto c = kdn::llama::KdnChunkStore::connect(engine->identity().desc, s.socket, s.name_space);
@@ -341,13 +351,27 @@ Json run_reuse_side(const Side& s) {
     slot_load.push_back(run->load_s);
     return std::nullopt;
   };
-  // The order flips every repetition, so neither side always runs right after the other.
-  for (uint32_t r = 0; r < s.o.reps; ++r) {
+  // The order flips every repetition, so neither side always runs right after the other. The
+  // warm-up pairs (first-touch faults of the cache and the file buffer) are reported apart.
+  for (uint32_t r = 0; r < s.o.warmup + s.o.reps; ++r) {
     const bool hit_first = r % 2 == 0;
     std::optional<Json> err = hit_first ? run_hit(r) : run_slot(r);
     if (!err) err = hit_first ? run_slot(r) : run_hit(r);
     if (err) return *err;
+    if (r + 1 == s.o.warmup) {
+      out["warmup_hit_runs_s"] = hit;
+      out["warmup_slot_restore_runs_s"] = slot;
+      for (auto* v : {&hit, &hit_retrieve, &hit_load, &slot, &slot_load}) v->clear();
+    }
   }
+  std::vector<double> paired;
+  uint32_t hit_faster = 0;
+  for (size_t i = 0; i < hit.size(); ++i) {
+    paired.push_back(hit[i] / slot[i]);
+    hit_faster += hit[i] < slot[i];
+  }
+  out["hit_vs_slot_restore_paired"] = median(paired);
+  out["hit_faster_pairs"] = hit_faster;
   out["ttft_hit_s"] = median(hit);
   out["ttft_hit_runs_s"] = hit;
   out["hit_retrieve_s"] = median(hit_retrieve);
@@ -360,6 +384,19 @@ Json run_reuse_side(const Side& s) {
   out["slot_tokens"] = slot_tokens;
   out["codec"] = codec_quality(e, *ss.store, s);
   return out;
+}
+
+// Process C: the codec on the f16 copy of the weights, every core. It prefills the prompt and
+// stores its chunks (their fingerprint names this model file, so they never meet A's), then
+// scores them as B does.
+Json run_f16_codec_side(const Side& s, const std::string& f16_model) {
+  Session ss;
+  const int32_t threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+  if (auto err = ss.open(s, &f16_model, threads)) return *err;
+  auto gen = ss.engine->generate(ss.prompt, 1, ss.store.get());
+  if (!gen.ok()) return failure("f16 prefill", gen.status());
+  if (gen->stats.chunks_stored * 256 < s.size) return Json{{"error", "f16: the prefix was not stored"}};
+  return codec_quality(*ss.engine, *ss.store, s);
 }
 
 // Runs `body` in a forked process (llama.cpp and OpenMP never start in the bench itself) and
@@ -401,6 +438,21 @@ kdn::Result<Json> in_child(const std::function<Json()>& body) {
   return j;
 }
 
+// One codec_quality answer under `k` (".codec." or ".codec_f16." of a size).
+void report_codec(kdn::bench::Report& r, const std::string& k, const Json& c) {
+  if (c.contains("error")) {
+    r.set(k + "error", c["error"].get<std::string>());
+    return;
+  }
+  const auto fields = {"top1_agreement", "ppl_exact", "ppl_codec", "ppl_delta_pct", "kl", "ratio_vs_fp16",
+                       "rel_frobenius_error", "cosine_min", "floor_top1_agreement", "floor_ppl_delta_pct", "floor_kl"};
+  for (const char* f : fields) r.set(k + f, c[f].get<double>());
+  r.set(k + "eval_tokens", c["eval_tokens"].get<uint64_t>());
+  if (c.contains("calibrated"))
+    for (const char* f : {"top1_agreement", "ppl_delta_pct", "kl", "ratio_vs_fp16", "rel_frobenius_error"})
+      r.set(k + "calibrated." + f, c["calibrated"][f].get<double>());
+}
+
 void report_size(kdn::bench::Report& r, uint32_t size, const Json& a, const Json& b) {
   const std::string k = "prompt_" + std::to_string(size) + ".";
   const double miss = a["ttft_s"], hit = b["ttft_hit_s"], slot = b["ttft_slot_restore_s"];
@@ -411,7 +463,12 @@ void report_size(kdn::bench::Report& r, uint32_t size, const Json& a, const Json
   r.set(k + "ttft_slot_restore_s", slot);
   for (const char* runs : {"ttft_hit_runs_s", "ttft_slot_restore_runs_s", "hit_load_runs_s", "slot_load_runs_s"})
     r.set_json(k + runs, kdn::bench::Report::Json::parse(b[runs].dump()));
-  r.set(k + "hit_vs_slot_restore", hit / slot);
+  for (const char* runs : {"warmup_hit_runs_s", "warmup_slot_restore_runs_s"})
+    if (b.contains(runs)) r.set_json(k + runs, kdn::bench::Report::Json::parse(b[runs].dump()));
+  r.set(k + "hit_vs_slot_restore", b["hit_vs_slot_restore_paired"].get<double>());
+  r.set(k + "hit_vs_slot_restore_of_medians", hit / slot);
+  r.set(k + "hit_faster_pairs", b["hit_faster_pairs"].get<uint64_t>());
+  r.set(k + "pairs", b["ttft_hit_runs_s"].size());
   r.set(k + "tokens_identical", a["tokens"] == b["tokens"]);
   r.set(k + "slot_tokens_identical", a["tokens"] == b["slot_tokens"]);
   r.set(k + "tokens_reused", b["hit"]["tokens_reused"].get<uint64_t>());
@@ -422,18 +479,7 @@ void report_size(kdn::bench::Report& r, uint32_t size, const Json& a, const Json
   r.set(k + "bytes_loaded", b["hit"]["bytes_loaded"].get<uint64_t>());
   r.set(k + "store_s", a["store_s"].get<double>());
   r.set(k + "slot_file_bytes", a["slot_file_bytes"].get<uint64_t>());
-  const Json& c = b["codec"];
-  if (c.contains("error")) {
-    r.set(k + "codec.error", c["error"].get<std::string>());
-    return;
-  }
-  const auto fields = {"top1_agreement", "ppl_exact", "ppl_codec", "ppl_delta_pct", "kl", "ratio_vs_fp16",
-                       "rel_frobenius_error", "cosine_min", "floor_top1_agreement", "floor_ppl_delta_pct", "floor_kl"};
-  for (const char* f : fields) r.set(k + "codec." + f, c[f].get<double>());
-  r.set(k + "codec.eval_tokens", c["eval_tokens"].get<uint64_t>());
-  if (c.contains("calibrated"))
-    for (const char* f : {"top1_agreement", "ppl_delta_pct", "kl", "ratio_vs_fp16", "rel_frobenius_error"})
-      r.set(k + "codec.calibrated." + f, c["calibrated"][f].get<double>());
+  report_codec(r, k + "codec.", b["codec"]);
 }
 
 void add_flags(CLI::App& app, Options& o) {
@@ -441,10 +487,13 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--model", o.model, "GGUF model (default: the one setup-llama.sh unpacked)");
   app.add_flag("--f16-weights", o.f16_weights,
                "run on the model's weights stored as f16 (NAME.f16.gguf, written next to it once)");
+  app.add_flag("!--no-f16-codec", o.f16_codec,
+               "score the codec on the served weights only (by default also on their f16 copy, process C)");
   app.add_option("--doc", o.docs, "document file(s), concatenated (default: /usr/share/common-licenses/*)");
   app.add_option("--sizes", o.sizes, "prompt sizes in tokens (multiples of 256)")->delimiter(',');
   app.add_option("--threads", o.threads, "llama.cpp threads per engine (default 1: stable under other load)");
-  app.add_option("--reps", o.reps, "repetitions of the hit and slot-restore runs (median)")->check(CLI::Range(1u, 50u));
+  app.add_option("--reps", o.reps, "repetitions of the hit and slot-restore pairs (median)")->check(CLI::Range(1u, 101u));
+  app.add_option("--warmup", o.warmup, "unscored hit and slot-restore pairs before them")->check(CLI::Range(0u, 10u));
   app.add_option("--n-predict", o.n_predict, "greedy tokens compared between hit and miss");
   app.add_option("--eval-tokens", o.eval_tokens, "document tokens scored for the codec")->check(CLI::Range(2u, 4096u));
   app.add_option("--kdnd", o.kdnd, "kdnd binary (default: next to kdn-bench)");
@@ -488,6 +537,14 @@ void add_flags(CLI::App& app, Options& o) {
 // Scored positions over all sizes: where the codec's run and the one-ulp control agree with the exact run.
 struct Agreement {
   uint64_t codec = 0, calibrated = 0, floor = 0, scored = 0;
+
+  void add(const Json& c) {
+    if (!c.contains("agreeing_positions")) return;
+    codec += c["agreeing_positions"].get<uint64_t>();
+    if (c.contains("calibrated")) calibrated += c["calibrated"]["agreeing_positions"].get<uint64_t>();
+    floor += c["floor_agreeing_positions"].get<uint64_t>();
+    scored += c["eval_tokens"].get<uint64_t>();
+  }
 };
 
 std::optional<double> fraction(uint64_t part, uint64_t whole) {
@@ -495,8 +552,22 @@ std::optional<double> fraction(uint64_t part, uint64_t whole) {
   return static_cast<double>(part) / static_cast<double>(whole);
 }
 
+// Pooled figures of one set of weights under `k` ("codec." or "codec_f16."); the calibrated
+// widths' top-1 (the same mean, 4 bits for kivi4) when they ran, else the uniform widths'.
+std::optional<double> report_agreement(kdn::bench::Report& r, const std::string& k, const Calibration& cal,
+                                       const Agreement& a) {
+  const std::optional<double> top1 = fraction(a.codec, a.scored);
+  r.set(k + "top1_agreement", top1);
+  r.set(k + "floor_top1_agreement", fraction(a.floor, a.scored));
+  r.set(k + "scored_positions", a.scored);
+  if (cal.k_bits.empty()) return top1;
+  const std::optional<double> calibrated = fraction(a.calibrated, a.scored);
+  r.set(k + "calibrated.top1_agreement", calibrated);
+  return calibrated;
+}
+
 void set_bars(kdn::bench::Report& r, const Options& o, const Calibration& cal, bool all_identical,
-              const Agreement& a) {
+              const Agreement& served, const Agreement& f16) {
   if (std::find(o.sizes.begin(), o.sizes.end(), 4096u) != o.sizes.end())
     r.set_bar("bars.speedup_4k", r.number("prompt_4096.speedup"), kdn::bench::BarOp::kAtLeast, 20);
   for (uint32_t size : o.sizes) {
@@ -505,18 +576,15 @@ void set_bars(kdn::bench::Report& r, const Options& o, const Calibration& cal, b
               kdn::bench::BarOp::kAtMost, 1.0);
   }
   r.set_bar("bars.tokens_identical", all_identical ? 1.0 : 0.0, kdn::bench::BarOp::kAtLeast, 1.0);
-  const std::optional<double> top1 = fraction(a.codec, a.scored);
   r.set("codec.mode", kdn::kernels::codec_mode_name(o.codec));
   r.set("codec.rotate", o.rotate);
   r.set("codec.sink_tokens", o.sink_tokens);
-  r.set("codec.top1_agreement", top1);
-  r.set("codec.floor_top1_agreement", fraction(a.floor, a.scored));
-  r.set("codec.scored_positions", a.scored);
-  // The bar goes to the calibrated widths when they ran (the same mean, 4 bits for kivi4).
-  const std::optional<double> calibrated = cal.k_bits.empty() ? std::nullopt : fraction(a.calibrated, a.scored);
-  if (calibrated) r.set("codec.calibrated.top1_agreement", calibrated);
+  const std::optional<double> top1 = report_agreement(r, "codec.", cal, served);
+  // The bar is read on f16 weights when they were scored: there a one-ulp change of the KV
+  // leaves the top-1 token alone, so the figure is the codec's, not the 8-bit activations'.
+  const std::optional<double> top1_f16 = f16.scored ? report_agreement(r, "codec_f16.", cal, f16) : std::nullopt;
   if (o.codec == kdn::kernels::CodecMode::kKivi4)
-    r.set_bar("bars.codec_top1_agreement", calibrated ? calibrated : top1, kdn::bench::BarOp::kAtLeast, 0.98);
+    r.set_bar("bars.codec_top1_agreement", f16.scored ? top1_f16 : top1, kdn::bench::BarOp::kAtLeast, 0.98);
 }
 
 }  // namespace
@@ -531,7 +599,7 @@ int run_llama_bench(int argc, char** argv) {
   const bool calibrate = o.calibrate && kdn::kernels::codec_mode_default_bits(o.codec) != 0 &&
                          o.layer_k_bits.empty() && o.layer_v_bits.empty() && o.k_bits == o.v_bits;
   std::string f16_model;
-  if (o.f16_weights || calibrate) {
+  if (o.f16_weights || calibrate || o.f16_codec) {
     const kdn::Result<std::string> f16 = kdn::llama::f16_weights_model(o.model);
     if (!f16.ok()) {
       std::fprintf(stderr, "llama bench: %s: %s\n", o.model.c_str(), f16.status().what());
@@ -554,7 +622,8 @@ int run_llama_bench(int argc, char** argv) {
   ko.binary = o.kdnd;
   ko.socket_path = tmp->path() + "/kdnd.sock";
   ko.log_path = tmp->path() + "/kdnd.log";
-  ko.host_arena_bytes = (uint64_t{largest} * 23040 * 3 / 2 + (64ull << 20)) & ~((1ull << 20) - 1);
+  // Room for the largest prompt's chunks twice (A's, and C's of the f16 weights) and then some.
+  ko.host_arena_bytes = (uint64_t{largest} * 23040 * 3 + (64ull << 20)) & ~((1ull << 20) - 1);
   auto kdnd = kdn::bench::KdndProcess::start(ko);
   if (!kdnd.ok()) {
     std::fprintf(stderr, "llama bench: %s\n%s", kdn::bench::describe(kdnd.status()).c_str(),
@@ -579,7 +648,8 @@ int run_llama_bench(int argc, char** argv) {
   r.set("threads", static_cast<int64_t>(o.threads));
   r.set("chunk_tokens", 256);
   bool all_identical = true;
-  Agreement agree;
+  Agreement served, f16;
+  const bool f16_codec = o.f16_codec && !o.f16_weights && !f16_model.empty();
   for (uint32_t size : o.sizes) {
     // A namespace per size: the shorter prompts' chunks are prefixes of the longer ones'.
     const Side side{o, doc, cal, size, ko.socket_path, "llama-bench-" + std::to_string(size),
@@ -592,16 +662,17 @@ int run_llama_bench(int argc, char** argv) {
     if (!b.ok()) return 1;
     report_size(r, size, a.value(), b.value());
     all_identical &= a.value()["tokens"] == b.value()["tokens"] && a.value()["tokens"] == b.value()["slot_tokens"];
-    if (b.value()["codec"].contains("agreeing_positions")) {
-      agree.codec += b.value()["codec"]["agreeing_positions"].get<uint64_t>();
-      if (b.value()["codec"].contains("calibrated"))
-        agree.calibrated += b.value()["codec"]["calibrated"]["agreeing_positions"].get<uint64_t>();
-      agree.floor += b.value()["codec"]["floor_agreeing_positions"].get<uint64_t>();
-      agree.scored += b.value()["codec"]["eval_tokens"].get<uint64_t>();
+    served.add(b.value()["codec"]);
+    if (f16_codec) {
+      std::fprintf(stderr, "llama bench: %u tokens: process C (codec on f16 weights)...\n", size);
+      auto c = in_child([&] { return run_f16_codec_side(side, f16_model); });
+      if (!c.ok()) return 1;
+      report_codec(r, "prompt_" + std::to_string(size) + ".codec_f16.", c.value());
+      f16.add(c.value());
     }
   }
   (void)kdnd.value().stop();
-  set_bars(r, o, cal, all_identical, agree);
+  set_bars(r, o, cal, all_identical, served, f16);
   std::printf("%s\n", o.json ? r.to_json().c_str() : r.to_table().c_str());
   return 0;
 }

@@ -1,50 +1,13 @@
 // End to end: kdn-bench node against the kdnd of this build, on a tiny plan. Checks that
 // every required figure is measured, that retrieved data was what was stored, and that
 // kdnd stopped cleanly. Does not judge the figures themselves (that is the benchmark's job).
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
-#include <stdio.h>
-#include <sys/wait.h>
-
-#include <string>
+#include "smoke_util.h"
 
 namespace {
 
-struct BenchRun {
-  int exit_code = -1;
-  std::string stdout_text;
-};
-
-BenchRun run_bench(const std::string& args) {
-  BenchRun run;
-  std::string command = std::string(KDN_BENCH_BINARY) + " " + args + " 2>/dev/null";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return run;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) run.stdout_text.append(buf, n);
-  int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
-
-const nlohmann::json& at(const nlohmann::json& j, const std::string& dotted) {
-  const nlohmann::json* node = &j;
-  size_t start = 0;
-  while (true) {
-    size_t dot = dotted.find('.', start);
-    std::string part = dotted.substr(start, dot == std::string::npos ? dot : dot - start);
-    if (!node->is_object() || !node->contains(part)) {
-      static const nlohmann::json missing;
-      ADD_FAILURE() << "missing " << dotted;
-      return missing;
-    }
-    node = &node->at(part);
-    if (dot == std::string::npos) return *node;
-    start = dot + 1;
-  }
-}
+using kdn::bench::smoke::at;
+using kdn::bench::smoke::BenchRun;
+using kdn::bench::smoke::run_bench;
 
 TEST(NodeBenchSmokeTest, MeasuresEveryFigureAgainstARealKdnd) {
   BenchRun run = run_bench(

@@ -1,0 +1,51 @@
+// What the kdn-bench end-to-end tests share: run the binary of this build and read its JSON.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <stdio.h>
+#include <sys/wait.h>
+
+#include <string>
+
+namespace kdn::bench::smoke {
+
+struct BenchRun {
+  int exit_code = -1;
+  std::string stdout_text;
+};
+
+// KDN_BENCH_BINARY with `args`; stderr (progress) is dropped.
+inline BenchRun run_bench(const std::string& args) {
+  BenchRun run;
+  std::string command = std::string(KDN_BENCH_BINARY) + " " + args + " 2>/dev/null";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return run;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) run.stdout_text.append(buf, n);
+  int status = pclose(pipe);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+// The value at a dotted path ("a.b.c"); a test failure and null when it is missing.
+inline const nlohmann::json& at(const nlohmann::json& j, const std::string& dotted) {
+  const nlohmann::json* node = &j;
+  size_t start = 0;
+  while (true) {
+    size_t dot = dotted.find('.', start);
+    std::string part = dotted.substr(start, dot == std::string::npos ? dot : dot - start);
+    if (!node->is_object() || !node->contains(part)) {
+      static const nlohmann::json missing;
+      ADD_FAILURE() << "missing " << dotted;
+      return missing;
+    }
+    node = &node->at(part);
+    if (dot == std::string::npos) return *node;
+    start = dot + 1;
+  }
+}
+
+}  // namespace kdn::bench::smoke
