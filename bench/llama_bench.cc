@@ -44,7 +44,6 @@
 #include <optional>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace {
@@ -146,9 +145,9 @@ struct Session {
   std::unique_ptr<kdn::llama::KdnChunkStore> store;
   std::vector<int32_t> prompt;
 
-  // Null on success, else the failure to report. By default the options' model and threads.
-  std::optional<Json> open(const Side& s, const std::string* model = nullptr, int32_t threads = 0) {
-    auto e = s.open_engine(model ? *model : s.o.model, threads > 0 ? threads : s.o.threads);
+  // Null on success, else the failure to report. `threads` 0: every core (the engine's default).
+  std::optional<Json> open(const Side& s, const std::string& model, int32_t threads) {
+    auto e = s.open_engine(model, threads);
     if (!e.ok()) return failure("engine", e.status());
     engine = std::move(e.value());
     auto c = kdn::llama::KdnChunkStore::connect(engine->identity().desc, s.socket, s.name_space);
@@ -165,7 +164,7 @@ struct Session {
 // prefix as a slot file the way llama-server's slot save does.
 Json run_store_side(const Side& s) {
   Session ss;
-  if (auto err = ss.open(s)) return *err;
+  if (auto err = ss.open(s, s.o.model, s.o.threads)) return *err;
   Engine& e = *ss.engine;
   auto gen = e.generate(ss.prompt, s.o.n_predict, ss.store.get());
   if (!gen.ok()) return failure("generate", gen.status());
@@ -250,7 +249,7 @@ Json quality_json(const kdn::llama::CodecQualityReport& q) {
 Json run_calibration(const Options& o, const std::string& f16_model, const std::string& text, bool from_tail) {
   kdn::llama::EngineOptions eo;
   eo.model_path = f16_model;
-  eo.n_threads = o.calib_threads > 0 ? o.calib_threads : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+  eo.n_threads = o.calib_threads;  // 0: every core
   const uint32_t need = o.calib_chunks * eo.chunk_tokens + o.calib_eval_tokens;
   eo.n_ctx = need + 256;
   auto e = Engine::open(eo);
@@ -322,7 +321,7 @@ Json codec_quality(Engine& e, kdn::llama::ChunkStore& store, const Side& s) {
 // Process B: the hit, the slot-restore baseline and the codec, all on A's work.
 Json run_reuse_side(const Side& s) {
   Session ss;
-  if (auto err = ss.open(s)) return *err;
+  if (auto err = ss.open(s, s.o.model, s.o.threads)) return *err;
   Engine& e = *ss.engine;
 
   // Hit and slot-restore runs alternate, so both see the same machine load.
@@ -391,8 +390,7 @@ Json run_reuse_side(const Side& s) {
 // leases and scores them as B does.
 Json run_f16_codec_side(const Side& s, const std::string& f16_model) {
   Session ss;
-  const int32_t threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
-  if (auto err = ss.open(s, &f16_model, threads)) return *err;
+  if (auto err = ss.open(s, f16_model, 0)) return *err;
   auto gen = ss.engine->generate(ss.prompt, 1, ss.store.get());
   if (!gen.ok()) return failure("f16 prefill", gen.status());
   return codec_quality(*ss.engine, *ss.store, s);  // fails if kdnd does not hold the whole prefix
@@ -648,7 +646,7 @@ int run_llama_bench(int argc, char** argv) {
   r.set("chunk_tokens", 256);
   bool all_identical = true;
   Agreement served, f16;
-  const bool f16_codec = o.f16_codec && !o.f16_weights && !f16_model.empty();
+  const bool f16_codec = o.f16_codec && !o.f16_weights;  // f16_model is set whenever o.f16_codec
   for (uint32_t size : o.sizes) {
     // A namespace per size: the shorter prompts' chunks are prefixes of the longer ones'.
     const Side side{o, doc, cal, size, ko.socket_path, "llama-bench-" + std::to_string(size),
