@@ -27,19 +27,28 @@ inline std::string read_document() {
 // between thread counts, so every comparison here is between runs of one engine setup.)
 constexpr uint32_t kTestChunk = 128;
 
-inline std::unique_ptr<Engine> open_engine(bool flash_attn = true, uint32_t n_ctx = 1024,
-                                           const std::string& model = KDN_LLAMA_TEST_MODEL) {
+inline EngineOptions test_engine_options(bool flash_attn = true, uint32_t n_ctx = 1024,
+                                         const std::string& model = KDN_LLAMA_TEST_MODEL) {
   EngineOptions o;
   o.model_path = model;
   o.n_ctx = n_ctx;
   o.chunk_tokens = kTestChunk;
   o.n_threads = 1;
   o.flash_attn = flash_attn;
+  return o;
+}
+
+inline std::unique_ptr<Engine> open_engine(const EngineOptions& o) {
   Result<std::unique_ptr<Engine>> e = Engine::open(o);
   EXPECT_TRUE(e.ok()) << e.status().what();
   if (!e.ok()) return nullptr;
   EXPECT_TRUE(e.value()->cache_support().ok()) << e.value()->cache_support().what();
   return std::move(e.value());
+}
+
+inline std::unique_ptr<Engine> open_engine(bool flash_attn = true, uint32_t n_ctx = 1024,
+                                           const std::string& model = KDN_LLAMA_TEST_MODEL) {
+  return open_engine(test_engine_options(flash_attn, n_ctx, model));
 }
 
 inline std::unique_ptr<MemoryChunkStore> open_store(MemoryNode& node, const Engine& e) {

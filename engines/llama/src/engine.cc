@@ -2,6 +2,7 @@
 
 #include "engine_identity.h"
 #include "kv_restore.h"
+#include "overlapped_load.h"
 
 #include <llama.h>
 
@@ -91,6 +92,7 @@ Result<std::unique_ptr<Engine>> Engine::open(const EngineOptions& opts) noexcept
 }
 
 Engine::~Engine() {
+  if (overlap_) (void)overlap_->finish();  // its worker writes into the context's cache
   if (ctx_) llama_free(ctx_);
   if (model_) llama_model_free(model_);
 }
@@ -115,11 +117,21 @@ Status Engine::init(const EngineOptions& opts) noexcept {
   cp.flash_attn_type = opts.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
   cp.type_k = GGML_TYPE_F16;
   cp.type_v = GGML_TYPE_F16;
-  const int32_t threads = opts.n_threads > 0 ? opts.n_threads
-                                             : static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+  const int32_t cores = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+  const int32_t threads = opts.n_threads > 0 ? opts.n_threads : cores;
   cp.n_threads = threads;
   cp.n_threads_batch = threads;
   cp.no_perf = true;
+  // A transposed V passes through a buffer the next chunk's describe() reuses, so only V rows
+  // (flash attention) can be left for the worker to copy from the chunks themselves.
+  if (opts.flash_attn &&
+      (opts.load_overlap == LoadOverlap::kOn || (opts.load_overlap == LoadOverlap::kAuto && threads < cores))) {
+    overlap_.reset(new (std::nothrow) OverlappedLoad());
+    if (!overlap_) return Status(Code::kNoMemory, "engine allocation failed");
+    overlap_->set_test_delay_us(opts.overlap_test_delay_us);
+    cp.cb_eval = &OverlappedLoad::eval_callback;
+    cp.cb_eval_user_data = overlap_.get();
+  }
   ctx_ = llama_init_from_model(model_, cp);
   if (!ctx_) return Status(Code::kInternal, "llama.cpp could not create a context");
 
@@ -130,9 +142,11 @@ Status Engine::init(const EngineOptions& opts) noexcept {
   }
   identity_ = std::move(id.value());
   cache_support_ = probe_state_format();
-  // A one-chunk load's buffers, allocated now rather than in the first request's load.
+  // A load's buffers, allocated now rather than in the first request's load: for the whole
+  // context with V rows (loaded as one blob), for one chunk with V transposed (chunk by chunk).
   if (!cache_support_.ok()) return OkStatus();
-  return pieces_.reserve(identity_.geometry, 1);
+  const KvGeometry& g = identity_.geometry;
+  return pieces_.reserve(g, g.v_trans ? 1 : std::max<uint64_t>(1, opts.n_ctx / g.chunk_tokens));
 }
 
 Status Engine::size_blob(uint64_t bytes) noexcept {
@@ -183,6 +197,7 @@ uint32_t Engine::n_vocab() const noexcept {
 }
 
 void Engine::reset() noexcept {
+  if (overlap_) (void)overlap_->finish();  // nothing may still be writing into the cache
   llama_memory_clear(llama_get_memory(ctx_), true);
   last_logits_index_ = -1;
 }
@@ -228,12 +243,20 @@ std::span<const float> Engine::last_logits() const noexcept {
   return {llama_get_logits_ith(ctx_, last_logits_index_), n_vocab()};
 }
 
-// Chunk by chunk: each chunk is described as a one-chunk blob whose KV pieces point into the
-// chunk itself, restored into the scratch sequence (llama.cpp's reader pulls each KV range
-// straight from the chunk into the cache tensor, checked finite on the way) and handed to the
-// request's sequence with seq_cp, which with a unified cache moves no data. Cells are taken in
-// order from an empty cache, so they land where a fresh prefill puts them.
+// The chunks are described as a blob whose KV pieces point into the chunks themselves and
+// restored through llama.cpp's own state reader, which pulls each KV range straight from the
+// chunk into the cache tensor, checked finite on the way. With V rows that is one blob for all
+// chunks, restored into the request's sequence; with V transposed it is chunk by chunk, each
+// restored into the scratch sequence and handed over with seq_cp (a unified cache moves no
+// data). Cells are taken in order from an empty cache, so they land where a fresh prefill
+// puts them. With `deferred` the cells are placed the same way and the KV ranges are gathered
+// there for OverlappedLoad.
 Status Engine::load_chunks(std::span<const std::span<const uint8_t>> chunks) noexcept {
+  return load_chunks_into(chunks, nullptr);
+}
+
+Status Engine::load_chunks_into(std::span<const std::span<const uint8_t>> chunks,
+                                std::vector<KvCopy>* deferred) noexcept {
   const KvGeometry& g = identity_.geometry;
   llama_memory_t mem = llama_get_memory(ctx_);
   if (!cache_support_.ok()) return cache_support_;
@@ -243,18 +266,29 @@ Status Engine::load_chunks(std::span<const std::span<const uint8_t>> chunks) noe
   if (cells == 0 || cells > llama_n_ctx(ctx_))
     return Status(Code::kInvalidArgument, "chunks do not fit in the context");
   Status st;
-  for (size_t i = 0; i < chunks.size() && st.ok(); ++i) {
-    st = pieces_.describe(g, chunks.subspan(i, 1), static_cast<int32_t>(uint64_t{i} * g.chunk_tokens));
-    if (!st.ok()) break;
-    st = restore_seq_pieces(ctx_, kScratch, g.type, pieces_.pieces());
-    if (st.ok()) llama_memory_seq_cp(mem, kScratch, kSeq, -1, -1);
-    llama_memory_seq_rm(mem, kScratch, -1, -1);
+  if (!g.v_trans) {
+    // V rows: every piece but the small fields points into the chunks, so all of them go in
+    // as one blob, straight into the request's sequence (one cell placement, as set_data).
+    st = pieces_.describe(g, chunks, 0);
+    if (st.ok()) st = restore_seq_pieces(ctx_, kSeq, g.type, pieces_.pieces(), deferred);
+  } else {
+    // A transposed V is staged in a buffer: one chunk at a time bounds it.
+    for (size_t i = 0; i < chunks.size() && st.ok(); ++i) {
+      st = pieces_.describe(g, chunks.subspan(i, 1), static_cast<int32_t>(uint64_t{i} * g.chunk_tokens));
+      if (!st.ok()) break;
+      st = restore_seq_pieces(ctx_, kScratch, g.type, pieces_.pieces(), deferred);
+      if (st.ok()) llama_memory_seq_cp(mem, kScratch, kSeq, -1, -1);
+      llama_memory_seq_rm(mem, kScratch, -1, -1);
+    }
   }
   if (st.ok() && (llama_memory_seq_pos_min(mem, kSeq) != 0 ||
                   llama_memory_seq_pos_max(mem, kSeq) != static_cast<llama_pos>(cells - 1)))
     st = Status(Code::kCorrupt, "restored cells are not the chunks' positions");
   // All or nothing: a chunk that fails takes the ones before it out again.
-  if (!st.ok()) llama_memory_seq_rm(mem, kSeq, -1, -1);
+  if (!st.ok()) {
+    llama_memory_seq_rm(mem, kSeq, -1, -1);
+    if (deferred != nullptr) deferred->clear();
+  }
   return st;
 }
 

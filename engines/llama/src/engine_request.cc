@@ -3,6 +3,9 @@
 
 #include <kdn/common/clock.h>
 
+#include "kv_restore.h"
+#include "overlapped_load.h"
+
 #include <llama.h>
 
 #include <algorithm>
@@ -42,7 +45,13 @@ uint32_t Engine::load_cached_prefix(std::span<const int32_t> prompt, ChunkStore&
   if (n == 0) return 0;
   std::vector<std::span<const uint8_t>> chunks(n);
   for (uint32_t i = 0; i < n; ++i) chunks[i] = (*lease)->chunk(i);
-  const Status st = load_chunks(chunks);
+  // Overlapped: the cells are placed now and the bytes copied beside the prefill (the lease
+  // outlives the copy: generate() finishes it before the lease goes back).
+  Status st = load_chunks_into(chunks, overlap_ ? &overlap_->staging() : nullptr);
+  if (st.ok() && overlap_) {
+    st = overlap_->start(identity_.geometry.type);
+    if (!st.ok()) reset();  // the cells placed for the bytes that will not come
+  }
   stats.load_s = seconds_between(t1, now_ns());
   if (!st.ok()) {
     note(stats, st);
@@ -95,9 +104,26 @@ Result<Generation> Engine::generate(std::span<const int32_t> prompt, uint32_t n_
 
   const uint64_t t0 = now_ns();
   std::unique_ptr<ChunkLease> lease;
-  const uint32_t reused = use_cache ? load_cached_prefix(prompt, *store, stats, lease) : 0;
-  const uint64_t t1 = now_ns();
-  KDN_RETURN_IF_ERROR(prefill(prompt.subspan(reused), reused, {}));
+  uint32_t reused = use_cache ? load_cached_prefix(prompt, *store, stats, lease) : 0;
+  uint64_t t1 = now_ns();
+  Status computed = prefill(prompt.subspan(reused), reused, {});
+  if (overlap_ && overlap_->pending()) {
+    const Status copied = overlap_->finish();
+    stats.load_copy_s = overlap_->copy_s();
+    stats.load_wait_s = overlap_->waited_s();
+    if (!copied.ok()) {
+      // The prefill ran on bytes that failed their check: throw it away and compute it all.
+      note(stats, copied);
+      reset();
+      lease.reset();
+      reused = 0;
+      stats.chunks_loaded = 0;
+      stats.bytes_loaded = 0;
+      t1 = now_ns();
+      computed = prefill(prompt, 0, {});
+    }
+  }
+  KDN_RETURN_IF_ERROR(computed);
   std::span<const float> logits = last_logits();
   int32_t token = argmax(logits);
   const uint64_t t2 = now_ns();

@@ -20,7 +20,8 @@ namespace {
 // state reader then takes back the cells it had placed and rethrows.
 class PieceReader final : public llama_io_read_i {
  public:
-  PieceReader(KvType type, std::span<const BlobPiece> pieces) noexcept : type_(type), pieces_(pieces) {
+  PieceReader(KvType type, std::span<const BlobPiece> pieces, std::vector<KvCopy>* deferred) noexcept
+      : type_(type), pieces_(pieces), deferred_(deferred) {
     for (const BlobPiece& p : pieces) left_ += p.size;
   }
 
@@ -36,10 +37,13 @@ class PieceReader final : public llama_io_read_i {
     const size_t total = ggml_nbytes(t);
     if (offset > total || size > total - offset) throw std::runtime_error("tensor range out of bounds");
     const bool host = t->buffer != nullptr && ggml_backend_buffer_is_host(t->buffer);
+    const ggml_tensor* base = t->view_src != nullptr ? t->view_src : t;
     walk(size, [&](const uint8_t* src, uint64_t n, bool kv) {
       if (host) {
         uint8_t* dst = static_cast<uint8_t*>(t->data) + offset;
-        if (!kv)
+        if (kv && deferred_ != nullptr)
+          deferred_->push_back({base, dst, src, n});  // bad_alloc: llama.cpp's reader unwinds
+        else if (!kv)
           std::memcpy(dst, src, n);
         else if (!copy_finite(type_, dst, src, n))
           fail_finite();
@@ -82,6 +86,7 @@ class PieceReader final : public llama_io_read_i {
 
   KvType type_;
   std::span<const BlobPiece> pieces_;
+  std::vector<KvCopy>* deferred_;
   size_t i_ = 0;       // current piece
   uint64_t at_ = 0;    // offset in it
   uint64_t left_ = 0;  // bytes not yet read
@@ -91,11 +96,13 @@ class PieceReader final : public llama_io_read_i {
 
 }  // namespace
 
-Status restore_seq_pieces(llama_context* ctx, int32_t seq, KvType type, std::span<const BlobPiece> pieces) noexcept {
+Status restore_seq_pieces(llama_context* ctx, int32_t seq, KvType type, std::span<const BlobPiece> pieces,
+                          std::vector<KvCopy>* deferred) noexcept {
   llama_memory_t mem = llama_get_memory(ctx);
   if (mem == nullptr) return Status(Code::kInternal, "context has no KV cache");
   llama_synchronize(ctx);
-  PieceReader reader(type, pieces);
+  const size_t deferred_before = deferred != nullptr ? deferred->size() : 0;
+  PieceReader reader(type, pieces, deferred);
   try {
     // What llama_state_seq_set_data reads before handing over to the memory module.
     uint32_t magic = 0;
@@ -107,11 +114,13 @@ Status restore_seq_pieces(llama_context* ctx, int32_t seq, KvType type, std::spa
   } catch (...) {
     // llama.cpp logs its reason; ours is the non-finite value.
     llama_memory_seq_rm(mem, seq, -1, -1);
+    if (deferred != nullptr) deferred->resize(deferred_before);
     if (reader.saw_non_finite()) return Status(Code::kCorrupt, "chunk holds a non-finite value");
     return Status(Code::kCorrupt, "llama.cpp refused the KV blob");
   }
   if (reader.left() != 0) {
     llama_memory_seq_rm(mem, seq, -1, -1);
+    if (deferred != nullptr) deferred->resize(deferred_before);
     return Status(Code::kCorrupt, "llama.cpp did not read the whole KV blob");
   }
   return OkStatus();

@@ -6,8 +6,10 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 struct llama_context;
+struct ggml_tensor;
 
 namespace kdn::llama {
 
@@ -19,6 +21,18 @@ namespace kdn::llama {
 // element, or llama.cpp refused the blob: the sequence is then empty again), kInternal.
 // This is the one place that uses llama.cpp's internal state-reader interface; the engine
 // checks at open that it restores exactly what set_data restores.
-Status restore_seq_pieces(llama_context* ctx, int32_t seq, KvType type, std::span<const BlobPiece> pieces) noexcept;
+//
+// With `deferred` non-null, KV ranges bound for host-memory tensors are not copied: each is
+// appended to *deferred (unchecked) and the cells are placed as if it had been. The caller
+// must then copy them, checked finite, before anything reads the cache (OverlappedLoad), and
+// keep the pieces' bytes alive until it has.
+struct KvCopy {
+  const ggml_tensor* base;  // the cache tensor the range belongs to (the viewed one, for a view)
+  uint8_t* dst;
+  const uint8_t* src;
+  uint64_t bytes;
+};
+Status restore_seq_pieces(llama_context* ctx, int32_t seq, KvType type, std::span<const BlobPiece> pieces,
+                          std::vector<KvCopy>* deferred = nullptr) noexcept;
 
 }  // namespace kdn::llama

@@ -14,6 +14,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 
@@ -45,6 +46,11 @@ void add_flags(CLI::App& app, CliOptions& o) {
   app.add_option("--chunk-tokens", o.engine.chunk_tokens, "kdn chunk size and prefill batch");
   app.add_option("--threads", o.engine.n_threads, "compute threads (0: all)");
   app.add_flag("!--no-flash-attn", o.engine.flash_attn, "run without flash attention (V transposed)");
+  const std::map<std::string, kdn::llama::LoadOverlap> overlap = {
+      {"auto", kdn::llama::LoadOverlap::kAuto}, {"on", kdn::llama::LoadOverlap::kOn}, {"off", kdn::llama::LoadOverlap::kOff}};
+  app.add_option("--load-overlap", o.engine.load_overlap,
+                 "copy a hit's KV beside the prefill, layer by layer: auto (when --threads leaves a core free), on, off")
+      ->transform(CLI::CheckedTransformer(overlap, CLI::ignore_case));
   app.add_option("--dump-kv", o.dump_kv, "write the prompt's canonical KV chunks here (.kv + .json)");
   app.add_flag("--json", o.json, "print one JSON object instead of text");
   app.add_flag("--verbose", o.engine.verbose, "show llama.cpp's log");
@@ -89,6 +95,9 @@ void print_text(const kdn::llama::Engine& e, size_t prompt_tokens,
   std::printf("prompt:  %zu tokens\n", prompt_tokens);
   std::printf("ttft:    %.3f s (retrieve %.4f s, load %.4f s, prefill %.3f s)\n", s.ttft_s, s.retrieve_s,
               s.load_s, s.prefill_s);
+  if (e.overlaps_load() && s.chunks_loaded > 0)
+    std::printf("overlap: KV copied beside the prefill in %.4f s; the prefill waited %.4f s for it\n",
+                s.load_copy_s, s.load_wait_s);
   std::printf("reused:  %u tokens (%u chunks, %.1f MB)\n", s.tokens_reused, s.chunks_loaded,
               s.bytes_loaded / 1e6);
   std::printf("computed: %u tokens; stored %u chunks (%.1f MB) in %.4f s\n", s.tokens_computed,
@@ -104,6 +113,8 @@ void print_json(const kdn::llama::Engine& e, size_t prompt_tokens, const std::st
       {"model", e.identity().desc.name},    {"cache", cache_state},
       {"prompt_tokens", prompt_tokens},     {"ttft_s", s.ttft_s},
       {"retrieve_s", s.retrieve_s},         {"load_s", s.load_s},
+      {"load_overlapped", e.overlaps_load()}, {"load_copy_s", s.load_copy_s},
+      {"load_wait_s", s.load_wait_s},
       {"prefill_s", s.prefill_s},           {"store_s", s.store_s},
       {"tokens_reused", s.tokens_reused},   {"tokens_computed", s.tokens_computed},
       {"chunks_loaded", s.chunks_loaded},   {"bytes_loaded", s.bytes_loaded},

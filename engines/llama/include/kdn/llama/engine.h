@@ -36,6 +36,9 @@ struct llama_model;
 
 namespace kdn::llama {
 
+class OverlappedLoad;
+struct KvCopy;
+
 // The SmolLM2-135M-Instruct GGUF scripts/setup-llama.sh unpacked for this build.
 const char* default_model_path() noexcept;
 
@@ -45,13 +48,22 @@ const char* default_model_path() noexcept;
 // weights against 8-bit activations, which hides small KV differences in rounding noise.
 Result<std::string> f16_weights_model(const std::string& model_path) noexcept;
 
+// Whether a hit's KV copy runs beside the suffix prefill (see overlapped_load.h): layer L's
+// bytes are copied on a worker thread while layers before L compute, and each layer's
+// attention waits for its own bytes. kAuto: when the engine's compute threads leave a
+// hardware thread free for the copy. Only with flash attention (V rows): a transposed V is
+// always copied before the prefill.
+enum class LoadOverlap { kAuto, kOn, kOff };
+
 struct EngineOptions {
   std::string model_path;
   uint32_t n_ctx = 8192 + 512;  // KV cells: prompt + generated tokens must fit
   uint32_t chunk_tokens = 256;  // kdn chunk size, also the prefill batch size
   int32_t n_threads = 0;        // 0: every hardware thread
   bool flash_attn = true;       // false: llama.cpp keeps V transposed (part of the fingerprint)
+  LoadOverlap load_overlap = LoadOverlap::kAuto;
   bool verbose = false;         // let llama.cpp log to stderr
+  uint32_t overlap_test_delay_us = 0;  // tests: the load worker sleeps this long per tensor
 };
 
 // What makes this engine's KV bytes interchangeable with another's.
@@ -64,7 +76,9 @@ struct EngineIdentity {
 struct RequestStats {
   double ttft_s = 0;      // prompt tokens in -> first token chosen (retrieve + load + prefill)
   double retrieve_s = 0;  // store lookup and lease
-  double load_s = 0;      // leased canonical chunks -> KV cache
+  double load_s = 0;      // leased canonical chunks -> KV cache (with overlap: cells placed, copy started)
+  double load_copy_s = 0;  // overlapped load: the worker's copy, beside the prefill
+  double load_wait_s = 0;  // overlapped load: how long the prefill waited for it
   double prefill_s = 0;   // computing the uncached tokens
   double store_s = 0;     // extracting and storing new chunks (after the first token)
   uint32_t tokens_reused = 0;
@@ -119,8 +133,11 @@ class Engine {
   // ---- steps of generate(), for tests, benchmarks and --dump-kv --------------------------
   // Empties the KV cache, zeroing its buffers.
   void reset() noexcept;
-  // Loads canonical chunks as positions [0, n * chunk_tokens) into the empty sequence.
+  // Loads canonical chunks as positions [0, n * chunk_tokens) into the empty sequence (all of
+  // their bytes are in the cache when it returns).
   Status load_chunks(std::span<const std::span<const uint8_t>> chunks) noexcept;
+  // Whether generate() overlaps a hit's KV copy with the suffix prefill.
+  bool overlaps_load() const noexcept { return overlap_ != nullptr; }
   // Prefills tokens at positions first_pos.. in chunk-aligned batches; `sink` (may be empty)
   // gets the logits of every token, otherwise only the last token's are computed.
   Status prefill(std::span<const int32_t> tokens, uint32_t first_pos, const LogitsSink& sink) noexcept;
@@ -149,6 +166,8 @@ class Engine {
   void store_new_chunks(std::span<const int32_t> prompt, uint32_t first_chunk, ChunkStore& store,
                         RequestStats& stats) noexcept;
   Status decode_one(int32_t token, uint32_t pos) noexcept;
+  // load_chunks; with `deferred`, the KV copies are left to the caller (restore_seq_pieces).
+  Status load_chunks_into(std::span<const std::span<const uint8_t>> chunks, std::vector<KvCopy>* deferred) noexcept;
 
   EngineOptions opts_;
   EngineIdentity identity_{};
@@ -158,6 +177,7 @@ class Engine {
   int32_t last_logits_index_ = -1;
   std::vector<uint8_t> blob_;  // reused across requests: the state blob of a store
   SeqBlobPieces pieces_;       // reused across requests: the blob of a load, as pieces
+  std::unique_ptr<OverlappedLoad> overlap_;  // null: loads copy synchronously
 };
 
 }  // namespace kdn::llama
