@@ -173,18 +173,25 @@ void OverlappedLoad::wait_group(int32_t g) noexcept {
 
 bool OverlappedLoad::ask(ggml_tensor* t) noexcept {
   if (groups_done_.load(std::memory_order_acquire) == groups_.size()) return false;
+  // Storing the batch's own K or V into the cache writes the rows of the new cells, which the
+  // copy never touches, and reads only its other sources (the destination is listed among the
+  // sources too: src[2] of a set_rows, src[1] of a cpy).
+  const bool writes_cache = t->op == GGML_OP_SET_ROWS || t->op == GGML_OP_CPY;
+  const ggml_tensor* dst_base = writes_cache ? t->view_src : nullptr;
   if (t->view_src != nullptr) {
     const int32_t g = undone_group(t->view_src);
     if (g >= 0) {
       // A view computes nothing: end the range here and wait after it (after()), so the
       // layers before this one keep computing while the copy catches up.
       if (is_pure_view(t)) return true;
-      wait_group(g);  // computes into or from the cache: only once its bytes are there
+      if (!writes_cache) wait_group(g);  // any other op on the cache: only once its bytes are there
     }
   }
   for (const ggml_tensor* s : t->src) {
     if (s == nullptr) continue;
-    const int32_t g = undone_group(s->view_src != nullptr ? s->view_src : s);
+    const ggml_tensor* base = s->view_src != nullptr ? s->view_src : s;
+    if (base == dst_base) continue;
+    const int32_t g = undone_group(base);
     if (g >= 0) wait_group(g);
   }
   return false;
