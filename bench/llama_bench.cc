@@ -2,7 +2,8 @@
 // document plus a question) and SmolLM2-135M on llama.cpp:
 //   ttft_miss_s          engine process A prefills everything (and stores its chunks in kdnd);
 //   ttft_hit_s           engine process B, another process, asks the same prompt and loads
-//                        A's KV from kdnd (median of --reps runs, after --warmup unscored ones);
+//                        A's KV from kdnd (median of at least --reps runs, more until the
+//                        scored pairs have run --pair-seconds, after --warmup unscored ones);
 //   ttft_slot_restore_s  the engine's own alternative, measured in B: llama-server's slot
 //                        save/restore, llama_state_seq_save_file by A of the same prefix and
 //                        llama_state_seq_load_file by B (median), then the same suffix prefill;
@@ -10,7 +11,7 @@
 //                        to back: both sides do the same suffix prefill, whose run-to-run noise
 //                        on a shared machine is far larger than the load they differ in, and
 //                        a pair sees the same machine state (the ratio of the two medians is
-//                        reported beside it);
+//                        reported beside it, and a 95% interval for the paired median);
 //   hit_load_*           the hit's load: hit_load_s places the cells and, with the overlapped
 //                        load (engines with a hardware thread to spare, as here), starts the
 //                        copy that runs beside the suffix prefill (hit_load_copy_s) and that
@@ -29,6 +30,7 @@
 #include "kdnd_process.h"
 #include "process.h"
 #include "report.h"
+#include "stats.h"
 
 #include <kdn/common/clock.h>
 #include <kdn/llama/codec_quality.h>
@@ -61,7 +63,9 @@ struct Options {
   std::string kdnd = kdn::bench::default_kdnd_path();
   std::vector<uint32_t> sizes = {1024, 2048, 4096, 8192};
   int32_t threads = 1;
-  uint32_t reps = 21;
+  uint32_t reps = 21;            // scored hit/slot-restore pairs at least
+  double pair_seconds = 60;      // ... and more until they have run this long
+  uint32_t max_pairs = 401;      // ... but no more than this
   uint32_t warmup = 1;  // unscored hit and slot-restore runs first (first-touch page faults)
   uint32_t n_predict = 32;
   uint32_t eval_tokens = 256;
@@ -79,6 +83,8 @@ struct Options {
   bool f16_codec = true;  // also score the codec on the f16 copy of the weights (process C)
   bool calibrate = true;               // per-layer widths from calibrate_codec_bits (quantized modes)
   std::vector<std::string> calib_docs;  // empty: the document's last tokens
+  uint32_t calib_probe_bits = 0;  // 0: the mode's width
+  uint32_t calib_min_bits = 2;      // narrowest width the allocation may give a plane
   uint32_t calib_chunks = 4;
   uint32_t calib_eval_tokens = 256;
   int32_t calib_threads = 0;  // 0: every core (nothing else runs while it does)
@@ -270,11 +276,16 @@ Json run_calibration(const Options& o, const std::string& f16_model, const std::
   kdn::llama::CalibrationOptions co;
   co.context_chunks = o.calib_chunks;
   co.eval_tokens = o.calib_eval_tokens;
+  co.min_bits = o.calib_min_bits;
   co.progress = [](uint32_t done, uint32_t total) {
     if (done % 10 == 0 || done == total) std::fprintf(stderr, "llama bench: calibration: %u/%u runs\n", done, total);
   };
   const uint64_t t0 = kdn::now_ns();
-  auto cal = kdn::llama::calibrate_codec_bits(*e.value(), part, codec_config(o), co);
+  kdn::kernels::CodecConfig probe = codec_config(o);
+  // The allocation keeps the uniform width's mean, whatever width the probe measures at.
+  co.mean_bits = probe.k_bits ? probe.k_bits : kdn::kernels::codec_mode_default_bits(o.codec);
+  if (o.calib_probe_bits) probe.k_bits = probe.v_bits = o.calib_probe_bits;
+  auto cal = kdn::llama::calibrate_codec_bits(*e.value(), part, probe, co);
   if (!cal.ok()) return failure("calibration", cal.status());
   return Json{{"model", f16_model.substr(f16_model.find_last_of('/') + 1)},
               {"text", from_tail ? "the document's last tokens" : "--calib-doc"},
@@ -358,7 +369,15 @@ Json run_reuse_side(const Side& s) {
   };
   // The order flips every repetition, so neither side always runs right after the other. The
   // warm-up pairs (first-touch faults of the cache and the file buffer) are reported apart.
-  for (uint32_t r = 0; r < s.o.warmup + s.o.reps; ++r) {
+  // Pairs are cheap at the small sizes, where the load the two sides differ in is the smallest
+  // part of the TTFT: running them for a fixed time rather than a fixed count narrows the
+  // interval where it is needed most.
+  uint64_t scored_from = kdn::now_ns();
+  for (uint32_t r = 0;; ++r) {
+    const uint32_t scored = r > s.o.warmup ? r - s.o.warmup : 0;
+    if (scored >= s.o.reps &&
+        (scored >= s.o.max_pairs || static_cast<double>(kdn::now_ns() - scored_from) / 1e9 >= s.o.pair_seconds))
+      break;
     const bool hit_first = r % 2 == 0;
     std::optional<Json> err = hit_first ? run_hit(r) : run_slot(r);
     if (!err) err = hit_first ? run_slot(r) : run_hit(r);
@@ -367,6 +386,7 @@ Json run_reuse_side(const Side& s) {
       out["warmup_hit_runs_s"] = hit;
       out["warmup_slot_restore_runs_s"] = slot;
       for (auto* v : {&hit, &hit_retrieve, &hit_load, &hit_copy, &hit_wait, &slot, &slot_load}) v->clear();
+      scored_from = kdn::now_ns();
     }
   }
   std::vector<double> paired;
@@ -376,6 +396,8 @@ Json run_reuse_side(const Side& s) {
     hit_faster += hit[i] < slot[i];
   }
   out["hit_vs_slot_restore_paired"] = median(paired);
+  const kdn::bench::Interval ci = kdn::bench::median_interval(paired, 0.95);
+  out["hit_vs_slot_restore_ci95"] = {ci.lo, ci.hi};
   out["hit_faster_pairs"] = hit_faster;
   out["ttft_hit_s"] = median(hit);
   out["ttft_hit_runs_s"] = hit;
@@ -473,6 +495,7 @@ void report_size(kdn::bench::Report& r, uint32_t size, const Json& a, const Json
     if (b.contains(runs)) r.set_json(k + runs, kdn::bench::Report::Json::parse(b[runs].dump()));
   r.set(k + "hit_vs_slot_restore", b["hit_vs_slot_restore_paired"].get<double>());
   r.set(k + "hit_vs_slot_restore_of_medians", hit / slot);
+  r.set_json(k + "hit_vs_slot_restore_ci95", kdn::bench::Report::Json::parse(b["hit_vs_slot_restore_ci95"].dump()));
   r.set(k + "hit_faster_pairs", b["hit_faster_pairs"].get<uint64_t>());
   r.set(k + "pairs", b["ttft_hit_runs_s"].size());
   r.set(k + "tokens_identical", a["tokens"] == b["tokens"]);
@@ -501,7 +524,11 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--doc", o.docs, "document file(s), concatenated (default: /usr/share/common-licenses/*)");
   app.add_option("--sizes", o.sizes, "prompt sizes in tokens (multiples of 256)")->delimiter(',');
   app.add_option("--threads", o.threads, "llama.cpp threads per engine (default 1: stable under other load)");
-  app.add_option("--reps", o.reps, "repetitions of the hit and slot-restore pairs (median)")->check(CLI::Range(1u, 101u));
+  app.add_option("--reps", o.reps, "hit and slot-restore pairs at least (median)")->check(CLI::Range(1u, 401u));
+  app.add_option("--pair-seconds", o.pair_seconds,
+                 "keep running pairs past --reps until they have run this long (0: exactly --reps)")
+      ->check(CLI::Range(0.0, 3600.0));
+  app.add_option("--max-pairs", o.max_pairs, "pairs at most, whatever --pair-seconds says")->check(CLI::Range(1u, 4001u));
   app.add_option("--warmup", o.warmup, "unscored hit and slot-restore pairs before them")->check(CLI::Range(0u, 10u));
   app.add_option("--n-predict", o.n_predict, "greedy tokens compared between hit and miss");
   app.add_option("--eval-tokens", o.eval_tokens, "document tokens scored for the codec")->check(CLI::Range(2u, 4096u));
@@ -536,6 +563,11 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_flag("!--no-calibrate", o.calibrate,
                "skip the per-layer width calibration (by default it runs first, on the model's f16 weights)");
   app.add_option("--calib-doc", o.calib_docs, "text file(s) to calibrate on (default: the document's last tokens)");
+  app.add_option("--calib-probe-bits", o.calib_probe_bits,
+                 "width every plane is quantized to when its sensitivity is measured (default: the mode's)")
+      ->check(CLI::Range(1u, 8u));
+  app.add_option("--calib-min-bits", o.calib_min_bits, "narrowest width the calibrated allocation may give a plane")
+      ->check(CLI::Range(1u, 8u));
   app.add_option("--calib-chunks", o.calib_chunks, "calibration context in chunks")->check(CLI::Range(1u, 32u));
   app.add_option("--calib-eval-tokens", o.calib_eval_tokens, "positions scored per calibration run")
       ->check(CLI::Range(2u, 4096u));

@@ -20,7 +20,7 @@ double median(std::vector<double> v) {
 }
 
 TEST(LlamaBenchSmokeTest, ReportsWhatItsRunsMeasured) {
-  BenchRun run = run_bench("llama --json --sizes 256 --reps 3 --warmup 1 --eval-tokens 16 --n-predict 8 --no-calibrate");
+  BenchRun run = run_bench("llama --json --sizes 256 --reps 3 --pair-seconds 0 --warmup 1 --eval-tokens 16 --n-predict 8 --no-calibrate");
   ASSERT_EQ(run.exit_code, 0) << run.stdout_text;
   nlohmann::json j = nlohmann::json::parse(run.stdout_text, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(j.is_discarded()) << run.stdout_text;
@@ -44,6 +44,11 @@ TEST(LlamaBenchSmokeTest, ReportsWhatItsRunsMeasured) {
   }
   EXPECT_DOUBLE_EQ(at(j, p + "hit_vs_slot_restore").get<double>(), median(ratio));
   EXPECT_DOUBLE_EQ(at(j, p + "hit_vs_slot_restore_of_medians").get<double>(), median(hit) / median(slot));
+  // Three pairs are too few for a 95% interval of the median: it is their whole range.
+  const auto ci = at(j, p + "hit_vs_slot_restore_ci95").get<std::vector<double>>();
+  ASSERT_EQ(ci.size(), 2u);
+  EXPECT_DOUBLE_EQ(ci[0], *std::min_element(ratio.begin(), ratio.end()));
+  EXPECT_DOUBLE_EQ(ci[1], *std::max_element(ratio.begin(), ratio.end()));
   EXPECT_EQ(at(j, p + "hit_faster_pairs").get<uint64_t>(), faster);
   EXPECT_DOUBLE_EQ(at(j, "bars.hit_vs_slot_restore_256.value").get<double>(), median(ratio));
   EXPECT_DOUBLE_EQ(at(j, p + "speedup").get<double>(),

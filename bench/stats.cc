@@ -35,4 +35,22 @@ double median(std::vector<double> values) noexcept {
   return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
+Interval median_interval(std::vector<double> values, double level) noexcept {
+  if (values.empty()) return {};
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  const double tail = (1.0 - std::clamp(level, 0.0, 1.0)) / 2;
+  // The largest k with P(B <= k - 1) <= tail, B ~ Binomial(n, 1/2); the terms are built in
+  // log space (n may be hundreds).
+  size_t k = 1;
+  double cdf = 0;  // P(B <= j)
+  for (size_t j = 0; j < n / 2; ++j) {
+    cdf += std::exp(std::lgamma(n + 1.0) - std::lgamma(j + 1.0) - std::lgamma(n - j + 1.0) - n * std::log(2.0));
+    if (cdf > tail) break;
+    k = j + 1;
+  }
+  k = std::min(k - 1, (n - 1) / 2);  // 0-based index of x_(k)
+  return {values[k], values[n - 1 - k]};
+}
+
 }  // namespace kdn::bench

@@ -30,4 +30,14 @@ inline double gb_per_s(uint64_t bytes, uint64_t ns) noexcept {
 // Median of a small set of values (sorts a copy); 0 for an empty set.
 double median(std::vector<double> values) noexcept;
 
+// A distribution-free confidence interval for the median of the population `values` were drawn
+// from (independent draws): the order statistics [x_(k), x_(n+1-k)] of the sorted values with
+// the largest k for which P(Binomial(n, 1/2) < k) <= (1 - level) / 2, so the interval covers
+// the median with probability >= level whatever the distribution. With too few values for
+// that (n < 6 at 0.95) it is [min, max]. {0, 0} for an empty set.
+struct Interval {
+  double lo = 0, hi = 0;
+};
+Interval median_interval(std::vector<double> values, double level = 0.95) noexcept;
+
 }  // namespace kdn::bench
