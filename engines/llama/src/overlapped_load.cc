@@ -12,10 +12,6 @@
 #include <system_error>
 #include <unordered_map>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
 namespace kdn::llama {
 namespace {
 
@@ -42,12 +38,6 @@ bool is_pure_view(const ggml_tensor* t) {
     default:
       return false;
   }
-}
-
-inline void cpu_pause() {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#endif
 }
 
 }  // namespace
@@ -164,7 +154,7 @@ void OverlappedLoad::wait_group(int32_t g) noexcept {
   const uint64_t t0 = now_ns();
   for (uint32_t spins = 0; groups_done_.load(std::memory_order_acquire) <= static_cast<uint32_t>(g); ++spins) {
     if (spins < 4096)
-      cpu_pause();
+      cpu_relax();
     else
       std::this_thread::yield();
   }
