@@ -55,6 +55,7 @@
 namespace {
 
 using Json = nlohmann::json;
+using kdn::bench::median;
 using kdn::llama::Engine;
 
 struct Options {
@@ -117,11 +118,6 @@ std::string read_documents(const std::vector<std::string>& paths) {
     text += ss.str();
   }
   return text;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 int32_t argmax(std::span<const float> l) {

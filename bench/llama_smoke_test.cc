@@ -4,6 +4,7 @@
 // lists (medians, paired ratios, counts, bars), and that the f16-weight codec run is the one
 // the top-1 bar reads. Does not judge the figures themselves (that is the benchmark's job).
 #include "smoke_util.h"
+#include "stats.h"
 
 #include <algorithm>
 #include <vector>
@@ -14,13 +15,10 @@ using kdn::bench::smoke::at;
 using kdn::bench::smoke::BenchRun;
 using kdn::bench::smoke::run_bench;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using kdn::bench::median;
 
 TEST(LlamaBenchSmokeTest, ReportsWhatItsRunsMeasured) {
-  BenchRun run = run_bench("llama --json --sizes 256 --reps 3 --pair-seconds 0 --warmup 1 --eval-tokens 16 --n-predict 8 --no-calibrate");
+  BenchRun run = run_bench("llama --json --sizes 256 --reps 4 --pair-seconds 0 --warmup 1 --eval-tokens 16 --n-predict 8 --no-calibrate");
   ASSERT_EQ(run.exit_code, 0) << run.stdout_text;
   nlohmann::json j = nlohmann::json::parse(run.stdout_text, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(j.is_discarded()) << run.stdout_text;
@@ -28,11 +26,11 @@ TEST(LlamaBenchSmokeTest, ReportsWhatItsRunsMeasured) {
   const std::string p = "prompt_256.";
   const auto hit = at(j, p + "ttft_hit_runs_s").get<std::vector<double>>();
   const auto slot = at(j, p + "ttft_slot_restore_runs_s").get<std::vector<double>>();
-  ASSERT_EQ(hit.size(), 3u);
-  ASSERT_EQ(slot.size(), 3u);
+  ASSERT_EQ(hit.size(), 4u);
+  ASSERT_EQ(slot.size(), 4u);
   EXPECT_EQ(at(j, p + "warmup_hit_runs_s").size(), 1u);
   EXPECT_EQ(at(j, p + "warmup_slot_restore_runs_s").size(), 1u);
-  EXPECT_EQ(at(j, p + "pairs").get<uint64_t>(), 3u);
+  EXPECT_EQ(at(j, p + "pairs").get<uint64_t>(), 4u);
   EXPECT_DOUBLE_EQ(at(j, p + "ttft_hit_s").get<double>(), median(hit));
   EXPECT_DOUBLE_EQ(at(j, p + "ttft_slot_restore_s").get<double>(), median(slot));
   std::vector<double> ratio;
@@ -44,7 +42,8 @@ TEST(LlamaBenchSmokeTest, ReportsWhatItsRunsMeasured) {
   }
   EXPECT_DOUBLE_EQ(at(j, p + "hit_vs_slot_restore").get<double>(), median(ratio));
   EXPECT_DOUBLE_EQ(at(j, p + "hit_vs_slot_restore_of_medians").get<double>(), median(hit) / median(slot));
-  // Three pairs are too few for a 95% interval of the median: it is their whole range.
+  // Four pairs (an even count: a median is the mean of the middle two) are too few for a 95%
+  // interval of the median: it is their whole range.
   const auto ci = at(j, p + "hit_vs_slot_restore_ci95").get<std::vector<double>>();
   ASSERT_EQ(ci.size(), 2u);
   EXPECT_DOUBLE_EQ(ci[0], *std::min_element(ratio.begin(), ratio.end()));
