@@ -85,7 +85,7 @@ struct Options {
   bool calibrate = true;               // per-layer widths from calibrate_codec_bits (quantized modes)
   std::vector<std::string> calib_docs;  // empty: the document's last tokens
   uint32_t calib_probe_bits = 0;  // 0: the mode's width
-  uint32_t calib_min_bits = 2;      // narrowest width the allocation may give a plane
+  uint32_t calib_min_bits = kdn::llama::CalibrationOptions{}.min_bits;  // narrowest width a plane may get
   uint32_t calib_chunks = 4;
   uint32_t calib_eval_tokens = 256;
   int32_t calib_threads = 0;  // 0: every core (nothing else runs while it does)
