@@ -593,13 +593,22 @@ std::optional<double> fraction(uint64_t part, uint64_t whole) {
 // widths' top-1 (the same mean, 4 bits for kivi4) when they ran, else the uniform widths'.
 std::optional<double> report_agreement(kdn::bench::Report& r, const std::string& k, const Calibration& cal,
                                        const Agreement& a) {
+  // The 95% interval treats the scored positions as independent trials; neighbouring positions
+  // share most of their context, so it understates the figure's sampling error if anything.
+  const auto set_interval = [&](const std::string& key, uint64_t hits) {
+    if (a.scored == 0) return;
+    const kdn::bench::Interval ci = kdn::bench::proportion_interval(hits, a.scored, 0.95);
+    r.set_json(key, kdn::bench::Report::Json::array({ci.lo, ci.hi}));
+  };
   const std::optional<double> top1 = fraction(a.codec, a.scored);
   r.set(k + "top1_agreement", top1);
+  set_interval(k + "top1_agreement_ci95", a.codec);
   r.set(k + "floor_top1_agreement", fraction(a.floor, a.scored));
   r.set(k + "scored_positions", a.scored);
   if (cal.k_bits.empty()) return top1;
   const std::optional<double> calibrated = fraction(a.calibrated, a.scored);
   r.set(k + "calibrated.top1_agreement", calibrated);
+  set_interval(k + "calibrated.top1_agreement_ci95", a.calibrated);
   return calibrated;
 }
 

@@ -66,6 +66,15 @@ TEST(LlamaBenchSmokeTest, ReportsWhatItsRunsMeasured) {
     EXPECT_LE(top1, 1.0) << w;
     EXPECT_DOUBLE_EQ(at(j, std::string(w) + "top1_agreement").get<double>(), top1) << w;
     EXPECT_EQ(at(j, std::string(w) + "scored_positions").get<uint64_t>(), 16u) << w;
+    // The pooled figure's 95% interval is Wilson's for its agreeing positions of the 16.
+    const auto agreeing = static_cast<uint64_t>(top1 * 16 + 0.5);
+    const kdn::bench::Interval want = kdn::bench::proportion_interval(agreeing, 16);
+    const auto ci = at(j, std::string(w) + "top1_agreement_ci95").get<std::vector<double>>();
+    ASSERT_EQ(ci.size(), 2u) << w;
+    EXPECT_DOUBLE_EQ(ci[0], want.lo) << w;
+    EXPECT_DOUBLE_EQ(ci[1], want.hi) << w;
+    EXPECT_LE(ci[0], top1) << w;
+    EXPECT_GE(ci[1], top1) << w;
   }
   EXPECT_LT(at(j, p + "codec_f16.floor_kl").get<double>(), at(j, p + "codec.floor_kl").get<double>());
   EXPECT_DOUBLE_EQ(at(j, "bars.codec_top1_agreement.value").get<double>(),

@@ -53,4 +53,20 @@ Interval median_interval(std::vector<double> values, double level) noexcept {
   return {values[k], values[n - 1 - k]};
 }
 
+Interval proportion_interval(uint64_t hits, uint64_t n, double level) noexcept {
+  if (n == 0) return {};
+  hits = std::min(hits, n);
+  // z with P(|N(0, 1)| <= z) = level, by bisection on erfc (monotone; 60 halvings of [0, 40]).
+  const double tail = 1.0 - std::clamp(level, 0.0, 1.0 - 1e-15);
+  double lo = 0, hi = 40;
+  for (int i = 0; i < 60; ++i) {
+    const double mid = (lo + hi) / 2;
+    (std::erfc(mid / std::sqrt(2.0)) > tail ? lo : hi) = mid;
+  }
+  const double z = (lo + hi) / 2, nn = static_cast<double>(n), p = static_cast<double>(hits) / nn;
+  const double centre = (p + z * z / (2 * nn)) / (1 + z * z / nn);
+  const double half = z / (1 + z * z / nn) * std::sqrt(p * (1 - p) / nn + z * z / (4 * nn * nn));
+  return {std::max(0.0, centre - half), std::min(1.0, centre + half)};
+}
+
 }  // namespace kdn::bench

@@ -40,4 +40,9 @@ struct Interval {
 };
 Interval median_interval(std::vector<double> values, double level = 0.95) noexcept;
 
+// The Wilson score interval for a proportion: `hits` of `n` independent trials. It stays inside
+// [0, 1] and keeps its coverage near 0 and 1, where the normal approximation does not.
+// {0, 0} for n = 0.
+Interval proportion_interval(uint64_t hits, uint64_t n, double level = 0.95) noexcept;
+
 }  // namespace kdn::bench

@@ -76,5 +76,29 @@ TEST(StatsTest, MedianIntervalIsTheBinomialOrderStatistics) {
   EXPECT_LT(ci.hi, 16.0);
 }
 
+TEST(StatsTest, ProportionIntervalIsWilsons) {
+  // 1003 of 1024 at 95%: z = 1.95996; Wilson's bounds are 0.96885 and 0.98655.
+  Interval ci = proportion_interval(1003, 1024);
+  EXPECT_NEAR(ci.lo, 0.96885, 1e-4);
+  EXPECT_NEAR(ci.hi, 0.98655, 1e-4);
+  // 8 of 10: the textbook example, [0.4902, 0.9433].
+  ci = proportion_interval(8, 10);
+  EXPECT_NEAR(ci.lo, 0.4902, 1e-4);
+  EXPECT_NEAR(ci.hi, 0.9433, 1e-4);
+  // All hits: the upper bound is 1 and the lower one n / (n + z^2).
+  ci = proportion_interval(50, 50);
+  EXPECT_NEAR(ci.hi, 1.0, 1e-12);
+  EXPECT_NEAR(ci.lo, 50 / (50 + 1.959964 * 1.959964), 1e-6);
+  // No hits mirror it; no trials give zeros; a lower level narrows it.
+  ci = proportion_interval(0, 50);
+  EXPECT_NEAR(ci.hi, 1 - 50 / (50 + 1.959964 * 1.959964), 1e-6);
+  EXPECT_NEAR(ci.lo, 0.0, 1e-12);
+  ci = proportion_interval(0, 0);
+  EXPECT_DOUBLE_EQ(ci.hi, 0.0);
+  const Interval narrow = proportion_interval(1003, 1024, 0.5);
+  EXPECT_GT(narrow.lo, 0.96885);
+  EXPECT_LT(narrow.hi, 0.98655);
+}
+
 }  // namespace
 }  // namespace kdn::bench
