@@ -241,6 +241,8 @@ Json quality_json(const kdn::llama::CodecQualityReport& q) {
               {"ppl_codec", q.ppl_codec},
               {"ppl_delta_pct", q.ppl_delta_pct},
               {"kl", q.kl},
+              {"flip_margin_median", q.flip_margin_median},
+              {"margin_median", q.margin_median},
               {"ratio_vs_fp16", q.ratio_vs_fp16},
               {"rel_frobenius_error", q.rel_frobenius_error},
               {"cosine_min", q.cosine_min},
@@ -468,12 +470,14 @@ void report_codec(kdn::bench::Report& r, const std::string& k, const Json& c) {
     r.set(k + "error", c["error"].get<std::string>());
     return;
   }
-  const auto fields = {"top1_agreement", "ppl_exact", "ppl_codec", "ppl_delta_pct", "kl", "ratio_vs_fp16",
-                       "rel_frobenius_error", "cosine_min", "floor_top1_agreement", "floor_ppl_delta_pct", "floor_kl"};
+  const auto fields = {"top1_agreement", "ppl_exact", "ppl_codec", "ppl_delta_pct", "kl", "flip_margin_median",
+                       "margin_median", "ratio_vs_fp16", "rel_frobenius_error", "cosine_min", "floor_top1_agreement",
+                       "floor_ppl_delta_pct", "floor_kl"};
   for (const char* f : fields) r.set(k + f, c[f].get<double>());
   r.set(k + "eval_tokens", c["eval_tokens"].get<uint64_t>());
   if (c.contains("calibrated"))
-    for (const char* f : {"top1_agreement", "ppl_delta_pct", "kl", "ratio_vs_fp16", "rel_frobenius_error"})
+    for (const char* f : {"top1_agreement", "ppl_delta_pct", "kl", "flip_margin_median", "ratio_vs_fp16",
+                          "rel_frobenius_error"})
       r.set(k + "calibrated." + f, c["calibrated"][f].get<double>());
 }
 

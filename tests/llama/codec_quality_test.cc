@@ -41,9 +41,10 @@ class CodecQuality : public ::testing::Test {
     if (!r.ok()) return {};
     const CodecQualityReport& q = r.value();
     std::printf("codec %-8s%s ratio %.2fx  top1 %.4f  ppl %.4f -> %.4f (%+.3f%%)  rel_err %.4f  cos_min %.5f"
-                "  one-ulp control: top1 %.4f ppl %+.3f%%\n",
+                "  flip margin %.4f (typical %.4f)  one-ulp control: top1 %.4f ppl %+.3f%%\n",
                 kernels::codec_mode_name(mode), rotate ? " rotated" : "", q.ratio_vs_fp16, q.top1_agreement, q.ppl_exact, q.ppl_codec,
-                q.ppl_delta_pct, q.rel_frobenius_error, q.cosine_min, q.floor_top1_agreement, q.floor_ppl_delta_pct);
+                q.ppl_delta_pct, q.rel_frobenius_error, q.cosine_min, q.flip_margin_median, q.margin_median,
+                q.floor_top1_agreement, q.floor_ppl_delta_pct);
     const std::string m = std::string(kernels::codec_mode_name(mode)) + (rotate ? "_rotated" : "");
     RecordProperty(m + "_top1_agreement", std::to_string(q.top1_agreement));
     RecordProperty(m + "_ppl_delta_pct", std::to_string(q.ppl_delta_pct));
@@ -61,6 +62,9 @@ TEST_F(CodecQuality, LosslessChangesNothing) {
   EXPECT_EQ(q.ppl_codec, q.ppl_exact);  // bit-identical KV gives bit-identical logits
   EXPECT_EQ(q.kl, 0.0);
   EXPECT_EQ(q.rel_frobenius_error, 0.0);
+  EXPECT_EQ(q.flip_margin_median, 0.0);  // no disagreements to take a median of
+  EXPECT_GT(q.margin_median, 0.0);
+  EXPECT_LE(q.margin_median, 1.0);
   EXPECT_GT(q.ratio_vs_fp16, 1.0);
   EXPECT_GT(q.ppl_exact, 1.0);
   // The control is a real perturbation of the same KV: the scored logits move, yet it is
@@ -80,6 +84,13 @@ TEST_F(CodecQuality, FourBitKiviStaysClose) {
   // even 8-bit K and V agree on only ~97% here. kdn-bench llama measures it on long prompts.
   EXPECT_GE(q.top1_agreement, 0.90);
   EXPECT_LT(std::abs(q.ppl_delta_pct), 5.0);
+  // The positions it flips are ones the exact run was unsure of: the exact run preferred its
+  // token over the codec's by less than it preferred its top token over the runner-up at a
+  // typical position.
+  if (q.top1_agreement < 1.0) {
+    EXPECT_GT(q.flip_margin_median, 0.0);
+    EXPECT_LT(q.flip_margin_median, q.margin_median);
+  }
 }
 
 // The same guards with Hadamard-rotated rows, through the real engine: a decoder that did not

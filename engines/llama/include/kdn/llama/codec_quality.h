@@ -43,6 +43,11 @@ struct CodecQualityReport {
   double rel_frobenius_error = 0;  // worst chunk
   double cosine_min = 0;           // worst (layer, plane) over all chunks
   double kl = 0;                   // mean KL(exact || codec) of next-token distributions, nats
+  // Where the runs disagree, how clear the exact run's choice was: the median over those
+  // positions of p_exact(exact's token) - p_exact(codec's token); 0 when they never disagree.
+  // margin_median is the exact run's p(top 1) - p(top 2) over every scored position, for scale.
+  double flip_margin_median = 0;
+  double margin_median = 0;
   double floor_top1_agreement = 0; // the one-ulp control's agreement with the exact run
   double floor_ppl_delta_pct = 0;  // and its perplexity delta
   double floor_kl = 0;             // and its mean KL
