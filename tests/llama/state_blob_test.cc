@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -79,7 +80,16 @@ TEST(StateBlob, CheckedCopyAtEveryDestinationAlignment) {
         std::vector<uint8_t> bad(src.begin(), src.begin() + static_cast<std::ptrdiff_t>(len));
         bad[bad_at] = 0x00;
         bad[bad_at + 1] = 0x7c;  // +inf
+        std::fill(dst.begin(), dst.end(), uint8_t{0x55});
         ASSERT_FALSE(copy_finite(KvType::kF16, dst.data() + align, bad.data(), len)) << align << " " << len << " " << bad_at;
+        // Zeros in place of the copy, nothing outside it touched.
+        EXPECT_TRUE(std::all_of(dst.begin() + static_cast<std::ptrdiff_t>(align),
+                                dst.begin() + static_cast<std::ptrdiff_t>(align + len), [](uint8_t b) { return b == 0; }))
+            << align << " " << len << " " << bad_at;
+        EXPECT_EQ(dst[align + len], 0x55) << align << " " << len << " " << bad_at;
+        if (align > 0) {
+          EXPECT_EQ(dst[align - 1], 0x55) << align << " " << len << " " << bad_at;
+        }
       }
     }
 }

@@ -262,7 +262,12 @@ void write_v_transposed(const KvGeometry& g, std::span<const std::span<const uin
 }  // namespace
 
 bool copy_finite(KvType type, uint8_t* dst, const uint8_t* src, uint64_t bytes) noexcept {
-  return check_finite(type, dst, src, bytes);
+  if (check_finite(type, dst, src, bytes)) return true;
+  // The copy went at full speed and took the bad values with it; put zeros in their place so
+  // that no Inf or NaN is left where an engine computes (llama.cpp built with assertions
+  // aborts on one, and attention turns one into NaN over the whole row).
+  if (dst != nullptr) std::memset(dst, 0, bytes);
+  return false;
 }
 
 Status validate_geometry(const KvGeometry& g) noexcept {

@@ -107,7 +107,8 @@ Status build_seq_blob(const KvGeometry& g, std::span<const std::span<const uint8
                       int32_t first_pos, std::span<uint8_t> out) noexcept;
 
 // Whether every element of `bytes` bytes of `type` at src is finite, copying them to dst in
-// the same pass (at memory speed where the CPU has AVX2 or AVX-512).
+// the same pass (at memory speed where the CPU has AVX2 or AVX-512). When one is not, dst's
+// `bytes` bytes are left all zero: a failed copy never leaves a non-finite value behind.
 bool copy_finite(KvType type, uint8_t* dst, const uint8_t* src, uint64_t bytes) noexcept;
 
 // A validated blob: pointers into its bytes, valid while the blob is.
