@@ -28,13 +28,6 @@ LatencySummary summarize_ns(std::vector<uint64_t>& samples_ns) noexcept {
   return s;
 }
 
-double median(std::vector<double> values) noexcept {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
 Interval median_interval(std::vector<double> values, double level) noexcept {
   if (values.empty()) return {};
   std::sort(values.begin(), values.end());

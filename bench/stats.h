@@ -1,6 +1,8 @@
 // Latency summaries shared by every benchmark: nearest-rank percentiles of raw samples.
 #pragma once
 
+#include <kdn/common/median.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -27,8 +29,8 @@ inline double gb_per_s(uint64_t bytes, uint64_t ns) noexcept {
   return ns == 0 ? 0.0 : static_cast<double>(bytes) / static_cast<double>(ns);
 }
 
-// Median of a small set of values (sorts a copy); 0 for an empty set.
-double median(std::vector<double> values) noexcept;
+// Median of a small set of values (kdn/common/median.h).
+using kdn::median;
 
 // A distribution-free confidence interval for the median of the population `values` were drawn
 // from (independent draws): the order statistics [x_(k), x_(n+1-k)] of the sorted values with

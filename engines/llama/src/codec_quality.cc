@@ -1,9 +1,11 @@
 #include <kdn/llama/codec_quality.h>
 
+#include <kdn/common/median.h>
 #include <kdn/common/model.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 namespace kdn::llama {
@@ -114,13 +116,6 @@ double agreement(const Scores& a, const Scores& b) {
   return static_cast<double>(same) / static_cast<double>(a.top1.size());
 }
 
-double median_of(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 // The exact run's probability of its own token minus that of `run`'s, at each position where
 // they differ (the reference keeps its log-probabilities).
 std::vector<double> flip_margins(const Scores& reference, const Scores& run, size_t vocab) {
@@ -133,22 +128,17 @@ std::vector<double> flip_margins(const Scores& reference, const Scores& run, siz
   return out;
 }
 
-// The exact run's p(top 1) - p(top 2) at every position.
+// The exact run's p(top 1) - p(top 2) at every position (top1 is its argmax already; the
+// runner-up is found among the log-probabilities, and only the two are exponentiated).
 std::vector<double> top2_margins(const Scores& reference, size_t vocab) {
   std::vector<double> out;
   for (size_t i = 0; i < reference.top1.size(); ++i) {
     const float* lp = reference.log_probs.data() + i * vocab;
-    double first = -1, second = -1;
-    for (size_t j = 0; j < vocab; ++j) {
-      const double p = std::exp(static_cast<double>(lp[j]));
-      if (p > first) {
-        second = first;
-        first = p;
-      } else if (p > second) {
-        second = p;
-      }
-    }
-    out.push_back(first - second);
+    const size_t first = static_cast<size_t>(reference.top1[i]);
+    float second = -std::numeric_limits<float>::infinity();
+    for (size_t j = 0; j < vocab; ++j)
+      if (j != first) second = std::max(second, lp[j]);
+    out.push_back(std::exp(static_cast<double>(lp[first])) - std::exp(static_cast<double>(second)));
   }
   return out;
 }
@@ -215,7 +205,7 @@ Result<std::vector<CodecQualityReport>> measure_codec_quality(Engine& engine,
   KDN_RETURN_IF_ERROR(score(engine, exact, eval, context, nullptr, base));
   const std::vector<std::vector<uint8_t>> flipped = flip_last_bits(exact, g.elem_bytes());
   KDN_RETURN_IF_ERROR(score(engine, spans_of(flipped), eval, context, &base, control));
-  const double margin = median_of(top2_margins(base, engine.n_vocab()));
+  const double margin = median(top2_margins(base, engine.n_vocab()));
   std::vector<CodecQualityReport> reports;
   for (const kernels::CodecConfig& config : configs) {
     CodecQualityReport report;
@@ -226,7 +216,7 @@ Result<std::vector<CodecQualityReport>> measure_codec_quality(Engine& engine,
     Scores lossy;
     KDN_RETURN_IF_ERROR(score(engine, spans_of(decoded), eval, context, &base, lossy));
     report.top1_agreement = agreement(base, lossy);
-    report.flip_margin_median = median_of(flip_margins(base, lossy, engine.n_vocab()));
+    report.flip_margin_median = median(flip_margins(base, lossy, engine.n_vocab()));
     report.margin_median = margin;
     report.ppl_exact = perplexity(base);
     report.ppl_codec = perplexity(lossy);
