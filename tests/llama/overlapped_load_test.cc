@@ -5,6 +5,7 @@
 // with the overlap off the copy is done before the prefill.
 #include "llama_test_util.h"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <utility>
@@ -103,10 +104,13 @@ TEST_F(OverlappedLoadTest, ASlowCopyRunsBesideThePrefillAndTheHitStaysExact) {
   EXPECT_GE(g.stats.load_copy_s, tensors * kSlowCopyUs * 1e-6);
   EXPECT_GT(g.stats.load_wait_s, 0.0);
   EXPECT_LE(g.stats.load_wait_s, g.stats.ttft_s);
-  // ...but computed beside it: the time to first token exceeds the copy by a small part of
-  // the prefill (the layers after the last copied one), not by all of it as when the waits
-  // came first and the compute after them.
-  EXPECT_LT(g.stats.ttft_s - g.stats.load_copy_s, 0.5 * off.stats.ttft_s)
+  // ...but computed beside it. One after the other, the copy and the suffix prefill would take
+  // their sum; beside each other, about the longer of the two plus the layers after the last
+  // copied one. At least half of the shorter one must be saved, whichever is longer: the copy
+  // in an optimized build, the prefill under a sanitizer.
+  const double prefill = off.stats.ttft_s;  // the serial hit: a fast copy, then the prefill
+  const double shorter = std::min(g.stats.load_copy_s, prefill);
+  EXPECT_LT(g.stats.ttft_s, g.stats.load_copy_s + prefill - 0.5 * shorter)
       << "ttft " << g.stats.ttft_s << " copy " << g.stats.load_copy_s << " serial ttft " << off.stats.ttft_s;
 }
 
