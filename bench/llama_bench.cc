@@ -80,6 +80,7 @@ struct Options {
   uint32_t v_group_channels = 0;  // 0: the codec's default
   bool rotate = false;            // Hadamard-rotated rows (CodecConfig::rotate)
   uint32_t sink_tokens = kdn::kernels::kDefaultSinkTokens;  // exact leading rows of the first chunk
+  uint32_t recent_tokens = kdn::kernels::kDefaultRecentTokens;  // exact trailing rows of the last chunk
   bool f16_weights = false;
   bool f16_codec = true;  // also score the codec on the f16 copy of the weights (process C)
   bool calibrate = true;               // per-layer widths from calibrate_codec_bits (quantized modes)
@@ -230,6 +231,7 @@ kdn::kernels::CodecConfig codec_config(const Options& o) {
   cfg.v_group_channels = o.v_group_channels;
   cfg.rotate = o.rotate;
   cfg.sink_tokens = o.sink_tokens;
+  cfg.recent_tokens = o.recent_tokens;
   return cfg;
 }
 
@@ -327,6 +329,7 @@ Json codec_quality(Engine& e, kdn::llama::ChunkStore& store, const Side& s) {
   out["mode"] = kdn::kernels::codec_mode_name(s.o.codec);
   out["rotate"] = s.o.rotate;
   out["sink_tokens"] = s.o.sink_tokens;
+  out["recent_tokens"] = s.o.recent_tokens;
   if (q->size() > 1) out["calibrated"] = quality_json(q->back());
   return out;
 }
@@ -560,6 +563,9 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--sink-tokens", o.sink_tokens,
                  "quantized modes: leading tokens of the context stored exactly (attention sinks; 0: none)")
       ->check(CLI::Range(0u, 4096u));
+  app.add_option("--recent-tokens", o.recent_tokens,
+                 "quantized modes: last tokens of the context stored exactly (KIVI's recent window; 0: none)")
+      ->check(CLI::Range(0u, 4096u));
   app.add_flag("!--no-calibrate", o.calibrate,
                "skip the per-layer width calibration (by default it runs first, on the model's f16 weights)");
   app.add_option("--calib-doc", o.calib_docs, "text file(s) to calibrate on (default: the document's last tokens)");
@@ -629,6 +635,7 @@ void set_bars(kdn::bench::Report& r, const Options& o, const Calibration& cal, b
   r.set("codec.mode", kdn::kernels::codec_mode_name(o.codec));
   r.set("codec.rotate", o.rotate);
   r.set("codec.sink_tokens", o.sink_tokens);
+  r.set("codec.recent_tokens", o.recent_tokens);
   const std::optional<double> top1 = report_agreement(r, "codec.", cal, served);
   // The bar is read on f16 weights when they were scored: there a one-ulp change of the KV
   // leaves the top-1 token alone, so the figure is the codec's, not the 8-bit activations'.

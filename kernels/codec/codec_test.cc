@@ -624,5 +624,146 @@ TEST(Codec, BadExactRowsAreCorrupt) {
   EXPECT_EQ(decode_code(b, g), Code::kCorrupt);
 }
 
+
+// Whether every row of `out` at token t equals `chunk`'s, over every layer, plane and head.
+bool token_rows_equal(const std::vector<uint8_t>& out, const std::vector<uint8_t>& chunk, const ChunkGeometry& g,
+                      uint32_t t) {
+  const size_t row = size_t{g.head_dim} * dtype_size(g.dtype);
+  for (uint32_t l = 0; l < g.layers; ++l)
+    for (uint32_t p = 0; p < 2; ++p)
+      for (uint32_t h = 0; h < g.kv_heads; ++h) {
+        const size_t at = static_cast<size_t>(chunk_offset(g, l, p, t, h, 0)) * dtype_size(g.dtype);
+        if (std::memcmp(out.data() + at, chunk.data() + at, row) != 0) return false;
+      }
+  return true;
+}
+
+// Recent rows: in a chunk that ends its context the last recent_tokens rows of every quantized
+// plane are stored exactly (bit for bit, any dtype, rotated or not, with or without sink rows
+// before them), minor 3; without ends_context, with recent_tokens 0 and in lossless modes the
+// blobs are those of before.
+TEST(Codec, RecentRowsOfAContextEndDecodeBitExact) {
+  for (DType dt : {DType::kF16, DType::kBF16, DType::kF32})
+    for (CodecMode m : {CodecMode::kInt8, CodecMode::kKivi4, CodecMode::kKivi2})
+      for (bool rot : {false, true})
+        for (int64_t pos_base : {0, 40}) {
+          SCOPED_TRACE(::testing::Message() << "dtype " << static_cast<int>(dt) << " mode " << static_cast<int>(m)
+                                            << " rotate " << rot << " pos_base " << pos_base);
+          const ChunkGeometry g = geometry(2, 3, 32, 40, dt);
+          const std::vector<uint8_t> chunk = synthetic_chunk(g, 12);
+          CodecConfig c = rot ? rotated(m) : config(m);
+          c.pos_base = pos_base;
+          const std::vector<uint8_t> plain = encode(g, chunk.data(), c);
+          c.ends_context = true;
+          const std::vector<uint8_t> blob = encode(g, chunk.data(), c);
+          EXPECT_EQ(kvc1::ld16(blob.data() + kvc1::kHfVersionMinor), kvc1::kVersionMinorExactTail);
+          const uint32_t sinks = pos_base == 0 ? kDefaultSinkTokens : 0;
+          for (uint32_t p = 0; p < 2; ++p) {
+            EXPECT_EQ(plane_of(blob, p).exact_tokens, sinks);
+            EXPECT_EQ(plane_of(blob, p).exact_tail_tokens, kDefaultRecentTokens);
+          }
+          const std::vector<uint8_t> out = decode_ok(blob, g);
+          const std::vector<uint8_t> plain_out = decode_ok(plain, g);
+          size_t differing_middle_rows = 0;
+          for (uint32_t t = 0; t < g.tokens; ++t) {
+            const bool exact = t < sinks || t >= g.tokens - kDefaultRecentTokens;
+            if (exact) EXPECT_TRUE(token_rows_equal(out, chunk, g, t)) << "token " << t;
+            else differing_middle_rows += !token_rows_equal(out, chunk, g, t);
+          }
+          EXPECT_GT(differing_middle_rows, 0u);  // the rows between are quantized
+          EXPECT_GT(blob.size(), plain.size());
+          c.recent_tokens = 0;
+          EXPECT_EQ(encode(g, chunk.data(), c), plain);
+        }
+  const ChunkGeometry g = geometry(1, 2, 32, 8);
+  const std::vector<uint8_t> chunk = synthetic_chunk(g);
+  CodecConfig all = config(CodecMode::kKivi2);
+  all.ends_context = true;
+  all.recent_tokens = 100;  // more than the chunk: the rows the sinks leave are recent rows
+  const std::vector<uint8_t> blob = encode(g, chunk.data(), all);
+  EXPECT_EQ(plane_of(blob, 0).exact_tokens, kDefaultSinkTokens);
+  EXPECT_EQ(plane_of(blob, 0).exact_tail_tokens, g.tokens - kDefaultSinkTokens);
+  EXPECT_EQ(decode_ok(blob, g), chunk);
+  CodecConfig lossless = config(CodecMode::kLossless);
+  lossless.ends_context = true;
+  EXPECT_EQ(encode(g, chunk.data(), lossless), encode(g, chunk.data(), config(CodecMode::kLossless)));
+}
+
+// Recent rows are left out of the quantizer ranges: a huge last token does not coarsen the
+// steps of the tokens that share its K group or its V row scale.
+TEST(Codec, RecentRowsStayOutOfTheQuantizerRanges) {
+  const ChunkGeometry g = geometry(1, 1, 32, 64, DType::kF32);
+  std::vector<uint8_t> chunk = synthetic_chunk(g);
+  auto* f = reinterpret_cast<float*>(chunk.data());
+  const size_t plane_elems = size_t{g.tokens} * g.head_dim;
+  const size_t last = size_t{g.tokens - 1} * g.head_dim;
+  for (uint32_t d = 0; d < g.head_dim; ++d) f[last + d] = f[plane_elems + last + d] = 5000.0f;  // K and V
+  CodecConfig c = no_sinks(CodecMode::kKivi4);
+  c.recent_tokens = 1;
+  const std::vector<uint8_t> without = encode(g, chunk.data(), c);
+  c.ends_context = true;
+  const std::vector<uint8_t> with = encode(g, chunk.data(), c);
+  const std::vector<uint8_t> a = decode_ok(with, g), b = decode_ok(without, g);
+  const float* fa = reinterpret_cast<const float*>(a.data());
+  const float* fb = reinterpret_cast<const float*>(b.data());
+  double err_with = 0, err_without = 0;
+  for (size_t i = 0; i < 2 * plane_elems; ++i) {
+    if (i % plane_elems >= last) {
+      EXPECT_EQ(fa[i], f[i]);
+      continue;
+    }
+    err_with = std::max(err_with, std::fabs(double{fa[i]} - f[i]));
+    err_without = std::max(err_without, std::fabs(double{fb[i]} - f[i]));
+  }
+  EXPECT_GT(err_without, 100.0);  // up to 5000 / 15 / 2 in the last token's K group
+  EXPECT_LT(err_with * 10, err_without);
+  EXPECT_LT(stored_scale(with, 0, 0, 0, 0, 0) * 10, stored_scale(without, 0, 0, 0, 0, 0));
+  EXPECT_EQ(stored_scale(with, 0, 1, g.tokens - 1, 0, 0), 0.0f);
+  EXPECT_GT(stored_scale(with, 0, 1, g.tokens - 2, 0, 0), 0.0f);
+}
+
+// The trailing exact-row field is checked like the leading one: sink and recent rows beyond the
+// chunk, recent rows in a minor-2 blob, a non-zero scale on a recent row or on a K group of
+// recent rows only, NaN in a recent row, and a count on a lossless plane are corrupt.
+TEST(Codec, BadRecentRowsAreCorrupt) {
+  const ChunkGeometry g = geometry(1, 1, 32, 24);
+  const std::vector<uint8_t> chunk = synthetic_chunk(g);
+  CodecConfig c = config(CodecMode::kKivi4);
+  c.k_group_tokens = 8;
+  c.recent_tokens = 8;
+  c.ends_context = true;
+  const std::vector<uint8_t> good = encode(g, chunk.data(), c);
+  ASSERT_EQ(decode_code(good, g), Code::kOk);
+  const kvc1::Plane k = plane_of(good, 0), v = plane_of(good, 1);
+  ASSERT_EQ(k.exact_tail_tokens, 8u);
+  kvc1::Header h;
+  ASSERT_EQ(kvc1::parse_header(good.data(), good.size(), &h), kvc1::kParseOk);
+  auto expect_corrupt = [&](const char* what, auto&& edit) {
+    std::vector<uint8_t> b = good;
+    edit(b);
+    recrc(b);
+    EXPECT_EQ(decode_code(b, g), Code::kCorrupt) << what;
+  };
+  expect_corrupt("sinks and recent rows beyond tokens", [&](std::vector<uint8_t>& b) { b[k.offset + 24] = 21; });
+  expect_corrupt("count disagrees with the params size", [&](std::vector<uint8_t>& b) { b[v.offset + 24] = 7; });
+  expect_corrupt("minor 2", [&](std::vector<uint8_t>& b) { b[kvc1::kHfVersionMinor] = 2; });
+  expect_corrupt("reserved bytes after the count", [&](std::vector<uint8_t>& b) { b[k.offset + 28] = 1; });
+  uint64_t s_off, z_off;
+  kvc1::row_scale_offsets(h, v, g.tokens - 1, 0, &s_off, &z_off);
+  expect_corrupt("scale of a recent V row", [&](std::vector<uint8_t>& b) { b[v.params_off + s_off + 1] = 0x3c; });
+  kvc1::row_scale_offsets(h, k, g.tokens - 1, 0, &s_off, &z_off);  // the last K group holds recent rows only
+  expect_corrupt("scale of a recent K group", [&](std::vector<uint8_t>& b) { b[k.params_off + z_off + 1] = 0x3c; });
+  const uint64_t last_row = kvc1::exact_rows_offset(h, v) + (kvc1::exact_rows(v) - 1) * g.head_dim * 2;
+  expect_corrupt("NaN in a recent row", [&](std::vector<uint8_t>& b) {
+    b[v.params_off + last_row + 2] = 0x00;
+    b[v.params_off + last_row + 3] = 0x7e;
+  });
+  const std::vector<uint8_t> lossless = encode(g, chunk.data(), config(CodecMode::kLossless));
+  std::vector<uint8_t> b = lossless;
+  b[plane_of(lossless, 0).offset + 24] = 1;
+  recrc(b);
+  EXPECT_EQ(decode_code(b, g), Code::kCorrupt);
+}
+
 }  // namespace
 }  // namespace kdn::kernels

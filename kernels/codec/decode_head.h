@@ -87,8 +87,9 @@ Status decode_quant_head(const uint8_t* blob, const Header& h, const Plane& pl, 
     const uint32_t rows = h.tokens - t0 < tt ? h.tokens - t0 : tt;
     if (!reader.read_rows(tile, rows)) return stream_corrupt();
     for (uint32_t r = 0; r < rows; ++r) {
-      if (t0 + r < pl.exact_tokens) {  // stored exactly; its codes are placeholders
-        std::memcpy(sink.bits_row(t0 + r), exact + (size_t{t0 + r} * h.kv_heads + head) * row_bytes, row_bytes);
+      if (is_exact_token(pl, h.tokens, t0 + r)) {  // stored exactly; its codes are placeholders
+        const size_t e = exact_row_of(pl, h.tokens, t0 + r);
+        std::memcpy(sink.bits_row(t0 + r), exact + (e * h.kv_heads + head) * row_bytes, row_bytes);
         sink.commit_bits(t0 + r);
         continue;
       }

@@ -294,12 +294,12 @@ KDN_WARP_FN bool decode_byteplanes(const Where& w, const Plane& pl, const WarpSm
 
 // Rows [0, tokens) of the head from `src` ([t][head][d] in the chunk dtype): a raw plane's
 // payload, or the exact rows of a quantized plane.
-KDN_WARP_FN void copy_rows(const Where& w, const uint8_t* rows, uint32_t tokens, uint32_t lane) {
+KDN_WARP_FN void copy_rows(const Where& w, const uint8_t* rows, uint32_t first, uint32_t tokens, uint32_t lane) {
   const uint32_t e = dtype_bytes_of(static_cast<uint32_t>(w.g.dtype));
   const uint64_t row = uint64_t{w.g.head_dim} * e;
   for (uint32_t t = 0; t < tokens; ++t) {
     const uint8_t* src = rows + (uint64_t{t} * w.g.kv_heads + w.head) * row;
-    uint8_t* dst = w.out + chunk_offset(w.g, w.layer, w.plane, t, w.head, 0) * e;
+    uint8_t* dst = w.out + chunk_offset(w.g, w.layer, w.plane, first + t, w.head, 0) * e;
     for (uint64_t b = lane; b < row; b += 32) dst[b] = src[b];
   }
 }
@@ -333,14 +333,20 @@ KDN_WARP_FN void decode_warp(const Job& job, uint64_t warp, uint32_t lane, uint8
   const WarpSmem s = carve(smem, h.head_dim);
   bool ok = true;
   if (pl.codec == kCodecRaw) {
-    copy_rows(w, w.blob + pl.payload_off, w.g.tokens, lane);
+    copy_rows(w, w.blob + pl.payload_off, 0, w.g.tokens, lane);
   } else if (pl.codec == kCodecBytePlanes) {
     ok = decode_byteplanes(w, pl, s, lane);
   } else {
     ok = decode_quantized(w, pl, s, lane);
-    // Exact rows replace what their placeholder codes decoded to.
     warp_sync();
-    if (ok && pl.exact_tokens) copy_rows(w, w.blob + pl.params_off + exact_rows_offset(h, pl), pl.exact_tokens, lane);
+    // Exact rows replace what their placeholder codes decoded to: the leading ones, then the
+    // trailing ones, which follow them in the parameters.
+    const uint8_t* exact = w.blob + pl.params_off + exact_rows_offset(h, pl);
+    if (ok && pl.exact_tokens) copy_rows(w, exact, 0, pl.exact_tokens, lane);
+    if (ok && pl.exact_tail_tokens) {
+      const uint64_t skip = uint64_t{pl.exact_tokens} * h.kv_heads * h.head_dim * dtype_bytes_of(h.dtype);
+      copy_rows(w, exact + skip, h.tokens - pl.exact_tail_tokens, pl.exact_tail_tokens, lane);
+    }
   }
   if (!ok && lane == 0) atomic_or(job.error, kErrorCorrupt);
 }

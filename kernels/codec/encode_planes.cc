@@ -196,6 +196,7 @@ Status write_plane_as(const ChunkGeometry& g, const void* chunk, uint32_t layer,
   pl.group = spec.group;
   pl.transform = spec.transform;
   pl.exact_tokens = spec.exact_tokens;
+  pl.exact_tail_tokens = spec.exact_tail_tokens;
   const size_t at = out.pos;
   if (!out.zeros(kPlaneHeaderBytes)) return no_space();
   pl.params_off = out.pos;
@@ -225,6 +226,7 @@ Status write_plane_as(const ChunkGeometry& g, const void* chunk, uint32_t layer,
   out.st32(at + 12, pl.params_bytes);
   out.st32(at + 16, static_cast<uint32_t>(out.pos - payload));
   out.st32(at + 20, pl.exact_tokens);
+  out.st32(at + 24, pl.exact_tail_tokens);
   return out.pad16() ? OkStatus() : no_space();
 }
 

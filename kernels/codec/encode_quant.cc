@@ -33,17 +33,19 @@ bool store_group(float lo, float hi, uint32_t bits, uint8_t sd, uint8_t* params,
   return true;
 }
 
-// K: per (head, token group, channel). False if a value does not fit the scale dtype. `params`
-// arrives zeroed: groups of exact tokens only keep S = Z = 0.
+// K: per (head, token group, channel), over the group's quantized tokens. False if a value
+// does not fit the scale dtype. `params` arrives zeroed: groups of exact tokens only keep
+// S = Z = 0.
 bool write_channel_scales(const Source& src, const Plane& pl, uint8_t sd, EncodeScratch& sc, uint8_t* params,
                           bool* non_finite) {
   const ChunkGeometry& g = src.g;
   const uint32_t ng = (g.tokens + pl.group - 1) / pl.group;
   const uint64_t per_array = uint64_t{g.kv_heads} * ng * g.head_dim;
+  const uint32_t quant_end = g.tokens - pl.exact_tail_tokens;  // tokens [exact_tokens, quant_end) are quantized
   for (uint32_t h = 0; h < g.kv_heads; ++h) {
     for (uint32_t gi = 0; gi < ng; ++gi) {
       for (uint32_t d = 0; d < g.head_dim; ++d) sc.lo[d] = INFINITY, sc.hi[d] = -INFINITY;
-      const uint32_t t1 = (gi + 1) * pl.group < g.tokens ? (gi + 1) * pl.group : g.tokens;
+      const uint32_t t1 = (gi + 1) * pl.group < quant_end ? (gi + 1) * pl.group : quant_end;
       const uint32_t t0 = gi * pl.group > pl.exact_tokens ? gi * pl.group : pl.exact_tokens;
       if (t0 >= t1) continue;  // every token of the group is exact: S = Z = 0
       for (uint32_t t = t0; t < t1; ++t) {
@@ -71,7 +73,7 @@ bool write_token_scales(const Source& src, const Plane& pl, uint8_t sd, EncodeSc
   const uint64_t per_array = uint64_t{g.tokens} * g.kv_heads * ng;
   for (uint32_t t = 0; t < g.tokens; ++t) {
     for (uint32_t h = 0; h < g.kv_heads; ++h) {
-      if (t < pl.exact_tokens) continue;  // stored exactly: S = Z = 0
+      if (is_exact_token(pl, g.tokens, t)) continue;  // stored exactly: S = Z = 0
       if (!src.row_f32(t, h, sc.row)) {
         *non_finite = true;
         return true;
@@ -90,15 +92,20 @@ bool write_token_scales(const Source& src, const Plane& pl, uint8_t sd, EncodeSc
   return true;
 }
 
-// The exact rows of a plane, E[t][h][d] for t < exact_tokens, in the chunk dtype.
-void write_exact_rows(const Source& src, uint32_t exact_tokens, uint8_t* at) {
+// The exact rows of a plane, E[row][h][d] in the chunk dtype, in token order (the leading
+// exact tokens, then the trailing ones). False if one holds NaN or Inf.
+bool write_exact_rows(const Source& src, const Plane& pl, EncodeScratch& sc, uint8_t* at) {
   const ChunkGeometry& g = src.g;
   const size_t row = size_t{g.head_dim} * dtype_size(g.dtype);
-  for (uint32_t t = 0; t < exact_tokens; ++t)
+  for (uint32_t t = 0; t < g.tokens; ++t) {
+    if (!is_exact_token(pl, g.tokens, t)) continue;
     for (uint32_t h = 0; h < g.kv_heads; ++h) {
+      if (!src.row_f32(t, h, sc.row)) return false;
       std::memcpy(at, static_cast<const uint8_t*>(src.chunk) + src.index(t, h, 0) * dtype_size(g.dtype), row);
       at += row;
     }
+  }
+  return true;
 }
 
 // The stored S and Z of row (t, head), widened to f32, one per channel.
@@ -143,10 +150,8 @@ Status write_quant_params(const Source& src, const Header& hdr, Plane& pl, const
     const bool fits = pl.codec == kCodecUintChannel
                           ? write_channel_scales(src, pl, sd, sc, out.data + at, &non_finite)
                           : write_token_scales(src, pl, sd, sc, out.data + at, &non_finite);
-    for (uint32_t t = 0; t < pl.exact_tokens && !non_finite; ++t)
-      for (uint32_t h = 0; h < hdr.kv_heads; ++h) non_finite |= !src.row_f32(t, h, sc.row);
+    if (!non_finite && exact_rows(pl)) non_finite = !write_exact_rows(src, pl, sc, out.data + at + exact_rows_offset(hdr, pl));
     if (non_finite) return Status(Code::kInvalidArgument, "NaN or Inf in a chunk to quantize");
-    if (pl.exact_tokens) write_exact_rows(src, pl.exact_tokens, out.data + at + exact_rows_offset(hdr, pl));
     if (fits) {
       pl.params_bytes = static_cast<uint32_t>(bytes);
       out.pos = at + bytes;
@@ -161,7 +166,7 @@ void quantize_head(const Source& src, const Header& hdr, const Plane& pl, const 
   const uint32_t qmax = (1u << pl.bits) - 1;
   for (uint32_t t = 0; t < hdr.tokens; ++t) {
     uint8_t* codes = sc.symbols + size_t{t} * hdr.head_dim;
-    if (t < pl.exact_tokens) {  // the decoder takes these rows from the exact rows
+    if (is_exact_token(pl, hdr.tokens, t)) {  // the decoder takes these rows from the exact rows
       std::memset(codes, 0, hdr.head_dim);
       continue;
     }

@@ -32,9 +32,10 @@ void write_header(const ChunkGeometry& g, const kdn_key& fp, const CodecConfig& 
   std::memset(p, 0, kHeaderBytes);
   std::memcpy(p, "KDNKVC1", 8);
   out.st16(kHfVersionMajor, kVersionMajor);
-  out.st16(kHfVersionMinor, plan.exact_tokens ? kVersionMinorExact
-                            : plan.rotate      ? kVersionMinorTransform
-                                               : kVersionMinor);
+  out.st16(kHfVersionMinor, plan.exact_tail_tokens ? kVersionMinorExactTail
+                            : plan.exact_tokens    ? kVersionMinorExact
+                            : plan.rotate          ? kVersionMinorTransform
+                                                   : kVersionMinor);
   out.st32(kHfHeaderBytes, kHeaderBytes);
   out.st64(kHfTotalBytes, total);
   out.st64(kHfFingerprint, fp.lo);
@@ -112,6 +113,8 @@ Status make_encode_plan(const ChunkGeometry& g, const CodecConfig& cfg, EncodePl
   if (p.rotate && !std::has_single_bit(g.head_dim))
     return Status(Code::kInvalidArgument, "rotate needs a power-of-two head_dim");
   p.exact_tokens = q && cfg.pos_base == 0 ? (cfg.sink_tokens < g.tokens ? cfg.sink_tokens : g.tokens) : 0;
+  const uint32_t rest = g.tokens - p.exact_tokens;  // the sinks come first when a chunk has both
+  p.exact_tail_tokens = q && cfg.ends_context ? (cfg.recent_tokens < rest ? cfg.recent_tokens : rest) : 0;
   return OkStatus();
 }
 
@@ -125,9 +128,9 @@ PlaneSpec plane_spec(const EncodePlan& plan, const ChunkGeometry& g, uint32_t la
   // int8 is per (token, head) for both planes; the kivi modes are per channel for K, unless
   // rows are rotated, which makes K per (token, head) too.
   if (plane == 0 && plan.mode != CodecMode::kInt8 && !plan.rotate)
-    return {kCodecUintChannel, bits, plan.k_group, kTransformNone, plan.exact_tokens};
+    return {kCodecUintChannel, bits, plan.k_group, kTransformNone, plan.exact_tokens, plan.exact_tail_tokens};
   return {kCodecUintToken, bits, plane == 0 ? g.head_dim : plan.v_group,
-          plan.rotate ? kTransformHadamard : kTransformNone, plan.exact_tokens};
+          plan.rotate ? kTransformHadamard : kTransformNone, plan.exact_tokens, plan.exact_tail_tokens};
 }
 
 uint64_t plane_max_bytes(const ChunkGeometry& g, const PlaneSpec& spec) noexcept {
@@ -143,7 +146,8 @@ uint64_t plane_max_bytes(const ChunkGeometry& g, const PlaneSpec& spec) noexcept
   } else {
     params = 2 * 4 * uint64_t{g.tokens} * g.kv_heads * (g.head_dim / spec.group);
   }
-  if (spec.exact_tokens) params = align16(params) + uint64_t{spec.exact_tokens} * g.kv_heads * g.head_dim * dtype_size(g.dtype);
+  const uint64_t exact = uint64_t{spec.exact_tokens} + spec.exact_tail_tokens;
+  if (exact) params = align16(params) + exact * g.kv_heads * g.head_dim * dtype_size(g.dtype);
   const uint64_t seg = align16(kSegmentHeaderBytes + 4 * ((uint64_t{g.tokens} * g.head_dim * spec.bits + 31) / 32));
   return kPlaneHeaderBytes + align16(params) + align16(segments * kSegmentDirEntryBytes) + segments * seg;
 }

@@ -23,7 +23,8 @@ struct EncodePlan {
   uint32_t block_tokens;  // effective: min(configured, tokens)
   uint32_t k_group, v_group;
   uint8_t k_bits, v_bits;
-  uint32_t exact_tokens;  // quantized planes: leading tokens stored exactly (sink tokens)
+  uint32_t exact_tokens;       // quantized planes: leading tokens stored exactly (sink tokens)
+  uint32_t exact_tail_tokens;  // and trailing ones (recent tokens of a chunk that ends its context)
   const uint8_t* layer_bits[2];
   bool entropy, token_delta, f32_scales, rotate;
 };
@@ -35,6 +36,7 @@ struct PlaneSpec {
   uint32_t group;
   uint8_t transform = kTransformNone;
   uint32_t exact_tokens = 0;
+  uint32_t exact_tail_tokens = 0;
 };
 PlaneSpec plane_spec(const EncodePlan& plan, const ChunkGeometry& g, uint32_t layer, uint32_t plane) noexcept;
 

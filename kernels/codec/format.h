@@ -23,11 +23,13 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "KVC1 code assumes a li
 
 constexpr uint16_t kVersionMajor = 1;
 // Minor 1 adds the plane transform byte (kTransformHadamard), minor 2 the exact leading tokens
-// of a quantized plane (Plane::exact_tokens). An encoder writes the lowest minor that describes
-// the blob, so every other blob stays readable by older decoders.
+// of a quantized plane (Plane::exact_tokens), minor 3 its exact trailing tokens
+// (Plane::exact_tail_tokens). An encoder writes the lowest minor that describes the blob, so
+// every other blob stays readable by older decoders.
 constexpr uint16_t kVersionMinor = 0;
 constexpr uint16_t kVersionMinorTransform = 1;
 constexpr uint16_t kVersionMinorExact = 2;
+constexpr uint16_t kVersionMinorExactTail = 3;
 constexpr uint32_t kHeaderBytes = 128;
 constexpr uint32_t kHeaderCrcOffset = 124;
 constexpr uint32_t kLayerEntryBytes = 32;
@@ -185,7 +187,8 @@ struct Plane {
   uint64_t end;          // blob offset just past the payload
   uint8_t codec, bits, scale_dtype, transform;
   uint32_t group, n_segments, params_bytes, payload_bytes;
-  uint32_t exact_tokens;  // quantized planes: leading tokens stored exactly after S and Z
+  uint32_t exact_tokens;       // quantized planes: leading tokens stored exactly after S and Z
+  uint32_t exact_tail_tokens;  // and trailing ones, stored after the leading ones
 };
 
 // Parses the plane header at `off`, which must lie inside [off, limit).
@@ -202,7 +205,8 @@ KDN_HD_INLINE uint32_t parse_plane(const uint8_t* blob, uint64_t off, uint64_t l
   pl->params_bytes = ld32(p + 12);
   pl->payload_bytes = ld32(p + 16);
   pl->exact_tokens = ld32(p + 20);
-  if (ld64(p + 24) != 0) return kParseCorrupt;
+  pl->exact_tail_tokens = ld32(p + 24);
+  if (ld32(p + 28) != 0) return kParseCorrupt;
   pl->params_off = off + kPlaneHeaderBytes;
   pl->payload_off = pl->params_off + align16(pl->params_bytes);
   pl->end = pl->payload_off + pl->payload_bytes;
@@ -211,7 +215,8 @@ KDN_HD_INLINE uint32_t parse_plane(const uint8_t* blob, uint64_t off, uint64_t l
   // Only per-token quantized rows are transformed (the transform mixes a row's channels).
   if (pl->transform > kTransformHadamard || (pl->transform && pl->codec != kCodecUintToken)) return kParseCorrupt;
   // Only quantized planes have rows that could be anything but exact.
-  if (pl->exact_tokens && pl->codec != kCodecUintChannel && pl->codec != kCodecUintToken) return kParseCorrupt;
+  if ((pl->exact_tokens || pl->exact_tail_tokens) && pl->codec != kCodecUintChannel && pl->codec != kCodecUintToken)
+    return kParseCorrupt;
   return kParseOk;
 }
 
@@ -369,16 +374,32 @@ KDN_HD_INLINE uint64_t scale_array_elems(const Header& h, const Plane& pl) {
   return pl.codec == kCodecUintChannel ? uint64_t{h.kv_heads} * ng * h.head_dim : uint64_t{h.tokens} * h.kv_heads * ng;
 }
 
-// Byte offset (from params_off) of the exact rows E[exact_tokens][kv_heads][head_dim], stored in
-// the chunk dtype after S and Z at the next 16-byte boundary.
+// Exact rows of a plane: E[exact_tokens + exact_tail_tokens][kv_heads][head_dim], the leading
+// tokens 0.. then the trailing tokens T - exact_tail_tokens.., in the chunk dtype. Full
+// validation guarantees exact_tokens + exact_tail_tokens <= T.
+KDN_HD_INLINE uint64_t exact_rows(const Plane& pl) { return uint64_t{pl.exact_tokens} + pl.exact_tail_tokens; }
+
+// Whether token t of a `tokens`-token plane is stored exactly.
+KDN_HD_INLINE bool is_exact_token(const Plane& pl, uint32_t tokens, uint32_t t) {
+  return t < pl.exact_tokens || uint64_t{t} + pl.exact_tail_tokens >= tokens;
+}
+
+// The row of E that holds exact token t.
+KDN_HD_INLINE uint32_t exact_row_of(const Plane& pl, uint32_t tokens, uint32_t t) {
+  return t < pl.exact_tokens ? t : pl.exact_tokens + (t - (tokens - pl.exact_tail_tokens));
+}
+
+// Byte offset (from params_off) of the exact rows, stored after S and Z at the next 16-byte
+// boundary.
 KDN_HD_INLINE uint64_t exact_rows_offset(const Header& h, const Plane& pl) {
   return align16(2 * scale_array_elems(h, pl) * scale_bytes(pl.scale_dtype));
 }
 
-// params_bytes of a uint plane: S and Z, then (exact_tokens > 0) the padding and exact rows.
+// params_bytes of a uint plane: S and Z, then (any exact rows) the padding and exact rows.
 KDN_HD_INLINE uint64_t quant_params_bytes(const Header& h, const Plane& pl) {
-  if (pl.exact_tokens == 0) return 2 * scale_array_elems(h, pl) * scale_bytes(pl.scale_dtype);
-  return exact_rows_offset(h, pl) + uint64_t{pl.exact_tokens} * h.kv_heads * h.head_dim * dtype_bytes_of(h.dtype);
+  const uint64_t rows = exact_rows(pl);
+  if (rows == 0) return 2 * scale_array_elems(h, pl) * scale_bytes(pl.scale_dtype);
+  return exact_rows_offset(h, pl) + rows * h.kv_heads * h.head_dim * dtype_bytes_of(h.dtype);
 }
 
 // ---- lossless byte-plane transform ---------------------------------------------------------------

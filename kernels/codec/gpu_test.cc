@@ -94,7 +94,10 @@ TEST(CodecCuda, DecodeEqualsCpuBitForBit) {
         c.rotate = rotate;
         c.block_tokens = 64;
         std::vector<std::vector<uint8_t>> blobs;
-        for (uint64_t seed = 1; seed <= 3; ++seed) blobs.push_back(testing::encode(g, testing::synthetic_chunk(g, seed).data(), c));
+        for (uint64_t seed = 1; seed <= 3; ++seed) {
+          c.ends_context = seed == 3;  // the last chunk ends its context: recent rows
+          blobs.push_back(testing::encode(g, testing::synthetic_chunk(g, seed).data(), c));
+        }
         std::vector<std::vector<uint8_t>> outs;
         const Status st = gpu_decode(blobs, g, &outs);
         ASSERT_TRUE(st.ok()) << st.what();

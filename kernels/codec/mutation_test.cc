@@ -36,6 +36,8 @@ std::vector<Sample> samples() {
     for (CodecMode m : testing::kAllModes) {
       CodecConfig c = testing::config(m);
       c.block_tokens = 16;
+      c.ends_context = true;  // sink rows and recent rows
+      c.recent_tokens = 4;
       out.push_back({g, testing::encode(g, chunk.data(), c)});
     }
   }

@@ -99,6 +99,7 @@ void check_case(const Case& c, CodecMode mode, bool rotate = false) {
   const std::vector<uint8_t> chunk = testing::synthetic_chunk(g, 4);
   CodecConfig cfg = config(mode);
   cfg.rotate = rotate;
+  cfg.ends_context = true;  // sink rows first, recent rows last, quantized rows between
   const std::vector<uint8_t> blob = encode(g, chunk.data(), cfg);
   const RopeFixture rope(c.style, g.head_dim, c.rotary_dim, 777);
 

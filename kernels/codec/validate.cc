@@ -4,6 +4,7 @@
 #include "quant.h"
 #include "rans.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 
@@ -73,7 +74,7 @@ Status check_scales(const uint8_t* blob, const Plane& pl, uint64_t per_array) {
 }
 
 // Rows stored exactly have S = Z = 0 (bits zero): per token-head row for UINT_TOK, per token
-// group lying wholly inside the exact rows for UINT_CHAN.
+// group whose every token is exact for UINT_CHAN.
 Status check_exact_scales_zero(const uint8_t* blob, const Header& h, const Plane& pl, uint64_t per_array) {
   const uint64_t sb = scale_bytes(pl.scale_dtype);
   const uint8_t* s = blob + pl.params_off;
@@ -84,14 +85,22 @@ Status check_exact_scales_zero(const uint8_t* blob, const Header& h, const Plane
   };
   const uint64_t ng = scale_groups(h, pl);
   if (pl.codec == kCodecUintToken) {
-    for (uint64_t i = 0; i < uint64_t{pl.exact_tokens} * h.kv_heads * ng; ++i)
-      if (!zero_at(i)) return corrupt("KVC1 exact row has a non-zero scale");
+    for (uint32_t t = 0; t < h.tokens; ++t) {
+      if (!is_exact_token(pl, h.tokens, t)) continue;
+      for (uint64_t i = uint64_t{t} * h.kv_heads * ng; i < (t + 1ull) * h.kv_heads * ng; ++i)
+        if (!zero_at(i)) return corrupt("KVC1 exact row has a non-zero scale");
+    }
     return OkStatus();
   }
+  // Group [g0, g1) is wholly exact when the quantized tokens [P, T - Q) miss it.
+  const uint64_t quant_begin = pl.exact_tokens, quant_end = h.tokens - pl.exact_tail_tokens;
   for (uint32_t head = 0; head < h.kv_heads; ++head)
-    for (uint64_t gi = 0; gi < ng && (gi + 1) * pl.group <= pl.exact_tokens; ++gi)
+    for (uint64_t gi = 0; gi < ng; ++gi) {
+      const uint64_t g0 = gi * pl.group, g1 = std::min<uint64_t>(g0 + pl.group, h.tokens);
+      if (std::max(g0, quant_begin) < std::min(g1, quant_end)) continue;
       for (uint32_t d = 0; d < h.head_dim; ++d)
         if (!zero_at((head * ng + gi) * h.head_dim + d)) return corrupt("KVC1 exact token group has a non-zero scale");
+    }
   return OkStatus();
 }
 
@@ -136,15 +145,17 @@ Status check_plane_params(const uint8_t* blob, const Header& h, const Plane& pl)
   if (pl.transform != kTransformNone && (h.version_minor < kVersionMinorTransform || !std::has_single_bit(h.head_dim)))
     return corrupt("KVC1 Hadamard plane in a minor-0 blob or with a head_dim that is not a power of two");
   const uint64_t per_array = scale_array_elems(h, pl);
-  if (pl.exact_tokens == 0) {
+  if (exact_rows(pl) == 0) {
     if (pl.params_bytes != quant_params_bytes(h, pl)) return corrupt("KVC1 scale array size");
     return check_scales(blob, pl, per_array);
   }
-  if (h.version_minor < kVersionMinorExact || pl.exact_tokens > h.tokens)
-    return corrupt("KVC1 exact rows in a blob of minor < 2 or beyond the chunk's tokens");
+  if ((pl.exact_tokens && h.version_minor < kVersionMinorExact) ||
+      (pl.exact_tail_tokens && h.version_minor < kVersionMinorExactTail))
+    return corrupt("KVC1 exact leading rows in a blob of minor < 2 or exact trailing rows in one of minor < 3");
+  if (exact_rows(pl) > h.tokens) return corrupt("KVC1 exact rows beyond the chunk's tokens");
   if (pl.params_bytes != quant_params_bytes(h, pl)) return corrupt("KVC1 exact rows size");
   const uint64_t exact_off = exact_rows_offset(h, pl);
-  const uint64_t exact_elems = uint64_t{pl.exact_tokens} * h.kv_heads * h.head_dim;
+  const uint64_t exact_elems = exact_rows(pl) * h.kv_heads * h.head_dim;
   for (uint64_t i = 2 * per_array * scale_bytes(pl.scale_dtype); i < exact_off; ++i)
     if (blob[pl.params_off + i] != 0) return corrupt("KVC1 padding before the exact rows is not zero");
   KDN_RETURN_IF_ERROR(check_scales(blob, pl, per_array));

@@ -113,8 +113,11 @@ TEST(WarpEmulation, DeviceAlgorithmEqualsCpuDecoder) {
         c.entropy = entropy;
         c.rotate = rotate;
         c.block_tokens = 16;  // several blocks, the last one partial
+        CodecConfig last = c;  // the second chunk ends its context: recent rows after the sink rows
+        last.ends_context = true;
+        last.recent_tokens = 5;
         const std::vector<std::vector<uint8_t>> blobs = {testing::encode(g, testing::synthetic_chunk(g, 11).data(), c),
-                                                         testing::encode(g, testing::synthetic_chunk(g, 12).data(), c)};
+                                                         testing::encode(g, testing::synthetic_chunk(g, 12).data(), last)};
         std::vector<std::vector<uint8_t>> outs;
         ASSERT_EQ(emulate(blobs, g, &outs), 0u) << codec_mode_name(m);
         for (size_t i = 0; i < blobs.size(); ++i)

@@ -1,5 +1,6 @@
 // Writes the seed corpus of the KVC1 decoder fuzzer: valid blobs of small chunks in every mode
-// and dtype, with and without entropy coding and the token-delta predictor, and with rotated rows.
+// and dtype, with and without entropy coding and the token-delta predictor, with rotated rows, and
+// with exact sink and recent rows.
 //   codec_fuzz_corpus DIR
 #include <kdn/kernels/codec.h>
 #include <kdn/kernels/synthetic.h>
@@ -69,6 +70,8 @@ int main(int argc, char** argv) {
         c.token_delta = variant != 2;
         c.rotate = variant == 3;
         c.pos_base = variant == 2 ? 512 : 0;  // quantized chunks at position 0 carry exact sink rows
+        c.ends_context = variant >= 2;        // and chunks that end their context exact recent rows
+        c.recent_tokens = 3;
         c.block_tokens = 16;
         const std::string path = dir + "/" + codec_mode_name(m) + "-" + std::to_string(s.layers) + "x" +
                                  std::to_string(s.heads) + "x" + std::to_string(s.dim) + "x" +

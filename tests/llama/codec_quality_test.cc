@@ -32,17 +32,19 @@ class CodecQuality : public ::testing::Test {
     tokens_ = std::move(t.value());
     ASSERT_GE(tokens_.size(), kContextChunks * kTestChunk + kEvalTokens);
   }
-  CodecQualityReport measure(kernels::CodecMode mode, bool rotate = false) {
+  CodecQualityReport measure(kernels::CodecMode mode, bool rotate = false,
+                             uint32_t recent_tokens = kernels::kDefaultRecentTokens) {
     kernels::CodecConfig cfg;
     cfg.mode = mode;
     cfg.rotate = rotate;
+    cfg.recent_tokens = recent_tokens;
     Result<CodecQualityReport> r = measure_codec_quality(*engine_, tokens_, kContextChunks, kEvalTokens, cfg);
     EXPECT_TRUE(r.ok()) << r.status().what();
     if (!r.ok()) return {};
     const CodecQualityReport& q = r.value();
-    std::printf("codec %-8s%s ratio %.2fx  top1 %.4f  ppl %.4f -> %.4f (%+.3f%%)  rel_err %.4f  cos_min %.5f"
+    std::printf("codec %-8s%s recent %u ratio %.2fx  top1 %.4f  ppl %.4f -> %.4f (%+.3f%%)  rel_err %.4f  cos_min %.5f"
                 "  flip margin %.4f (typical %.4f)  one-ulp control: top1 %.4f ppl %+.3f%%\n",
-                kernels::codec_mode_name(mode), rotate ? " rotated" : "", q.ratio_vs_fp16, q.top1_agreement, q.ppl_exact, q.ppl_codec,
+                kernels::codec_mode_name(mode), rotate ? " rotated" : "", recent_tokens, q.ratio_vs_fp16, q.top1_agreement, q.ppl_exact, q.ppl_codec,
                 q.ppl_delta_pct, q.rel_frobenius_error, q.cosine_min, q.flip_margin_median, q.margin_median,
                 q.floor_top1_agreement, q.floor_ppl_delta_pct);
     const std::string m = std::string(kernels::codec_mode_name(mode)) + (rotate ? "_rotated" : "");
@@ -74,8 +76,10 @@ TEST_F(CodecQuality, LosslessChangesNothing) {
   EXPECT_GE(q.floor_top1_agreement, 0.90);
 }
 
+// The quantizer alone (no recent rows: 32 exact tokens are a quarter of this test's 128-token
+// chunk, RecentRowsLowerTheKlAtTheirCost covers them).
 TEST_F(CodecQuality, FourBitKiviStaysClose) {
-  const CodecQualityReport q = measure(kernels::CodecMode::kKivi4);
+  const CodecQualityReport q = measure(kernels::CodecMode::kKivi4, false, 0);
   EXPECT_GT(q.ratio_vs_fp16, 3.0);
   EXPECT_GT(q.rel_frobenius_error, 0.0);  // it is lossy: the measurement sees a difference
   EXPECT_GT(q.kl, 0.0);
@@ -96,12 +100,29 @@ TEST_F(CodecQuality, FourBitKiviStaysClose) {
 // The same guards with Hadamard-rotated rows, through the real engine: a decoder that did not
 // rotate back would hand llama.cpp KV in the wrong basis and fail both.
 TEST_F(CodecQuality, FourBitRotatedStaysClose) {
-  const CodecQualityReport q = measure(kernels::CodecMode::kKivi4, true);
+  const CodecQualityReport q = measure(kernels::CodecMode::kKivi4, true, 0);
   EXPECT_GT(q.ratio_vs_fp16, 3.0);
   EXPECT_GT(q.rel_frobenius_error, 0.0);
   EXPECT_LT(q.rel_frobenius_error, 0.2);
   EXPECT_GE(q.top1_agreement, 0.90);
   EXPECT_LT(std::abs(q.ppl_delta_pct), 5.0);
+}
+
+// The context's last chunk keeps its last tokens exact (CodecConfig::recent_tokens): through the
+// real engine they must reach the KV the scored tokens read and lower the codec's KL, at the
+// cost of the rows' bytes and no more: the rows replace quantized codes by zero placeholders,
+// so the blobs grow by less than the rows' own fp16 bytes.
+TEST_F(CodecQuality, RecentRowsLowerTheKlAtTheirCost) {
+  const CodecQualityReport with = measure(kernels::CodecMode::kKivi4);
+  const CodecQualityReport without = measure(kernels::CodecMode::kKivi4, false, 0);
+  EXPECT_LT(with.kl, without.kl);
+  EXPECT_GE(with.top1_agreement, 0.90);
+  ASSERT_GT(with.ratio_vs_fp16, 0.0);
+  ASSERT_GT(without.ratio_vs_fp16, 0.0);
+  EXPECT_LT(with.ratio_vs_fp16, without.ratio_vs_fp16);
+  // Sizes as fractions of the context's fp16 bytes.
+  const double exact_fraction = static_cast<double>(kernels::kDefaultRecentTokens) / (kContextChunks * kTestChunk);
+  EXPECT_LT(1.0 / with.ratio_vs_fp16, 1.0 / without.ratio_vs_fp16 + exact_fraction);
 }
 
 // The f16 copy of the model that measurements free of activation quantization run on: written

@@ -61,23 +61,28 @@ Status score(Engine& e, std::span<const std::span<const uint8_t>> chunks, std::s
   return e.prefill(eval, first_pos, sink);
 }
 
-// Encodes and decodes every chunk; fills the size and tensor-error fields of `report`.
+// Encodes and decodes every chunk, the chunks being one context in order (the first one starts
+// the sequence, the last one ends the context); fills the size and tensor-error fields of
+// `report`.
 Status codec_round_trip(const Engine& e, std::span<const std::span<const uint8_t>> exact,
                         const kernels::CodecConfig& config, std::vector<std::vector<uint8_t>>& decoded,
                         CodecQualityReport& report) {
   Result<ModelInfo> info = ModelInfo::from_desc(e.identity().desc);
   if (!info.ok()) return info.status();
   const kernels::ChunkGeometry geo = kernels::kvc1_geometry(info.value());
-  const size_t cap = kernels::kvc1_max_encoded_size(geo, config);
-  const size_t scratch_bytes = kernels::kvc1_encode_scratch_bytes(geo, config);
+  kernels::CodecConfig chunk_config = config;
+  chunk_config.pos_base = 0;
+  chunk_config.ends_context = true;  // sizes for the chunk that carries the most exact rows
+  const size_t cap = kernels::kvc1_max_encoded_size(geo, chunk_config);
+  const size_t scratch_bytes = kernels::kvc1_encode_scratch_bytes(geo, chunk_config);
   if (cap == 0) return Status(Code::kInvalidArgument, "codec config does not fit this model");
   std::vector<uint8_t> blob(cap), scratch(std::max<size_t>(scratch_bytes, 1));
   uint64_t raw_bytes = 0, encoded_bytes = 0;
   report.cosine_min = 1.0;
-  kernels::CodecConfig chunk_config = config;
   for (size_t c = 0; c < exact.size(); ++c) {
     size_t written = 0;
-    chunk_config.pos_base = static_cast<int64_t>(c) * geo.tokens;  // the chunks are the context in order
+    chunk_config.pos_base = static_cast<int64_t>(c) * geo.tokens;
+    chunk_config.ends_context = c + 1 == exact.size();
     KDN_RETURN_IF_ERROR(kernels::kvc1_encode(geo, info->fingerprint, exact[c].data(), chunk_config, blob.data(), cap,
                                              &written, scratch.data(), scratch.size()));
     decoded[c].resize(exact[c].size());

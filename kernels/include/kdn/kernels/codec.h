@@ -64,6 +64,7 @@ uint8_t codec_mode_default_bits(CodecMode mode) noexcept;
 ChunkGeometry kvc1_geometry(const ModelInfo& model) noexcept;
 
 constexpr uint32_t kDefaultSinkTokens = 4;
+constexpr uint32_t kDefaultRecentTokens = 32;
 
 // Encoder settings. Zero means "the mode's default" for every numeric field except
 // sink_tokens, pos_base and the per-layer arrays.
@@ -103,6 +104,17 @@ struct CodecConfig {
   // chunk's dtype in that one chunk (every row of a shorter chunk). 0 turns it off; raw and
   // lossless chunks are exact anyway.
   uint32_t sink_tokens = kDefaultSinkTokens;
+  // Quantized modes: in a chunk that ends a stored context (ends_context), the last
+  // recent_tokens tokens (at most those the sinks leave) are stored exactly, as KIVI keeps a
+  // sequence's most recent tokens in full precision. The tokens an engine computes right after
+  // a cached context (the question after a document) put much of their attention on the
+  // context's last tokens, so the error of those rows costs the most; every other chunk of the
+  // context is unchanged. The cost is recent_tokens rows at the chunk's dtype in that one chunk.
+  // 0 turns it off.
+  uint32_t recent_tokens = kDefaultRecentTokens;
+  // The chunk is the last of the context it was cut from: whoever stores a context's chunks
+  // sets it on the last one.
+  bool ends_context = false;
   // Absolute position of token 0, recorded for RoPE re-positioning at decode time.
   int64_t pos_base = 0;
   // Optional chunk key recorded in the header (zero when the index holds it).
