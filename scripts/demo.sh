@@ -22,7 +22,7 @@ build=${KDN_BUILD_DIR:-build}
 tokens=${KDN_DEMO_TOKENS:-4096}
 threads=${KDN_DEMO_THREADS:-0}
 question_a="What is the purpose of the program this manual describes?"
-question_b="Which options does it accept when it starts?"
+question_b="How do you make bash read commands from a string?"
 
 # ---- 1. prepare (each step is a no-op when already done) ---------------------------------
 scripts/setup-llama.sh
