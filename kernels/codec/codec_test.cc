@@ -658,9 +658,18 @@ TEST(Codec, RecentRowsOfAContextEndDecodeBitExact) {
           const std::vector<uint8_t> blob = encode(g, chunk.data(), c);
           EXPECT_EQ(kvc1::ld16(blob.data() + kvc1::kHfVersionMinor), kvc1::kVersionMinorExactTail);
           const uint32_t sinks = pos_base == 0 ? kDefaultSinkTokens : 0;
+          kvc1::Header h;
+          ASSERT_EQ(kvc1::parse_header(blob.data(), blob.size(), &h), kvc1::kParseOk);
           for (uint32_t p = 0; p < 2; ++p) {
-            EXPECT_EQ(plane_of(blob, p).exact_tokens, sinks);
-            EXPECT_EQ(plane_of(blob, p).exact_tail_tokens, kDefaultRecentTokens);
+            const kvc1::Plane pl = plane_of(blob, p);
+            EXPECT_EQ(pl.exact_tokens, sinks);
+            EXPECT_EQ(pl.exact_tail_tokens, kDefaultRecentTokens);
+            // The segments code the rows before the recent ones, the sinks' placeholders included.
+            for (uint32_t s = 0; s < pl.n_segments; ++s) {
+              kvc1::Segment sg;
+              ASSERT_EQ(kvc1::parse_segment(blob.data(), h, pl, s, &sg), kvc1::kParseOk);
+              EXPECT_EQ(sg.n_symbols, (g.tokens - kDefaultRecentTokens) * g.head_dim);
+            }
           }
           const std::vector<uint8_t> out = decode_ok(blob, g);
           const std::vector<uint8_t> plain_out = decode_ok(plain, g);
@@ -684,6 +693,14 @@ TEST(Codec, RecentRowsOfAContextEndDecodeBitExact) {
   EXPECT_EQ(plane_of(blob, 0).exact_tokens, kDefaultSinkTokens);
   EXPECT_EQ(plane_of(blob, 0).exact_tail_tokens, g.tokens - kDefaultSinkTokens);
   EXPECT_EQ(decode_ok(blob, g), chunk);
+  // Without sinks the recent rows leave one token row to code.
+  CodecConfig no_sink = no_sinks(CodecMode::kKivi4);
+  no_sink.ends_context = true;
+  no_sink.recent_tokens = 100;
+  const std::vector<uint8_t> tail_only = encode(g, chunk.data(), no_sink);
+  EXPECT_EQ(plane_of(tail_only, 0).exact_tail_tokens, g.tokens - 1);
+  const std::vector<uint8_t> tail_out = decode_ok(tail_only, g);
+  for (uint32_t t = 1; t < g.tokens; ++t) EXPECT_TRUE(token_rows_equal(tail_out, chunk, g, t)) << "token " << t;
   CodecConfig lossless = config(CodecMode::kLossless);
   lossless.ends_context = true;
   EXPECT_EQ(encode(g, chunk.data(), lossless), encode(g, chunk.data(), config(CodecMode::kLossless)));
@@ -747,6 +764,12 @@ TEST(Codec, BadRecentRowsAreCorrupt) {
   expect_corrupt("sinks and recent rows beyond tokens", [&](std::vector<uint8_t>& b) { b[k.offset + 24] = 21; });
   expect_corrupt("count disagrees with the params size", [&](std::vector<uint8_t>& b) { b[v.offset + 24] = 7; });
   expect_corrupt("minor 2", [&](std::vector<uint8_t>& b) { b[kvc1::kHfVersionMinor] = 2; });
+  expect_corrupt("segments that code the recent rows too", [&](std::vector<uint8_t>& b) {
+    kvc1::Segment sg;
+    ASSERT_EQ(kvc1::parse_segment(b.data(), h, k, 0, &sg), kvc1::kParseOk);
+    const uint32_t all_rows = g.tokens * g.head_dim;
+    std::memcpy(b.data() + sg.offset + 4, &all_rows, 4);
+  });
   expect_corrupt("reserved bytes after the count", [&](std::vector<uint8_t>& b) { b[k.offset + 28] = 1; });
   uint64_t s_off, z_off;
   kvc1::row_scale_offsets(h, v, g.tokens - 1, 0, &s_off, &z_off);

@@ -83,11 +83,16 @@ Status decode_quant_head(const uint8_t* blob, const Header& h, const Plane& pl, 
   const uint8_t* exact = blob + pl.params_off + exact_rows_offset(h, pl);
   const size_t row_bytes = size_t{h.head_dim} * dtype_bytes_of(h.dtype);
   const uint32_t tt = tile_tokens(h.head_dim);
-  for (uint32_t t0 = 0; t0 < h.tokens; t0 += tt) {
-    const uint32_t rows = h.tokens - t0 < tt ? h.tokens - t0 : tt;
+  const uint32_t coded = coded_tokens(h, pl);
+  for (uint32_t t = coded; t < h.tokens; ++t) {  // trailing exact rows: no codes in the segment
+    std::memcpy(sink.bits_row(t), exact + (exact_row_of(pl, h.tokens, t) * h.kv_heads + head) * row_bytes, row_bytes);
+    sink.commit_bits(t);
+  }
+  for (uint32_t t0 = 0; t0 < coded; t0 += tt) {
+    const uint32_t rows = coded - t0 < tt ? coded - t0 : tt;
     if (!reader.read_rows(tile, rows)) return stream_corrupt();
     for (uint32_t r = 0; r < rows; ++r) {
-      if (is_exact_token(pl, h.tokens, t0 + r)) {  // stored exactly; its codes are placeholders
+      if (is_exact_token(pl, h.tokens, t0 + r)) {  // a leading exact row; its codes are placeholders
         const size_t e = exact_row_of(pl, h.tokens, t0 + r);
         std::memcpy(sink.bits_row(t0 + r), exact + (e * h.kv_heads + head) * row_bytes, row_bytes);
         sink.commit_bits(t0 + r);

@@ -223,7 +223,7 @@ KDN_WARP_FN bool decode_rotated(const Where& w, const Plane& pl, const Segment& 
   warp_sync();
   const uint8_t* params = w.blob + pl.params_off;
   const float inv = hadamard_inverse_scale(n);
-  for (uint32_t t = 0; t < w.g.tokens; ++t) {
+  for (uint32_t t = 0; t < coded_tokens(*w.h, pl); ++t) {  // the trailing exact rows have no codes
     const int64_t row = chunk_offset(w.g, w.layer, w.plane, t, w.head, 0);
     uint64_t s_off, z_off;
     row_scale_offsets(*w.h, pl, t, w.head, &s_off, &z_off);
@@ -339,8 +339,8 @@ KDN_WARP_FN void decode_warp(const Job& job, uint64_t warp, uint32_t lane, uint8
   } else {
     ok = decode_quantized(w, pl, s, lane);
     warp_sync();
-    // Exact rows replace what their placeholder codes decoded to: the leading ones, then the
-    // trailing ones, which follow them in the parameters.
+    // Exact rows: the leading ones replace what their placeholder codes decoded to; the
+    // trailing ones, which follow them in the parameters, have no codes.
     const uint8_t* exact = w.blob + pl.params_off + exact_rows_offset(h, pl);
     if (ok && pl.exact_tokens) copy_rows(w, exact, 0, pl.exact_tokens, lane);
     if (ok && pl.exact_tail_tokens) {

@@ -108,7 +108,7 @@ Status write_segments(const Source& src, const Header& hdr, const Plane& pl, con
       byte_plane_symbols(src, out.data + pl.params_off + (s / e) * hdr.head_dim, s / e, s % e, sc.symbols);
     else
       quantize_head(src, hdr, pl, out.data + pl.params_off, s, sc);
-    KDN_RETURN_IF_ERROR(write_segment(hdr.tokens, hdr.head_dim, pl.bits, plan, sc, out));
+    KDN_RETURN_IF_ERROR(write_segment(coded_tokens(hdr, pl), hdr.head_dim, pl.bits, plan, sc, out));
     out.st32(payload + 8 * size_t{s}, static_cast<uint32_t>(seg - payload));
     out.st32(payload + 8 * size_t{s} + 4, static_cast<uint32_t>(out.pos - seg));
   }

@@ -164,7 +164,7 @@ Status write_quant_params(const Source& src, const Header& hdr, Plane& pl, const
 void quantize_head(const Source& src, const Header& hdr, const Plane& pl, const uint8_t* params, uint32_t head,
                    EncodeScratch& sc) noexcept {
   const uint32_t qmax = (1u << pl.bits) - 1;
-  for (uint32_t t = 0; t < hdr.tokens; ++t) {
+  for (uint32_t t = 0; t < coded_tokens(hdr, pl); ++t) {  // the trailing exact rows have no codes
     uint8_t* codes = sc.symbols + size_t{t} * hdr.head_dim;
     if (is_exact_token(pl, hdr.tokens, t)) {  // the decoder takes these rows from the exact rows
       std::memset(codes, 0, hdr.head_dim);

@@ -3,6 +3,7 @@
 
 #include "crc32c.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 
@@ -113,8 +114,9 @@ Status make_encode_plan(const ChunkGeometry& g, const CodecConfig& cfg, EncodePl
   if (p.rotate && !std::has_single_bit(g.head_dim))
     return Status(Code::kInvalidArgument, "rotate needs a power-of-two head_dim");
   p.exact_tokens = q && cfg.pos_base == 0 ? (cfg.sink_tokens < g.tokens ? cfg.sink_tokens : g.tokens) : 0;
-  const uint32_t rest = g.tokens - p.exact_tokens;  // the sinks come first when a chunk has both
-  p.exact_tail_tokens = q && cfg.ends_context ? (cfg.recent_tokens < rest ? cfg.recent_tokens : rest) : 0;
+  // The sinks come first when a chunk has both; at least one token row stays coded.
+  const uint32_t rest = std::min(g.tokens - p.exact_tokens, g.tokens - 1);
+  p.exact_tail_tokens = q && cfg.ends_context ? std::min(cfg.recent_tokens, rest) : 0;
   return OkStatus();
 }
 

@@ -24,8 +24,8 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "KVC1 code assumes a li
 constexpr uint16_t kVersionMajor = 1;
 // Minor 1 adds the plane transform byte (kTransformHadamard), minor 2 the exact leading tokens
 // of a quantized plane (Plane::exact_tokens), minor 3 its exact trailing tokens
-// (Plane::exact_tail_tokens). An encoder writes the lowest minor that describes the blob, so
-// every other blob stays readable by older decoders.
+// (Plane::exact_tail_tokens), which the plane's segments leave out. An encoder writes the
+// lowest minor that describes the blob, so every other blob stays readable by older decoders.
 constexpr uint16_t kVersionMinor = 0;
 constexpr uint16_t kVersionMinorTransform = 1;
 constexpr uint16_t kVersionMinorExact = 2;
@@ -246,7 +246,7 @@ struct Segment {
   uint64_t bytes;
   uint8_t coding, bits, predictor;
   uint16_t n_syms;         // rANS table entries
-  uint32_t n_symbols;      // symbols in the segment (tokens * head_dim)
+  uint32_t n_symbols;      // symbols in the segment (coded_tokens * head_dim)
   uint32_t block_symbols;  // rANS: symbols per block (block_tokens * head_dim; the last may be shorter)
   uint32_t n_blocks;
   uint64_t mask_off;    // predictor: blob offset of the channel bitmask (ceil(head_dim / 8) bytes)
@@ -257,6 +257,11 @@ struct Segment {
 KDN_HD_INLINE uint32_t effective_block_tokens(const Header& h) {
   return h.block_tokens < h.tokens ? h.block_tokens : h.tokens;
 }
+
+// Token rows 0 .. coded_tokens - 1 have codes in each segment of the plane: every row but the
+// exact trailing ones (minor 3), which are stored only exactly. Exact leading rows (minor 2)
+// keep zero placeholder codes. parse_segment guarantees exact_tail_tokens < tokens.
+KDN_HD_INLINE uint32_t coded_tokens(const Header& h, const Plane& pl) { return h.tokens - pl.exact_tail_tokens; }
 
 // Segment `s` of a plane: directory entry, header, and the rANS table/descriptor extents.
 KDN_HD_INLINE uint32_t parse_segment(const uint8_t* blob, const Header& h, const Plane& pl, uint32_t s, Segment* sg) {
@@ -279,7 +284,8 @@ KDN_HD_INLINE uint32_t parse_segment(const uint8_t* blob, const Header& h, const
   sg->predictor = p[12];
   sg->block_symbols = effective_block_tokens(h) * h.head_dim;
   if (p[13] != 0 || ld16(p + 14) != 0) return kParseCorrupt;
-  if (sg->bits == 0 || sg->bits > 8 || sg->n_symbols != h.tokens * h.head_dim) return kParseCorrupt;
+  if (pl.exact_tail_tokens >= h.tokens) return kParseCorrupt;
+  if (sg->bits == 0 || sg->bits > 8 || sg->n_symbols != coded_tokens(h, pl) * h.head_dim) return kParseCorrupt;
   if (sg->coding == kCodingPacked) {
     if (sg->n_syms != 0 || sg->n_blocks != 0 || sg->predictor != kPredictNone) return kParseCorrupt;
     const uint64_t words = (static_cast<uint64_t>(sg->n_symbols) * sg->bits + 31) / 32;

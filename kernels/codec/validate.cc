@@ -153,6 +153,7 @@ Status check_plane_params(const uint8_t* blob, const Header& h, const Plane& pl)
       (pl.exact_tail_tokens && h.version_minor < kVersionMinorExactTail))
     return corrupt("KVC1 exact leading rows in a blob of minor < 2 or exact trailing rows in one of minor < 3");
   if (exact_rows(pl) > h.tokens) return corrupt("KVC1 exact rows beyond the chunk's tokens");
+  if (pl.exact_tail_tokens >= h.tokens) return corrupt("KVC1 exact trailing rows leave no token to code");
   if (pl.params_bytes != quant_params_bytes(h, pl)) return corrupt("KVC1 exact rows size");
   const uint64_t exact_off = exact_rows_offset(h, pl);
   const uint64_t exact_elems = exact_rows(pl) * h.kv_heads * h.head_dim;
