@@ -588,6 +588,15 @@ TEST(Codec, SinkRowsStayOutOfTheQuantizerRanges) {
   EXPECT_GT(stored_scale(with, 0, 1, 4, 0, 0), 0.0f);
 }
 
+// Expects a copy of `good` to decode as kCorrupt once `edit` changed it (CRCs redone).
+template <class Edit>
+void expect_corrupt_after(const std::vector<uint8_t>& good, const ChunkGeometry& g, const char* what, Edit&& edit) {
+  std::vector<uint8_t> b = good;
+  edit(b);
+  recrc(b);
+  EXPECT_EQ(decode_code(b, g), Code::kCorrupt) << what;
+}
+
 // The exact-row fields are checked like every other: a count beyond the chunk, exact rows in a
 // minor-1 blob, a non-zero scale on an exact row, NaN in an exact row, non-zero padding before
 // the rows, and a count on a lossless plane are corrupt (CRCs redone).
@@ -599,12 +608,7 @@ TEST(Codec, BadExactRowsAreCorrupt) {
   const kvc1::Plane k = plane_of(good, 0), v = plane_of(good, 1);
   kvc1::Header h;
   ASSERT_EQ(kvc1::parse_header(good.data(), good.size(), &h), kvc1::kParseOk);
-  auto expect_corrupt = [&](const char* what, auto&& edit) {
-    std::vector<uint8_t> b = good;
-    edit(b);
-    recrc(b);
-    EXPECT_EQ(decode_code(b, g), Code::kCorrupt) << what;
-  };
+  auto expect_corrupt = [&](const char* what, auto&& edit) { expect_corrupt_after(good, g, what, edit); };
   expect_corrupt("count beyond tokens", [&](std::vector<uint8_t>& b) { b[k.offset + 20] = 19; });
   expect_corrupt("count disagrees with the params size", [&](std::vector<uint8_t>& b) { b[v.offset + 20] = 3; });
   expect_corrupt("minor 1", [&](std::vector<uint8_t>& b) { b[kvc1::kHfVersionMinor] = 1; });
@@ -618,12 +622,9 @@ TEST(Codec, BadExactRowsAreCorrupt) {
   ASSERT_LT(scales, exact);
   expect_corrupt("padding", [&](std::vector<uint8_t>& b) { b[v.params_off + scales] = 1; });
   const std::vector<uint8_t> lossless = encode(g, chunk.data(), config(CodecMode::kLossless));
-  std::vector<uint8_t> b = lossless;
-  b[plane_of(lossless, 0).offset + 20] = 1;
-  recrc(b);
-  EXPECT_EQ(decode_code(b, g), Code::kCorrupt);
+  expect_corrupt_after(lossless, g, "exact count on a lossless plane",
+                       [&](std::vector<uint8_t>& b) { b[plane_of(lossless, 0).offset + 20] = 1; });
 }
-
 
 // Whether every row of `out` at token t equals `chunk`'s, over every layer, plane and head.
 bool token_rows_equal(const std::vector<uint8_t>& out, const std::vector<uint8_t>& chunk, const ChunkGeometry& g,
@@ -755,12 +756,7 @@ TEST(Codec, BadRecentRowsAreCorrupt) {
   ASSERT_EQ(k.exact_tail_tokens, 8u);
   kvc1::Header h;
   ASSERT_EQ(kvc1::parse_header(good.data(), good.size(), &h), kvc1::kParseOk);
-  auto expect_corrupt = [&](const char* what, auto&& edit) {
-    std::vector<uint8_t> b = good;
-    edit(b);
-    recrc(b);
-    EXPECT_EQ(decode_code(b, g), Code::kCorrupt) << what;
-  };
+  auto expect_corrupt = [&](const char* what, auto&& edit) { expect_corrupt_after(good, g, what, edit); };
   expect_corrupt("sinks and recent rows beyond tokens", [&](std::vector<uint8_t>& b) { b[k.offset + 24] = 21; });
   expect_corrupt("count disagrees with the params size", [&](std::vector<uint8_t>& b) { b[v.offset + 24] = 7; });
   expect_corrupt("minor 2", [&](std::vector<uint8_t>& b) { b[kvc1::kHfVersionMinor] = 2; });
@@ -782,10 +778,8 @@ TEST(Codec, BadRecentRowsAreCorrupt) {
     b[v.params_off + last_row + 3] = 0x7e;
   });
   const std::vector<uint8_t> lossless = encode(g, chunk.data(), config(CodecMode::kLossless));
-  std::vector<uint8_t> b = lossless;
-  b[plane_of(lossless, 0).offset + 24] = 1;
-  recrc(b);
-  EXPECT_EQ(decode_code(b, g), Code::kCorrupt);
+  expect_corrupt_after(lossless, g, "recent count on a lossless plane",
+                       [&](std::vector<uint8_t>& b) { b[plane_of(lossless, 0).offset + 24] = 1; });
 }
 
 }  // namespace

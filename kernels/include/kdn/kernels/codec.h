@@ -106,13 +106,11 @@ struct CodecConfig {
   uint32_t sink_tokens = kDefaultSinkTokens;
   // Quantized modes: in a chunk that ends a stored context (ends_context), the last
   // recent_tokens tokens (at most those the sinks leave, and never all T) are stored exactly
-  // instead of coded, as KIVI keeps a
-  // sequence's most recent tokens in full precision. The tokens an engine computes right after
-  // a cached context (the question after a document) put much of their attention on the
-  // context's last tokens, so the error of those rows costs the most; every other chunk of the
-  // context is unchanged. The cost is recent_tokens rows at the chunk's dtype in that one chunk,
-  // less their codes.
-  // 0 turns it off.
+  // instead of coded, as KIVI keeps a sequence's most recent tokens in full precision. The
+  // tokens an engine computes right after a cached context (the question after a document) put
+  // much of their attention on the context's last tokens, so the error of those rows costs the
+  // most; every other chunk of the context is unchanged. The cost is recent_tokens rows at the
+  // chunk's dtype in that one chunk, less their codes. 0 turns it off.
   uint32_t recent_tokens = kDefaultRecentTokens;
   // The chunk is the last of the context it was cut from: whoever stores a context's chunks
   // sets it on the last one.
