@@ -14,6 +14,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <map>
 #include <unordered_map>
@@ -87,7 +88,7 @@ class DaemonImpl {
 
 Status DaemonImpl::start() {
   KDN_RETURN_IF_ERROR(cfg_.validate());
-  if (!parse_eviction_kind(cfg_.eviction, &eviction_))
+  if (!parse_eviction_kind(cfg_.host.eviction, &eviction_))
     return Status(Code::kInvalidArgument, "unknown eviction policy");
   auto poller = ipc::EventPoller::create();
   if (!poller.ok()) return poller.status();
@@ -104,7 +105,7 @@ Status DaemonImpl::start() {
   stop_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!signal_fd_ || !stop_fd_) return Status::from_errno("signalfd/eventfd", errno);
 
-  auto ns = namespace_for("default", cfg_.populate);
+  auto ns = namespace_for("default", cfg_.host.populate);
   if (!ns.ok()) return ns.status();
   auto l = ipc::uds_listen(cfg_.socket_path);
   if (!l.ok()) return l.status();
@@ -113,7 +114,7 @@ Status DaemonImpl::start() {
   KDN_RETURN_IF_ERROR(poller_.add(signal_fd_.get(), tag(kSignal, 0)));
   KDN_RETURN_IF_ERROR(poller_.add(stop_fd_.get(), tag(kStop, 0)));
   spdlog::info("kdnd listening on {} (host arena {} MiB per namespace, eviction {}, protocol {})",
-               cfg_.socket_path, cfg_.host_arena_bytes >> 20, cfg_.eviction, KDN_PROTOCOL_VERSION);
+               cfg_.socket_path, cfg_.host.bytes >> 20, cfg_.host.eviction, KDN_PROTOCOL_VERSION);
   return OkStatus();
 }
 
@@ -122,12 +123,12 @@ Result<Namespace*> DaemonImpl::namespace_for(const std::string& name, bool popul
   if (namespaces_.size() >= cfg_.max_namespaces) return Status(Code::kNoSpace, "too many namespaces");
   ipc::SegmentOptions opt;
   opt.populate = populate;
-  opt.madvise_huge = cfg_.hugepages;
+  opt.madvise_huge = cfg_.host.hugepages;
   const std::string seg_name = "kdn-arena-" + name;
   const uint64_t t0 = now_ns();
-  auto seg = ipc::SharedSegment::create(seg_name.c_str(), cfg_.host_arena_bytes, opt);
+  auto seg = ipc::SharedSegment::create(seg_name.c_str(), cfg_.host.bytes, opt);
   if (!seg.ok()) return seg.status();
-  auto ns = std::make_unique<Namespace>(name, std::move(*seg), cfg_.slab_bytes, eviction_);
+  auto ns = std::make_unique<Namespace>(name, std::move(*seg), cfg_.host.slab_bytes, eviction_);
   spdlog::info("namespace '{}': host arena {} MiB{} in {:.0f} ms", name, ns->arena.size() >> 20,
                populate ? " (pre-faulted)" : "", (now_ns() - t0) / 1e6);
   Namespace* raw = ns.get();
@@ -181,8 +182,10 @@ Status DaemonImpl::admit(ipc::UniqueFd sock, const ipc::ReceivedHello& rh) {
     (void)ipc::server_send_refusal(sock.get(), c);
     return Status(c, why);
   };
-  if (rh.peer.uid != getuid() && rh.peer.uid != 0 && !cfg_.allow_other_uids)
-    return refuse(Code::kPermission, "client uid differs from the daemon's");
+  const NamespaceConfig* allowed = cfg_.find_namespace("default");
+  if (rh.peer.uid != 0 && (!allowed || std::find(allowed->allow_uids.begin(), allowed->allow_uids.end(),
+                                                 rh.peer.uid) == allowed->allow_uids.end()))
+    return refuse(Code::kPermission, "client uid not in the default namespace's allow_uids");
   if (!cfg_.token.empty() && !ipc::token_equals(h.token, cfg_.token.c_str()))
     return refuse(Code::kPermission, "bad token");
   if (sessions_.size() >= cfg_.max_sessions) return refuse(Code::kBusy, "too many sessions");

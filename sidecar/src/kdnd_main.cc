@@ -1,8 +1,13 @@
 // kdnd: the per-node KV-cache sidecar daemon.
 //
-//   kdnd                              # embedded defaults, no config file needed
-//   kdnd --config /etc/kdn/kdnd.toml  # file, then flags override it
-//   kdnd --print-config               # the effective configuration
+//   kdnd                                   # embedded defaults, no config file needed
+//   kdnd --config /etc/kdn/kdnd.toml       # the file, then the flags override it
+//   kdnd --set tier.host.bytes=8G          # any key of the table (kdnd --help lists them)
+//   kdnd --print-config                    # the effective configuration as TOML
+//
+// The configuration is built in one order: embedded defaults, the file, the flags in
+// command-line order, then fill_defaults() and validate(). Every flag but --config and
+// --print-config sets a key of the table in config.cc, so the flags cannot drift from it.
 #include <kdn/sidecar/config.h>
 #include <kdn/sidecar/daemon.h>
 
@@ -11,74 +16,132 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
 #include <string>
 
-int main(int argc, char** argv) {
-  using kdn::sidecar::Config;
-  Config cfg;
-  std::string config_file, arena, slab;
+namespace {
+
+using kdn::sidecar::Config;
+using kdn::sidecar::ConfigKeyInfo;
+
+// A short flag for a key. A switch (`value` set) takes no argument and sets the key to it.
+struct Alias {
+  const char* names;  // as CLI11 takes them
+  const char* key;    // a row of the key table
+  const char* value;  // for switches; null for flags that take one
+};
+
+constexpr Alias kAliases[] = {
+    {"-s,--socket", "socket", nullptr},
+    {"--host-arena-bytes", "tier.host.bytes", nullptr},
+    {"--slab-bytes", "tier.host.slab_bytes", nullptr},
+    {"--eviction", "tier.host.eviction", nullptr},
+    {"--token", "token", nullptr},
+    {"--max-sessions", "max_sessions", nullptr},
+    {"--max-namespaces", "max_namespaces", nullptr},
+    {"--spin-us", "spin_us", nullptr},
+    {"--no-populate", "tier.host.populate", "false"},
+    {"--no-hugepages", "tier.host.hugepages", "false"},
+    {"--metrics-file", "metrics_file", nullptr},
+    {"--log-level", "log_level", nullptr},
+};
+
+const ConfigKeyInfo& key_info(const char* key) {
+  for (const ConfigKeyInfo& k : kdn::sidecar::config_keys())
+    if (std::strcmp(k.key, key) == 0) return k;
+  std::fprintf(stderr, "kdnd: alias of unknown key %s\n", key);  // our bug, caught by any run
+  std::abort();
+}
+
+// What --help shows after a flag: "SIZE", "lru|s3fifo", ...
+std::string value_label(const ConfigKeyInfo& k) {
+  const std::string type = k.type;
+  if (type == "size") return "SIZE";
+  if (type == "u32") return "N";
+  if (type == "bool") return "BOOL";
+  if (type == "string") return "TEXT";
+  if (type == "list of u32") return "N,N,...";
+  return type;  // a list of choices
+}
+
+struct Flags {
+  std::string config_file;
   bool print_config = false;
-  bool no_populate = false, no_hugepages = false;
+  std::map<const CLI::Option*, const Alias*> aliases;
+  CLI::Option* set = nullptr;
+};
 
-  CLI::App app{"kdnd: per-node KV-cache sidecar"};
-  app.add_option("-c,--config", config_file, "TOML configuration file")->check(CLI::ExistingFile);
-  app.add_option("-s,--socket", cfg.socket_path, "Unix socket path (default: $KDN_SOCKET, "
-                 "$XDG_RUNTIME_DIR/kdn/kdnd.sock or /tmp/kdn-$UID/kdnd.sock)");
-  app.add_option("--host-arena-bytes", arena, "host tier size per namespace, e.g. 4G (default: min(4 GiB, RAM/4))");
-  app.add_option("--slab-bytes", slab, "allocator slab size (default 64M)");
-  app.add_option("--eviction", cfg.eviction, "eviction policy: lru or s3fifo")->check(CLI::IsMember({"lru", "s3fifo"}));
-  app.add_option("--token", cfg.token, "shared secret clients must present");
-  app.add_flag("--allow-other-uids", cfg.allow_other_uids, "accept clients running as another user");
-  app.add_option("--max-sessions", cfg.max_sessions, "maximum connected clients");
-  app.add_option("--max-namespaces", cfg.max_namespaces, "maximum namespaces (tenants)");
-  app.add_option("--spin-us", cfg.spin_us, "busy-poll time after the last request before sleeping");
-  app.add_flag("--no-populate", no_populate, "do not pre-fault the default namespace's arena");
-  app.add_flag("--no-hugepages", no_hugepages, "do not ask for transparent huge pages");
-  app.add_option("--metrics-file", cfg.metrics_file, "write Prometheus text metrics here every second");
-  app.add_option("--log-level", cfg.log_level, "trace, debug, info, warn, error or off");
-  app.add_flag("--print-config", print_config, "print the effective configuration and exit");
-  CLI11_PARSE(app, argc, argv);
+std::string key_list_footer() {
+  std::string out =
+      "Configuration keys (in the file, or --set KEY=VALUE; sizes take K, M, G, T):\n";
+  for (const ConfigKeyInfo& k : kdn::sidecar::config_keys()) {
+    out += "  " + std::string(k.key) + " (" + k.type + ", default: " + k.default_text + ")\n";
+    out += "      " + std::string(k.help) + "\n";
+  }
+  return out;
+}
 
-  // File first, then flags: re-parse so flags given on the command line win.
-  if (!config_file.empty()) {
-    Config from_file;
-    kdn::Status st = from_file.load_toml(config_file);
-    if (!st.ok()) {
-      std::fprintf(stderr, "kdnd: %s: %s\n", config_file.c_str(), st.what());
-      return 2;
+void add_flags(CLI::App& app, Flags& f) {
+  app.add_option("-c,--config", f.config_file)
+      ->type_name("FILE")
+      ->description("TOML configuration file, read before the other flags (default: none)");
+  app.add_flag("--print-config", f.print_config)
+      ->description("print the effective configuration as TOML and exit");
+  f.set = app.add_option("--set")
+              ->expected(1)
+              ->take_all()
+              ->type_name("KEY=VALUE")
+              ->description("set any key listed below; repeatable");
+  for (const Alias& a : kAliases) {
+    const ConfigKeyInfo& k = key_info(a.key);
+    CLI::Option* o = nullptr;
+    if (a.value) {
+      o = app.add_flag(a.names)->description("sets " + std::string(a.key) + " = " + a.value +
+                                             " (default: " + k.default_text + "; " + k.help + ")");
+    } else {
+      o = app.add_option(a.names)->expected(1)->take_all()->type_name(value_label(k));
+      o->description(std::string(a.key) + ": " + k.help + "; default: " + k.default_text);
     }
-    Config flags = cfg;
-    cfg = from_file;
-    if (app.count("--socket")) cfg.socket_path = flags.socket_path;
-    if (app.count("--eviction")) cfg.eviction = flags.eviction;
-    if (app.count("--token")) cfg.token = flags.token;
-    if (app.count("--allow-other-uids")) cfg.allow_other_uids = flags.allow_other_uids;
-    if (app.count("--max-sessions")) cfg.max_sessions = flags.max_sessions;
-    if (app.count("--max-namespaces")) cfg.max_namespaces = flags.max_namespaces;
-    if (app.count("--spin-us")) cfg.spin_us = flags.spin_us;
-    if (app.count("--metrics-file")) cfg.metrics_file = flags.metrics_file;
-    if (app.count("--log-level")) cfg.log_level = flags.log_level;
+    f.aliases[o] = &a;
   }
-  if (!arena.empty() && !kdn::sidecar::parse_size(arena, &cfg.host_arena_bytes)) {
-    std::fprintf(stderr, "kdnd: bad --host-arena-bytes '%s'\n", arena.c_str());
-    return 2;
-  }
-  if (!slab.empty() && !kdn::sidecar::parse_size(slab, &cfg.slab_bytes)) {
-    std::fprintf(stderr, "kdnd: bad --slab-bytes '%s'\n", slab.c_str());
-    return 2;
-  }
-  if (no_populate) cfg.populate = false;
-  if (no_hugepages) cfg.hugepages = false;
-  cfg.fill_defaults();
-  if (kdn::Status st = cfg.validate(); !st.ok()) {
-    std::fprintf(stderr, "kdnd: invalid configuration: %s\n", st.what());
-    return 2;
-  }
-  if (print_config) {
-    std::fputs(cfg.to_toml().c_str(), stdout);
-    return 0;
-  }
+  app.footer(key_list_footer());
+}
 
+// Sets one key from the command line; false after printing why.
+bool set_key(Config& cfg, const std::string& key, const std::string& value,
+             const std::string& origin) {
+  std::string error;
+  if (cfg.set(key, value, &error, origin.empty() ? nullptr : origin.c_str()).ok()) return true;
+  std::fprintf(stderr, "kdnd: %s\n", error.c_str());
+  return false;
+}
+
+// Applies --set and the aliases in the order they were given, so the last one wins.
+bool apply_flags(const CLI::App& app, const Flags& f, Config& cfg) {
+  std::map<const CLI::Option*, size_t> seen;  // occurrences of each option so far
+  for (const CLI::Option* o : app.parse_order()) {
+    const size_t i = seen[o]++;
+    if (o == f.set) {
+      const std::string& kv = o->results()[i];
+      const size_t eq = kv.find('=');
+      if (eq == std::string::npos) {
+        std::fprintf(stderr, "kdnd: --set %s: expected KEY=VALUE\n", kv.c_str());
+        return false;
+      }
+      if (!set_key(cfg, kv.substr(0, eq), kv.substr(eq + 1), "")) return false;
+    } else if (auto it = f.aliases.find(o); it != f.aliases.end()) {
+      const Alias& a = *it->second;
+      const std::string value = a.value ? a.value : o->results()[i];
+      const std::string origin = o->get_name() + (a.value ? "" : " " + value) + " (" + a.key + ")";
+      if (!set_key(cfg, a.key, value, origin)) return false;
+    }
+  }
+  return true;
+}
+
+int run_daemon(const Config& cfg) {
   auto logger = spdlog::stderr_color_mt("kdnd");
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(cfg.log_level));
@@ -95,4 +158,38 @@ int main(int argc, char** argv) {
   }
   spdlog::info("kdnd stopped");
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kdnd: per-node KV-cache sidecar"};
+  Flags flags;
+  add_flags(app, flags);
+  try {  // CLI11 reports by exception; it stops here
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success))
+      return app.exit(e);  // --help
+    std::fprintf(stderr, "kdnd: %s (kdnd --help lists the flags)\n", e.what());
+    return 2;
+  }
+
+  Config cfg;
+  std::string error;
+  if (!flags.config_file.empty() && !cfg.load_toml(flags.config_file, &error).ok()) {
+    std::fprintf(stderr, "kdnd: %s\n", error.c_str());
+    return 2;
+  }
+  if (!apply_flags(app, flags, cfg)) return 2;
+  cfg.fill_defaults();
+  if (!cfg.validate(&error).ok()) {
+    std::fprintf(stderr, "kdnd: %s\n", error.c_str());
+    return 2;
+  }
+  if (flags.print_config) {
+    std::fputs(cfg.to_toml().c_str(), stdout);
+    return 0;
+  }
+  return run_daemon(cfg);
 }
