@@ -323,6 +323,7 @@ void Engine::run(const EngineCommand& cmd, EngineReport& rep) {
     case EngineTask::kZipf:
       return run_zipf(cmd, rep);
     case EngineTask::kStats:
+      rep.stats.struct_size = sizeof rep.stats;
       check(kdn_get_stats(client_, &rep.stats), "kdn_get_stats", rep);
       return;
     case EngineTask::kMemcpy:

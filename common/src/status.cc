@@ -21,6 +21,7 @@ const char* code_name(Code c) noexcept {
     case KDN_ERR_MODEL_MISMATCH: return "model or layout mismatch";
     case KDN_ERR_UNSUPPORTED: return "unsupported";
     case KDN_ERR_INTERNAL: return "internal error";
+    case KDN_ERR_LIMIT: return "a configured limit would be exceeded";
     default: return "unknown kdn status";
   }
 }

@@ -142,15 +142,38 @@ TEST(Hello, BadSizesAndFields) {
   h.ring_entries = 4096;
   h.payload_bytes = 64u << 20;
   EXPECT_EQ(parse_code(h), Code::kOk) << "the largest session";
+  h = good_hello();
+  h.staging_bytes = 256u << 20;
+  EXPECT_EQ(parse_code(h), Code::kOk);
+  h.staging_bytes = 4097;
+  EXPECT_EQ(parse_code(h), Code::kInvalidArgument) << "staging in whole pages";
+  h = good_hello();
+  h.reserved = 1;
+  EXPECT_EQ(parse_code(h), Code::kProtocol);
 }
 
 // ---- welcome ----------------------------------------------------------------------------------
+SessionLimits some_limits() {
+  SessionLimits l{};
+  l.max_leases = 10;
+  l.max_lease_count = 2;
+  l.max_reservations = 8;
+  l.max_in_flight = 64;
+  l.max_models = 4;
+  l.reservation_timeout_ms = 1000;
+  return l;
+}
+
+const RegionRecord kRegions[2] = {
+    {7, 1, uint32_t(RegionKind::kHostArena), uint32_t(RegionAccess::kRead), 1u << 30, 0},
+    {8, 1, uint32_t(RegionKind::kStaging), uint32_t(RegionAccess::kReadWrite), 1u << 20, 0}};
+
 struct WelcomeCase {
   HelloMsg hello = good_hello();
   SessionLayout layout = *SessionLayout::compute(64, 1 << 20);
-  WelcomeMsg welcome = make_welcome(hello, layout, 9, 1 << 30, 0);
+  WelcomeMsg welcome = make_welcome(hello, layout, 9, 0, kRegions, some_limits());
 
-  Status parse(size_t fds = kWelcomeFds) {
+  Status parse(size_t fds = kWelcomeFdFirstRegion + 2) {
     WelcomeMsg out;
     return parse_welcome(std::as_bytes(std::span(&welcome, 1)), fds, hello, &out);
   }
@@ -161,21 +184,68 @@ TEST(Welcome, AcceptsAConsistentWelcome) {
   EXPECT_TRUE(c.parse().ok());
 }
 
+Status parse_refusal(WelcomeRefusal r, size_t fds = 0) {
+  WelcomeMsg out;
+  return parse_welcome(std::as_bytes(std::span(&r, 1)), fds, good_hello(), &out);
+}
+
 TEST(Welcome, RefusalCarriesTheDaemonsStatus) {
-  WelcomeCase c;
-  c.welcome = make_refusal(Code::kPermission);
-  EXPECT_EQ(c.parse(0).code(), Code::kPermission);
-  EXPECT_EQ(c.parse(1).code(), Code::kProtocol) << "a refusal with fds is malformed";
-  c.welcome.status = -999;
-  EXPECT_EQ(c.parse(0).code(), Code::kProtocol);
-  c.welcome.status = 3;
-  EXPECT_EQ(c.parse(0).code(), Code::kProtocol);
+  WelcomeRefusal r = make_refusal(Code::kPermission);
+  EXPECT_EQ(parse_refusal(r).code(), Code::kPermission);
+  EXPECT_EQ(parse_refusal(r, 1).code(), Code::kProtocol) << "a refusal with fds is malformed";
+  EXPECT_EQ(parse_refusal(make_refusal(Code::kLimit)).code(), Code::kLimit);
+  r.status = -999;
+  EXPECT_EQ(parse_refusal(r).code(), Code::kProtocol);
+  r.status = 3;
+  EXPECT_EQ(parse_refusal(r).code(), Code::kProtocol);
+}
+
+TEST(Welcome, ARefusalOfAnotherMajorIsAVersionError) {
+  // What a version-1 daemon sends a version-2 client: its 80-byte welcome, status VERSION.
+  WelcomeRefusal r = make_refusal(Code::kVersion);
+  r.proto_major = 1;
+  EXPECT_EQ(parse_refusal(r).code(), Code::kVersion);
+  r.status = KDN_ERR_PERMISSION;
+  EXPECT_EQ(parse_refusal(r).code(), Code::kVersion) << "whatever it refused for, it speaks another version";
+}
+
+TEST(Welcome, RegionsAreChecked) {
+  {
+    WelcomeCase c;
+    c.welcome.regions[1].generation = 0;
+    EXPECT_EQ(c.parse().code(), Code::kProtocol);
+  }
+  {
+    WelcomeCase c;
+    c.welcome.regions[1].region_id = c.welcome.regions[0].region_id;
+    EXPECT_EQ(c.parse().code(), Code::kProtocol) << "a region twice";
+  }
+  {
+    WelcomeCase c;
+    c.welcome.regions[2].bytes = 1;
+    EXPECT_EQ(c.parse().code(), Code::kProtocol) << "an unused region slot must be zero";
+  }
+  {
+    WelcomeCase c;
+    c.welcome.regions[0].kind = 9;
+    EXPECT_EQ(c.parse().code(), Code::kProtocol);
+  }
+  {
+    WelcomeCase c;
+    c.welcome.num_regions = 0;
+    EXPECT_EQ(c.parse(kWelcomeFdFirstRegion).code(), Code::kProtocol);
+  }
+  {
+    WelcomeCase c;
+    c.welcome.limits.max_leases = 0;
+    EXPECT_EQ(c.parse().code(), Code::kProtocol);
+  }
 }
 
 TEST(Welcome, InconsistentWelcomesAreRefused) {
   {
     WelcomeCase c;
-    EXPECT_EQ(c.parse(2).code(), Code::kProtocol);
+    EXPECT_EQ(c.parse(3).code(), Code::kProtocol) << "one fd per region";
   }
   {
     WelcomeCase c;
@@ -214,7 +284,7 @@ TEST(Welcome, InconsistentWelcomesAreRefused) {
   }
   WelcomeCase c;
   WelcomeMsg out;
-  EXPECT_EQ(parse_welcome(std::as_bytes(std::span(&c.welcome, 1)).first(40), 3, c.hello, &out).code(),
+  EXPECT_EQ(parse_welcome(std::as_bytes(std::span(&c.welcome, 1)).first(40), 4, c.hello, &out).code(),
             Code::kProtocol);
 }
 
@@ -267,14 +337,17 @@ TEST(HandshakeSocket, ClientGetsWelcomeAndFds) {
   auto session = SharedSegment::create("hs", layout->total_bytes);
   auto arena = SharedSegment::create("hs-arena", 1 << 20);
   ASSERT_TRUE(session.ok() && arena.ok());
-  WelcomeMsg w = make_welcome(rh->hello, *layout, 5, arena->size(), kHelloFlagAdmin);
+  const RegionRecord regions[1] = {{3, 1, uint32_t(RegionKind::kHostArena), uint32_t(RegionAccess::kRead), arena->size(), 0}};
+  WelcomeMsg w = make_welcome(rh->hello, *layout, 5, kHelloFlagAdmin, regions, some_limits());
   EXPECT_EQ(w.flags, 0u) << "only flags that were asked for are granted";
-  ASSERT_TRUE(server_send_welcome(server.get(), w, session->fd(), arena->fd(), server.get()).ok());
+  const int region_fd = arena->fd();
+  ASSERT_TRUE(server_send_welcome(server.get(), w, session->fd(), server.get(), std::span(&region_fd, 1)).ok());
   // client_handshake sends its own hello first; drain that one on the server side after.
   auto hs = client_handshake(client.get(), h, 1000);
   ASSERT_TRUE(hs.ok()) << hs.status().what();
   EXPECT_EQ(hs->welcome.session_id, 5u);
-  EXPECT_TRUE(hs->session_fd.valid() && hs->arena_fd.valid() && hs->doorbell_fd.valid());
+  EXPECT_TRUE(hs->session_fd.valid() && hs->region_fds[0].valid() && hs->doorbell_fd.valid());
+  EXPECT_EQ(hs->welcome.limits.max_lease_count, 2u);
 }
 
 TEST(HandshakeSocket, ClientSeesARefusal) {
@@ -282,6 +355,33 @@ TEST(HandshakeSocket, ClientSeesARefusal) {
   ASSERT_TRUE(server_send_refusal(server.get(), Code::kVersion).ok());
   auto hs = client_handshake(client.get(), good_hello(), 1000);
   EXPECT_EQ(hs.status().code(), Code::kVersion);
+}
+
+// A version-1 client's hello: 152 bytes, proto_major 1 at offset 4, no staging field.
+TEST(HandshakeSocket, AVersionOneHelloIsRefusedInTheVersionOneLayout) {
+  auto [client, server] = socket_pair();
+  std::vector<std::byte> v1(152, std::byte{0});
+  const uint32_t magic = kHelloMagic;
+  const uint16_t major = 1;
+  std::memcpy(v1.data(), &magic, 4);
+  std::memcpy(v1.data() + 4, &major, 2);
+  ASSERT_TRUE(send_message(client.get(), v1, {}).ok());
+  HelloRefusalInfo why;
+  auto rh = server_receive_hello(server.get(), 1000, &why);
+  EXPECT_EQ(rh.status().code(), Code::kVersion);
+  EXPECT_EQ(why.client_major, 1u);
+  EXPECT_EQ(why.peer.pid, ::getpid()) << "the daemon knows whom to name in its log";
+  ASSERT_TRUE(server_send_refusal(server.get(), rh.status().code()).ok());
+  std::byte buf[256];
+  auto msg = recv_message(client.get(), buf, 4, 1000);
+  ASSERT_TRUE(msg.ok());
+  ASSERT_EQ(msg->bytes, 80u) << "the size of a version-1 welcome";
+  int32_t status;
+  uint16_t daemon_major;
+  std::memcpy(&status, buf + 4, 4);
+  std::memcpy(&daemon_major, buf + 8, 2);
+  EXPECT_EQ(status, KDN_ERR_VERSION);
+  EXPECT_EQ(daemon_major, 2u);
 }
 
 }  // namespace
@@ -317,16 +417,16 @@ TEST(HandshakeMutation, CorruptedWelcomesAreRefusedOrConsistent) {
   std::mt19937_64 rng(99);
   HelloMsg hello = good_hello();
   auto layout = SessionLayout::compute(hello.ring_entries, hello.payload_bytes);
-  WelcomeMsg w = make_welcome(hello, *layout, 3, 1 << 20, 0);
+  WelcomeMsg w = make_welcome(hello, *layout, 3, 0, kRegions, some_limits());
   for (int round = 0; round < 200'000; ++round) {
     WelcomeMsg m = w;
     auto* p = reinterpret_cast<unsigned char*>(&m);
     p[rng() % sizeof(m)] ^= static_cast<unsigned char>(1u << (rng() % 8));
     WelcomeMsg out;
-    size_t fds = rng() % 5;
+    size_t fds = rng() % 6;
     Status s = parse_welcome(std::as_bytes(std::span(&m, 1)), fds, hello, &out);
     if (s.ok()) {
-      ASSERT_EQ(fds, kWelcomeFds);
+      ASSERT_EQ(fds, kWelcomeFdFirstRegion + out.num_regions);
       ASSERT_EQ(out.cq_offset, layout->cq_offset);
       ASSERT_EQ(out.session_segment_bytes, layout->total_bytes);
     }

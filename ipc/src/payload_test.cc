@@ -100,35 +100,35 @@ TEST(CheckSqe, OutputMustHoldTheAnswer) {
   Sqe s = sqe_of(Opcode::kReserve);
   s.in_len = 16 * 4;
   s.out_off = 4096;
-  s.out_len = sizeof(ReserveSlot) * 4;
+  s.out_len = sizeof(ReserveRecord) * 4;
   EXPECT_EQ(check(s), Code::kOk);
   s.out_len -= 1;
   EXPECT_EQ(check(s), Code::kInvalidArgument);
-  s.out_len = sizeof(ReserveSlot) * 4;
+  s.out_len = sizeof(ReserveRecord) * 4;
   s.out_off = kArea - 8;
   EXPECT_EQ(check(s), Code::kProtocol);
 
   s = sqe_of(Opcode::kLease);
   s.in_len = 16 * 8;
-  s.out_len = sizeof(LeaseSlot) * 3;
+  s.out_len = sizeof(LeaseRecord) * 3;
   EXPECT_EQ(check(s), Code::kInvalidArgument) << "no cap: room for all 8 needed";
   s.arg[0] = 3;
   EXPECT_EQ(check(s), Code::kOk) << "max 3 chunks: room for 3 is enough";
 
   s = sqe_of(Opcode::kStats);
-  s.out_len = sizeof(kdn_stats) - 1;
-  EXPECT_EQ(check(s), Code::kInvalidArgument);
-  s.out_len = sizeof(kdn_stats) + 100;
+  s.out_len = 7;
+  EXPECT_EQ(check(s), Code::kInvalidArgument) << "not even one counter";
+  s.out_len = sizeof(StatsRecord) + 100;
   auto shape = check_sqe(s, kArea, false);
   ASSERT_TRUE(shape.ok());
-  EXPECT_EQ(shape->out_capacity, 1u);
+  EXPECT_EQ(shape->out_capacity, (sizeof(StatsRecord) + 100) / 8) << "counted in u64 words";
 }
 
 TEST(CheckSqe, RegisterModelTakesExactlyOneDescriptor) {
   Sqe s = sqe_of(Opcode::kRegisterModel);
-  s.in_len = sizeof(kdn_model_desc);
+  s.in_len = sizeof(ModelRecord);
   EXPECT_EQ(check(s), Code::kOk);
-  s.in_len = 2 * sizeof(kdn_model_desc);
+  s.in_len = 2 * sizeof(ModelRecord);
   EXPECT_EQ(check(s), Code::kProtocol);
   s.in_len = 0;
   EXPECT_EQ(check(s), Code::kProtocol);
@@ -136,12 +136,12 @@ TEST(CheckSqe, RegisterModelTakesExactlyOneDescriptor) {
 
 TEST(CheckSqe, AdminOpcodes) {
   Sqe s = sqe_of(Opcode::kList);
-  s.out_len = sizeof(ListEntry) * 10;
+  s.out_len = sizeof(ListRecord) * 10;
   EXPECT_EQ(check(s, false), Code::kPermission);
   auto shape = check_sqe(s, kArea, true);
   ASSERT_TRUE(shape.ok());
   EXPECT_EQ(shape->out_capacity, 10u);
-  s.out_len = sizeof(ListEntry) - 1;
+  s.out_len = sizeof(ListRecord) - 1;
   EXPECT_EQ(check(s, true), Code::kInvalidArgument);
 
   s = sqe_of(Opcode::kEvict);
@@ -189,13 +189,28 @@ TEST(PayloadArea, RecordsAreCopiedIntoPrivateMemory) {
 
   Sqe r = sqe_of(Opcode::kLease);
   r.out_off = 1024;
-  r.out_len = sizeof(LeaseSlot) * 2;
-  LeaseSlot slots[3] = {{4096, 1}, {8192, 2}, {0, 3}};
-  EXPECT_TRUE(area.copy_out_records<LeaseSlot>(r, std::span(slots, 2)).ok());
-  EXPECT_EQ(area.copy_out_records<LeaseSlot>(r, slots).code(), Code::kInvalidArgument);
-  LeaseSlot back;
-  std::memcpy(&back, mem.data() + 1024 + sizeof(LeaseSlot), sizeof(back));
+  r.out_len = sizeof(LeaseRecord) * 2;
+  LeaseRecord slots[3] = {{{1, 1, 4096}, 1, 1, 0}, {{1, 1, 8192}, 2, 1, 0}, {{1, 1, 0}, 3, 1, 0}};
+  EXPECT_TRUE(area.copy_out_records<LeaseRecord>(r, std::span(slots, 2)).ok());
+  EXPECT_EQ(area.copy_out_records<LeaseRecord>(r, slots).code(), Code::kInvalidArgument);
+  LeaseRecord back;
+  std::memcpy(&back, mem.data() + 1024 + sizeof(LeaseRecord), sizeof(back));
   EXPECT_EQ(back.lease_id, 2u);
+  // Slices: the second record alone, then zeroing what was not served.
+  EXPECT_TRUE(area.copy_out_slice<LeaseRecord>(r, 1, std::span(slots + 2, 1)).ok());
+  std::memcpy(&back, mem.data() + 1024 + sizeof(LeaseRecord), sizeof(back));
+  EXPECT_EQ(back.lease_id, 3u);
+  EXPECT_EQ(area.copy_out_slice<LeaseRecord>(r, 2, std::span(slots, 1)).code(), Code::kInvalidArgument);
+  EXPECT_TRUE(area.zero_out_records<LeaseRecord>(r, 1, 2).ok());
+  std::memcpy(&back, mem.data() + 1024 + sizeof(LeaseRecord), sizeof(back));
+  EXPECT_EQ(back.lease_id, 0u);
+  EXPECT_EQ(area.zero_out_records<LeaseRecord>(r, 1, 3).code(), Code::kInvalidArgument);
+  std::memcpy(mem.data() + 128, keys, sizeof(keys));
+  s.in_len = sizeof(keys);
+  kdn_key one;
+  EXPECT_TRUE(area.copy_in_slice(s, 2, std::span(&one, 1)).ok());
+  EXPECT_EQ(one.lo, 5u);
+  EXPECT_EQ(area.copy_in_slice(s, 3, std::span(&one, 1)).code(), Code::kProtocol) << "past the input";
 }
 
 TEST(SessionLayout, SectionsArePageAlignedAndOrdered) {
@@ -254,10 +269,10 @@ TEST(CheckSqeMutation, AcceptedReferencesStayInsideTheArea) {
     auto shape = check_sqe(s, kSmall, admin);
     if (!shape.ok()) continue;
     ++accepted;
-    ASSERT_TRUE(shape->spec->in_record == 0 || payload_ref_ok(s.in_off, s.in_len, kSmall));
-    ASSERT_TRUE(shape->spec->out_record == 0 || payload_ref_ok(s.out_off, s.out_len, kSmall));
+    ASSERT_TRUE(shape->shape->in_record == 0 || payload_ref_ok(s.in_off, s.in_len, kSmall));
+    ASSERT_TRUE(shape->shape->out_record == 0 || payload_ref_ok(s.out_off, s.out_len, kSmall));
     ASSERT_LE(shape->in_records, kMaxKeysPerOp);
-    if (shape->spec->in_record == sizeof(kdn_key)) {
+    if (shape->shape->in_record == sizeof(kdn_key)) {
       ASSERT_TRUE(area.copy_in_records<kdn_key>(s, scratch).ok());
     }
   }

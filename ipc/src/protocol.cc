@@ -3,6 +3,7 @@
 #include <kdn/ipc/payload.h>
 
 #include <bit>
+#include <cstring>
 
 namespace kdn::ipc {
 namespace {
@@ -60,9 +61,45 @@ Status check_session_header(const SessionHeader& h, const SessionLayout& layout,
   return OkStatus();
 }
 
-const char* opcode_name(uint8_t opcode) noexcept {
-  const OpSpec* spec = op_spec(opcode);
-  return spec != nullptr ? spec->name : "unknown";
+ModelRecord to_wire(const kdn_model_desc& d) noexcept {
+  ModelRecord r{};
+  r.num_layers = d.num_layers;
+  r.num_kv_heads = d.num_kv_heads;
+  r.head_dim = d.head_dim;
+  r.dtype = d.dtype;
+  r.chunk_tokens = d.chunk_tokens;
+  r.rope_style = d.rope_style;
+  r.rotary_dim = d.rotary_dim;
+  r.rope_scaling = d.rope_scaling;
+  r.k_channel_order = d.k_channel_order;
+  r.tp_rank = d.tp_rank;
+  r.tp_size = d.tp_size;
+  r.rope_theta = d.rope_theta;
+  std::memcpy(r.rope_scaling_params, d.rope_scaling_params, sizeof r.rope_scaling_params);
+  std::memcpy(r.name, d.name, sizeof r.name);
+  std::memcpy(r.engine_salt, d.engine_salt, sizeof r.engine_salt);
+  return r;
+}
+
+kdn_model_desc from_wire(const ModelRecord& r) noexcept {
+  kdn_model_desc d{};
+  d.struct_size = sizeof d;
+  d.num_layers = r.num_layers;
+  d.num_kv_heads = r.num_kv_heads;
+  d.head_dim = r.head_dim;
+  d.dtype = r.dtype;
+  d.chunk_tokens = r.chunk_tokens;
+  d.rope_style = r.rope_style;
+  d.rotary_dim = r.rotary_dim;
+  d.rope_scaling = r.rope_scaling;
+  d.k_channel_order = r.k_channel_order;
+  d.tp_rank = r.tp_rank;
+  d.tp_size = r.tp_size;
+  d.rope_theta = r.rope_theta;
+  std::memcpy(d.rope_scaling_params, r.rope_scaling_params, sizeof d.rope_scaling_params);
+  std::memcpy(d.name, r.name, sizeof d.name);
+  std::memcpy(d.engine_salt, r.engine_salt, sizeof d.engine_salt);
+  return d;
 }
 
 }  // namespace kdn::ipc

@@ -15,6 +15,9 @@ namespace {
 constexpr uint64_t kSmallPage = 4096;
 constexpr uint64_t kHugePage = 2ull << 20;
 constexpr unsigned kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010
+#endif
 
 constexpr uint64_t round_up(uint64_t bytes, uint64_t unit) noexcept {
   return (bytes + unit - 1) / unit * unit;
@@ -36,20 +39,25 @@ Result<std::byte*> map_fd(int fd, uint64_t bytes, bool read_only, bool populate,
   return static_cast<std::byte*>(p);
 }
 
-// A sized (and optionally sealed) memfd; bytes is already rounded to the page size.
-Result<UniqueFd> make_memfd(const char* name, uint64_t bytes, bool hugetlb, bool seal) noexcept {
+// A sized memfd; bytes is already rounded to the page size.
+Result<UniqueFd> make_memfd(const char* name, uint64_t bytes, bool hugetlb) noexcept {
   unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING | (hugetlb ? MFD_HUGETLB : 0u);
   UniqueFd fd(::memfd_create(name, flags));
   if (!fd) return Status::from_errno("memfd_create", errno);
   if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
     return Status::from_errno("ftruncate memfd", errno);
   }
-  // Sealing the size means no holder of the fd (a client) can shrink the file under the
-  // daemon's mapping, which would turn the daemon's next access into SIGBUS.
-  if (seal && ::fcntl(fd.get(), F_ADD_SEALS, kSizeSeals) != 0) {
-    return Status::from_errno("seal memfd", errno);
-  }
   return fd;
+}
+
+// Seals a mapped memfd. Sealing the size means no holder of the fd (a client) can shrink the
+// file under the daemon's mapping, which would turn the daemon's next access into SIGBUS;
+// sealing future writes leaves the creator's mapping the only writable one. One call, since
+// F_SEAL_SEAL forbids any later seal.
+Status seal_memfd(int fd, const SegmentOptions& options) noexcept {
+  unsigned seals = (options.seal_size ? kSizeSeals : 0u) | (options.seal_writes ? F_SEAL_FUTURE_WRITE | F_SEAL_SEAL : 0u);
+  if (seals != 0 && ::fcntl(fd, F_ADD_SEALS, seals) != 0) return Status::from_errno("seal memfd", errno);
+  return OkStatus();
 }
 
 }  // namespace
@@ -86,10 +94,15 @@ Result<SharedSegment> SharedSegment::create(const char* name, uint64_t bytes,
     // Huge pages may be unavailable (none reserved, no hugetlbfs): fall back silently to
     // normal pages, which are always correct, just slower to fault in.
     uint64_t huge_bytes = round_up(bytes, kHugePage);
-    Result<UniqueFd> fd = make_memfd(name, huge_bytes, true, options.seal_size);
+    Result<UniqueFd> fd = make_memfd(name, huge_bytes, true);
     if (fd.ok()) {
       Result<std::byte*> base = map_fd(fd->get(), huge_bytes, false, options.populate, false);
       if (base.ok()) {
+        Status sealed = seal_memfd(fd->get(), options);
+        if (!sealed.ok()) {
+          ::munmap(*base, huge_bytes);
+          return sealed;
+        }
         SharedSegment s;
         s.fd_ = std::move(*fd);
         s.base_ = *base;
@@ -100,10 +113,15 @@ Result<SharedSegment> SharedSegment::create(const char* name, uint64_t bytes,
     }
   }
   uint64_t page_bytes = round_up(bytes, kSmallPage);
-  Result<UniqueFd> fd = make_memfd(name, page_bytes, false, options.seal_size);
+  Result<UniqueFd> fd = make_memfd(name, page_bytes, false);
   if (!fd.ok()) return fd.status();
   Result<std::byte*> base = map_fd(fd->get(), page_bytes, false, options.populate, options.madvise_huge);
   if (!base.ok()) return base.status();
+  Status sealed = seal_memfd(fd->get(), options);
+  if (!sealed.ok()) {
+    ::munmap(*base, page_bytes);
+    return sealed;
+  }
   SharedSegment s;
   s.fd_ = std::move(*fd);
   s.base_ = *base;

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <fcntl.h>
+#include <linux/falloc.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -116,6 +117,39 @@ TEST(SharedSegment, TransparentHugePageAdviceIsHarmless) {
   ASSERT_TRUE(seg.ok());
   std::memset(seg->data(), 1, seg->size());
   EXPECT_EQ(seg->data()[seg->size() - 1], std::byte{1});
+}
+
+// A write-sealed segment (a namespace's arena): only the creator's mapping changes its bytes,
+// whatever a holder of the descriptor tries.
+TEST(SharedSegment, WriteSealLeavesTheCreatorTheOnlyWriter) {
+  SegmentOptions opt;
+  opt.seal_writes = true;
+  auto seg = SharedSegment::create("seg-sealed", 1 << 20, opt);
+  ASSERT_TRUE(seg.ok());
+  std::memset(seg->data(), 0x5A, seg->size());  // the creator still writes
+  auto seals = segment_seals(seg->fd());
+  ASSERT_TRUE(seals.ok());
+  EXPECT_NE(*seals & 0x10u /* F_SEAL_FUTURE_WRITE */, 0u);
+  // A read-write mapping by anyone else is refused; a read-only one works.
+  auto rw = SharedSegment::attach(std::move(*seg->dup_fd()), seg->size());
+  EXPECT_FALSE(rw.ok());
+  MapOptions ro_opt;
+  ro_opt.read_only = true;
+  auto ro = SharedSegment::attach(std::move(*seg->dup_fd()), seg->size(), ro_opt);
+  ASSERT_TRUE(ro.ok());
+  EXPECT_NE(::mprotect(ro->data(), 4096, PROT_READ | PROT_WRITE), 0) << "no upgrade to writable";
+  const char junk[8] = {};
+  EXPECT_LT(::pwrite(seg->fd(), junk, sizeof junk, 0), 0) << "no write(2)";
+  EXPECT_NE(::fallocate(seg->fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 4096), 0) << "no hole punching";
+  EXPECT_NE(::madvise(ro->data(), 4096, MADV_REMOVE), 0);
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/self/fd/%d", seg->fd());
+  const int reopened = ::open(path, O_RDWR);
+  if (reopened >= 0) {  // the re-opened file carries the same seals
+    EXPECT_LT(::pwrite(reopened, junk, sizeof junk, 0), 0);
+    ::close(reopened);
+  }
+  for (size_t i = 0; i < seg->size(); i += 4096) ASSERT_EQ(ro->data()[i], std::byte{0x5A});
 }
 
 TEST(SharedSegment, MoveTransfersOwnership) {

@@ -46,7 +46,8 @@ Result<uint32_t> DaemonSession::complete(std::span<const Cqe> cqes) noexcept {
 
 // ---- client --------------------------------------------------------------------------------------
 Result<ClientSession> ClientSession::attach(ClientHandshake hs, uint64_t spin_ns,
-                                            const MapOptions& arena_options) noexcept {
+                                            const MapOptions& arena_options,
+                                            const MapOptions& staging_options) noexcept {
   ClientSession c;
   c.welcome_ = hs.welcome;
   Result<SessionLayout> layout = SessionLayout::compute(hs.welcome.ring_entries, hs.welcome.payload_bytes);
@@ -56,9 +57,16 @@ Result<ClientSession> ClientSession::attach(ClientHandshake hs, uint64_t spin_ns
   if (!segment.ok()) return segment.status();
   c.segment_ = std::move(*segment);
   KDN_RETURN_IF_ERROR(check_session_header(*c.header(), c.layout_, hs.welcome.session_id));
-  Result<SharedSegment> arena = SharedSegment::attach(std::move(hs.arena_fd), hs.welcome.arena_bytes, arena_options);
-  if (!arena.ok()) return arena.status();
-  c.arena_ = std::move(*arena);
+  for (uint32_t i = 0; i < hs.welcome.num_regions; ++i) {
+    const RegionRecord& r = hs.welcome.regions[i];
+    MapOptions options = r.kind == uint32_t(RegionKind::kHostArena) ? arena_options : staging_options;
+    options.read_only = r.access != uint32_t(RegionAccess::kReadWrite);
+    Result<SharedSegment> mapped = SharedSegment::attach(std::move(hs.region_fds[i]), r.bytes, options);
+    if (!mapped.ok()) return mapped.status();
+    c.regions_[i].record = r;
+    c.regions_[i].segment = std::move(*mapped);
+  }
+  c.num_regions_ = hs.welcome.num_regions;
   Result<EventDoorbell> bell = EventDoorbell::adopt(std::move(hs.doorbell_fd));
   if (!bell.ok()) return bell.status();
   c.doorbell_ = std::move(*bell);
@@ -73,6 +81,25 @@ Result<ClientSession> ClientSession::attach(ClientHandshake hs, uint64_t spin_ns
   c.cq_ = *cq;
   c.waiter_ = CompletionWaiter(c.cq_.peer_tail_word(), &c.header()->cq_waiting, spin_ns);
   return c;
+}
+
+Result<std::byte*> ClientSession::resolve(const SlotRef& ref, uint64_t bytes, RegionKind kind) const noexcept {
+  for (uint32_t i = 0; i < num_regions_; ++i) {
+    const ClientRegion& r = regions_[i];
+    if (r.record.region_id != ref.region) continue;
+    if (r.record.kind != uint32_t(kind)) return Status(Code::kProtocol, "slot reference into a region of another kind");
+    if (r.record.generation != ref.generation) return Status(Code::kProtocol, "slot reference of a stale region generation");
+    if (ref.offset > r.segment.size() || bytes > r.segment.size() - ref.offset)
+      return Status(Code::kProtocol, "slot reference outside its region");
+    return r.segment.data() + ref.offset;
+  }
+  return Status(Code::kProtocol, "slot reference into an unknown region");
+}
+
+const ClientRegion* ClientSession::region(RegionKind kind) const noexcept {
+  for (uint32_t i = 0; i < num_regions_; ++i)
+    if (regions_[i].record.kind == uint32_t(kind)) return &regions_[i];
+  return nullptr;
 }
 
 Result<uint32_t> ClientSession::submit(std::span<const Sqe> sqes) noexcept {

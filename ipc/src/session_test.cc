@@ -19,6 +19,13 @@
 namespace kdn::ipc {
 namespace {
 
+SessionLimits test_limits() {
+  SessionLimits l{};
+  l.max_leases = l.max_lease_count = l.max_reservations = l.max_in_flight = l.max_models = 16;
+  l.reservation_timeout_ms = 1000;
+  return l;
+}
+
 using testing::fork_child;
 using testing::wait_child;
 
@@ -217,9 +224,18 @@ int run_client(const std::string& path) {
   if (!hs.ok()) return 3;
   auto session = ClientSession::attach(std::move(*hs));
   if (!session.ok()) return 4;
+  const ClientRegion* arena = session->region(RegionKind::kHostArena);
+  if (arena == nullptr) return 5;
   uint64_t pattern;
-  std::memcpy(&pattern, session->arena(), sizeof(pattern));
+  std::memcpy(&pattern, arena->segment.data(), sizeof(pattern));
   if (pattern != kArenaPattern) return 5;
+  // The arena is mapped read-only: a slot reference resolves, a stale one does not.
+  const SlotRef ok{arena->record.region_id, arena->record.generation, 0};
+  if (!session->resolve(ok, 8, RegionKind::kHostArena).ok()) return 6;
+  const SlotRef stale{arena->record.region_id, arena->record.generation + 1, 0};
+  if (session->resolve(stale, 8, RegionKind::kHostArena).status().code() != Code::kProtocol) return 7;
+  const SlotRef outside{arena->record.region_id, arena->record.generation, arena->segment.size() - 4};
+  if (session->resolve(outside, 8, RegionKind::kHostArena).ok()) return 8;
   if (int rc = ping_many(*session, 20'000, 0); rc != 0) return rc;
   if (int rc = ping_many(*session, 2'000, 1); rc != 0) return rc;
   if (int rc = lookups_and_errors(*session); rc != 0) return rc;
@@ -241,9 +257,11 @@ TEST_F(SessionTest, FullSessionAcrossProcesses) {
   auto arena = SharedSegment::create("test-arena", 1 << 20);
   ASSERT_TRUE(session.ok() && arena.ok());
   std::memcpy(arena->data(), &kArenaPattern, sizeof(kArenaPattern));
-  WelcomeMsg w = make_welcome(rh->hello, *layout, 42, arena->size(), 0);
-  ASSERT_TRUE(server_send_welcome(conn.get(), w, session->segment().fd(), arena->fd(),
-                                  session->doorbell().fd()).ok());
+  const RegionRecord regions[1] = {{11, 3, uint32_t(RegionKind::kHostArena), uint32_t(RegionAccess::kRead), arena->size(), 0}};
+  WelcomeMsg w = make_welcome(rh->hello, *layout, 42, 0, regions, test_limits());
+  const int arena_fd = arena->fd();
+  ASSERT_TRUE(server_send_welcome(conn.get(), w, session->segment().fd(), session->doorbell().fd(),
+                                  std::span(&arena_fd, 1)).ok());
   ServeStats st = serve(*session, conn.get());
   EXPECT_TRUE(st.end.ok()) << st.end.what();
   EXPECT_EQ(wait_child(child, 60'000), 0);
@@ -287,11 +305,12 @@ TEST(ClientSession, RefusesASegmentThatDisagreesWithTheWelcome) {
   auto daemon = DaemonSession::create(*layout, 1);
   auto arena = SharedSegment::create("arena", 4096);
   ASSERT_TRUE(daemon.ok() && arena.ok());
-  HelloMsg hello = *make_hello(HelloRequest{"x", "", 16, 4096, 0});
+  HelloMsg hello = *make_hello(HelloRequest{"x", "", 16, 4096, 0, 0});
   ClientHandshake hs;
-  hs.welcome = make_welcome(hello, *layout, 2 /* not the segment's id */, arena->size(), 0);
+  const RegionRecord regions[1] = {{1, 1, uint32_t(RegionKind::kHostArena), uint32_t(RegionAccess::kRead), arena->size(), 0}};
+  hs.welcome = make_welcome(hello, *layout, 2 /* not the segment's id */, 0, regions, test_limits());
   hs.session_fd = std::move(*daemon->segment().dup_fd());
-  hs.arena_fd = std::move(*arena->dup_fd());
+  hs.region_fds[0] = std::move(*arena->dup_fd());
   hs.doorbell_fd = UniqueFd(::dup(daemon->doorbell().fd()));
   auto c = ClientSession::attach(std::move(hs));
   EXPECT_EQ(c.status().code(), Code::kProtocol);

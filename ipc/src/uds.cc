@@ -258,4 +258,17 @@ Result<PeerCredentials> peer_credentials(int sock) noexcept {
   return PeerCredentials{cred.pid, cred.uid, cred.gid};
 }
 
+Result<std::vector<gid_t>> peer_groups(int sock) noexcept {
+  gid_t groups[256];
+  socklen_t len = sizeof(groups);
+  if (::getsockopt(sock, SOL_SOCKET, SO_PEERGROUPS, groups, &len) != 0) {
+    return Status::from_errno("SO_PEERGROUPS", errno);
+  }
+  try {
+    return std::vector<gid_t>(groups, groups + len / sizeof(gid_t));
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "peer groups");
+  }
+}
+
 }  // namespace kdn::ipc

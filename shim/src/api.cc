@@ -7,6 +7,7 @@
 #include <kdn/common/model.h>
 #include <kdn/ipc/payload.h>
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -79,14 +80,33 @@ KDN_API void kdn_disconnect(kdn_client* client) { delete client; }
 KDN_API int kdn_ping(kdn_client* client) {
   if (!usable(client)) return client ? KDN_ERR_UNAVAILABLE : KDN_ERR_INVALID_ARGUMENT;
   return guarded([&]() -> int {
+    using Op = kdn::ipc::PingOp;
+    const Op::Args args{0x6b646e};
     Request r;
-    r.sqe.opcode = uint8_t(kdn::ipc::Opcode::kPing);
-    r.sqe.arg[0] = 0x6b646e;
+    r.sqe.opcode = uint8_t(Op::kOpcode);
+    Op::put(args, r.sqe);
     auto c = client->c->call(r);
     if (!c.ok()) return rc(c.status());
-    if (c->status == KDN_OK && c->res[0] != 0x6b646e) return int(KDN_ERR_PROTOCOL);
-    return int(c->status);
+    if (c->status != KDN_OK) return int(c->status);
+    return rc(Op::result(*c, args).status());
   });
+}
+
+KDN_API int kdn_get_session_info(kdn_client* client, kdn_session_info* out) {
+  if (!client || !client->c || !out || out->struct_size != sizeof(kdn_session_info)) return KDN_ERR_INVALID_ARGUMENT;
+  const kdn::ipc::WelcomeMsg& w = client->c->welcome();
+  *out = kdn_session_info{};
+  out->struct_size = sizeof(kdn_session_info);
+  out->admin = (w.flags & kdn::ipc::kHelloFlagAdmin) != 0;
+  out->staging_bytes = client->c->staging_bytes();
+  out->arena_bytes = client->c->arena_bytes();
+  out->max_leases = w.limits.max_leases;
+  out->max_lease_count = w.limits.max_lease_count;
+  out->max_reservations = w.limits.max_reservations;
+  out->max_in_flight = w.limits.max_in_flight;
+  out->max_models = w.limits.max_models;
+  out->reservation_timeout_ms = w.limits.reservation_timeout_ms;
+  return KDN_OK;
 }
 
 KDN_API int kdn_register_model(kdn_client* client, const kdn_model_desc* desc, kdn_model** out) {
@@ -96,24 +116,27 @@ KDN_API int kdn_register_model(kdn_client* client, const kdn_model_desc* desc, k
   return guarded([&]() -> int {
     auto info = kdn::ModelInfo::from_desc(*desc);
     if (!info.ok()) return rc(info.status());
+    using Op = kdn::ipc::RegisterModelOp;
     Client& c = *client->c;
-    auto in = c.alloc_payload(sizeof(kdn_model_desc));
+    const Op::InRecord rec = kdn::ipc::to_wire(info->desc);
+    auto in = c.alloc_payload(sizeof rec);
     if (!in.ok()) return rc(in.status());
-    std::memcpy(c.payload_ptr(*in), desc, sizeof(kdn_model_desc));
+    std::memcpy(c.payload_ptr(*in), &rec, sizeof rec);
     Request r;
-    r.sqe.opcode = uint8_t(kdn::ipc::Opcode::kRegisterModel);
+    r.sqe.opcode = uint8_t(Op::kOpcode);
     r.in = *in;
-    r.sqe.in_len = sizeof(kdn_model_desc);
+    r.sqe.in_len = sizeof rec;
     auto cqe = c.call(r);
     c.free_payload(*in);
     if (!cqe.ok()) return rc(cqe.status());
     if (cqe->status != KDN_OK) return int(cqe->status);
+    auto got = Op::result(*cqe);
+    if (!got.ok()) return rc(got.status());
     // The daemon derives geometry from the same bytes: any disagreement is a version skew.
-    if (cqe->res[1] != info->chunk_bytes || cqe->res[3] != info->fingerprint.lo ||
-        cqe->res[4] != info->fingerprint.hi || cqe->res[0] == 0 || cqe->res[0] > UINT32_MAX)
+    if (got->chunk_bytes != info->chunk_bytes || !(got->fingerprint == info->fingerprint))
       return int(KDN_ERR_VERSION);
     auto m = std::make_unique<kdn_model>();
-    m->id = uint32_t(cqe->res[0]);
+    m->id = got->model_id;
     m->info = std::move(*info);
     *out = m.get();
     c.models.push_back(std::move(m));
@@ -123,6 +146,14 @@ KDN_API int kdn_register_model(kdn_client* client, const kdn_model_desc* desc, k
 
 KDN_API uint64_t kdn_model_chunk_bytes(const kdn_model* m) { return m ? m->info.chunk_bytes : 0; }
 KDN_API uint32_t kdn_model_chunk_tokens(const kdn_model* m) { return m ? m->info.chunk_tokens : 0; }
+
+KDN_API uint32_t kdn_store_max_chunks(kdn_client* client, const kdn_model* model) {
+  if (!client || !client->c || !model) return 0;
+  const uint64_t slot = (model->info.chunk_bytes + 4095) / 4096 * 4096;
+  const uint64_t by_staging = slot ? client->c->staging_bytes() / slot : 0;
+  const uint64_t by_limit = client->c->welcome().limits.max_reservations;
+  return uint32_t(std::min<uint64_t>({by_staging, by_limit, kdn::ipc::kMaxKeysPerOp}));
+}
 
 }  // extern "C"
 

@@ -7,6 +7,7 @@
 #include <kdn/kernels/ops.h>
 #include <kdn/kernels/stream_copy.h>
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 
@@ -70,16 +71,14 @@ kdn::Result<kdn::ipc::Cqe> call_for_records(Client& c, Request& r, uint32_t max,
   return cqe;
 }
 
-void fill_lookup(const kdn::ipc::Cqe& c, uint32_t chunk_tokens, kdn_lookup_result* out) {
+int fill_lookup(const kdn::ipc::Cqe& c, uint32_t keys_sent, uint32_t chunk_tokens, kdn_lookup_result* out) {
   *out = kdn_lookup_result{};
-  out->hit_chunks = uint32_t(c.res[0]);
+  auto r = kdn::ipc::LookupOp::result(c, keys_sent);
+  if (!r.ok()) return rc(r.status());
+  out->hit_chunks = r->hit_chunks;
   out->hit_tokens = uint64_t(out->hit_chunks) * chunk_tokens;
-  for (uint32_t t = 0; t < KDN_TIER_COUNT; ++t) out->tier_chunks[t] = uint32_t(c.res[1 + t]);
-}
-
-// A daemon-supplied arena offset must name a whole chunk inside the mapped arena.
-bool arena_range_ok(Client& c, uint64_t off, uint64_t bytes) {
-  return kdn::ipc::range_ok(off, bytes, c.arena_bytes());
+  for (uint32_t t = 0; t < KDN_TIER_COUNT; ++t) out->tier_chunks[t] = r->tier_chunks[t];
+  return KDN_OK;
 }
 
 int release_ids(Client& c, Opcode op, const std::vector<uint64_t>& ids) {
@@ -97,7 +96,9 @@ int release_ids(Client& c, Opcode op, const std::vector<uint64_t>& ids) {
   auto cqe = c.call(r);
   c.free_payload(*in);
   if (!cqe.ok()) return rc(cqe.status());
-  return cqe->status;
+  if (cqe->status != KDN_OK) return cqe->status;
+  // COMMIT, ABORT and RELEASE share one shape: how many of the handles were finished.
+  return rc(kdn::ipc::ReleaseOp::result(*cqe, uint32_t(live.size())).status());
 }
 
 kdn::kernels::ChunkGeometry geometry(const kdn_model& m) {
@@ -108,6 +109,45 @@ kdn::kernels::ChunkGeometry geometry(const kdn_model& m) {
   g.tokens = m.info.chunk_tokens;
   g.dtype = kdn::kernels::DType(m.info.desc.dtype);
   return g;
+}
+
+kdn_stats to_abi(const kdn::ipc::StatsRecord& s) {
+  kdn_stats o{};
+  o.struct_size = sizeof o;
+  o.lookups = s.lookups;
+  o.lookup_hit_chunks = s.lookup_hit_chunks;
+  o.lookup_miss_chunks = s.lookup_miss_chunks;
+  o.stored_chunks = s.stored_chunks;
+  o.stored_bytes = s.stored_bytes;
+  o.retrieved_chunks = s.retrieved_chunks;
+  o.retrieved_bytes = s.retrieved_bytes;
+  o.evicted_chunks = s.evicted_chunks;
+  o.dropped_chunks = s.dropped_chunks;
+  o.demoted_chunks = s.demoted_chunks;
+  o.promoted_chunks = s.promoted_chunks;
+  const uint32_t host = uint32_t(kdn::ipc::ChunkTier::kHost);
+  o.resident_chunks = s.resident_chunks[host];
+  o.resident_bytes = s.resident_bytes[host];
+  o.capacity_bytes = s.capacity_bytes[host];
+  for (uint32_t t = 0; t < KDN_TIER_COUNT; ++t) {
+    o.tier_resident_chunks[t] = s.resident_chunks[t];
+    o.tier_resident_bytes[t] = s.resident_bytes[t];
+    o.tier_capacity_bytes[t] = s.capacity_bytes[t];
+  }
+  o.active_leases = s.active_leases;
+  o.open_reservations = s.open_reservations;
+  o.in_flight_ops = s.in_flight_ops;
+  o.sessions = s.sessions;
+  o.protocol_errors = s.protocol_errors;
+  o.limit_errors = s.limit_errors;
+  o.corrupt_chunks = s.corrupt_chunks;
+  o.expired_reservations = s.expired_reservations;
+  o.staging_bytes = s.staging_bytes;
+  o.daemon_sessions = s.daemon_sessions;
+  o.daemon_requests = s.daemon_requests;
+  o.daemon_handshakes_refused = s.daemon_handshakes_refused;
+  o.daemon_namespaces = s.daemon_namespaces;
+  return o;
 }
 
 }  // namespace
@@ -130,9 +170,7 @@ KDN_API int kdn_lookup(kdn_client* client, const kdn_model* model, const int32_t
     c.free_payload(r.out);
     if (!cqe.ok()) return rc(cqe.status());
     if (cqe->status != KDN_OK) return int(cqe->status);
-    if (cqe->res[0] > *k) return int(KDN_ERR_PROTOCOL);
-    fill_lookup(*cqe, model->info.chunk_tokens, out);
-    return int(KDN_OK);
+    return fill_lookup(*cqe, *k, model->info.chunk_tokens, out);
   });
 }
 
@@ -158,9 +196,7 @@ KDN_API int kdn_lookup_keys(kdn_client* client, const kdn_model* model, const kd
     c.free_payload(*in);
     if (!cqe.ok()) return rc(cqe.status());
     if (cqe->status != KDN_OK) return cqe->status;
-    if (cqe->res[0] > n_keys) return KDN_ERR_PROTOCOL;
-    fill_lookup(*cqe, model->info.chunk_tokens, out);
-    return KDN_OK;
+    return fill_lookup(*cqe, uint32_t(n_keys), model->info.chunk_tokens, out);
   });
 }
 
@@ -173,22 +209,25 @@ KDN_API int kdn_retrieve_lease(kdn_client* client, const kdn_model* model, const
     lease->model = model;
     if (n_tokens >= model->info.chunk_tokens) {
       Client& c = client_of(client);
+      using Op = kdn::ipc::LeaseOp;
       Request r;
-      r.sqe.opcode = uint8_t(Opcode::kLease);
-      r.sqe.arg[0] = max_chunks;
-      auto k = build_key_request(c, *model, tokens, n_tokens, 0, max_chunks, sizeof(kdn::ipc::LeaseSlot), r);
+      r.sqe.opcode = uint8_t(Op::kOpcode);
+      auto k = build_key_request(c, *model, tokens, n_tokens, 0, max_chunks, sizeof(Op::OutRecord), r);
       if (!k.ok()) return rc(k.status());
-      std::vector<kdn::ipc::LeaseSlot> slots;
+      Op::put(Op::Args{model->id, *k}, r.sqe);
+      std::vector<Op::OutRecord> slots;
       auto cqe = call_for_records(c, r, *k, 0, &slots);
       if (!cqe.ok()) return rc(cqe.status());
       if (cqe->status != KDN_OK) return int(cqe->status);
       for (const auto& s : slots) lease->ids.push_back(s.lease_id);
       for (const auto& s : slots) {
-        if (!arena_range_ok(c, s.arena_off, model->info.chunk_bytes)) {
+        // Leased bytes are the arena's, mapped read-only: no engine can change them.
+        auto p = c.resolve(s.slot, model->info.chunk_bytes, kdn::ipc::RegionKind::kHostArena);
+        if (!p.ok() || s.lease_id == 0) {
           (void)release_ids(c, Opcode::kRelease, lease->ids);
           return int(KDN_ERR_PROTOCOL);
         }
-        lease->data.push_back(c.arena() + s.arena_off);
+        lease->data.push_back(*p);
       }
     }
     *out = lease.release();
@@ -223,15 +262,16 @@ KDN_API int kdn_store_reserve(kdn_client* client, const kdn_model* model, const 
     Client& c = client_of(client);
     const uint64_t whole = n_tokens / model->info.chunk_tokens;
     if (uint64_t(first_chunk) + n_chunks > whole) return int(KDN_ERR_INVALID_ARGUMENT);
+    using Op = kdn::ipc::ReserveOp;
     Request r;
-    r.sqe.opcode = uint8_t(Opcode::kReserve);
-    auto k = build_key_request(c, *model, tokens, n_tokens, first_chunk, n_chunks,
-                               sizeof(kdn::ipc::ReserveSlot), r);
+    r.sqe.opcode = uint8_t(Op::kOpcode);
+    auto k = build_key_request(c, *model, tokens, n_tokens, first_chunk, n_chunks, sizeof(Op::OutRecord), r);
     if (!k.ok()) return rc(k.status());
-    std::vector<kdn::ipc::ReserveSlot> slots;
-    auto cqe = call_for_records(c, r, *k, 1, &slots);  // res1: records written
+    std::vector<Op::OutRecord> slots;
+    auto cqe = call_for_records(c, r, *k, 1, &slots);  // res1: records served
     if (!cqe.ok()) return rc(cqe.status());
     if (cqe->status != KDN_OK) return int(cqe->status);
+    if (!Op::result(*cqe, *k).ok()) return int(KDN_ERR_PROTOCOL);
     auto st = std::make_unique<kdn_store>();
     st->model = model;
     st->data.assign(*k, nullptr);
@@ -240,8 +280,10 @@ KDN_API int kdn_store_reserve(kdn_client* client, const kdn_model* model, const 
     for (size_t i = 0; i < slots.size(); ++i) {
       if (slots[i].state != uint32_t(kdn::ipc::ReserveState::kReserved)) continue;
       st->reservation[i] = slots[i].reservation_id;
-      if (!arena_range_ok(c, slots[i].arena_off, model->info.chunk_bytes) || !slots[i].reservation_id) bad = true;
-      else st->data[i] = c.arena() + slots[i].arena_off;
+      // A reserved slot lies in this client's own staging area, the one place it writes.
+      auto p = c.resolve(slots[i].slot, model->info.chunk_bytes, kdn::ipc::RegionKind::kStaging);
+      if (!p.ok() || !slots[i].reservation_id) bad = true;
+      else st->data[i] = *p;
     }
     if (bad) {
       (void)release_ids(c, Opcode::kAbort, st->reservation);
@@ -282,23 +324,31 @@ KDN_API int kdn_store_from(kdn_client* client, const kdn_model* model, const int
     Status vs = kdn::kernels::view_from_abi(*src, geo, {}, &view);
     if (!vs.ok()) return rc(vs);
   }
-  kdn_store* st = nullptr;
-  int e = kdn_store_reserve(client, model, tokens, n_tokens, first_chunk, n_chunks, &st);
-  if (e) return e;
+  // In rounds of what the staging area holds: each round reserves, gathers, commits.
+  const uint32_t round = kdn_store_max_chunks(client, model);
+  if (round == 0) return model && client ? KDN_ERR_LIMIT : KDN_ERR_INVALID_ARGUMENT;
   uint32_t written = 0;
-  for (uint32_t i = 0; i < st->data.size(); ++i) {
-    if (!st->data[i]) continue;
-    view.first_token = int64_t(i) * model->info.chunk_tokens;
-    Status g = kdn::kernels::gather(view, st->data[i], geo, kdn::kernels::Executor::cpu());
-    if (!g.ok()) {
-      (void)kdn_store_abort(client, st);
-      return rc(g);
+  for (uint32_t done = 0; done < n_chunks;) {
+    const uint32_t n = std::min(round, n_chunks - done);
+    kdn_store* st = nullptr;
+    int e = kdn_store_reserve(client, model, tokens, n_tokens, first_chunk + done, n, &st);
+    if (e) return e;
+    for (uint32_t i = 0; i < st->data.size(); ++i) {
+      if (!st->data[i]) continue;
+      view.first_token = int64_t(done + i) * model->info.chunk_tokens;
+      Status g = kdn::kernels::gather(view, st->data[i], geo, kdn::kernels::Executor::cpu());
+      if (!g.ok()) {
+        (void)kdn_store_abort(client, st);
+        return rc(g);
+      }
+      ++written;
     }
-    ++written;
+    e = kdn_store_commit(client, st);
+    if (e != KDN_OK) return e;
+    done += n;
   }
-  e = kdn_store_commit(client, st);
-  if (e == KDN_OK && stored) *stored = written;
-  return e;
+  if (stored) *stored = written;
+  return KDN_OK;
 }
 
 KDN_API int kdn_retrieve_to(kdn_client* client, const kdn_model* model, const int32_t* tokens,
@@ -352,6 +402,7 @@ KDN_API int kdn_lookup_post(kdn_client* client, const kdn_model* model, const in
       }
       op->user_data = *ud;
       op->in = r.in;
+      op->keys = *k;
     }
     *out = op.release();
     return int(KDN_OK);
@@ -364,7 +415,7 @@ static int complete_op(kdn_client* client, kdn_op* op) {
   c.free_payload(op->in);
   op->complete = true;
   op->status = cqe.status;
-  if (cqe.status == KDN_OK) fill_lookup(cqe, op->chunk_tokens, &op->lookup);
+  if (cqe.status == KDN_OK) op->status = fill_lookup(cqe, op->keys, op->chunk_tokens, &op->lookup);
   return op->status;
 }
 
@@ -406,21 +457,30 @@ KDN_API void kdn_op_release(kdn_client* client, kdn_op* op) {
 }
 
 KDN_API int kdn_get_stats(kdn_client* client, kdn_stats* out) {
-  if (!client || !client->c || !out) return KDN_ERR_INVALID_ARGUMENT;
+  if (!client || !client->c || !out || out->struct_size != sizeof(kdn_stats)) return KDN_ERR_INVALID_ARGUMENT;
   if (client->c->broken()) return KDN_ERR_UNAVAILABLE;
   return guarded([&]() -> int {
+    using Op = kdn::ipc::StatsOp;
+    constexpr uint32_t kWords = sizeof(kdn::ipc::StatsRecord) / sizeof(uint64_t);
     Client& c = client_of(client);
-    auto o = c.alloc_payload(sizeof(kdn_stats));
+    auto o = c.alloc_payload(sizeof(kdn::ipc::StatsRecord));
     if (!o.ok()) return rc(o.status());
     Request r;
-    r.sqe.opcode = uint8_t(Opcode::kStats);
+    r.sqe.opcode = uint8_t(Op::kOpcode);
     r.out = *o;
-    r.sqe.out_len = sizeof(kdn_stats);
+    r.sqe.out_len = sizeof(kdn::ipc::StatsRecord);
     auto cqe = c.call(r);
-    if (cqe.ok() && cqe->status == KDN_OK) std::memcpy(out, c.payload_ptr(*o), sizeof(kdn_stats));
+    kdn::ipc::StatsRecord s{};  // counters a daemon did not send stay zero
+    int status = cqe.ok() ? cqe->status : rc(cqe.status());
+    if (status == KDN_OK) {
+      auto got = Op::result(*cqe, kWords);
+      if (got.ok()) std::memcpy(&s, c.payload_ptr(*o), got->words * sizeof(uint64_t));
+      else status = rc(got.status());
+    }
     c.free_payload(*o);
-    if (!cqe.ok()) return rc(cqe.status());
-    return int(cqe->status);
+    if (status != KDN_OK) return status;
+    *out = to_abi(s);
+    return int(KDN_OK);
   });
 }
 

@@ -29,19 +29,26 @@ Result<std::unique_ptr<Client>> Client::connect(const kdn_connect_opts* opts, ui
   req.token = o.token ? o.token : "";
   req.ring_entries = o.ring_entries ? o.ring_entries : 256;
   req.payload_bytes = o.payload_bytes ? o.payload_bytes : (1u << 20);
-  req.flags = hello_flags;
+  req.flags = hello_flags | ((o.flags & KDN_CONNECT_CREATE_NAMESPACE) ? ipc::kHelloFlagCreateNamespace : 0u) |
+              ((o.flags & KDN_CONNECT_ADMIN) ? ipc::kHelloFlagAdmin : 0u);
+  if ((o.flags & ~(KDN_CONNECT_CREATE_NAMESPACE | KDN_CONNECT_READ_ONLY | KDN_CONNECT_ADMIN)) != 0)
+    return Status(Code::kInvalidArgument, "unknown kdn_connect_opts.flags");
+  req.staging_bytes = (o.flags & KDN_CONNECT_READ_ONLY) ? 0 : o.staging_bytes ? o.staging_bytes : kDefaultStagingBytes;
   auto hello = ipc::make_hello(req);
   if (!hello.ok()) return hello.status();
   auto sock = ipc::uds_connect(path, timeout);
   if (!sock.ok()) return sock.status();
   auto hs = ipc::client_handshake(sock->get(), *hello, timeout);
   if (!hs.ok()) return hs.status();
-  // Map the arena with its page-table entries filled in now: a store or retrieve must never
-  // take a page fault per 4 KiB page in the data path (shared memory rarely gets huge pages).
+  // Map the arena (read-only: kdnd sealed it) with its page-table entries filled in now: a
+  // retrieve must never take a page fault per 4 KiB page in the data path. The staging area
+  // is faulted in as the engine first writes it, and those pages are reused store after store.
   ipc::MapOptions arena_map;
   arena_map.populate = true;
   arena_map.madvise_huge = true;
-  auto session = ipc::ClientSession::attach(std::move(*hs), kClientSpinNs, arena_map);
+  ipc::MapOptions staging_map;
+  staging_map.madvise_huge = true;
+  auto session = ipc::ClientSession::attach(std::move(*hs), kClientSpinNs, arena_map, staging_map);
   if (!session.ok()) return session.status();
   std::unique_ptr<Client> c(new Client());
   c->session_ = std::move(*session);
@@ -49,6 +56,16 @@ Result<std::unique_ptr<Client>> Client::connect(const kdn_connect_opts* opts, ui
   c->timeout_ms_ = timeout;
   c->sock_ = std::move(*sock);
   return c;
+}
+
+uint64_t Client::staging_bytes() const {
+  const ipc::ClientRegion* r = session_.region(ipc::RegionKind::kStaging);
+  return r ? r->segment.size() : 0;
+}
+
+uint64_t Client::arena_bytes() const {
+  const ipc::ClientRegion* r = session_.region(ipc::RegionKind::kHostArena);
+  return r ? r->segment.size() : 0;
 }
 
 Result<PayloadRange> Client::alloc_payload(uint32_t bytes) {

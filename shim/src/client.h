@@ -7,6 +7,7 @@
 #include "payload_allocator.h"
 
 #include <kdn/common/model.h>
+#include <kdn/ipc/ops.h>
 #include <kdn/ipc/protocol.h>
 #include <kdn/ipc/session.h>
 #include <kdn/kdn.h>
@@ -26,6 +27,9 @@ struct Request {
   PayloadRange in, out;
 };
 
+// Default staging area of a client that does not say (kdn_connect_opts.staging_bytes = 0).
+constexpr uint64_t kDefaultStagingBytes = 256ull << 20;
+
 class Client {
  public:
   static Result<std::unique_ptr<Client>> connect(const kdn_connect_opts* opts, uint32_t hello_flags);
@@ -44,8 +48,13 @@ class Client {
   // post + wait + take, releasing nothing: the caller reads r.out then frees.
   Result<ipc::Cqe> call(Request& r);
 
-  std::byte* arena() const { return session_.arena(); }
-  uint64_t arena_bytes() const { return session_.arena_bytes(); }
+  // The bytes a slot reference from kdnd names (checked: region, generation, range).
+  Result<std::byte*> resolve(const ipc::SlotRef& ref, uint64_t bytes, ipc::RegionKind kind) const {
+    return session_.resolve(ref, bytes, kind);
+  }
+  const ipc::WelcomeMsg& welcome() const { return session_.welcome(); }
+  uint64_t staging_bytes() const;
+  uint64_t arena_bytes() const;
   uint32_t default_timeout_ms() const { return timeout_ms_; }
   bool broken() const { return broken_; }
   // After a timed-out synchronous call the daemon may still write into that call's payload,

@@ -31,6 +31,7 @@ struct kdn_op {
   int status = KDN_ERR_IN_PROGRESS;
   kdn_lookup_result lookup{};
   uint32_t chunk_tokens = 0;
+  uint32_t keys = 0;  // keys sent, to check the answer against
 };
 
 namespace kdn::shim {

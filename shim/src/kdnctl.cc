@@ -4,13 +4,18 @@
 //   kdnctl stats [--json|--prometheus]
 //   kdnctl ls [--limit N]            chunks of the namespace: key, model, tier, state, leases, size
 //   kdnctl evict --all | --key HEX   evict unleased chunks
+//
+// kdnctl connects read-only (no staging area) and asks for admin rights; kdnd grants them
+// only to uids its configuration names (admin_uids), which `ls` and `evict` need.
 #include "client.h"
 
 #include <kdn/common/clock.h>
+#include <kdn/ipc/ops.h>
 #include <kdn/ipc/protocol.h>
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -18,7 +23,6 @@
 #include <vector>
 
 using kdn::Status;
-using kdn::ipc::Opcode;
 using kdn::shim::Client;
 using kdn::shim::Request;
 
@@ -30,17 +34,25 @@ int fail(const char* what, const Status& st) {
 }
 int fail_code(const char* what, int code) {
   std::fprintf(stderr, "kdnctl: %s: %s\n", what, kdn::code_name(kdn::Code(code)));
+  if (code == KDN_ERR_PERMISSION)
+    std::fprintf(stderr, "kdnctl: this needs admin rights: add this uid to admin_uids (daemon-wide or in "
+                         "[namespace.NAME]) in kdnd's configuration\n");
   return 1;
 }
 
 int cmd_ping(Client& c, int count) {
+  using Op = kdn::ipc::PingOp;
   std::vector<double> us;
   for (int i = 0; i < count; ++i) {
     Request r;
-    r.sqe.opcode = uint8_t(Opcode::kPing);
+    r.sqe.opcode = uint8_t(Op::kOpcode);
+    const Op::Args args{uint64_t(i) + 1};
+    Op::put(args, r.sqe);
     const uint64_t t0 = kdn::now_ns();
     auto cqe = c.call(r);
     if (!cqe.ok()) return fail("ping", cqe.status());
+    if (cqe->status) return fail_code("ping", cqe->status);
+    if (auto ok = Op::result(*cqe, args); !ok.ok()) return fail("ping", ok.status());
     us.push_back((kdn::now_ns() - t0) / 1e3);
   }
   std::sort(us.begin(), us.end());
@@ -48,67 +60,118 @@ int cmd_ping(Client& c, int count) {
   return 0;
 }
 
-int cmd_stats(Client& c, bool json, bool prom) {
-  auto o = c.alloc_payload(sizeof(kdn_stats));
-  if (!o.ok()) return fail("stats", o.status());
-  Request r;
-  r.sqe.opcode = uint8_t(Opcode::kStats);
-  r.out = *o;
-  r.sqe.out_len = sizeof(kdn_stats);
-  auto cqe = c.call(r);
-  if (!cqe.ok()) return fail("stats", cqe.status());
-  if (cqe->status) return fail_code("stats", cqe->status);
-  kdn_stats s;
-  std::memcpy(&s, c.payload_ptr(*o), sizeof s);
-  struct F { const char* name; uint64_t v; } f[] = {
+struct Field {
+  std::string name;
+  uint64_t v;
+};
+
+std::vector<Field> stats_fields(const kdn::ipc::StatsRecord& s, bool admin) {
+  std::vector<Field> f = {
       {"lookups", s.lookups}, {"lookup_hit_chunks", s.lookup_hit_chunks},
       {"lookup_miss_chunks", s.lookup_miss_chunks}, {"stored_chunks", s.stored_chunks},
       {"stored_bytes", s.stored_bytes}, {"retrieved_chunks", s.retrieved_chunks},
       {"retrieved_bytes", s.retrieved_bytes}, {"evicted_chunks", s.evicted_chunks},
-      {"resident_chunks", s.resident_chunks}, {"resident_bytes", s.resident_bytes},
-      {"capacity_bytes", s.capacity_bytes}, {"active_leases", s.active_leases},
-      {"open_reservations", s.open_reservations}, {"sessions", s.sessions},
-      {"protocol_errors", s.protocol_errors}};
+      {"dropped_chunks", s.dropped_chunks}, {"demoted_chunks", s.demoted_chunks},
+      {"promoted_chunks", s.promoted_chunks}, {"corrupt_chunks", s.corrupt_chunks},
+      {"active_leases", s.active_leases}, {"open_reservations", s.open_reservations},
+      {"expired_reservations", s.expired_reservations}, {"transfers_in_flight", s.in_flight_ops},
+      {"sessions", s.sessions}, {"staging_bytes", s.staging_bytes},
+      {"protocol_errors", s.protocol_errors}, {"limit_errors", s.limit_errors}};
+  static const char* kTiers[] = {"gpu", "host", "disk", "remote"};
+  for (uint32_t t = 0; t < kdn::ipc::kTierCount; ++t) {
+    if (s.capacity_bytes[t] == 0) continue;
+    f.push_back({std::string("resident_chunks.") + kTiers[t], s.resident_chunks[t]});
+    f.push_back({std::string("resident_bytes.") + kTiers[t], s.resident_bytes[t]});
+    f.push_back({std::string("capacity_bytes.") + kTiers[t], s.capacity_bytes[t]});
+  }
+  if (admin) {
+    f.push_back({"daemon.sessions", s.daemon_sessions});
+    f.push_back({"daemon.requests", s.daemon_requests});
+    f.push_back({"daemon.handshakes_refused", s.daemon_handshakes_refused});
+    f.push_back({"daemon.namespaces", s.daemon_namespaces});
+  }
+  return f;
+}
+
+int cmd_stats(Client& c, bool json, bool prom) {
+  using Op = kdn::ipc::StatsOp;
+  constexpr uint32_t kWords = sizeof(kdn::ipc::StatsRecord) / sizeof(uint64_t);
+  auto o = c.alloc_payload(sizeof(kdn::ipc::StatsRecord));
+  if (!o.ok()) return fail("stats", o.status());
+  Request r;
+  r.sqe.opcode = uint8_t(Op::kOpcode);
+  r.out = *o;
+  r.sqe.out_len = sizeof(kdn::ipc::StatsRecord);
+  auto cqe = c.call(r);
+  if (!cqe.ok()) return fail("stats", cqe.status());
+  if (cqe->status) return fail_code("stats", cqe->status);
+  auto got = Op::result(*cqe, kWords);
+  if (!got.ok()) return fail("stats", got.status());
+  kdn::ipc::StatsRecord s{};
+  std::memcpy(&s, c.payload_ptr(*o), got->words * sizeof(uint64_t));
+  const bool admin = (c.welcome().flags & kdn::ipc::kHelloFlagAdmin) != 0;
+  const std::vector<Field> f = stats_fields(s, admin);
   if (json) {
     std::printf("{");
-    for (size_t i = 0; i < std::size(f); ++i) std::printf("%s\"%s\": %" PRIu64, i ? ", " : "", f[i].name, f[i].v);
+    for (size_t i = 0; i < f.size(); ++i) std::printf("%s\"%s\": %" PRIu64, i ? ", " : "", f[i].name.c_str(), f[i].v);
     std::printf("}\n");
   } else if (prom) {
-    for (auto& x : f) std::printf("kdn_%s %" PRIu64 "\n", x.name, x.v);
+    for (auto& x : f) {
+      std::string n = "kdn_" + x.name;
+      std::replace(n.begin(), n.end(), '.', '_');
+      std::printf("%s %" PRIu64 "\n", n.c_str(), x.v);
+    }
   } else {
-    for (auto& x : f) std::printf("%-20s %" PRIu64 "\n", x.name, x.v);
+    for (auto& x : f) std::printf("%-26s %" PRIu64 "\n", x.name.c_str(), x.v);
     const uint64_t looked = s.lookup_hit_chunks + s.lookup_miss_chunks;
-    if (looked) std::printf("%-20s %.1f%%\n", "hit_ratio", 100.0 * s.lookup_hit_chunks / looked);
+    if (looked) std::printf("%-26s %.1f%%\n", "hit_ratio", 100.0 * s.lookup_hit_chunks / looked);
+    if (!admin) std::printf("(daemon-wide counters need admin rights)\n");
   }
   return 0;
 }
 
+const char* tier_label(uint8_t t) {
+  static const char* kTiers[] = {"gpu", "host", "disk", "remote"};
+  return t < 4 ? kTiers[t] : "?";
+}
+
+const char* state_label(uint8_t s) {
+  switch (kdn::ipc::ChunkState(s)) {
+    case kdn::ipc::ChunkState::kReserved: return "reserved";
+    case kdn::ipc::ChunkState::kCommitted: return "committed";
+    case kdn::ipc::ChunkState::kMoving: return "moving";
+    case kdn::ipc::ChunkState::kWriting: return "writing";
+  }
+  return "?";
+}
+
 int cmd_ls(Client& c, uint64_t limit) {
+  using Op = kdn::ipc::ListOp;
   const uint32_t cap = 1024;
-  auto o = c.alloc_payload(cap * sizeof(kdn::ipc::ListEntry));
+  auto o = c.alloc_payload(cap * sizeof(Op::OutRecord));
   if (!o.ok()) return fail("ls", o.status());
-  std::printf("%-34s %5s %-5s %-9s %6s %12s\n", "key", "model", "tier", "state", "leases", "bytes");
+  std::printf("%-34s %10s %-6s %-9s %6s %12s\n", "key", "model", "tier", "state", "leases", "bytes");
   uint64_t cursor = 0, shown = 0;
   do {
     Request r;
-    r.sqe.opcode = uint8_t(Opcode::kList);
-    r.sqe.arg[0] = cursor;
+    r.sqe.opcode = uint8_t(Op::kOpcode);
+    Op::put(Op::Args{cursor}, r.sqe);
     r.out = *o;
-    r.sqe.out_len = cap * sizeof(kdn::ipc::ListEntry);
+    r.sqe.out_len = cap * sizeof(Op::OutRecord);
     auto cqe = c.call(r);
     if (!cqe.ok()) return fail("ls", cqe.status());
     if (cqe->status) return fail_code("ls", cqe->status);
-    const uint64_t n = std::min<uint64_t>(cqe->res[0], cap);
-    std::vector<kdn::ipc::ListEntry> e(n);
-    std::memcpy(e.data(), c.payload_ptr(*o), n * sizeof(e[0]));
+    auto got = Op::result(*cqe, cap);
+    if (!got.ok()) return fail("ls", got.status());
+    std::vector<Op::OutRecord> e(got->written);
+    std::memcpy(e.data(), c.payload_ptr(*o), e.size() * sizeof(e[0]));
     for (auto& x : e) {
       if (limit && shown >= limit) return 0;
-      std::printf("%016" PRIx64 "%016" PRIx64 "   %5u %-5s %-9s %6u %12" PRIu64 "\n", x.key.hi, x.key.lo, x.model_id,
-                  x.tier == 1 ? "host" : x.tier == 2 ? "disk" : x.tier == 0 ? "gpu" : "remote",
-                  x.state == 2 ? "committed" : "reserved", x.leases, x.bytes);
+      std::printf("%016" PRIx64 "%016" PRIx64 "   %10u %-6s %-9s %6u %12" PRIu64 "\n", x.key.hi, x.key.lo, x.model_id,
+                  tier_label(x.tier), state_label(x.state), x.leases, x.bytes);
       ++shown;
     }
-    cursor = cqe->res[1];
+    cursor = got->next_cursor;
   } while (cursor);
   std::printf("%" PRIu64 " chunks\n", shown);
   return 0;
@@ -125,9 +188,10 @@ bool parse_key(const std::string& hex, kdn_key* k) {
 }
 
 int cmd_evict(Client& c, bool all, const std::vector<std::string>& keys) {
+  using Op = kdn::ipc::EvictOp;
   Request r;
-  r.sqe.opcode = uint8_t(Opcode::kEvict);
-  r.sqe.arg[0] = uint64_t(all ? kdn::ipc::EvictMode::kAll : kdn::ipc::EvictMode::kByKeys);
+  r.sqe.opcode = uint8_t(Op::kOpcode);
+  Op::put(Op::Args{all ? kdn::ipc::EvictMode::kAll : kdn::ipc::EvictMode::kByKeys}, r.sqe);
   if (!all) {
     std::vector<kdn_key> k(keys.size());
     for (size_t i = 0; i < keys.size(); ++i)
@@ -144,7 +208,9 @@ int cmd_evict(Client& c, bool all, const std::vector<std::string>& keys) {
   auto cqe = c.call(r);
   if (!cqe.ok()) return fail("evict", cqe.status());
   if (cqe->status) return fail_code("evict", cqe->status);
-  std::printf("evicted %" PRIu64 " chunks, skipped %" PRIu64 " (leased or being written)\n", cqe->res[0], cqe->res[1]);
+  auto got = Op::result(*cqe);
+  std::printf("evicted %" PRIu64 " chunks, skipped %" PRIu64 " (leased, or being written or moved)\n", got->evicted,
+              got->skipped);
   return 0;
 }
 
@@ -153,23 +219,24 @@ int cmd_evict(Client& c, bool all, const std::vector<std::string>& keys) {
 int main(int argc, char** argv) {
   CLI::App app{"kdnctl: inspect and manage kdnd"};
   std::string socket, ns = "default", token;
-  app.add_option("-s,--socket", socket, "kdnd socket (default: as kdnd)");
-  app.add_option("-n,--namespace", ns, "namespace");
-  app.add_option("--token", token, "shared secret, if kdnd requires one");
+  app.add_option("-s,--socket", socket, "kdnd socket (default: $KDN_SOCKET, $XDG_RUNTIME_DIR/kdn/kdnd.sock or "
+                                        "/tmp/kdn-$UID/kdnd.sock, as kdnd)");
+  app.add_option("-n,--namespace", ns, "namespace")->capture_default_str();
+  app.add_option("--token", token, "the namespace's token, if kdnd requires one");
   app.require_subcommand(1);
   int count = 5;
   auto* ping = app.add_subcommand("ping", "check that kdnd answers");
-  ping->add_option("-c,--count", count, "round trips")->check(CLI::Range(1, 1000000));
+  ping->add_option("-c,--count", count, "round trips")->check(CLI::Range(1, 1000000))->capture_default_str();
   bool json = false, prom = false;
-  auto* stats = app.add_subcommand("stats", "counters of the namespace and the daemon");
-  stats->add_flag("--json", json);
-  stats->add_flag("--prometheus", prom);
+  auto* stats = app.add_subcommand("stats", "counters of the namespace (and of the daemon, for admins)");
+  stats->add_flag("--json", json, "one JSON object");
+  stats->add_flag("--prometheus", prom, "Prometheus text format");
   uint64_t limit = 0;
-  auto* ls = app.add_subcommand("ls", "list chunks");
-  ls->add_option("--limit", limit, "at most N rows");
+  auto* ls = app.add_subcommand("ls", "list chunks (admin)");
+  ls->add_option("--limit", limit, "at most N rows (0: all)")->capture_default_str();
   bool all = false;
   std::vector<std::string> keys;
-  auto* evict = app.add_subcommand("evict", "evict unleased chunks");
+  auto* evict = app.add_subcommand("evict", "evict unleased chunks (admin)");
   evict->add_flag("--all", all, "every unleased chunk of the namespace");
   evict->add_option("--key", keys, "chunk key(s) as printed by ls");
   CLI11_PARSE(app, argc, argv);
@@ -180,8 +247,13 @@ int main(int argc, char** argv) {
   o.name_space = ns.c_str();
   o.token = token.empty() ? nullptr : token.c_str();
   o.payload_bytes = 1 << 20;
+  o.flags = KDN_CONNECT_READ_ONLY;  // kdnctl never stores: no staging area
   auto c = Client::connect(&o, kdn::ipc::kHelloFlagAdmin);
-  if (!c.ok()) return fail("connect", c.status());
+  if (!c.ok()) {
+    if (c.status().code() == kdn::Code::kNotFound)
+      std::fprintf(stderr, "kdnctl: kdnd has no namespace '%s'\n", ns.c_str());
+    return fail("connect", c.status());
+  }
   if (ping->parsed()) return cmd_ping(**c, count);
   if (stats->parsed()) return cmd_stats(**c, json, prom);
   if (ls->parsed()) return cmd_ls(**c, limit);

@@ -1,5 +1,6 @@
 #include <kdn/sidecar/daemon.h>
 
+#include "access.h"
 #include "metrics.h"
 #include "request_handler.h"
 #include "session.h"
@@ -14,7 +15,6 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <csignal>
 #include <map>
 #include <unordered_map>
@@ -24,21 +24,25 @@ namespace kdn::sidecar {
 namespace {
 
 // epoll tags: the top byte says what the fd is, the rest identifies it.
-enum TagKind : uint64_t { kListen = 1, kSignal = 2, kStop = 3, kHandshake = 4, kSocket = 5, kBell = 6 };
+enum TagKind : uint64_t { kListen = 1, kSignal = 2, kStop = 3, kHandshake = 4, kSocket = 5, kBell = 6, kTierWake = 7 };
 constexpr uint64_t tag(TagKind k, uint64_t id) { return (uint64_t(k) << 56) | (id & ((1ull << 56) - 1)); }
 constexpr TagKind tag_kind(uint64_t t) { return TagKind(t >> 56); }
 constexpr uint64_t tag_id(uint64_t t) { return t & ((1ull << 56) - 1); }
 
-bool valid_namespace_char(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-         c == '_' || c == '-';
-}
+// A request whose input is larger than this is not run while polling the rings: it waits its
+// turn in the runnable queue, so a burst of huge requests costs other sessions one slice, not
+// one slice per request.
+constexpr uint32_t kInlineInputBytes = 4096;
+// Input records of one session's parked requests (and so the memory they may hold).
+constexpr uint64_t kMaxRecordsInFlight = 4ull * ipc::kMaxKeysPerOp;
+constexpr uint64_t kHousekeepingNs = 50'000'000;
 
 }  // namespace
 
 class DaemonImpl {
  public:
-  explicit DaemonImpl(Config c) : cfg_(std::move(c)), handler_(models_, counters_) {}
+  explicit DaemonImpl(Config c)
+      : cfg_(std::move(c)), models_(cfg_.max_models_total), handler_(models_, counters_, cfg_) {}
 
   Status start();
   Status run();
@@ -56,40 +60,63 @@ class DaemonImpl {
     uint64_t deadline_ns;
   };
 
+  // ---- the loop
   bool poll_sessions();
-  void serve_session(Session& s, std::vector<Session*>& dead);
+  bool serve_session(Session& s);
+  bool poll_tiers();
+  bool run_slice();
+  void park(std::unique_ptr<Op> op, Step step);
+  void retire(Session& s, const Op& op);
+  void op_done(Op& op);
+  void deliver(Session& s, const ipc::Cqe& c);
   bool flush_backlog(Session& s);
   Status service_control(int timeout_ms);
   void sleep_until_work();
   int next_timeout_ms() const;
+  void housekeeping(uint64_t now);
+
+  // ---- sessions and namespaces
   void accept_clients();
   void finish_handshake(int fd);
   Status admit(ipc::UniqueFd sock, const ipc::ReceivedHello& hello);
-  Result<Namespace*> namespace_for(const std::string& name, bool populate);
-  void drop_session(Session* s, const char* why);
-  void expire_handshakes();
+  Result<Namespace*> open_namespace(const std::string& name, const NamespaceConfig& policy, bool configured,
+                                    bool populate);
+  void release_namespaces(uint64_t now);
+  void close_session(Session* s, const char* why);
+  void destroy_session(Session* s);
   void write_metrics();
 
   Config cfg_;
-  EvictionKind eviction_ = EvictionKind::kLru;
   ipc::UniqueFd listen_, signal_fd_, stop_fd_;
   ipc::EventPoller poller_;
   std::map<std::string, std::unique_ptr<Namespace>> namespaces_;
+  std::unordered_map<std::string, std::pair<uint32_t, uint32_t>> regions_;  // namespace -> arena region id, generation
+  uint32_t next_region_ = 1;
   std::unordered_map<uint64_t, std::unique_ptr<Session>> sessions_;
-  std::vector<Session*> active_;
+  std::vector<Session*> active_;  // open sessions, polled
+  size_t rr_ = 0;                 // where the next poll pass starts
   std::unordered_map<int, Pending> pending_;
+  std::unordered_map<uint64_t, std::unique_ptr<Op>> ops_;  // parked requests by token
+  std::deque<Op*> runnable_;
+  std::vector<StoreEvent> events_;
   ModelTable models_;
   DaemonCounters counters_;
   RequestHandler handler_;
   uint64_t next_session_id_ = 1;
-  uint64_t last_metrics_ns_ = 0;
+  uint64_t next_token_ = 1;
+  uint64_t last_metrics_ns_ = 0, last_housekeeping_ns_ = 0;
   std::atomic<bool> stop_{false};
 };
 
+// ---- start-up ---------------------------------------------------------------------------------
+
 Status DaemonImpl::start() {
-  KDN_RETURN_IF_ERROR(cfg_.validate());
-  if (!parse_eviction_kind(cfg_.host.eviction, &eviction_))
-    return Status(Code::kInvalidArgument, "unknown eviction policy");
+  std::string error;
+  Status valid = cfg_.validate(&error);
+  if (!valid.ok()) {
+    spdlog::error("{}", error.empty() ? valid.what() : error);
+    return valid;
+  }
   auto poller = ipc::EventPoller::create();
   if (!poller.ok()) return poller.status();
   poller_ = std::move(*poller);
@@ -105,36 +132,95 @@ Status DaemonImpl::start() {
   stop_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!signal_fd_ || !stop_fd_) return Status::from_errno("signalfd/eventfd", errno);
 
-  auto ns = namespace_for("default", cfg_.host.populate);
-  if (!ns.ok()) return ns.status();
   auto l = ipc::uds_listen(cfg_.socket_path);
   if (!l.ok()) return l.status();
   listen_ = std::move(*l);
+  for (const NamespaceConfig& nc : cfg_.namespaces) {
+    auto ns = open_namespace(nc.name, nc, true, cfg_.host.populate);
+    if (!ns.ok()) return ns.status();
+  }
   KDN_RETURN_IF_ERROR(poller_.add(listen_.get(), tag(kListen, 0)));
   KDN_RETURN_IF_ERROR(poller_.add(signal_fd_.get(), tag(kSignal, 0)));
   KDN_RETURN_IF_ERROR(poller_.add(stop_fd_.get(), tag(kStop, 0)));
-  spdlog::info("kdnd listening on {} (host arena {} MiB per namespace, eviction {}, protocol {})",
-               cfg_.socket_path, cfg_.host.bytes >> 20, cfg_.host.eviction, KDN_PROTOCOL_VERSION);
+  spdlog::info("kdnd listening on {} (protocol {}, {} namespace(s), host arena {} MiB each, eviction {})",
+               cfg_.socket_path, KDN_PROTOCOL_VERSION, namespaces_.size(), cfg_.host.bytes >> 20,
+               cfg_.host.eviction);
   return OkStatus();
 }
 
-Result<Namespace*> DaemonImpl::namespace_for(const std::string& name, bool populate) {
-  if (auto it = namespaces_.find(name); it != namespaces_.end()) return it->second.get();
-  if (namespaces_.size() >= cfg_.max_namespaces) return Status(Code::kNoSpace, "too many namespaces");
+Result<Namespace*> DaemonImpl::open_namespace(const std::string& name, const NamespaceConfig& policy,
+                                              bool configured, bool populate) {
+  if (namespaces_.size() >= cfg_.max_namespaces) return Status(Code::kLimit, "max_namespaces namespaces exist");
+  std::string token;
+  std::string error;
+  Status tok = load_namespace_token(policy, cfg_, &token, &error);
+  if (!tok.ok()) {
+    spdlog::error("namespace '{}': {}", name, error);
+    return tok;
+  }
   ipc::SegmentOptions opt;
   opt.populate = populate;
   opt.madvise_huge = cfg_.host.hugepages;
+  opt.seal_writes = true;  // clients map it read-only; only kdnd's mapping writes chunks
+  const uint64_t bytes = policy.max_bytes ? policy.max_bytes : cfg_.host.bytes;
   const std::string seg_name = "kdn-arena-" + name;
   const uint64_t t0 = now_ns();
-  auto seg = ipc::SharedSegment::create(seg_name.c_str(), cfg_.host.bytes, opt);
+  auto seg = ipc::SharedSegment::create(seg_name.c_str(), bytes, opt);
   if (!seg.ok()) return seg.status();
-  auto ns = std::make_unique<Namespace>(name, std::move(*seg), cfg_.host.slab_bytes, eviction_);
-  spdlog::info("namespace '{}': host arena {} MiB{} in {:.0f} ms", name, ns->arena.size() >> 20,
-               populate ? " (pre-faulted)" : "", (now_ns() - t0) / 1e6);
+  HostArenaOptions ho;
+  ho.slab_bytes = cfg_.host.slab_bytes;
+  ho.copy_threads = cfg_.host.copy_threads;
+  auto host = HostArenaTier::create(std::move(*seg), ho);
+  if (!host.ok()) return host.status();
+  EvictionKind ev = EvictionKind::kLru;
+  (void)parse_eviction_kind(cfg_.host.eviction, &ev);
+  std::array<Tier*, kTierCount> tiers{};
+  tiers[tier_index(TierId::kHost)] = host->get();
+  std::array<TierRules, kTierCount> rules{};
+  rules[tier_index(TierId::kHost)] = TierRules{EvictAction::kDrop, ev};
+  auto ns = std::make_unique<Namespace>();
+  ns->name = name;
+  ns->policy = policy;
+  ns->token = token;
+  ns->configured = configured;
+  auto& region = regions_[name];
+  if (region.first == 0) region.first = next_region_++;
+  ++region.second;  // memory under this id is new: references to the old arena are stale
+  ns->region_id = region.first;
+  ns->region_generation = region.second;
+  ns->host = std::move(*host);
+  ns->store = std::make_unique<TieredStore>(TierPolicy(tiers, rules));
+  ns->empty_since_ns = now_ns();
+  KDN_RETURN_IF_ERROR(poller_.add(ns->host->wake_fd(), tag(kTierWake, ns->region_id)));
+  spdlog::info("namespace '{}': host arena {} MiB{} in {:.0f} ms{}", name, ns->host->arena().size() >> 20,
+               populate ? " (pre-faulted)" : "", (now_ns() - t0) / 1e6, configured ? "" : " (created by a client)");
   Namespace* raw = ns.get();
   namespaces_.emplace(name, std::move(ns));
+  counters_.namespaces = namespaces_.size();
   return raw;
 }
+
+// Client-created namespaces without sessions for namespace_grace_s are released with their
+// memory (once no transfer can still touch it).
+void DaemonImpl::release_namespaces(uint64_t now) {
+  const uint64_t grace = uint64_t(cfg_.namespace_grace_s) * 1'000'000'000;
+  for (auto it = namespaces_.begin(); it != namespaces_.end();) {
+    Namespace& ns = *it->second;
+    const bool idle = !ns.configured && ns.sessions == 0 && ns.attached == 0 &&
+                      ns.store->transfers_in_flight() == 0 && now - ns.empty_since_ns >= grace;
+    if (!idle) {
+      ++it;
+      continue;
+    }
+    spdlog::info("namespace '{}' released after {} s without sessions ({} chunks dropped)", ns.name,
+                 cfg_.namespace_grace_s, ns.store->index().size());
+    (void)poller_.remove(ns.host->wake_fd());
+    it = namespaces_.erase(it);
+  }
+  counters_.namespaces = namespaces_.size();
+}
+
+// ---- handshakes -------------------------------------------------------------------------------
 
 void DaemonImpl::accept_clients() {
   for (int i = 0; i < 64; ++i) {
@@ -162,78 +248,155 @@ void DaemonImpl::finish_handshake(int fd) {
   pending_.erase(it);
   (void)poller_.remove(fd);
   // The socket is readable, so the one hello message is already here: no real wait.
-  auto hello = ipc::server_receive_hello(fd, 10);
+  ipc::HelloRefusalInfo why;
+  auto hello = ipc::server_receive_hello(fd, 10, &why);
   if (!hello.ok()) {
     ++counters_.handshakes_refused;
-    spdlog::warn("handshake refused: {}", hello.status().what());
+    if (hello.status().code() == Code::kVersion) {
+      spdlog::warn("client pid {} (uid {}) speaks protocol {}; this kdnd speaks {}: refused", why.peer.pid,
+                   why.peer.uid, why.client_major, KDN_PROTOCOL_VERSION);
+    } else {
+      spdlog::warn("handshake of pid {} refused: {}", why.peer.pid, hello.status().what());
+    }
     (void)ipc::server_send_refusal(fd, hello.status().code());
     return;
   }
   Status st = admit(std::move(sock), *hello);
   if (!st.ok()) {
     ++counters_.handshakes_refused;
-    spdlog::warn("client pid {} refused: {}", hello->peer.pid, st.what());
+    spdlog::warn("client pid {} uid {} refused for namespace '{}': {}", hello->peer.pid, hello->peer.uid,
+                 hello->hello.name_space, st.what());
   }
 }
 
 Status DaemonImpl::admit(ipc::UniqueFd sock, const ipc::ReceivedHello& rh) {
   const ipc::HelloMsg& h = rh.hello;
-  auto refuse = [&](Code c, const char* why) {
-    (void)ipc::server_send_refusal(sock.get(), c);
-    return Status(c, why);
+  auto refuse = [&](Status st) {
+    (void)ipc::server_send_refusal(sock.get(), st.code());
+    return st;
   };
-  const NamespaceConfig* allowed = cfg_.find_namespace("default");
-  if (rh.peer.uid != 0 && (!allowed || std::find(allowed->allow_uids.begin(), allowed->allow_uids.end(),
-                                                 rh.peer.uid) == allowed->allow_uids.end()))
-    return refuse(Code::kPermission, "client uid not in the default namespace's allow_uids");
-  if (!cfg_.token.empty() && !ipc::token_equals(h.token, cfg_.token.c_str()))
-    return refuse(Code::kPermission, "bad token");
-  if (sessions_.size() >= cfg_.max_sessions) return refuse(Code::kBusy, "too many sessions");
-  std::string ns_name(h.name_space);
-  if (ns_name.empty()) ns_name = "default";
-  for (char c : ns_name)
-    if (!valid_namespace_char(c)) return refuse(Code::kInvalidArgument, "bad namespace name");
-  auto ns = namespace_for(ns_name, false);
-  if (!ns.ok()) return refuse(ns.status().code(), ns.status().what());
+  Peer peer{rh.peer.uid, rh.peer.gid, {}};
+  if (auto groups = ipc::peer_groups(sock.get()); groups.ok()) peer.groups = std::move(*groups);
+  const std::string name(h.name_space);
+  Namespace* ns = nullptr;
+  if (auto it = namespaces_.find(name); it != namespaces_.end()) {
+    ns = it->second.get();
+  } else {
+    if (!(h.flags & ipc::kHelloFlagCreateNamespace)) return refuse(Status(Code::kNotFound, "no such namespace"));
+    Status may = may_create_namespace(cfg_, peer);
+    if (!may.ok()) return refuse(may);
+    auto created = open_namespace(name, client_namespace_policy(cfg_, name, peer), false, false);
+    if (!created.ok()) return refuse(created.status());
+    ns = *created;
+  }
+  if (Status may = may_open(*ns, peer, h.token); !may.ok()) return refuse(may);
+  uint32_t of_uid = 0;
+  for (Session* s : active_) of_uid += s->uid == rh.peer.uid;
+  if (active_.size() >= cfg_.max_sessions) return refuse(Status(Code::kLimit, "max_sessions sessions are open"));
+  if (of_uid >= cfg_.max_sessions_per_uid) return refuse(Status(Code::kLimit, "max_sessions_per_uid sessions of this uid"));
+  if (ns->policy.max_sessions && ns->sessions >= ns->policy.max_sessions)
+    return refuse(Status(Code::kLimit, "the namespace's max_sessions are open"));
+  if (h.staging_bytes > cfg_.max_staging_bytes) return refuse(Status(Code::kLimit, "staging_bytes above max_staging_bytes"));
   auto layout = ipc::SessionLayout::compute(h.ring_entries, h.payload_bytes);
-  if (!layout.ok()) return refuse(layout.status().code(), layout.status().what());
-  const uint64_t id = next_session_id_++;
-  auto shm = ipc::DaemonSession::create(*layout, id);
-  if (!shm.ok()) return refuse(shm.status().code(), shm.status().what());
-  const uint32_t granted = h.flags & ipc::kHelloFlagAdmin;
-  ipc::WelcomeMsg w = ipc::make_welcome(h, *layout, id, (*ns)->arena.size(), granted);
-  KDN_RETURN_IF_ERROR(ipc::server_send_welcome(sock.get(), w, shm->segment().fd(), (*ns)->arena.fd(),
-                                               shm->doorbell().fd()));
+  if (!layout.ok()) return refuse(layout.status());
+
   auto s = std::make_unique<Session>();
-  s->id = id;
-  s->sock = std::move(sock);
+  s->id = next_session_id_++;
+  auto shm = ipc::DaemonSession::create(*layout, s->id);
+  if (!shm.ok()) return refuse(shm.status());
   s->shm = std::move(*shm);
-  s->ns = *ns;
-  s->admin = granted != 0;
+  if (h.staging_bytes > 0) {
+    auto staging = StagingArea::create(h.staging_bytes);
+    if (!staging.ok()) return refuse(staging.status());
+    s->staging = std::move(*staging);
+    s->staging_region = next_region_++;
+  }
+  std::vector<ipc::RegionRecord> regions;
+  std::vector<int> region_fds;
+  regions.push_back({ns->region_id, ns->region_generation, uint32_t(ipc::RegionKind::kHostArena),
+                     uint32_t(ipc::RegionAccess::kRead), ns->host->arena().size(), 0});
+  region_fds.push_back(ns->host->arena().fd());
+  if (s->staging.valid()) {
+    regions.push_back({s->staging_region, 1, uint32_t(ipc::RegionKind::kStaging),
+                       uint32_t(ipc::RegionAccess::kReadWrite), s->staging.capacity(), 0});
+    region_fds.push_back(s->staging.fd());
+  }
+  const bool admin = (h.flags & ipc::kHelloFlagAdmin) && is_admin(cfg_, *ns, peer);
+  const uint32_t granted = (admin ? ipc::kHelloFlagAdmin : 0u) | (h.flags & ipc::kHelloFlagCreateNamespace);
+  ipc::WelcomeMsg w = ipc::make_welcome(h, *layout, s->id, granted, regions, handler_.limits());
+  KDN_RETURN_IF_ERROR(ipc::server_send_welcome(sock.get(), w, s->shm.segment().fd(), s->shm.doorbell().fd(), region_fds));
+  s->sock = std::move(sock);
+  s->ns = ns;
+  s->admin = admin;
   s->pid = rh.peer.pid;
   s->uid = rh.peer.uid;
-  KDN_RETURN_IF_ERROR(poller_.add(s->sock.get(), tag(kSocket, id)));
-  KDN_RETURN_IF_ERROR(poller_.add(s->shm.doorbell().fd(), tag(kBell, id)));
-  ++(*ns)->sessions;
+  s->gid = rh.peer.gid;
+  KDN_RETURN_IF_ERROR(poller_.add(s->sock.get(), tag(kSocket, s->id)));
+  KDN_RETURN_IF_ERROR(poller_.add(s->shm.doorbell().fd(), tag(kBell, s->id)));
+  ++ns->sessions;
+  ++ns->attached;
+  ns->staging_bytes += s->staging.capacity();
   ++counters_.sessions_total;
-  counters_.sessions_active = sessions_.size() + 1;
-  spdlog::info("session {} opened: pid {} uid {} namespace '{}'{}", id, s->pid, s->uid, ns_name,
-               s->admin ? " (admin)" : "");
+  counters_.sessions_active = active_.size() + 1;
+  spdlog::info("session {} opened: pid {} uid {} namespace '{}', staging {} MiB{}", s->id, s->pid, s->uid, name,
+               s->staging.capacity() >> 20, s->admin ? " (admin)" : "");
   active_.push_back(s.get());
-  sessions_.emplace(id, std::move(s));
+  sessions_.emplace(s->id, std::move(s));
   return OkStatus();
 }
 
-void DaemonImpl::drop_session(Session* s, const char* why) {
-  spdlog::info("session {} closed ({}): released {} leases, aborted {} reservations", s->id, why,
-               s->leases.size(), s->reservations.size());
-  s->drop_holdings();
+// ---- sessions ending ----------------------------------------------------------------------------
+
+void DaemonImpl::close_session(Session* s, const char* why) {
+  if (s->closed) return;
+  spdlog::info("session {} closed ({}): released {} leases, aborted {} reservations", s->id, why, s->leases.size(),
+               s->reservations.size());
+  handler_.drop_holdings(*s);
+  s->closed = true;
   (void)poller_.remove(s->sock.get());
   (void)poller_.remove(s->shm.doorbell().fd());
-  --s->ns->sessions;
+  s->sock.reset();
   std::erase(active_, s);
-  sessions_.erase(s->id);
-  counters_.sessions_active = sessions_.size();
+  --s->ns->sessions;
+  if (s->ns->sessions == 0) s->ns->empty_since_ns = now_ns();
+  counters_.sessions_active = active_.size();
+  // Requests that wait for nothing end now; those whose copies still read the staging area
+  // keep the session until they land (op_done then destroys it).
+  std::erase_if(runnable_, [&](Op* op) { return op->session == s && op->waiting == 0 && op->sqe.opcode != uint8_t(ipc::Opcode::kCommit); });
+  for (auto it = ops_.begin(); it != ops_.end();) {
+    Op& op = *it->second;
+    const bool queued = std::find(runnable_.begin(), runnable_.end(), &op) != runnable_.end();
+    if (op.session == s && op.waiting == 0 && !queued) {
+      --s->ops_in_flight;
+      it = ops_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (s->ops_in_flight == 0) destroy_session(s);
+}
+
+void DaemonImpl::destroy_session(Session* s) {
+  Namespace* ns = s->ns;
+  --ns->attached;
+  ns->staging_bytes -= s->staging.capacity();
+  sessions_.erase(s->id);  // unmaps its session segment and staging area
+}
+
+// ---- requests -----------------------------------------------------------------------------------
+
+void DaemonImpl::deliver(Session& s, const ipc::Cqe& c) {
+  if (s.closed) return;
+  if (s.backlog.empty()) {
+    auto n = s.shm.complete(std::span<const ipc::Cqe>(&c, 1));
+    if (!n.ok()) {
+      ++counters_.protocol_errors;
+      close_session(&s, "completion ring corrupted by the client");
+      return;
+    }
+    if (*n == 1) return;
+  }
+  s.backlog.push_back(c);  // the client is not reaping: it gets it later, never lost
 }
 
 bool DaemonImpl::flush_backlog(Session& s) {
@@ -246,56 +409,149 @@ bool DaemonImpl::flush_backlog(Session& s) {
   return true;
 }
 
-void DaemonImpl::serve_session(Session& s, std::vector<Session*>& dead) {
-  if (!s.backlog.empty() && !flush_backlog(s)) return;  // client is not reaping: back-pressure
-  ipc::Sqe sqes[32];
-  auto n = s.shm.poll(sqes);
-  if (!n.ok()) {
-    ++counters_.protocol_errors;
-    dead.push_back(&s);
-    return;
+void DaemonImpl::park(std::unique_ptr<Op> op, Step step) {
+  Op* raw = op.get();
+  if (step == Step::kMore || (step == Step::kWait && raw->waiting == 0 && !raw->wants_room)) runnable_.push_back(raw);
+  ops_.emplace(raw->token, std::move(op));
+}
+
+// A request ended: its completion goes out and it stops counting against its session.
+void DaemonImpl::retire(Session& s, const Op& op) {
+  deliver(s, op.cqe);
+  --s.ops_in_flight;
+  s.records_in_flight -= std::min<uint64_t>(s.records_in_flight, op.sqe.in_len / sizeof(uint64_t));
+}
+
+void DaemonImpl::op_done(Op& op) {
+  Session* s = op.session;
+  retire(*s, op);
+  ops_.erase(op.token);  // destroys op
+  if (s->closed && s->ops_in_flight == 0) destroy_session(s);
+}
+
+// Pops and starts this session's new requests; false if there were none.
+bool DaemonImpl::serve_session(Session& s) {
+  if (!s.backlog.empty() && !flush_backlog(s)) return false;  // not reaping: back-pressure
+  bool any = false;
+  while (s.ops_in_flight < cfg_.max_in_flight && s.records_in_flight < kMaxRecordsInFlight) {
+    ipc::Sqe sqe;
+    auto n = s.shm.poll(std::span(&sqe, 1));
+    if (!n.ok()) {
+      ++counters_.protocol_errors;
+      close_session(&s, "submission ring corrupted by the client");
+      return true;
+    }
+    if (*n == 0) break;
+    any = true;
+    ++s.requests;
+    ++counters_.requests;
+    ++s.ops_in_flight;
+    s.records_in_flight += sqe.in_len / sizeof(uint64_t);
+    // Most requests finish in their first step: they live on the stack and cost no allocation.
+    Op local;
+    local.token = next_token_++;
+    local.session = &s;
+    local.sqe = sqe;
+    if (sqe.in_len > kInlineInputBytes) {  // large: its turn comes in the runnable queue
+      park(std::make_unique<Op>(std::move(local)), Step::kMore);
+      continue;
+    }
+    const Step step = handler_.step(local, now_ns() + uint64_t(cfg_.slice_us) * 1000);
+    if (step != Step::kDone) {
+      park(std::make_unique<Op>(std::move(local)), step);
+      continue;
+    }
+    retire(s, local);
+    if (s.closed) return true;
   }
-  if (*n == 0) return;
-  ipc::Cqe cqes[32];
-  for (uint32_t i = 0; i < *n; ++i) cqes[i] = handler_.handle(s, sqes[i]);
-  auto done = s.shm.complete(std::span<const ipc::Cqe>(cqes, *n));
-  if (!done.ok()) {
-    ++counters_.protocol_errors;
-    dead.push_back(&s);
-    return;
-  }
-  for (uint32_t i = *done; i < *n; ++i) s.backlog.push_back(cqes[i]);
+  return any;
 }
 
 bool DaemonImpl::poll_sessions() {
-  std::vector<Session*> dead;
-  uint64_t before = counters_.requests;
-  for (Session* s : active_) serve_session(*s, dead);
-  for (Session* s : dead) drop_session(s, "ring corrupted by the client");
-  return counters_.requests != before;
+  bool any = false;
+  const size_t n = active_.size();
+  for (size_t i = 0; i < n && i < active_.size(); ++i) {
+    Session* s = active_[(rr_ + i) % active_.size()];
+    any |= serve_session(*s);
+  }
+  if (!active_.empty()) rr_ = (rr_ + 1) % active_.size();
+  return any;
 }
+
+// One slice of the oldest runnable request.
+bool DaemonImpl::run_slice() {
+  if (runnable_.empty()) return false;
+  Op* op = runnable_.front();
+  runnable_.pop_front();
+  // A closed session's requests only finish what they started: a COMMIT settles the chunks
+  // its copies published; anything else would take holdings nobody releases.
+  if (op->session->closed && op->sqe.opcode != uint8_t(ipc::Opcode::kCommit)) {
+    if (op->waiting == 0) op_done(*op);
+    return true;
+  }
+  const Step step = handler_.step(*op, now_ns() + uint64_t(cfg_.slice_us) * 1000);
+  if (step == Step::kDone) op_done(*op);
+  else if (step == Step::kMore) runnable_.push_back(op);
+  else if (op->waiting == 0 && !op->wants_room) runnable_.push_back(op);
+  return true;
+}
+
+// Applies every tier's completions and wakes the requests that waited for them.
+bool DaemonImpl::poll_tiers() {
+  bool any = false;
+  for (auto& [name, ns] : namespaces_) {
+    if (ns->store->transfers_in_flight() == 0) continue;
+    events_.clear();
+    bool room = false;
+    if (ns->store->poll(events_, &room) == 0) continue;
+    any = true;
+    for (const StoreEvent& ev : events_) {
+      auto it = ops_.find(ev.waiter);
+      if (it == ops_.end()) continue;  // the request ended meanwhile
+      Op& op = *it->second;
+      if (op.waiting == 0) continue;
+      handler_.on_event(op, ev);
+      if (op.waiting == 0) runnable_.push_back(&op);
+    }
+    if (room) {
+      for (auto& [token, op] : ops_) {
+        if (op->wants_room && op->session->ns == ns.get()) {
+          op->wants_room = false;
+          runnable_.push_back(op.get());
+        }
+      }
+    }
+  }
+  return any;
+}
+
+void DaemonImpl::housekeeping(uint64_t now) {
+  last_housekeeping_ns_ = now;
+  for (Session* s : active_) {
+    if (!s->reservations.empty()) handler_.expire_reservations(*s, now);
+  }
+  for (auto& [token, op] : ops_) {
+    if (op->wants_room && now >= op->room_deadline_ns) {
+      op->wants_room = false;
+      runnable_.push_back(op.get());
+    }
+  }
+  release_namespaces(now);
+}
+
+// ---- the loop -----------------------------------------------------------------------------------
 
 int DaemonImpl::next_timeout_ms() const {
   int t = -1;
-  if (!cfg_.metrics_file.empty()) t = 1000;
+  auto at_most = [&](int ms) { t = t < 0 ? ms : std::min(t, ms); };
+  if (!cfg_.metrics_file.empty()) at_most(1000);
+  bool timed = !ops_.empty();
+  for (auto& [name, ns] : namespaces_) timed |= !ns->configured && ns->sessions == 0;
+  for (const Session* s : active_) timed |= !s->reservations.empty();
+  if (timed) at_most(int(kHousekeepingNs / 1000000));
   const uint64_t now = now_ns();
-  for (auto& [fd, p] : pending_) {
-    const int ms = p.deadline_ns > now ? int((p.deadline_ns - now) / 1000000) + 1 : 0;
-    if (t < 0 || ms < t) t = ms;
-  }
+  for (auto& [fd, p] : pending_) at_most(p.deadline_ns > now ? int((p.deadline_ns - now) / 1000000) + 1 : 0);
   return t;
-}
-
-void DaemonImpl::expire_handshakes() {
-  const uint64_t now = now_ns();
-  std::vector<int> late;
-  for (auto& [fd, p] : pending_)
-    if (p.deadline_ns <= now) late.push_back(fd);
-  for (int fd : late) {
-    (void)poller_.remove(fd);
-    pending_.erase(fd);  // closes the socket: a client that never says hello is cut off
-    ++counters_.handshakes_refused;
-  }
 }
 
 Status DaemonImpl::service_control(int timeout_ms) {
@@ -318,25 +574,38 @@ Status DaemonImpl::service_control(int timeout_ms) {
       case kStop: stop_.store(true, std::memory_order_relaxed); break;
       case kSocket: {
         auto it = sessions_.find(id);
-        if (it != sessions_.end()) drop_session(it->second.get(), "client hung up");
+        if (it != sessions_.end()) close_session(it->second.get(), "client hung up");
         break;
       }
       case kBell: {
         auto it = sessions_.find(id);
-        if (it != sessions_.end()) (void)it->second->shm.doorbell().drain();
+        if (it != sessions_.end() && !it->second->closed) (void)it->second->shm.doorbell().drain();
         break;
       }
+      case kTierWake: break;  // poll_tiers() reaps on the next turn
     }
   }
-  if (!pending_.empty()) expire_handshakes();
-  if (!cfg_.metrics_file.empty() && now_ns() - last_metrics_ns_ >= 1000000000ull) write_metrics();
+  if (!pending_.empty()) {
+    const uint64_t now = now_ns();
+    std::vector<int> late;
+    for (auto& [fd, p] : pending_)
+      if (p.deadline_ns <= now) late.push_back(fd);
+    for (int fd : late) {
+      (void)poller_.remove(fd);
+      pending_.erase(fd);  // closes the socket: a client that never says hello is cut off
+      ++counters_.handshakes_refused;
+    }
+  }
+  const uint64_t now = now_ns();
+  if (now - last_housekeeping_ns_ >= kHousekeepingNs) housekeeping(now);
+  if (!cfg_.metrics_file.empty() && now - last_metrics_ns_ >= 1000000000ull) write_metrics();
   return OkStatus();
 }
 
 void DaemonImpl::sleep_until_work() {
   for (Session* s : active_) s->shm.set_sleeping(true);
   ipc::sleep_fence();  // SYNC POINT: need_wakeup stores before the ring re-check below
-  bool work = false;
+  bool work = !runnable_.empty();
   for (Session* s : active_) {
     auto p = s->shm.pending();
     work |= !p.ok() || *p > 0;
@@ -353,7 +622,10 @@ Status DaemonImpl::run() {
   uint64_t last_busy = now_ns();
   uint32_t iter = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
-    if (poll_sessions()) {
+    bool busy = poll_tiers();
+    busy |= poll_sessions();
+    busy |= run_slice();
+    if (busy) {
       last_busy = now_ns();
       if (++iter % 256 == 0) KDN_RETURN_IF_ERROR(service_control(0));
       continue;
@@ -366,8 +638,13 @@ Status DaemonImpl::run() {
     sleep_until_work();
     last_busy = now_ns();
   }
-  spdlog::info("closing {} sessions", sessions_.size());
-  while (!active_.empty()) drop_session(active_.back(), "daemon shutting down");
+  spdlog::info("closing {} sessions", active_.size());
+  while (!active_.empty()) close_session(active_.back(), "daemon shutting down");
+  // Copies still in flight read staging areas: let them land before anything is unmapped.
+  while (!ops_.empty()) {
+    (void)poll_tiers();
+    (void)run_slice();
+  }
   listen_.reset();
   ::unlink(cfg_.socket_path.c_str());
   return OkStatus();
@@ -376,7 +653,7 @@ Status DaemonImpl::run() {
 void DaemonImpl::write_metrics() {
   last_metrics_ns_ = now_ns();
   std::vector<NamespaceMetrics> ns;
-  for (auto& [name, n] : namespaces_) ns.push_back({name, &n->store, n->sessions});
+  for (auto& [name, n] : namespaces_) ns.push_back({name, n.get()});
   Status st = write_prometheus_file(cfg_.metrics_file, counters_, ns);
   if (!st.ok()) spdlog::warn("metrics: {}", st.what());
 }

@@ -2,27 +2,29 @@
 
 namespace kdn::sidecar {
 
-void EntryList::push_front(ChunkEntry* e, uint8_t id) {
-  e->q_id = id;
-  e->q_prev = nullptr;
-  e->q_next = head_;
-  if (head_) head_->q_prev = e; else tail_ = e;
+void EntryList::push_front(Entry* e, uint8_t queue) {
+  QueueLinks& l = links(e);
+  l.queue = queue;
+  l.prev = nullptr;
+  l.next = head_;
+  if (head_) links(head_).prev = e; else tail_ = e;
   head_ = e;
   ++size_;
 }
 
-void EntryList::remove(ChunkEntry* e) {
-  if (e->q_prev) e->q_prev->q_next = e->q_next; else head_ = e->q_next;
-  if (e->q_next) e->q_next->q_prev = e->q_prev; else tail_ = e->q_prev;
-  e->q_prev = e->q_next = nullptr;
-  e->q_id = 0;
+void EntryList::remove(Entry* e) {
+  QueueLinks& l = links(e);
+  if (l.prev) links(l.prev).next = l.next; else head_ = l.next;
+  if (l.next) links(l.next).prev = l.prev; else tail_ = l.prev;
+  l.prev = l.next = nullptr;
+  l.queue = 0;
   --size_;
 }
 
-ChunkEntry* EvictionPolicy::victim_any() {
-  ChunkEntry* best = nullptr;
+Entry* EvictionPolicy::victim_any() {
+  Entry* best = nullptr;
   for (uint16_t c = 0; c < class_count(); ++c) {
-    ChunkEntry* v = victim(c);
+    Entry* v = victim(c);
     if (v && (!best || v->last_access_ns < best->last_access_ns)) best = v;
   }
   return best;
@@ -33,23 +35,24 @@ namespace {
 // Classic LRU per size class.
 class LruPolicy final : public EvictionPolicy {
  public:
-  void on_insert(ChunkEntry* e) override { list(e->size_class).push_front(e, 1); }
-  void on_access(ChunkEntry* e) override {
-    if (e->q_id == 0) return;
-    EntryList& l = list(e->size_class);
+  using EvictionPolicy::EvictionPolicy;
+  void on_insert(Entry* e) override { list(cls_of(e)).push_front(e, 1); }
+  void on_access(Entry* e) override {
+    if (e->links[t()].queue == 0) return;
+    EntryList& l = list(cls_of(e));
     l.remove(e);
     l.push_front(e, 1);
   }
-  void on_remove(ChunkEntry* e) override {
-    if (e->q_id) list(e->size_class).remove(e);
+  void on_remove(Entry* e) override {
+    if (e->links[t()].queue) list(cls_of(e)).remove(e);
   }
-  ChunkEntry* victim(uint16_t cls) override {
+  Entry* victim(uint16_t cls) override {
     if (cls >= lists_.size()) return nullptr;
     EntryList& l = lists_[cls];
     // Leased entries at the tail are in use: requeue them as recent (bounded by size()).
     for (uint64_t n = l.size(); n > 0; --n) {
-      ChunkEntry* e = l.back();
-      if (e->evictable()) return e;
+      Entry* e = l.back();
+      if (evictable(e)) return e;
       l.remove(e);
       l.push_front(e, 1);
     }
@@ -61,7 +64,7 @@ class LruPolicy final : public EvictionPolicy {
 
  private:
   EntryList& list(uint16_t cls) {
-    if (cls >= lists_.size()) lists_.resize(cls + 1u);
+    while (cls >= lists_.size()) lists_.emplace_back(t());
     return lists_[cls];
   }
   std::vector<EntryList> lists_;
@@ -72,22 +75,23 @@ class LruPolicy final : public EvictionPolicy {
 // of recently evicted keys that sends returning keys straight to main.
 class S3FifoPolicy final : public EvictionPolicy {
  public:
-  void on_insert(ChunkEntry* e) override {
-    Queues& q = queues(e->size_class);
-    e->freq = 0;
+  using EvictionPolicy::EvictionPolicy;
+  void on_insert(Entry* e) override {
+    Queues& q = queues(cls_of(e));
+    e->links[t()].freq = 0;
     const uint64_t h = e->key.lo;
     if (q.ghost.erase(h)) q.main.push_front(e, kMain);
     else q.small.push_front(e, kSmall);
   }
-  void on_access(ChunkEntry* e) override {
-    if (e->freq < 3) ++e->freq;
+  void on_access(Entry* e) override {
+    if (e->links[t()].freq < 3) ++e->links[t()].freq;
   }
-  void on_remove(ChunkEntry* e) override {
-    Queues& q = queues(e->size_class);
-    if (e->q_id == kSmall) q.small.remove(e);
-    else if (e->q_id == kMain) q.main.remove(e);
+  void on_remove(Entry* e) override {
+    Queues& q = queues(cls_of(e));
+    if (e->links[t()].queue == kSmall) q.small.remove(e);
+    else if (e->links[t()].queue == kMain) q.main.remove(e);
   }
-  ChunkEntry* victim(uint16_t cls) override {
+  Entry* victim(uint16_t cls) override {
     if (cls >= queues_.size()) return nullptr;
     Queues& q = queues_[cls];
     // Each pass moves or returns one entry; 4x the population bounds the freq decrements.
@@ -95,15 +99,16 @@ class S3FifoPolicy final : public EvictionPolicy {
       const uint64_t total = q.small.size() + q.main.size();
       const bool from_small = q.small.size() > 0 && (q.small.size() * 10 >= total || q.main.size() == 0);
       EntryList& l = from_small ? q.small : q.main;
-      ChunkEntry* e = l.back();
+      Entry* e = l.back();
       if (!e) return nullptr;
-      if (!e->evictable() || e->freq > 0) {  // accessed since it was queued: keep it
+      uint8_t& freq = e->links[t()].freq;
+      if (!evictable(e) || freq > 0) {  // accessed since it was queued: keep it
         l.remove(e);
-        if (from_small && e->evictable()) {
-          e->freq = 0;
+        if (from_small && evictable(e)) {
+          freq = 0;
           q.main.push_front(e, kMain);
         } else {
-          if (e->freq > 0) --e->freq;
+          if (freq > 0) --freq;
           l.push_front(e, from_small ? kSmall : kMain);
         }
         continue;
@@ -120,6 +125,7 @@ class S3FifoPolicy final : public EvictionPolicy {
  private:
   static constexpr uint8_t kSmall = 1, kMain = 2;
   struct Queues {
+    explicit Queues(uint32_t tier) : small(tier), main(tier) {}
     EntryList small, main;
     std::unordered_set<uint64_t> ghost;
     std::deque<uint64_t> ghost_order;
@@ -134,7 +140,7 @@ class S3FifoPolicy final : public EvictionPolicy {
     }
   }
   Queues& queues(uint16_t cls) {
-    if (cls >= queues_.size()) queues_.resize(cls + 1u);
+    while (cls >= queues_.size()) queues_.emplace_back(t());
     return queues_[cls];
   }
   std::vector<Queues> queues_;
@@ -148,9 +154,9 @@ bool parse_eviction_kind(std::string_view s, EvictionKind* out) {
   return false;
 }
 
-std::unique_ptr<EvictionPolicy> make_eviction_policy(EvictionKind kind) {
-  if (kind == EvictionKind::kS3Fifo) return std::make_unique<S3FifoPolicy>();
-  return std::make_unique<LruPolicy>();
+std::unique_ptr<EvictionPolicy> make_eviction_policy(EvictionKind kind, TierId tier) {
+  if (kind == EvictionKind::kS3Fifo) return std::make_unique<S3FifoPolicy>(tier);
+  return std::make_unique<LruPolicy>(tier);
 }
 
 }  // namespace kdn::sidecar

@@ -1,12 +1,14 @@
-// Eviction policies: which committed, unleased chunk to drop when a slot is needed.
+// Eviction policies: which copy in one tier to drop (or demote) when that tier needs room.
 //
-// Policies keep their own intrusive queues (ChunkEntry::q_*), one set per size class, since
-// freeing a slot only helps allocations of the same class. They never evict a leased or
-// reserved chunk: such entries are skipped (and re-queued as recently used, which keeps later
-// scans short). Not thread-safe: owned by the daemon's event loop.
+// Each tier has its own policy instance. A policy keeps intrusive queues through
+// Entry::links[tier], one set per size class of that tier (Placement::slot_class), since
+// freeing a slot only helps allocations of the same class. It never picks a copy that is not
+// evictable_from(tier) (leased host copies, copies under a transfer, reservations): such
+// entries are skipped and re-queued as recently used, which keeps later scans short.
+// Not thread-safe: owned by the daemon's event loop.
 #pragma once
 
-#include "chunk_entry.h"
+#include "chunk_index.h"
 
 #include <cstdint>
 #include <deque>
@@ -18,36 +20,49 @@
 namespace kdn::sidecar {
 
 // A doubly-linked intrusive FIFO/LRU list: push_front = newest, back = oldest.
+// A doubly-linked intrusive list through one tier's links: push_front = newest, back = oldest.
 class EntryList {
  public:
-  void push_front(ChunkEntry* e, uint8_t id);
-  void remove(ChunkEntry* e);
-  ChunkEntry* back() const { return tail_; }
+  explicit EntryList(uint32_t tier = 0) : tier_(tier) {}
+  void push_front(Entry* e, uint8_t queue);
+  void remove(Entry* e);
+  Entry* back() const { return tail_; }
   uint64_t size() const { return size_; }
 
  private:
-  ChunkEntry* head_ = nullptr;
-  ChunkEntry* tail_ = nullptr;
+  QueueLinks& links(Entry* e) const { return e->links[tier_]; }
+  uint32_t tier_;
+  Entry* head_ = nullptr;
+  Entry* tail_ = nullptr;
   uint64_t size_ = 0;
 };
 
 class EvictionPolicy {
  public:
+  explicit EvictionPolicy(TierId tier) : tier_(tier) {}
   virtual ~EvictionPolicy() = default;
-  virtual void on_insert(ChunkEntry* e) = 0;   // newly committed
-  virtual void on_access(ChunkEntry* e) = 0;   // leased or looked up
-  virtual void on_remove(ChunkEntry* e) = 0;   // leaving the index for any reason
-  // An evictable entry of class `cls`, or null if none. Does not remove it.
-  virtual ChunkEntry* victim(uint16_t cls) = 0;
-  // An evictable entry of any class, preferring the least recently used class tail.
-  ChunkEntry* victim_any();
+  virtual void on_insert(Entry* e) = 0;   // a copy arrived in this tier
+  virtual void on_access(Entry* e) = 0;   // leased or looked up
+  virtual void on_remove(Entry* e) = 0;   // the copy leaves this tier, for any reason
+  // An entry whose copy of class `cls` may leave this tier, or null if none. Does not
+  // remove it.
+  virtual Entry* victim(uint16_t cls) = 0;
+  // The same for any class, preferring the least recently used class tail.
+  Entry* victim_any();
+  TierId tier() const { return tier_; }
 
  protected:
   virtual uint16_t class_count() const = 0;
+  uint32_t t() const { return tier_index(tier_); }
+  uint16_t cls_of(const Entry* e) const { return e->placement[t()].slot_class; }
+  bool evictable(const Entry* e) const { return e->evictable_from(tier_); }
+
+ private:
+  TierId tier_;
 };
 
 enum class EvictionKind { kLru, kS3Fifo };
 bool parse_eviction_kind(std::string_view s, EvictionKind* out);
-std::unique_ptr<EvictionPolicy> make_eviction_policy(EvictionKind kind);
+std::unique_ptr<EvictionPolicy> make_eviction_policy(EvictionKind kind, TierId tier);
 
 }  // namespace kdn::sidecar

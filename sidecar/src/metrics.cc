@@ -20,23 +20,48 @@ std::string prometheus_text(const DaemonCounters& d, const std::vector<Namespace
   o << "kdn_protocol_errors_total " << d.protocol_errors << '\n';
   metric("kdn_handshakes_refused_total", "counter", "Connections refused at the handshake.");
   o << "kdn_handshakes_refused_total " << d.handshakes_refused << '\n';
-  struct Col { const char* name; const char* type; const char* help; uint64_t (*get)(const NamespaceMetrics&); };
+  metric("kdn_limit_errors_total", "counter", "Requests and handshakes refused by a configured limit.");
+  o << "kdn_limit_errors_total " << d.limit_errors << '\n';
+  metric("kdn_namespaces", "gauge", "Namespaces with an arena.");
+  o << "kdn_namespaces " << d.namespaces << '\n';
+  using Get = uint64_t (*)(const Namespace&);
+  struct Col { const char* name; const char* type; const char* help; Get get; };
   static const Col cols[] = {
-      {"kdn_resident_chunks", "gauge", "Committed chunks in the host tier.", [](const NamespaceMetrics& n) { return n.store->resident_chunks(); }},
-      {"kdn_resident_bytes", "gauge", "Bytes of committed chunks in the host tier.", [](const NamespaceMetrics& n) { return n.store->resident_bytes(); }},
-      {"kdn_capacity_bytes", "gauge", "Host tier capacity.", [](const NamespaceMetrics& n) { return n.store->capacity_bytes(); }},
-      {"kdn_lookups_total", "counter", "Lookups.", [](const NamespaceMetrics& n) { return n.store->counters().lookups; }},
-      {"kdn_lookup_hit_chunks_total", "counter", "Chunks found by lookups.", [](const NamespaceMetrics& n) { return n.store->counters().lookup_hit_chunks; }},
-      {"kdn_lookup_miss_chunks_total", "counter", "Chunks missed by lookups.", [](const NamespaceMetrics& n) { return n.store->counters().lookup_miss_chunks; }},
-      {"kdn_stored_bytes_total", "counter", "Bytes committed.", [](const NamespaceMetrics& n) { return n.store->counters().stored_bytes; }},
-      {"kdn_retrieved_bytes_total", "counter", "Bytes leased to readers.", [](const NamespaceMetrics& n) { return n.store->counters().retrieved_bytes; }},
-      {"kdn_evicted_chunks_total", "counter", "Chunks evicted.", [](const NamespaceMetrics& n) { return n.store->counters().evicted_chunks; }},
-      {"kdn_active_leases", "gauge", "Leases held.", [](const NamespaceMetrics& n) { return n.store->counters().active_leases; }},
-      {"kdn_open_reservations", "gauge", "Reservations not yet committed.", [](const NamespaceMetrics& n) { return n.store->counters().open_reservations; }},
+      {"kdn_namespace_sessions", "gauge", "Open sessions of the namespace.", [](const Namespace& n) -> uint64_t { return n.sessions; }},
+      {"kdn_lookups_total", "counter", "Lookups.", [](const Namespace& n) { return n.store->counters().lookups; }},
+      {"kdn_lookup_hit_chunks_total", "counter", "Chunks found by lookups.", [](const Namespace& n) { return n.store->counters().lookup_hit_chunks; }},
+      {"kdn_lookup_miss_chunks_total", "counter", "Chunks missed by lookups.", [](const Namespace& n) { return n.store->counters().lookup_miss_chunks; }},
+      {"kdn_stored_bytes_total", "counter", "Bytes committed.", [](const Namespace& n) { return n.store->counters().stored_bytes; }},
+      {"kdn_retrieved_bytes_total", "counter", "Bytes leased to readers.", [](const Namespace& n) { return n.store->counters().retrieved_bytes; }},
+      {"kdn_evicted_chunks_total", "counter", "Copies evicted from a tier to make room.", [](const Namespace& n) { return n.store->counters().evicted_chunks; }},
+      {"kdn_dropped_chunks_total", "counter", "Chunks that left the namespace.", [](const Namespace& n) { return n.store->counters().dropped_chunks; }},
+      {"kdn_corrupt_chunks_total", "counter", "Copies found damaged and dropped, never served.", [](const Namespace& n) { return n.store->counters().corrupt_chunks; }},
+      {"kdn_active_leases", "gauge", "Leases held.", [](const Namespace& n) { return n.store->active_leases(); }},
+      {"kdn_open_reservations", "gauge", "Reservations not yet committed.", [](const Namespace& n) { return n.store->open_reservations(); }},
+      {"kdn_expired_reservations_total", "counter", "Reservations aborted by the reservation timeout.", [](const Namespace& n) { return n.counters.expired_reservations; }},
+      {"kdn_staging_bytes", "gauge", "Staging areas of the namespace's sessions.", [](const Namespace& n) { return n.staging_bytes; }},
   };
   for (const Col& c : cols) {
     metric(c.name, c.type, c.help);
-    for (const NamespaceMetrics& n : ns) o << c.name << "{namespace=\"" << n.name << "\",tier=\"host\"} " << c.get(n) << '\n';
+    for (const NamespaceMetrics& n : ns) o << c.name << "{namespace=\"" << n.name << "\"} " << c.get(*n.ns) << '\n';
+  }
+  struct TierCol { const char* name; const char* help; bool capacity; bool bytes; };
+  static const TierCol tier_cols[] = {
+      {"kdn_resident_chunks", "Chunks with a copy in the tier.", false, false},
+      {"kdn_resident_bytes", "Bytes of the copies in the tier.", false, true},
+      {"kdn_capacity_bytes", "Capacity of the tier.", true, true},
+  };
+  for (const TierCol& c : tier_cols) {
+    metric(c.name, "gauge", c.help);
+    for (const NamespaceMetrics& n : ns) {
+      for (uint32_t t = 0; t < kTierCount; ++t) {
+        const Tier* tier = n.ns->store->policy().tier(TierId(t));
+        if (tier == nullptr) continue;
+        const StoreCounters& k = n.ns->store->counters();
+        const uint64_t v = c.capacity ? tier->capacity_bytes() : c.bytes ? k.resident_bytes[t] : k.resident_chunks[t];
+        o << c.name << "{namespace=\"" << n.name << "\",tier=\"" << tier_name(TierId(t)) << "\"} " << v << '\n';
+      }
+    }
   }
   return o.str();
 }

@@ -2,8 +2,8 @@
 // textfile collector, or `kdnctl stats --prometheus`, picks up).
 #pragma once
 
-#include "chunk_store.h"
 #include "request_handler.h"
+#include "session.h"
 
 #include <string>
 #include <vector>
@@ -12,8 +12,7 @@ namespace kdn::sidecar {
 
 struct NamespaceMetrics {
   std::string name;
-  const ChunkStore* store;
-  uint32_t sessions;
+  const Namespace* ns;
 };
 
 std::string prometheus_text(const DaemonCounters& d, const std::vector<NamespaceMetrics>& ns);

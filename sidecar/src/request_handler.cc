@@ -1,7 +1,7 @@
 #include "request_handler.h"
 
 #include <kdn/common/clock.h>
-#include <kdn/ipc/payload.h>
+#include <kdn/ipc/ops.h>
 
 #include <algorithm>
 #include <cstring>
@@ -10,297 +10,626 @@ namespace kdn::sidecar {
 
 using ipc::Opcode;
 
-void Session::drop_holdings() {
-  if (!ns) return;
-  for (auto& [id, e] : leases) ns->store.release(e);
-  for (auto& [id, e] : reservations) (void)ns->store.abort(e, this->id);
-  leases.clear();
-  reservations.clear();
+namespace {
+
+constexpr uint32_t kBatch = 64;                        // records copied in per step of a loop
+constexpr uint64_t kRoomWaitNs = 1'000'000'000;        // a RESERVE waits this long for demotions
+constexpr uint32_t kReadAhead = 16;                    // promotions started behind a lease's miss
+constexpr uint64_t kStagingAlign = StagingArea::kAlign;
+
+bool past(uint64_t deadline_ns) { return now_ns() >= deadline_ns; }
+
+uint64_t staging_slot(uint64_t bytes) { return (bytes + kStagingAlign - 1) / kStagingAlign * kStagingAlign; }
+
+bool needs_model(uint8_t opcode) {
+  return opcode == uint8_t(Opcode::kLookup) || opcode == uint8_t(Opcode::kReserve) ||
+         opcode == uint8_t(Opcode::kLease);
 }
 
-Result<uint32_t> ModelTable::intern(const ModelInfo& m) {
-  for (size_t i = 0; i < models_.size(); ++i)
-    if (models_[i].fingerprint == m.fingerprint) return static_cast<uint32_t>(i + 1);
-  if (models_.size() >= kMaxModels) return Status(Code::kNoSpace, "model table full");
-  models_.push_back(m);
-  return static_cast<uint32_t>(models_.size());
+}  // namespace
+
+RequestHandler::RequestHandler(ModelTable& models, DaemonCounters& counters, const Config& config)
+    : models_(models), counters_(counters), config_(config) {}
+
+ipc::SessionLimits RequestHandler::limits() const noexcept {
+  ipc::SessionLimits l{};
+  l.max_leases = config_.max_leases;
+  l.max_lease_count = config_.max_lease_count;
+  l.max_reservations = config_.max_reservations;
+  l.max_in_flight = config_.max_in_flight;
+  l.max_models = config_.max_models;
+  l.reservation_timeout_ms = config_.reservation_timeout_ms;
+  return l;
 }
 
-RequestHandler::RequestHandler(ModelTable& models, DaemonCounters& counters)
-    : models_(models), counters_(counters) {
-  keys_.resize(ipc::kMaxKeysPerOp);
-  ids_.resize(ipc::kMaxKeysPerOp);
-  reserve_out_.resize(ipc::kMaxKeysPerOp);
-  lease_out_.resize(ipc::kMaxKeysPerOp);
-  leased_.resize(ipc::kMaxKeysPerOp);
-  list_out_.resize(ipc::kMaxKeysPerOp);
-}
+// ---- the frame every request goes through -------------------------------------------------------
 
-ipc::Cqe RequestHandler::handle(Session& s, const ipc::Sqe& q) {
-  Cqe c{};
-  c.user_data = q.user_data;
-  ++s.requests;
-  ++counters_.requests;
-  Status st = [&]() -> Status {
-    auto shape = ipc::check_sqe(q, s.shm.payload().size(), s.admin);
-    if (!shape.ok()) return shape.status();
-    switch (static_cast<Opcode>(q.opcode)) {
-      case Opcode::kPing: return ping(q, c);
-      case Opcode::kRegisterModel: return register_model(s, q, c);
-      case Opcode::kLookup: return lookup(s, q, c);
-      case Opcode::kReserve: return reserve(s, q, c);
-      case Opcode::kCommit: return commit_or_abort(s, q, c, true);
-      case Opcode::kAbort: return commit_or_abort(s, q, c, false);
-      case Opcode::kLease: return lease(s, q, c);
-      case Opcode::kRelease: return release(s, q, c);
-      case Opcode::kStats: return stats(s, q, c);
-      case Opcode::kList: return list(s, q, c);
-      case Opcode::kEvict: return evict(s, q, c);
+Step RequestHandler::step(Op& op, uint64_t deadline_ns) noexcept {
+  try {
+    if (!op.checked) {
+      Status st = check(op);
+      if (!st.ok()) return finish(op, st);
+      op.checked = true;
     }
-    return Status(Code::kUnsupported, "unknown opcode");
-  }();
-  if (st.code() == Code::kProtocol) {
-    ++s.protocol_errors;
-    ++counters_.protocol_errors;
+    return dispatch(op, deadline_ns);
+  } catch (const std::bad_alloc&) {
+    op.first_error = Status(Code::kNoMemory, "kdnd ran out of memory serving this request");
+  } catch (...) {
+    op.first_error = Status(Code::kInternal, "kdnd failed serving this request");
   }
-  c.status = st.raw();
-  return c;
+  rollback(op);
+  if (op.waiting > 0) return Step::kWait;  // its copies still read staging: finish when they land
+  return finish(op, op.first_error);
 }
 
-Result<const ModelInfo*> RequestHandler::model_of(const Session& s, const Sqe& q) const {
-  if (std::find(s.models.begin(), s.models.end(), q.model_id) == s.models.end())
+Status RequestHandler::check(Op& op) {
+  Session& s = *op.session;
+  auto shape = ipc::check_sqe(op.sqe, s.shm.payload().size(), s.admin);
+  if (!shape.ok()) return shape.status();
+  op.shape = *shape;
+  if (!needs_model(op.sqe.opcode)) return OkStatus();
+  if (std::find(s.models.begin(), s.models.end(), op.sqe.model_id) == s.models.end())
     return Status(Code::kNotFound, "model_id not registered by this session");
-  return models_.get(q.model_id);
-}
-
-Result<std::span<kdn_key>> RequestHandler::keys_in(const Session& s, const Sqe& q) {
-  return s.shm.payload().copy_in_records(q, std::span<kdn_key>(keys_));
-}
-
-Result<std::span<uint64_t>> RequestHandler::ids_in(const Session& s, const Sqe& q) {
-  return s.shm.payload().copy_in_records(q, std::span<uint64_t>(ids_));
-}
-
-Status RequestHandler::ping(const Sqe& q, Cqe& c) {
-  c.res[0] = q.arg[0];
+  op.model = models_.get(op.sqe.model_id);
+  if (op.model == nullptr) return Status(Code::kInternal, "a session's model is missing from the table");
   return OkStatus();
 }
 
-Status RequestHandler::register_model(Session& s, const Sqe& q, Cqe& c) {
-  kdn_model_desc d;
-  KDN_RETURN_IF_ERROR(s.shm.payload().copy_in(q.in_off, std::as_writable_bytes(std::span(&d, 1))));
-  auto info = ModelInfo::from_desc(d);
-  if (!info.ok()) return info.status();
-  auto id = models_.intern(*info);
-  if (!id.ok()) return id.status();
-  if (std::find(s.models.begin(), s.models.end(), *id) == s.models.end()) {
-    if (s.models.size() >= 64) return Status(Code::kNoSpace, "at most 64 models per session");
-    s.models.push_back(*id);
+Step RequestHandler::dispatch(Op& op, uint64_t deadline_ns) {
+  switch (Opcode(op.sqe.opcode)) {
+    case Opcode::kPing: return ping(op);
+    case Opcode::kRegisterModel: return register_model(op);
+    case Opcode::kLookup: return lookup(op, deadline_ns);
+    case Opcode::kReserve: return reserve(op, deadline_ns);
+    case Opcode::kCommit: return commit(op, deadline_ns);
+    case Opcode::kAbort: return abort(op, deadline_ns);
+    case Opcode::kLease: return lease(op, deadline_ns);
+    case Opcode::kRelease: return release(op, deadline_ns);
+    case Opcode::kStats: return stats(op);
+    case Opcode::kList: return list(op);
+    case Opcode::kEvict: return evict(op, deadline_ns);
   }
-  c.res[0] = *id;
-  c.res[1] = info->chunk_bytes;
-  c.res[2] = info->chunk_tokens;
-  c.res[3] = info->fingerprint.lo;
-  c.res[4] = info->fingerprint.hi;
-  return OkStatus();
+  return finish(op, Status(Code::kUnsupported, "unknown opcode"));
 }
 
-Status RequestHandler::lookup(Session& s, const Sqe& q, Cqe& c) {
-  auto m = model_of(s, q);
-  if (!m.ok()) return m.status();
-  auto keys = keys_in(s, q);
-  if (!keys.ok()) return keys.status();
-  const uint32_t hits = s.ns->store.lookup(*keys, (*m)->chunk_bytes);
-  c.res[0] = hits;
-  c.res[1 + 1] = hits;  // every hit is in the host tier (tier 1)
-  return OkStatus();
+Step RequestHandler::finish(Op& op, Status status) {
+  Session& s = *op.session;
+  op.cqe.user_data = op.sqe.user_data;
+  op.cqe.status = status.raw();
+  if (status.code() == Code::kProtocol) {
+    ++s.protocol_errors;
+    ++s.ns->counters.protocol_errors;
+    ++counters_.protocol_errors;
+  } else if (status.code() == Code::kLimit) {
+    ++s.ns->counters.limit_errors;
+    ++counters_.limit_errors;
+  }
+  return Step::kDone;
 }
 
-Status RequestHandler::reserve(Session& s, const Sqe& q, Cqe& c) {
-  auto m = model_of(s, q);
-  if (!m.ok()) return m.status();
-  auto keys = keys_in(s, q);
-  if (!keys.ok()) return keys.status();
-  const uint64_t now = now_ns();
-  uint32_t filled = 0, reserved = 0;
-  Status stop;
-  for (const kdn_key& k : *keys) {
-    auto r = s.ns->store.reserve(k, (*m)->fingerprint, (*m)->chunk_bytes, s.id, now);
-    if (!r.ok()) {
-      stop = r.status();
+void RequestHandler::rollback(Op& op) noexcept {
+  Session& s = *op.session;
+  if (op.sqe.opcode == uint8_t(Opcode::kReserve)) {
+    for (uint64_t id : op.taken) abort_reservation(s, id);
+  } else if (op.sqe.opcode == uint8_t(Opcode::kLease)) {
+    for (uint64_t id : op.taken) release_lease(s, id, 1);
+  }
+  op.taken.clear();
+  op.done = 0;
+}
+
+void RequestHandler::on_event(Op& op, const StoreEvent& ev) noexcept {
+  if (op.waiting > 0) --op.waiting;
+  Session& s = *op.session;
+  if (op.sqe.opcode == uint8_t(Opcode::kCommit)) {
+    s.staging.free(ev.cookie);  // the copy has read the slot: it is the session's again
+    if (ev.status.ok()) ++op.done;
+    else if (op.first_error.ok()) op.first_error = Status(Code::kIo, "copying a chunk into the arena failed");
+  } else if (op.sqe.opcode == uint8_t(Opcode::kLease) && !ev.status.ok()) {
+    op.stop_at = op.cursor;  // the promotion of the chunk at the cursor failed: a miss there
+  }
+}
+
+// ---- holdings ---------------------------------------------------------------------------------
+
+void RequestHandler::abort_reservation(Session& s, uint64_t id) noexcept {
+  auto it = s.reservations.find(id);
+  if (it == s.reservations.end()) return;
+  s.ns->store->abort(it->second.entry);
+  s.staging.free(it->second.staging_offset);
+  s.reservations.erase(it);
+}
+
+void RequestHandler::release_lease(Session& s, uint64_t id, uint32_t count) noexcept {
+  auto it = s.leases.find(id);
+  if (it == s.leases.end()) return;
+  LeaseHold& h = it->second;
+  h.count = count < h.count ? h.count - count : 0;
+  if (h.count > 0) return;
+  s.ns->store->unpin(h.entry);
+  s.lease_ids.erase(h.entry);
+  s.leases.erase(it);
+}
+
+void RequestHandler::drop_holdings(Session& s) noexcept {
+  for (auto& [id, h] : s.leases) s.ns->store->unpin(h.entry);
+  s.leases.clear();
+  s.lease_ids.clear();
+  for (auto& [id, r] : s.reservations) s.ns->store->abort(r.entry);
+  s.reservations.clear();
+  s.reservation_order.clear();
+  for (uint32_t m : s.models) models_.release(m);
+  s.models.clear();
+}
+
+uint64_t RequestHandler::expire_reservations(Session& s, uint64_t now_ns) noexcept {
+  uint64_t expired = 0;
+  while (!s.reservation_order.empty()) {
+    const uint64_t id = s.reservation_order.front();
+    auto it = s.reservations.find(id);
+    if (it != s.reservations.end()) {
+      if (it->second.deadline_ns > now_ns) break;
+      abort_reservation(s, id);
+      ++expired;
+    }
+    s.reservation_order.pop_front();
+  }
+  s.ns->counters.expired_reservations += expired;
+  return expired;
+}
+
+ipc::SlotRef RequestHandler::arena_ref(const Session& s, const Entry* e) const noexcept {
+  return ipc::SlotRef{s.ns->region_id, s.ns->region_generation, e->placement[tier_index(TierId::kHost)].offset};
+}
+
+// ---- PING, REGISTER_MODEL ---------------------------------------------------------------------
+
+Step RequestHandler::ping(Op& op) {
+  ipc::PingOp::put(ipc::PingOp::Result{ipc::PingOp::args(op.sqe).cookie}, op.cqe);
+  return finish(op, OkStatus());
+}
+
+Step RequestHandler::register_model(Op& op) {
+  Session& s = *op.session;
+  ipc::ModelRecord rec;
+  Status in = s.shm.payload().copy_in(op.sqe.in_off, std::as_writable_bytes(std::span(&rec, 1)));
+  if (!in.ok()) return finish(op, in);
+  if (rec.reserved != 0) return finish(op, Status(Code::kProtocol, "ModelRecord reserved field is not zero"));
+  auto info = ModelInfo::from_desc(ipc::from_wire(rec));
+  if (!info.ok()) return finish(op, info.status());
+  uint32_t id = models_.id_of(info->fingerprint);
+  const bool mine = id != 0 && std::find(s.models.begin(), s.models.end(), id) != s.models.end();
+  if (!mine) {
+    if (s.models.size() >= config_.max_models)
+      return finish(op, Status(Code::kLimit, "this session registered max_models models"));
+    s.models.reserve(s.models.size() + 1);  // may throw: before the table takes a reference
+    auto got = models_.acquire(*info);
+    if (!got.ok()) return finish(op, got.status());
+    id = *got;
+    s.models.push_back(id);
+  }
+  ipc::RegisterModelOp::put({id, info->chunk_bytes, info->chunk_tokens, info->fingerprint}, op.cqe);
+  return finish(op, OkStatus());
+}
+
+// ---- LOOKUP -----------------------------------------------------------------------------------
+
+Step RequestHandler::lookup(Op& op, uint64_t deadline_ns) {
+  Session& s = *op.session;
+  TieredStore& store = *s.ns->store;
+  const uint32_t n = op.shape.in_records;
+  kdn_key keys[kBatch];
+  bool stopped = false;
+  while (op.cursor < n && !stopped) {
+    const uint32_t m = std::min(kBatch, n - op.cursor);
+    Status in = s.shm.payload().copy_in_slice(op.sqe, op.cursor, std::span(keys, m));
+    if (!in.ok()) return finish(op, in);
+    uint32_t tiers[kTierCount] = {};
+    const uint32_t hits = store.lookup(std::span(keys, m), op.model->chunk_bytes, tiers);
+    for (uint32_t t = 0; t < kTierCount; ++t) op.cqe.res[1 + t] += tiers[t];
+    op.done += hits;
+    op.cursor += m;
+    stopped = hits < m;
+    if (!stopped && op.cursor < n && past(deadline_ns)) return Step::kMore;
+  }
+  store.note_lookup(op.done, n - op.done);
+  ipc::LookupOp::Result r;
+  r.hit_chunks = uint32_t(op.done);
+  for (uint32_t t = 0; t < kTierCount; ++t) r.tier_chunks[t] = uint32_t(op.cqe.res[1 + t]);
+  ipc::LookupOp::put(r, op.cqe);
+  return finish(op, OkStatus());
+}
+
+// ---- RESERVE ----------------------------------------------------------------------------------
+
+Step RequestHandler::reserve(Op& op, uint64_t deadline_ns) {
+  Session& s = *op.session;
+  TieredStore& store = *s.ns->store;
+  const uint32_t n = op.shape.in_records;
+  const uint64_t bytes = op.model->chunk_bytes;
+  if (op.cursor == 0 && op.taken.empty()) {  // limits are checked before anything is taken
+    if (!s.staging.valid()) return finish(op, Status(Code::kLimit, "a read-only session (no staging area) cannot store"));
+    if (s.reservations.size() + n > config_.max_reservations)
+      return finish(op, Status(Code::kLimit, "more open reservations than max_reservations"));
+    if (uint64_t(n) * staging_slot(bytes) > s.staging.free_bytes())
+      return finish(op, Status(Code::kLimit, "the reserved chunks do not fit the staging area"));
+  }
+  op.wants_room = false;
+  kdn_key keys[kBatch];
+  ipc::ReserveRecord out[kBatch];
+  while (op.cursor < n) {
+    const uint32_t first = op.cursor, m = std::min(kBatch, n - first);
+    Status in = s.shm.payload().copy_in_slice(op.sqe, first, std::span(keys, m));
+    if (!in.ok()) {
+      rollback(op);
+      return finish(op, in);
+    }
+    const uint64_t now = now_ns();
+    uint32_t filled = 0;
+    Status stop;
+    for (; filled < m; ++filled) {
+      auto r = store.reserve(keys[filled], op.model->fingerprint, bytes, s.id, now);
+      if (!r.ok()) {
+        stop = r.status();
+        break;
+      }
+      ipc::ReserveRecord& rec = out[filled];
+      rec = ipc::ReserveRecord{};
+      rec.state = uint32_t(r->outcome);
+      if (r->outcome != TieredStore::ReserveOutcome::kReserved) continue;
+      auto off = s.staging.allocate(bytes);
+      if (!off) {  // free bytes sufficed but not in one piece
+        store.abort(r->entry);
+        rollback(op);
+        return finish(op, Status(Code::kLimit, "the staging area is too fragmented for this chunk"));
+      }
+      const uint64_t id = s.next_handle++;
+      s.reservations.emplace(id, Reservation{r->entry, *off, now + uint64_t(config_.reservation_timeout_ms) * 1000000});
+      s.reservation_order.push_back(id);
+      op.taken.push_back(id);
+      rec.slot = ipc::SlotRef{s.staging_region, 1, *off};
+      rec.reservation_id = id;
+    }
+    Status wrote = s.shm.payload().copy_out_slice(op.sqe, first, std::span<const ipc::ReserveRecord>(out, filled));
+    if (!wrote.ok()) {
+      rollback(op);
+      return finish(op, wrote);
+    }
+    op.cursor = first + filled;
+    if (!stop.ok()) {
+      if (stop.code() == Code::kInProgress) {  // room comes when demotions land
+        if (op.room_deadline_ns == 0) op.room_deadline_ns = now + kRoomWaitNs;
+        if (now < op.room_deadline_ns) {
+          op.wants_room = true;
+          return Step::kWait;
+        }
+        stop = Status(Code::kNoSpace, "no room came in time");
+      }
+      if (stop.code() != Code::kNoSpace) {
+        rollback(op);
+        return finish(op, stop);
+      }
+      // A full arena ends the request here: the rest is not served, and says so.
+      Status z = s.shm.payload().zero_out_records<ipc::ReserveRecord>(op.sqe, op.cursor, n);
+      if (!z.ok()) {
+        rollback(op);
+        return finish(op, z);
+      }
+      ipc::ReserveOp::put({uint32_t(op.taken.size()), op.cursor, stop.raw()}, op.cqe);
+      return finish(op, op.cursor > 0 ? OkStatus() : stop);
+    }
+    if (op.cursor < n && past(deadline_ns)) return Step::kMore;
+  }
+  ipc::ReserveOp::put({uint32_t(op.taken.size()), n, 0}, op.cqe);
+  return finish(op, OkStatus());
+}
+
+// ---- COMMIT, ABORT ----------------------------------------------------------------------------
+
+Step RequestHandler::commit(Op& op, uint64_t deadline_ns) {
+  Session& s = *op.session;
+  TieredStore& store = *s.ns->store;
+  const uint32_t n = op.shape.in_records;
+  uint64_t ids[kBatch];
+  while (op.cursor < n) {
+    const uint32_t m = std::min(kBatch, n - op.cursor);
+    Status in = s.shm.payload().copy_in_slice(op.sqe, op.cursor, std::span(ids, m));
+    if (!in.ok()) {
+      op.first_error = in;
+      op.cursor = n;
       break;
     }
-    ipc::ReserveSlot& slot = reserve_out_[filled++];
-    slot = ipc::ReserveSlot{};
-    slot.state = static_cast<uint32_t>(r->outcome);
-    if (r->outcome == ChunkStore::ReserveOutcome::kReserved) {
-      const uint64_t id = s.next_handle++;
-      s.reservations.emplace(id, r->entry);
-      slot.arena_off = r->entry->arena_off;
-      slot.reservation_id = id;
-      ++reserved;
-    }
-  }
-  Status out = s.ns->arena.valid() ? s.shm.payload().copy_out_records(
-                                         q, std::span<const ipc::ReserveSlot>(reserve_out_.data(), filled))
-                                   : Status(Code::kInternal, "namespace without arena");
-  if (!out.ok()) {
-    // The client cannot learn its reservation ids: take them back.
-    for (uint32_t i = 0; i < filled; ++i) {
-      auto it = s.reservations.find(reserve_out_[i].reservation_id);
-      if (reserve_out_[i].reservation_id && it != s.reservations.end()) {
-        (void)s.ns->store.abort(it->second, s.id);
-        s.reservations.erase(it);
+    op.taken.reserve(op.taken.size() + m);  // keys to settle, tail first (may throw: before any change)
+    for (uint32_t i = 0; i < m; ++i) {
+      auto it = s.reservations.find(ids[i]);
+      if (it == s.reservations.end()) {
+        op.unknown_handle = true;
+        continue;
       }
+      const Reservation r = it->second;
+      s.reservations.erase(it);
+      Status st = store.commit(r.entry, s.staging.at(r.staging_offset), op.token, r.staging_offset);
+      if (!st.ok()) {
+        s.staging.free(r.staging_offset);
+        if (op.first_error.ok()) op.first_error = st;
+        continue;
+      }
+      ++op.waiting;
+      op.taken.push_back(ids[i]);
+      op.committed.push_back(r.entry->key);
     }
-    return out;
+    op.cursor += m;
+    if (op.cursor < n && past(deadline_ns)) return Step::kMore;
   }
-  c.res[0] = reserved;
-  c.res[1] = filled;  // records written; the rest got no slot (res2 says why)
-  c.res[2] = stop.ok() ? 0 : static_cast<uint64_t>(-stop.raw());
-  if (!stop.ok() && filled == 0) return stop;
-  return OkStatus();
+  if (op.waiting > 0) return Step::kWait;
+  for (auto it = op.committed.rbegin(); it != op.committed.rend(); ++it) store.settle(*it);
+  ipc::CommitOp::put({uint32_t(op.done)}, op.cqe);
+  if (!op.first_error.ok()) return finish(op, op.first_error);
+  return finish(op, op.unknown_handle ? Status(Code::kNotFound, "unknown reservation id (never issued, finished or expired)")
+                                      : OkStatus());
 }
 
-Status RequestHandler::commit_or_abort(Session& s, const Sqe& q, Cqe& c, bool commit) {
-  auto ids = ids_in(s, q);
-  if (!ids.ok()) return ids.status();
-  const uint64_t now = now_ns();
-  uint64_t done = 0;
-  // Clients list a chain's chunks head first; commit them tail first so the head ends up the
-  // most recently inserted (see ChunkStore::touch).
-  for (auto rit = ids->rbegin(); rit != ids->rend(); ++rit) {
-    const uint64_t id = *rit;
-    auto it = s.reservations.find(id);
-    if (it == s.reservations.end()) continue;
-    Status st = commit ? s.ns->store.commit(it->second, s.id, now) : s.ns->store.abort(it->second, s.id);
-    if (st.ok()) ++done;
-    s.reservations.erase(it);
-  }
-  c.res[0] = done;
-  return done == ids->size() ? OkStatus() : Status(Code::kNotFound, "unknown reservation id");
-}
-
-Status RequestHandler::lease(Session& s, const Sqe& q, Cqe& c) {
-  auto m = model_of(s, q);
-  if (!m.ok()) return m.status();
-  auto keys = keys_in(s, q);
-  if (!keys.ok()) return keys.status();
-  size_t max = keys->size();
-  if (q.arg[0] != 0 && q.arg[0] < max) max = static_cast<size_t>(q.arg[0]);
-  const uint64_t now = now_ns();
-  uint32_t n = 0;
-  for (size_t i = 0; i < max; ++i) {
-    ChunkEntry* e = s.ns->store.lease((*keys)[i], (*m)->chunk_bytes, now);
-    if (!e) break;
-    const uint64_t id = s.next_handle++;
-    s.leases.emplace(id, e);
-    leased_[n] = e;
-    lease_out_[n++] = ipc::LeaseSlot{e->arena_off, id};
-  }
-  for (uint32_t i = n; i-- > 0;) s.ns->store.touch(leased_[i], now);  // head last: most recent
-  Status out = s.shm.payload().copy_out_records(q, std::span<const ipc::LeaseSlot>(lease_out_.data(), n));
-  if (!out.ok()) {
-    for (uint32_t i = 0; i < n; ++i) {
-      auto it = s.leases.find(lease_out_[i].lease_id);
-      s.ns->store.release(it->second);
-      s.leases.erase(it);
+Step RequestHandler::abort(Op& op, uint64_t deadline_ns) {
+  Session& s = *op.session;
+  const uint32_t n = op.shape.in_records;
+  uint64_t ids[kBatch];
+  while (op.cursor < n) {
+    const uint32_t m = std::min(kBatch, n - op.cursor);
+    Status in = s.shm.payload().copy_in_slice(op.sqe, op.cursor, std::span(ids, m));
+    if (!in.ok()) return finish(op, in);
+    for (uint32_t i = 0; i < m; ++i) {
+      if (!s.reservations.count(ids[i])) {
+        op.unknown_handle = true;
+        continue;
+      }
+      abort_reservation(s, ids[i]);
+      ++op.done;
     }
-    return out;
+    op.cursor += m;
+    if (op.cursor < n && past(deadline_ns)) return Step::kMore;
   }
-  c.res[0] = n;
-  return OkStatus();
+  ipc::AbortOp::put({uint32_t(op.done)}, op.cqe);
+  return finish(op, op.unknown_handle ? Status(Code::kNotFound, "unknown reservation id") : OkStatus());
 }
 
-Status RequestHandler::release(Session& s, const Sqe& q, Cqe& c) {
-  auto ids = ids_in(s, q);
-  if (!ids.ok()) return ids.status();
-  uint64_t done = 0;
-  for (uint64_t id : *ids) {
-    auto it = s.leases.find(id);
-    if (it == s.leases.end()) continue;
-    s.ns->store.release(it->second);
-    s.leases.erase(it);
-    ++done;
+// ---- LEASE, RELEASE -----------------------------------------------------------------------------
+
+Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
+  Session& s = *op.session;
+  TieredStore& store = *s.ns->store;
+  const uint32_t wanted = ipc::LeaseOp::wanted(ipc::LeaseOp::args(op.sqe), op.shape.in_records);
+  const uint64_t bytes = op.model->chunk_bytes;
+  if (op.cursor == 0 && op.taken.empty() && s.leases.size() + wanted > config_.max_leases)
+    return finish(op, Status(Code::kLimit, "more leased chunks than max_leases"));
+  kdn_key keys[kBatch];
+  ipc::LeaseRecord out[kBatch];
+  bool stopped = false;
+  op.wants_room = false;
+  while (op.cursor < wanted && !stopped) {
+    const uint32_t first = op.cursor, m = std::min(kBatch, wanted - first);
+    Status in = s.shm.payload().copy_in_slice(op.sqe, first, std::span(keys, m));
+    if (!in.ok()) {
+      rollback(op);
+      return finish(op, in);
+    }
+    const uint64_t now = now_ns();
+    uint32_t filled = 0;
+    bool wait = false;
+    for (; filled < m; ++filled) {
+      if (first + filled == op.stop_at) {
+        stopped = true;
+        break;
+      }
+      Entry* e = store.index().find(keys[filled]);
+      uint64_t id = 0;
+      if (auto held = e ? s.lease_ids.find(e) : s.lease_ids.end(); held != s.lease_ids.end()) {
+        LeaseHold& h = s.leases[held->second];
+        if (h.count >= config_.max_lease_count) {
+          rollback(op);
+          return finish(op, Status(Code::kLimit, "a chunk leased max_lease_count times by this session"));
+        }
+        op.taken.reserve(op.taken.size() + 1);
+        ++h.count;
+        id = held->second;
+      } else {
+        switch (store.acquire(keys[filled], bytes, op.token, &e, now)) {
+          case TieredStore::Acquired::kMiss: stopped = true; break;
+          case TieredStore::Acquired::kNoRoomYet:
+            if (op.room_deadline_ns == 0) op.room_deadline_ns = now + kRoomWaitNs;
+            if (now >= op.room_deadline_ns) {
+              stopped = true;  // no room came in time: the prefix ends here
+              break;
+            }
+            op.wants_room = true;
+            wait = true;
+            break;
+          case TieredStore::Acquired::kPromoting:
+            if (op.waited_at == first + filled) {  // promoted once and gone again: a miss now
+              stopped = true;
+              break;
+            }
+            op.waited_at = first + filled;
+            ++op.waiting;
+            store.prefetch(std::span(keys + filled + 1, m - filled - 1), bytes, kReadAhead);
+            wait = true;
+            break;
+          case TieredStore::Acquired::kLeased:
+            id = s.next_handle++;
+            try {
+              s.leases.emplace(id, LeaseHold{e, 1});
+              s.lease_ids.emplace(e, id);
+              op.taken.reserve(op.taken.size() + 1);
+            } catch (...) {
+              s.leases.erase(id);
+              s.lease_ids.erase(e);
+              store.unpin(e);
+              throw;
+            }
+            break;
+        }
+        if (stopped || wait) break;
+      }
+      op.taken.push_back(id);
+      out[filled] = ipc::LeaseRecord{arena_ref(s, e), id, uint32_t(TierId::kHost), 0};
+    }
+    Status wrote = s.shm.payload().copy_out_slice(op.sqe, first, std::span<const ipc::LeaseRecord>(out, filled));
+    if (!wrote.ok()) {
+      rollback(op);
+      return finish(op, wrote);
+    }
+    op.cursor = first + filled;
+    if (wait) return Step::kWait;
+    if (!stopped && op.cursor < wanted && past(deadline_ns)) return Step::kMore;
   }
-  c.res[0] = done;
-  return done == ids->size() ? OkStatus() : Status(Code::kNotFound, "unknown lease id");
+  // Touch from last to first: the head of the prefix ends up the most recently used.
+  const uint64_t now = now_ns();
+  for (auto it = op.taken.rbegin(); it != op.taken.rend(); ++it) {
+    if (auto h = s.leases.find(*it); h != s.leases.end()) store.touch(h->second.entry, now);
+  }
+  Status z = s.shm.payload().zero_out_records<ipc::LeaseRecord>(op.sqe, op.cursor, wanted);
+  if (!z.ok()) {
+    rollback(op);
+    return finish(op, z);
+  }
+  ipc::LeaseOp::put({uint32_t(op.taken.size())}, op.cqe);
+  return finish(op, OkStatus());
 }
 
-Status RequestHandler::stats(Session& s, const Sqe& q, Cqe& c) {
-  const ChunkStoreCounters& k = s.ns->store.counters();
-  kdn_stats st{};
-  st.lookups = k.lookups;
-  st.lookup_hit_chunks = k.lookup_hit_chunks;
-  st.lookup_miss_chunks = k.lookup_miss_chunks;
-  st.stored_chunks = k.stored_chunks;
-  st.stored_bytes = k.stored_bytes;
-  st.retrieved_chunks = k.retrieved_chunks;
-  st.retrieved_bytes = k.retrieved_bytes;
-  st.evicted_chunks = k.evicted_chunks;
-  st.resident_chunks = s.ns->store.resident_chunks();
-  st.resident_bytes = s.ns->store.resident_bytes();
-  st.capacity_bytes = s.ns->store.capacity_bytes();
-  st.active_leases = k.active_leases;
-  st.open_reservations = k.open_reservations;
-  st.sessions = counters_.sessions_active;
-  st.protocol_errors = counters_.protocol_errors;
-  c.res[0] = 1;
-  return s.shm.payload().copy_out_records(q, std::span<const kdn_stats>(&st, 1));
+Step RequestHandler::release(Op& op, uint64_t deadline_ns) {
+  Session& s = *op.session;
+  const uint32_t n = op.shape.in_records;
+  uint64_t ids[kBatch];
+  while (op.cursor < n) {
+    const uint32_t m = std::min(kBatch, n - op.cursor);
+    Status in = s.shm.payload().copy_in_slice(op.sqe, op.cursor, std::span(ids, m));
+    if (!in.ok()) return finish(op, in);
+    for (uint32_t i = 0; i < m; ++i) {
+      if (!s.leases.count(ids[i])) {
+        op.unknown_handle = true;
+        continue;
+      }
+      release_lease(s, ids[i], 1);
+      ++op.done;
+    }
+    op.cursor += m;
+    if (op.cursor < n && past(deadline_ns)) return Step::kMore;
+  }
+  ipc::ReleaseOp::put({uint32_t(op.done)}, op.cqe);
+  return finish(op, op.unknown_handle ? Status(Code::kNotFound, "unknown lease id") : OkStatus());
 }
 
-Status RequestHandler::list(Session& s, const Sqe& q, Cqe& c) {
-  const uint64_t cursor = q.arg[0];
-  const uint32_t cap = std::min<uint32_t>(q.out_len / sizeof(ipc::ListEntry), ipc::kMaxKeysPerOp);
+// ---- STATS, LIST, EVICT ----------------------------------------------------------------------
+
+ipc::StatsRecord RequestHandler::stats(const Namespace& ns, bool admin) const noexcept {
+  const TieredStore& store = *ns.store;
+  const StoreCounters& k = store.counters();
+  ipc::StatsRecord r{};
+  r.lookups = k.lookups;
+  r.lookup_hit_chunks = k.lookup_hit_chunks;
+  r.lookup_miss_chunks = k.lookup_miss_chunks;
+  r.stored_chunks = k.stored_chunks;
+  r.stored_bytes = k.stored_bytes;
+  r.retrieved_chunks = k.retrieved_chunks;
+  r.retrieved_bytes = k.retrieved_bytes;
+  r.evicted_chunks = k.evicted_chunks;
+  r.dropped_chunks = k.dropped_chunks;
+  r.demoted_chunks = k.demoted_chunks;
+  r.promoted_chunks = k.promoted_chunks;
+  for (uint32_t t = 0; t < kTierCount; ++t) {
+    r.resident_chunks[t] = k.resident_chunks[t];
+    r.resident_bytes[t] = k.resident_bytes[t];
+    const Tier* tier = store.policy().tier(TierId(t));
+    r.capacity_bytes[t] = tier ? tier->capacity_bytes() : 0;
+  }
+  r.active_leases = store.active_leases();
+  r.open_reservations = store.open_reservations();
+  r.in_flight_ops = store.transfers_in_flight();
+  r.sessions = ns.sessions;
+  r.protocol_errors = ns.counters.protocol_errors;
+  r.limit_errors = ns.counters.limit_errors;
+  r.corrupt_chunks = k.corrupt_chunks;
+  r.expired_reservations = ns.counters.expired_reservations;
+  r.staging_bytes = ns.staging_bytes;
+  if (admin) {
+    r.daemon_sessions = counters_.sessions_active;
+    r.daemon_requests = counters_.requests;
+    r.daemon_handshakes_refused = counters_.handshakes_refused;
+    r.daemon_namespaces = counters_.namespaces;
+  }
+  return r;
+}
+
+Step RequestHandler::stats(Op& op) {
+  Session& s = *op.session;
+  const ipc::StatsRecord r = stats(*s.ns, s.admin);
+  const uint32_t words = std::min<uint32_t>(op.shape.out_capacity, sizeof r / sizeof(uint64_t));
+  Status out = s.shm.payload().copy_out(op.sqe.out_off, std::as_bytes(std::span(&r, 1)).first(words * sizeof(uint64_t)));
+  if (!out.ok()) return finish(op, out);
+  ipc::StatsOp::put({words}, op.cqe);
+  return finish(op, OkStatus());
+}
+
+Step RequestHandler::list(Op& op) {
+  Session& s = *op.session;
+  const uint64_t cursor = ipc::ListOp::args(op.sqe).cursor;
+  const uint32_t cap = std::min<uint32_t>(op.shape.out_capacity, 4096);
+  std::vector<ipc::ListRecord> page;
+  page.reserve(cap);
   uint64_t index = 0;
-  uint32_t n = 0;
   bool more = false;
-  s.ns->store.for_each([&](const ChunkEntry& e) {
+  s.ns->store->index().for_each([&](Entry& e) {
     if (index++ < cursor) return true;
-    if (n == cap) {
+    if (page.size() == cap) {
       more = true;
       return false;
     }
-    ipc::ListEntry& o = list_out_[n++];
-    o = ipc::ListEntry{};
+    ipc::ListRecord o{};
     o.key = e.key;
-    o.model_id = 0;
-    for (uint32_t id = 1; const ModelInfo* mi = models_.get(id); ++id)
-      if (mi->fingerprint == e.fingerprint) { o.model_id = id; break; }
-    o.tier = e.tier;
-    o.state = static_cast<uint8_t>(e.state);
+    o.fingerprint = e.fingerprint;
+    o.model_id = models_.id_of(e.fingerprint);
+    const uint32_t fastest = e.fastest_tier();
+    o.tier = uint8_t(fastest < kTierCount ? fastest : tier_index(TierId::kHost));
+    o.state = uint8_t(e.state == EntryState::kReserved  ? ipc::ChunkState::kReserved
+                      : e.state == EntryState::kWriting ? ipc::ChunkState::kWriting
+                      : e.moving != 0                   ? ipc::ChunkState::kMoving
+                                                        : ipc::ChunkState::kCommitted);
+    o.tier_mask = e.resident;
     o.leases = e.leases;
     o.bytes = e.bytes;
     o.last_access = e.last_access_ns;
+    page.push_back(o);
     return true;
   });
-  KDN_RETURN_IF_ERROR(s.shm.payload().copy_out_records(q, std::span<const ipc::ListEntry>(list_out_.data(), n)));
-  c.res[0] = n;
-  c.res[1] = more ? cursor + n : 0;
-  return OkStatus();
+  Status out = s.shm.payload().copy_out_records(op.sqe, std::span<const ipc::ListRecord>(page));
+  if (!out.ok()) return finish(op, out);
+  ipc::ListOp::put({uint32_t(page.size()), more ? cursor + page.size() : 0}, op.cqe);
+  return finish(op, OkStatus());
 }
 
-Status RequestHandler::evict(Session& s, const Sqe& q, Cqe& c) {
-  const auto mode = static_cast<ipc::EvictMode>(q.arg[0]);
-  if (mode == ipc::EvictMode::kAll) {
-    uint64_t before = s.ns->store.resident_chunks();
-    c.res[0] = s.ns->store.evict_if({});
-    c.res[1] = before - c.res[0];
-    return OkStatus();
+Step RequestHandler::evict(Op& op, uint64_t deadline_ns) {
+  Session& s = *op.session;
+  TieredStore& store = *s.ns->store;
+  if (ipc::EvictOp::args(op.sqe).mode == ipc::EvictMode::kAll) {
+    const uint64_t evicted = store.evict_all();
+    ipc::EvictOp::put({evicted, store.index().size()}, op.cqe);
+    return finish(op, OkStatus());
   }
-  if (mode != ipc::EvictMode::kByKeys) return Status(Code::kInvalidArgument, "unknown evict mode");
-  auto keys = keys_in(s, q);
-  if (!keys.ok()) return keys.status();
-  uint64_t evicted = 0, skipped = 0;
-  for (const kdn_key& k : *keys) {
-    const ChunkEntry* e = s.ns->store.find(k);
-    if (!e) continue;
-    if (!e->evictable()) { ++skipped; continue; }
-    evicted += s.ns->store.evict(k);
+  const uint32_t n = op.shape.in_records;
+  kdn_key keys[kBatch];
+  while (op.cursor < n) {
+    const uint32_t m = std::min(kBatch, n - op.cursor);
+    Status in = s.shm.payload().copy_in_slice(op.sqe, op.cursor, std::span(keys, m));
+    if (!in.ok()) return finish(op, in);
+    for (uint32_t i = 0; i < m; ++i) {
+      if (store.index().find(keys[i]) == nullptr) continue;
+      if (store.evict(keys[i])) ++op.done;
+      else ++op.cqe.res[1];
+    }
+    op.cursor += m;
+    if (op.cursor < n && past(deadline_ns)) return Step::kMore;
   }
-  c.res[0] = evicted;
-  c.res[1] = skipped;
-  return OkStatus();
+  ipc::EvictOp::put({op.done, op.cqe.res[1]}, op.cqe);
+  return finish(op, OkStatus());
 }
 
 }  // namespace kdn::sidecar

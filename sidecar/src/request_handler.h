@@ -1,14 +1,27 @@
-// RequestHandler: executes one checked SQE for one session and produces its CQE.
+// RequestHandler: serves one session's requests, each as an Op that may finish at once, be
+// cut into slices, or wait for transfers.
 //
-// Input records are copied out of the client's payload area into daemon-private scratch
-// before use, and results are written back with bounds-checked copies (ipc/payload.h).
-// Every failure becomes a CQE status; nothing a client sends can stop the daemon.
+// step(op, deadline) does the request's work from where it stopped until it finishes, the
+// deadline passes (a slice of ~200 µs: the daemon then serves other sessions and comes back,
+// round-robin), or it must wait for a transfer (a COMMIT's copies into the arena, a LEASE's
+// promotion from a lower tier) or for room in a full tier. Completions come back through
+// on_event. Most requests are small and finish in their first step with no Op kept.
+//
+// Untrusted input: every SQE is checked (ipc/payload.h) before anything is read; records are
+// copied out of the client's payload area once, in slices, and outputs written with bounds
+// checks. A request over a limit gets KDN_ERR_LIMIT and changes nothing. Anything thrown
+// while serving a request (std::bad_alloc included) ends that request alone, with what it
+// took rolled back.
+//
+// Not thread-safe: the daemon's event loop owns the handler and every Op.
 #pragma once
 
+#include "model_table.h"
 #include "session.h"
 
-#include <kdn/common/model.h>
+#include <kdn/ipc/payload.h>
 #include <kdn/ipc/protocol.h>
+#include <kdn/sidecar/config.h>
 
 #include <vector>
 
@@ -16,53 +29,82 @@ namespace kdn::sidecar {
 
 struct DaemonCounters {
   uint64_t sessions_total = 0, sessions_active = 0, protocol_errors = 0, requests = 0;
-  uint64_t handshakes_refused = 0;
+  uint64_t handshakes_refused = 0, limit_errors = 0, namespaces = 0;
 };
 
-// The daemon-wide model table: ids are dense, stable for the daemon's lifetime, and shared by
-// sessions that register equal descriptors.
-class ModelTable {
- public:
-  static constexpr uint32_t kMaxModels = 4096;
-  Result<uint32_t> intern(const ModelInfo& m);
-  const ModelInfo* get(uint32_t id) const { return id >= 1 && id <= models_.size() ? &models_[id - 1] : nullptr; }
+// A request being served.
+struct Op {
+  uint64_t token = 0;          // names it to the transfers it waits for (unique, never 0)
+  Session* session = nullptr;
+  ipc::Sqe sqe{};
+  ipc::SqeShape shape{};
+  ipc::Cqe cqe{};              // results so far
+  bool checked = false;        // the SQE passed check_sqe and the op's preconditions
+  uint32_t cursor = 0;         // input records done
+  uint32_t waiting = 0;        // transfers it waits for
+  bool wants_room = false;     // waiting for room in a full tier (RESERVE)
+  uint64_t room_deadline_ns = 0;
+  uint32_t stop_at = UINT32_MAX;  // a record that must be treated as a miss (failed promotion)
+  uint32_t waited_at = UINT32_MAX; // the record a promotion was last awaited for
+  const ModelInfo* model = nullptr;
+  Status first_error;          // kept to answer with once the op ends
+  bool unknown_handle = false; // an id in COMMIT/ABORT/RELEASE was not this session's
+  uint64_t done = 0;           // records finished (committed, leased, ...)
+  std::vector<uint64_t> taken; // handles this request created, for rollback and touch order
+  std::vector<kdn_key> committed;  // COMMIT: keys copied, settled tail first at the end
+};
 
- private:
-  std::vector<ModelInfo> models_;
+enum class Step : uint8_t {
+  kDone,  // op.cqe is the completion
+  kMore,  // yielded at the deadline: step again later
+  kWait,  // waits for transfers (on_event) or for room
 };
 
 class RequestHandler {
  public:
-  RequestHandler(ModelTable& models, DaemonCounters& counters);
-  // Executes `sqe` (already popped) for `s` and returns its completion.
-  ipc::Cqe handle(Session& s, const ipc::Sqe& sqe);
+  RequestHandler(ModelTable& models, DaemonCounters& counters, const Config& config);
+
+  Step step(Op& op, uint64_t deadline_ns) noexcept;
+  // A transfer `op` waited for finished. The op is runnable again once op.waiting is 0.
+  void on_event(Op& op, const StoreEvent& event) noexcept;
+
+  // Ends a session's holdings: releases its leases, aborts its reservations, releases its
+  // models. Requests still in flight are the caller's (they keep the session until their
+  // transfers land).
+  void drop_holdings(Session& s) noexcept;
+  // Aborts reservations older than the reservation timeout; returns how many.
+  uint64_t expire_reservations(Session& s, uint64_t now_ns) noexcept;
+
+  // The limits the handler enforces, as told to clients at the handshake.
+  ipc::SessionLimits limits() const noexcept;
+  // STATS of a namespace (daemon-wide fields only for admins).
+  ipc::StatsRecord stats(const Namespace& ns, bool admin) const noexcept;
 
  private:
-  using Cqe = ipc::Cqe;
-  using Sqe = ipc::Sqe;
-  Status ping(const Sqe& q, Cqe& c);
-  Status register_model(Session& s, const Sqe& q, Cqe& c);
-  Status lookup(Session& s, const Sqe& q, Cqe& c);
-  Status reserve(Session& s, const Sqe& q, Cqe& c);
-  Status commit_or_abort(Session& s, const Sqe& q, Cqe& c, bool commit);
-  Status lease(Session& s, const Sqe& q, Cqe& c);
-  Status release(Session& s, const Sqe& q, Cqe& c);
-  Status stats(Session& s, const Sqe& q, Cqe& c);
-  Status list(Session& s, const Sqe& q, Cqe& c);
-  Status evict(Session& s, const Sqe& q, Cqe& c);
-  Result<const ModelInfo*> model_of(const Session& s, const Sqe& q) const;
-  Result<std::span<kdn_key>> keys_in(const Session& s, const Sqe& q);
-  Result<std::span<uint64_t>> ids_in(const Session& s, const Sqe& q);
+  Step dispatch(Op& op, uint64_t deadline_ns);
+  Status check(Op& op);
+  void rollback(Op& op) noexcept;
+  Step finish(Op& op, Status status);
+
+  Step ping(Op& op);
+  Step register_model(Op& op);
+  Step lookup(Op& op, uint64_t deadline_ns);
+  Step reserve(Op& op, uint64_t deadline_ns);
+  Step commit(Op& op, uint64_t deadline_ns);
+  Step abort(Op& op, uint64_t deadline_ns);
+  Step lease(Op& op, uint64_t deadline_ns);
+  Step release(Op& op, uint64_t deadline_ns);
+  Step stats(Op& op);
+  Step list(Op& op);
+  Step evict(Op& op, uint64_t deadline_ns);
+
+  void abort_reservation(Session& s, uint64_t id) noexcept;
+  void release_lease(Session& s, uint64_t id, uint32_t count) noexcept;
+  ipc::SlotRef arena_ref(const Session& s, const Entry* e) const noexcept;
 
   ModelTable& models_;
   DaemonCounters& counters_;
-  // Daemon-private scratch for copied-in records and outgoing records (max op size).
-  std::vector<kdn_key> keys_;
-  std::vector<uint64_t> ids_;
-  std::vector<ipc::ReserveSlot> reserve_out_;
-  std::vector<ipc::LeaseSlot> lease_out_;
-  std::vector<ChunkEntry*> leased_;
-  std::vector<ipc::ListEntry> list_out_;
+  const Config& config_;
 };
 
 }  // namespace kdn::sidecar

@@ -1,18 +1,24 @@
-// Session: the daemon's state for one connected client, and Namespace: one tenant's arena
-// and chunk index.
+// Session: the daemon's state for one connected client. Namespace: one tenant's memory,
+// chunks and policy.
 //
-// A session owns its shared-memory session (rings, payload, doorbell), its socket (whose
-// hang-up is how the daemon learns that the client died, SIGKILL included), and the leases
-// and reservations it holds. Dropping a session releases all of them, so a dead client never
-// pins memory. Everything here is owned by the daemon's event loop thread.
+// A session owns its shared-memory session (rings, payload, doorbell), its staging area, its
+// socket (whose hang-up is how the daemon learns that the client died, SIGKILL included),
+// the leases and reservations it holds, and its requests in flight. When it ends, its leases
+// are released and its reservations aborted at once; requests with transfers still reading
+// its staging area keep the session (closed, no longer polled) until those land, so no copy
+// ever reads memory kdnd has unmapped.
+//
+// Everything here is owned by the daemon's event loop thread.
 #pragma once
 
-#include "chunk_store.h"
+#include "host_arena_tier.h"
+#include "staging.h"
+#include "tiered_store.h"
 
 #include <kdn/common/model.h>
 #include <kdn/ipc/fd.h>
-#include <kdn/ipc/segment.h>
 #include <kdn/ipc/session.h>
+#include <kdn/sidecar/config.h>
 
 #include <cstdint>
 #include <deque>
@@ -23,32 +29,61 @@
 
 namespace kdn::sidecar {
 
+struct NamespaceCounters {
+  uint64_t protocol_errors = 0, limit_errors = 0, expired_reservations = 0;
+};
+
 struct Namespace {
   std::string name;
-  ipc::SharedSegment arena;  // memfd shared with every client of the namespace
-  ChunkStore store;
-  uint32_t sessions = 0;
-
-  Namespace(std::string n, ipc::SharedSegment a, uint64_t slab_bytes, EvictionKind ev)
-      : name(std::move(n)), arena(std::move(a)), store(arena.size(), slab_bytes, ev) {}
+  NamespaceConfig policy;          // who may open it, who is admin, its limits
+  std::string token;               // "" = none required
+  bool configured = false;         // declared in the configuration (never released)
+  uint32_t region_id = 0;          // its arena's region, and the generation of that memory
+  uint32_t region_generation = 0;
+  std::unique_ptr<HostArenaTier> host;
+  std::unique_ptr<TieredStore> store;
+  uint32_t sessions = 0;           // open sessions
+  uint32_t attached = 0;           // Session objects, closed ones whose copies are in flight too
+  uint64_t staging_bytes = 0;      // of its sessions
+  uint64_t empty_since_ns = 0;     // when its last session ended (client-created namespaces)
+  NamespaceCounters counters;
 };
+
+struct LeaseHold {
+  Entry* entry = nullptr;
+  uint32_t count = 0;  // leases of this chunk this session received and has not released
+};
+
+struct Reservation {
+  Entry* entry = nullptr;
+  uint64_t staging_offset = 0;
+  uint64_t deadline_ns = 0;
+};
+
+struct Op;
 
 struct Session {
   uint64_t id = 0;
   ipc::UniqueFd sock;
   ipc::DaemonSession shm;
+  StagingArea staging;
+  uint32_t staging_region = 0;  // region id of the staging area (generation 1)
   Namespace* ns = nullptr;
   bool admin = false;
-  uint32_t pid = 0, uid = 0;
-  uint64_t next_handle = 1;  // lease and reservation ids; never reused within a session
-  std::unordered_map<uint64_t, ChunkEntry*> leases;
-  std::unordered_map<uint64_t, ChunkEntry*> reservations;
-  std::vector<uint32_t> models;     // model ids this session registered (bounded)
-  std::deque<ipc::Cqe> backlog;     // completions that did not fit the CQ yet
-  uint64_t requests = 0, protocol_errors = 0;
+  bool closed = false;          // the client is gone; kept only until its transfers land
+  uint32_t pid = 0, uid = 0, gid = 0;
+  uint64_t next_handle = 1;     // lease and reservation ids; never reused within a session
 
-  // Releases every lease and aborts every reservation (client gone or disconnecting).
-  void drop_holdings();
+  std::unordered_map<uint64_t, LeaseHold> leases;          // lease id -> hold
+  std::unordered_map<const Entry*, uint64_t> lease_ids;    // entry -> its lease id
+  std::unordered_map<uint64_t, Reservation> reservations;  // reservation id -> slot
+  std::deque<uint64_t> reservation_order;                  // ids, oldest first (for expiry)
+  std::vector<uint32_t> models;                            // model ids registered (bounded)
+
+  uint32_t ops_in_flight = 0;      // requests started and not completed
+  uint64_t records_in_flight = 0;  // their input records (bounds the memory they may hold)
+  std::deque<ipc::Cqe> backlog;    // completions that did not fit the CQ yet
+  uint64_t requests = 0, protocol_errors = 0;
 };
 
 }  // namespace kdn::sidecar

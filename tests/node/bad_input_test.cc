@@ -2,6 +2,7 @@
 // answered with an error (or that client's session is closed), and kdnd keeps serving
 // everyone else.
 #include "kdnd_process.h"
+#include "raw_client.h"
 
 #include <kdn/common/clock.h>
 #include <kdn/ipc/handshake.h>
@@ -21,61 +22,6 @@ namespace kdn::testing {
 namespace {
 
 using ipc::Opcode;
-
-// A raw protocol client: lets a test put any bytes in the rings.
-struct RawClient {
-  ipc::UniqueFd sock;
-  ipc::ClientSession s;
-  bool ok = false;
-
-  explicit RawClient(const KdndProcess& d, uint32_t payload = 1 << 20) {
-    auto fd = ipc::uds_connect(d.socket(), 2000);
-    if (!fd.ok()) return;
-    sock = std::move(*fd);
-    ipc::HelloRequest req;
-    req.payload_bytes = payload;
-    auto hello = ipc::make_hello(req);
-    auto hs = ipc::client_handshake(sock.get(), *hello, 2000);
-    if (!hs.ok()) return;
-    auto cs = ipc::ClientSession::attach(std::move(*hs));
-    if (!cs.ok()) return;
-    s = std::move(*cs);
-    ok = true;
-  }
-
-  // Submits one SQE and returns its CQE status (or a transport error code).
-  int call(ipc::Sqe q, ipc::Cqe* out = nullptr) {
-    static uint64_t ud = 1;
-    q.user_data = ud++;
-    auto n = s.submit(std::span<const ipc::Sqe>(&q, 1));
-    if (!n.ok() || *n != 1) return -1000;
-    for (;;) {
-      ipc::Cqe c;
-      auto r = s.reap(std::span<ipc::Cqe>(&c, 1));
-      if (!r.ok()) return r.status().raw();
-      if (*r == 1) {
-        if (out) *out = c;
-        return c.user_data == q.user_data ? c.status : -2000;
-      }
-      Status st = s.wait_for_completion(2'000'000'000);
-      if (!st.ok()) return st.raw();
-    }
-  }
-  int ping() {
-    ipc::Sqe q{};
-    q.opcode = uint8_t(Opcode::kPing);
-    return call(q);
-  }
-  uint32_t register_tiny() {
-    kdn_model_desc d = tiny_model();
-    std::memcpy(s.payload(), &d, sizeof d);
-    ipc::Sqe q{};
-    q.opcode = uint8_t(Opcode::kRegisterModel);
-    q.in_len = sizeof d;
-    ipc::Cqe c{};
-    return call(q, &c) == KDN_OK ? uint32_t(c.res[0]) : 0;
-  }
-};
 
 // A well-behaved client that must keep working whatever the others do.
 void expect_healthy(const KdndProcess& d) {
@@ -149,10 +95,10 @@ TEST(BadInput, MalformedEntriesGetErrorCompletions) {
   EXPECT_EQ(r.call(q), KDN_ERR_PERMISSION);
 
   // A hostile model descriptor (all 0xff bytes).
-  std::memset(r.s.payload(), 0xff, sizeof(kdn_model_desc));
+  std::memset(r.s.payload(), 0xff, sizeof(ipc::ModelRecord));
   q = {};
   q.opcode = uint8_t(Opcode::kRegisterModel);
-  q.in_len = sizeof(kdn_model_desc);
+  q.in_len = sizeof(ipc::ModelRecord);
   EXPECT_LT(r.call(q), 0);
 
   EXPECT_EQ(r.ping(), KDN_OK) << "the session survives its own bad requests";
@@ -227,10 +173,10 @@ TEST(BadInput, HandshakeGarbage) {
     ASSERT_TRUE(fd.ok());
     std::vector<std::byte> junk(100, std::byte{0x41});
     ASSERT_TRUE(ipc::send_message(fd->get(), junk, {}).ok());
-    char buf[256];
+    ipc::WelcomeRefusal w{};
     // Refused or closed, never a welcome with fds.
-    ssize_t n = ::recv(fd->get(), buf, sizeof buf, 0);
-    EXPECT_TRUE(n <= 0 || reinterpret_cast<ipc::WelcomeMsg*>(buf)->status < 0);
+    ssize_t n = ::recv(fd->get(), &w, sizeof w, 0);
+    EXPECT_TRUE(n <= 0 || w.status < 0);
   }
   {
     auto fd = ipc::uds_connect(d.socket(), 1000);
@@ -239,10 +185,11 @@ TEST(BadInput, HandshakeGarbage) {
     hello->proto_major = 99;  // wrong version
     std::span<const std::byte> b(reinterpret_cast<const std::byte*>(&*hello), sizeof *hello);
     ASSERT_TRUE(ipc::send_message(fd->get(), b, {}).ok());
-    ipc::WelcomeMsg w{};
+    ipc::WelcomeRefusal w{};
     ssize_t n = ::recv(fd->get(), &w, sizeof w, 0);
-    ASSERT_EQ(n, ssize_t(sizeof w));
+    ASSERT_EQ(n, ssize_t(sizeof w)) << "a refusal in the layout every major reads";
     EXPECT_EQ(w.status, KDN_ERR_VERSION);
+    EXPECT_EQ(w.proto_major, ipc::kProtocolMajor);
   }
   {
     auto fd = ipc::uds_connect(d.socket(), 1000);
@@ -250,7 +197,7 @@ TEST(BadInput, HandshakeGarbage) {
     std::memset(hello->name_space, 'x', sizeof hello->name_space);  // no NUL terminator
     std::span<const std::byte> b(reinterpret_cast<const std::byte*>(&*hello), sizeof *hello);
     ASSERT_TRUE(ipc::send_message(fd->get(), b, {}).ok());
-    ipc::WelcomeMsg w{};
+    ipc::WelcomeRefusal w{};
     ssize_t n = ::recv(fd->get(), &w, sizeof w, 0);
     EXPECT_TRUE(n <= 0 || w.status < 0);
   }
@@ -286,6 +233,8 @@ TEST(BadInput, TokenAndNamespaceChecks) {
   o.name_space = "../etc";
   EXPECT_NE(kdn_connect(&o, &c), KDN_OK);
   o.name_space = "team-a";
+  EXPECT_EQ(kdn_connect(&o, &c), KDN_ERR_NOT_FOUND) << "a namespace nobody declared or asked to create";
+  o.flags = KDN_CONNECT_CREATE_NAMESPACE;
   ASSERT_EQ(kdn_connect(&o, &c), KDN_OK);
   EXPECT_EQ(kdn_ping(c), KDN_OK);
   kdn_disconnect(c);

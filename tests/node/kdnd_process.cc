@@ -61,6 +61,8 @@ kdn_connect_opts KdndProcess::opts(const char* name_space) const {
   o.struct_size = sizeof o;
   o.socket_path = socket_.c_str();
   o.name_space = name_space;
+  // Tests name fresh tenants freely: kdnd creates them for its own uid (the test's).
+  if (name_space && *name_space) o.flags = KDN_CONNECT_CREATE_NAMESPACE;
   o.timeout_ms = 5000;
   o.token = token_.empty() ? nullptr : token_.c_str();
   return o;

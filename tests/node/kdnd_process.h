@@ -19,8 +19,10 @@ class KdndProcess {
   ~KdndProcess();
 
   const std::string& socket() const { return socket_; }
+  const std::string& dir() const { return dir_; }  // private to the test; deleted at the end
   pid_t pid() const { return pid_; }
-  // Connect options for this daemon (valid while *this lives).
+  // Connect options for this daemon (valid while *this lives); a named namespace is created
+  // on first use.
   kdn_connect_opts opts(const char* name_space = nullptr) const;
   // SIGTERM and wait; returns the exit status (or -1).
   int stop();

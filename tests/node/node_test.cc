@@ -62,6 +62,7 @@ int verify_doc(Conn& k, uint32_t doc, uint32_t n) {
 kdn_stats stats_of(const KdndProcess& d, const char* ns = nullptr) {
   Conn k(d, tiny_model(), ns);
   kdn_stats s{};
+  s.struct_size = sizeof s;
   EXPECT_EQ(kdn_get_stats(k.c, &s), KDN_OK);
   return s;
 }
@@ -175,6 +176,7 @@ TEST(Node, EvictionUnderPressureKeepsLeases) {
               return 0;
             }), 0);
   kdn_stats s{};
+  s.struct_size = sizeof s;
   ASSERT_EQ(kdn_get_stats(holder.c, &s), KDN_OK);
   EXPECT_GT(s.evicted_chunks, 50u);
   EXPECT_LE(s.resident_bytes, s.capacity_bytes);
@@ -242,6 +244,7 @@ void exits_holding(const KdndProcess& d, bool sigkill) {
   EXPECT_EQ(rc, sigkill ? 128 + SIGKILL : 0);
   // The daemon notices the hang-up and drops the holdings.
   kdn_stats s{};
+  s.struct_size = sizeof s;
   for (int i = 0; i < 100; ++i) {
     s = stats_of(d);
     if (s.active_leases == 0 && s.open_reservations == 0) break;

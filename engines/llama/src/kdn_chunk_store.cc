@@ -53,7 +53,7 @@ class KdnReservation final : public ChunkReservation {
 
 Status from_kdn(int rc, const char* what) noexcept {
   if (rc == KDN_OK) return OkStatus();
-  if (rc < KDN_ERR_INTERNAL || rc > 0) return Status(Code::kInternal, what);
+  if (rc < KDN_ERR_LIMIT || rc > 0) return Status(Code::kInternal, what);
   return Status(static_cast<Code>(rc), what);
 }
 
@@ -112,6 +112,7 @@ Result<std::unique_ptr<ChunkReservation>> KdnChunkStore::reserve(std::span<const
 
 Result<kdn_stats> KdnChunkStore::stats() noexcept {
   kdn_stats s{};
+  s.struct_size = sizeof s;
   KDN_RETURN_IF_ERROR(from_kdn(kdn_get_stats(client_, &s), "kdn_get_stats failed"));
   return s;
 }

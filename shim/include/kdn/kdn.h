@@ -21,6 +21,11 @@
  * the lease is released; pointers inside a store reservation until commit or abort. A client
  * that exits without releasing loses its leases and reservations; kdnd reclaims them.
  *
+ * Integrity. Leased chunk bytes are read-only (the arena is mapped read-only, and kdnd sealed
+ * it against writes by anyone but itself), so no engine can change a chunk another engine
+ * reads. A reservation's slot lies in the client's own staging area; kdn_store_commit has kdnd
+ * copy it into the arena, after which the client's slot is no longer the chunk.
+ *
  * Thread safety. A kdn_client is NOT thread-safe: use one per thread, or serialize calls.
  * Model handles, leases and reservations belong to the client that created them.
  *
@@ -44,9 +49,9 @@ extern "C" {
 #endif
 
 /* Version of this header's ABI. kdn_abi_version() returns the library's. */
-#define KDN_ABI_VERSION 1u
+#define KDN_ABI_VERSION 2u
 /* Version of the wire protocol between libkdn and kdnd (checked at handshake). */
-#define KDN_PROTOCOL_VERSION 1u
+#define KDN_PROTOCOL_VERSION 2u
 
 /* ---- status codes ------------------------------------------------------------------- */
 typedef enum kdn_status {
@@ -66,7 +71,9 @@ typedef enum kdn_status {
   KDN_ERR_CORRUPT = -13,          /* data failed an integrity check */
   KDN_ERR_MODEL_MISMATCH = -14,   /* layout or model descriptor incompatible with the chunk */
   KDN_ERR_UNSUPPORTED = -15,      /* a feature this build or this kdnd does not have */
-  KDN_ERR_INTERNAL = -16          /* a bug: please report */
+  KDN_ERR_INTERNAL = -16,         /* a bug: please report */
+  KDN_ERR_LIMIT = -17             /* a configured limit (leases, reservations, staging, sessions,
+                                     models, requests in flight) would be exceeded; nothing was done */
 } kdn_status;
 
 KDN_API const char* kdn_strerror(int status);
@@ -133,6 +140,12 @@ KDN_API int kdn_prefix_keys(const kdn_model_desc* desc, const int32_t* tokens, s
 /* ---- connection ------------------------------------------------------------------------ */
 typedef struct kdn_client kdn_client;
 
+/* kdn_connect_opts.flags */
+#define KDN_CONNECT_CREATE_NAMESPACE 1u  /* create name_space if kdnd allows this client to */
+#define KDN_CONNECT_READ_ONLY 2u         /* no staging area: this client never stores */
+#define KDN_CONNECT_ADMIN 4u             /* ask for admin rights (granted only to uids kdnd's
+                                            configuration names; see kdn_session_info.admin) */
+
 typedef struct kdn_connect_opts {
   uint32_t struct_size;        /* sizeof(kdn_connect_opts) */
   const char* socket_path;     /* NULL: $KDN_SOCKET, else $XDG_RUNTIME_DIR/kdn/kdnd.sock, else /tmp/kdn-$UID/kdnd.sock */
@@ -141,20 +154,44 @@ typedef struct kdn_connect_opts {
   uint32_t ring_entries;       /* submission/completion ring size, power of two; 0 = 256 */
   uint32_t payload_bytes;      /* client payload area; 0 = 1 MiB */
   uint32_t timeout_ms;         /* handshake and default wait timeout; 0 = 5000 */
+  uint32_t flags;              /* KDN_CONNECT_* */
+  uint64_t staging_bytes;      /* staging area for stores (4 KiB multiple); 0 = 256 MiB. Its
+                                  pages are allocated as they are first written. */
 } kdn_connect_opts;
 
-/* Connects to kdnd. opts may be NULL (all defaults). On success *out owns the connection. */
+/* Connects to kdnd. opts may be NULL (all defaults). On success *out owns the connection.
+ * KDN_ERR_VERSION: kdnd speaks another protocol version; KDN_ERR_NOT_FOUND: no such
+ * namespace (and none was to be created); KDN_ERR_PERMISSION: this uid, group or token may
+ * not open it; KDN_ERR_LIMIT: too many sessions, or more staging than kdnd allows. */
 KDN_API int kdn_connect(const kdn_connect_opts* opts, kdn_client** out);
 /* Closes the connection, releasing every lease and aborting every open reservation. */
 KDN_API void kdn_disconnect(kdn_client* client);
 /* Round trip through the rings with no work (for health checks and latency probes). */
 KDN_API int kdn_ping(kdn_client* client);
 
+/* What kdnd granted this session: its staging area and the limits it enforces. */
+typedef struct kdn_session_info {
+  uint32_t struct_size;            /* sizeof(kdn_session_info) */
+  uint32_t admin;                  /* nonzero if granted admin rights on the namespace */
+  uint64_t staging_bytes;          /* bytes of reserved slots this session may hold at once */
+  uint64_t arena_bytes;            /* the namespace's host arena */
+  uint32_t max_leases;             /* distinct chunks leased at once */
+  uint32_t max_lease_count;        /* repeated leases of one chunk */
+  uint32_t max_reservations;       /* open reservations */
+  uint32_t max_in_flight;          /* requests in flight */
+  uint32_t max_models;             /* models registered */
+  uint32_t reservation_timeout_ms; /* an uncommitted reservation is aborted after this */
+} kdn_session_info;
+KDN_API int kdn_get_session_info(kdn_client* client, kdn_session_info* out);
+
 /* ---- models -------------------------------------------------------------------------- */
 typedef struct kdn_model kdn_model;  /* owned by the client; freed by kdn_disconnect */
 KDN_API int kdn_register_model(kdn_client* client, const kdn_model_desc* desc, kdn_model** out);
 KDN_API uint64_t kdn_model_chunk_bytes(const kdn_model* model);
 KDN_API uint32_t kdn_model_chunk_tokens(const kdn_model* model);
+/* The most chunks of this model one kdn_store_reserve may ask for (staging area and
+ * reservation limit); 0 for a read-only client. kdn_store_from splits larger stores itself. */
+KDN_API uint32_t kdn_store_max_chunks(kdn_client* client, const kdn_model* model);
 
 /* ---- lookup ---------------------------------------------------------------------------- */
 #define KDN_TIER_COUNT 4u  /* 0 GPU, 1 host, 2 disk, 3 remote */
@@ -194,14 +231,19 @@ KDN_API void kdn_copy_chunk(void* dst, const void* src, size_t bytes);
 typedef struct kdn_store kdn_store;
 /* Reserves slots for chunks [first_chunk, first_chunk + n_chunks) of tokens[0, n_tokens).
  * Chunks already cached or being stored by another client get no slot
- * (kdn_store_chunk_data returns NULL for them): skip computing them into the slot. */
+ * (kdn_store_chunk_data returns NULL for them): skip computing them into the slot. So do the
+ * last chunks when the arena is full of leased chunks. KDN_ERR_LIMIT if n_chunks is more than
+ * kdn_store_max_chunks or the session's open reservations would pass its limit. Slots lie in
+ * this client's staging area; uncommitted reservations are aborted by kdnd after
+ * kdn_session_info.reservation_timeout_ms. */
 KDN_API int kdn_store_reserve(kdn_client* client, const kdn_model* model, const int32_t* tokens,
                               size_t n_tokens, uint32_t first_chunk, uint32_t n_chunks,
                               kdn_store** out);
 KDN_API uint32_t kdn_store_chunks(const kdn_store* store);
 /* Writable slot for chunk i of the reservation, or NULL if no write is needed. */
 KDN_API void* kdn_store_chunk_data(kdn_store* store, uint32_t i);
-/* Publishes every reserved chunk; consumes the handle. */
+/* Publishes every reserved chunk: kdnd copies each slot into the shared arena and returns
+ * once every copy is done. Consumes the handle. */
 KDN_API int kdn_store_commit(kdn_client* client, kdn_store* store);
 /* Drops every reserved chunk; consumes the handle. */
 KDN_API int kdn_store_abort(kdn_client* client, kdn_store* store);
@@ -253,14 +295,27 @@ KDN_API void kdn_op_release(kdn_client* client, kdn_op* op);
 
 /* ---- stats ---------------------------------------------------------------------------------- */
 typedef struct kdn_stats {
+  uint32_t struct_size;            /* sizeof(kdn_stats): set by the caller */
+  uint32_t reserved0;
   uint64_t lookups, lookup_hit_chunks, lookup_miss_chunks;
   uint64_t stored_chunks, stored_bytes;
   uint64_t retrieved_chunks, retrieved_bytes;
-  uint64_t evicted_chunks, resident_chunks, resident_bytes, capacity_bytes;
-  uint64_t active_leases, open_reservations;
-  uint64_t sessions, protocol_errors;
+  uint64_t evicted_chunks;         /* chunks that left a tier to make room */
+  uint64_t dropped_chunks;         /* of those, chunks that left the node (no lower tier kept them) */
+  uint64_t demoted_chunks, promoted_chunks;
+  uint64_t resident_chunks, resident_bytes, capacity_bytes;  /* the host tier */
+  uint64_t tier_resident_chunks[KDN_TIER_COUNT], tier_resident_bytes[KDN_TIER_COUNT];
+  uint64_t tier_capacity_bytes[KDN_TIER_COUNT];
+  uint64_t active_leases, open_reservations, in_flight_ops;
+  uint64_t sessions, protocol_errors, limit_errors;
+  uint64_t corrupt_chunks;         /* chunks found damaged in a tier: dropped, never served */
+  uint64_t expired_reservations;   /* aborted by kdnd after the reservation timeout */
+  uint64_t staging_bytes;          /* staging areas of the namespace's sessions */
+  /* Daemon-wide; zero unless this session was granted admin. */
+  uint64_t daemon_sessions, daemon_requests, daemon_handshakes_refused, daemon_namespaces;
 } kdn_stats;
-/* Node-wide counters of the client's namespace (resident/capacity) and of the daemon. */
+/* Counters of the client's namespace (and of the daemon, for admin sessions). Set
+ * out->struct_size = sizeof(kdn_stats) first. */
 KDN_API int kdn_get_stats(kdn_client* client, kdn_stats* out);
 
 #ifdef __cplusplus

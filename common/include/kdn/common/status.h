@@ -33,6 +33,7 @@ enum class Code : int32_t {
   kModelMismatch = KDN_ERR_MODEL_MISMATCH,
   kUnsupported = KDN_ERR_UNSUPPORTED,
   kInternal = KDN_ERR_INTERNAL,
+  kLimit = KDN_ERR_LIMIT,
 };
 
 // Name of a code (never null).

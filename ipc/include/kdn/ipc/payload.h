@@ -12,6 +12,7 @@
 #pragma once
 
 #include <kdn/common/status.h>
+#include <kdn/ipc/ops.h>
 #include <kdn/ipc/protocol.h>
 
 #include <cstddef>
@@ -20,21 +21,6 @@
 #include <span>
 
 namespace kdn::ipc {
-
-// What an opcode's payload must look like.
-struct OpSpec {
-  Opcode opcode;
-  const char* name;
-  uint32_t in_record;     // bytes per input record; 0 = no input allowed
-  bool in_single;         // input is exactly one record (REGISTER_MODEL)
-  uint32_t out_record;    // bytes per output record; 0 = no output allowed
-  bool out_single;        // output is exactly one record (STATS)
-  bool out_per_input;     // output must hold one record per input record (RESERVE, LEASE)
-  bool admin;             // needs a session granted kHelloFlagAdmin
-};
-
-// The spec of `opcode`, or null for an unknown opcode.
-const OpSpec* op_spec(uint8_t opcode) noexcept;
 
 // True iff [off, off + len) lies inside [0, area_bytes). Never overflows.
 constexpr bool payload_ref_ok(uint32_t off, uint32_t len, uint32_t area_bytes) noexcept {
@@ -45,9 +31,9 @@ constexpr bool range_ok(uint64_t off, uint64_t len, uint64_t size) noexcept {
   return off <= size && len <= size - off;
 }
 
-// A checked Sqe: its spec and record counts.
+// A checked Sqe: its shape and record counts.
 struct SqeShape {
-  const OpSpec* spec;
+  const OpShape* shape;
   uint32_t in_records;    // records in the input
   uint32_t out_capacity;  // records that fit in the output (capped at kMaxKeysPerOp)
 };
@@ -74,6 +60,8 @@ class PayloadArea {
   Status copy_in(uint32_t off, std::span<std::byte> dst) const noexcept;
   // Copies src into payload[off, off + src.size()); KDN_ERR_PROTOCOL if out of bounds.
   Status copy_out(uint32_t off, std::span<const std::byte> src) const noexcept;
+  // Zeroes payload[off, off + len); KDN_ERR_PROTOCOL if out of bounds.
+  Status zero(uint32_t off, uint32_t len) const noexcept;
 
   // Copies the SQE's input records into `scratch` (daemon memory) and returns the filled
   // prefix. KDN_ERR_PROTOCOL if the input is not whole T records inside the area,
@@ -89,13 +77,39 @@ class PayloadArea {
     return filled;
   }
 
+  // Copies input records [first, first + dst.size()) into dst, for a request served in
+  // slices: each record is still read exactly once. KDN_ERR_PROTOCOL if they are not inside
+  // the SQE's input.
+  template <class T>
+  Status copy_in_slice(const Sqe& sqe, uint32_t first, std::span<T> dst) const noexcept {
+    static_assert(std::is_trivially_copyable_v<T>);
+    const uint64_t begin = uint64_t(first) * sizeof(T), bytes = dst.size_bytes();
+    if (begin > sqe.in_len || bytes > sqe.in_len - begin) return Status(Code::kProtocol, "input slice outside the input");
+    return copy_in(sqe.in_off + uint32_t(begin), std::as_writable_bytes(dst));
+  }
+
   // Writes `records` at the start of the SQE's output; KDN_ERR_INVALID_ARGUMENT if they do
   // not fit in out_len, KDN_ERR_PROTOCOL if the output lies outside the area.
   template <class T>
   Status copy_out_records(const Sqe& sqe, std::span<const T> records) const noexcept {
+    return copy_out_slice(sqe, 0, records);
+  }
+  // Writes `records` as output records [first, first + records.size()).
+  template <class T>
+  Status copy_out_slice(const Sqe& sqe, uint32_t first, std::span<const T> records) const noexcept {
     static_assert(std::is_trivially_copyable_v<T>);
-    if (records.size_bytes() > sqe.out_len) return Status(Code::kInvalidArgument, "output too small");
-    return copy_out(sqe.out_off, std::as_bytes(records));
+    const uint64_t begin = uint64_t(first) * sizeof(T);
+    if (begin > sqe.out_len || records.size_bytes() > sqe.out_len - begin)
+      return Status(Code::kInvalidArgument, "output too small");
+    return copy_out(sqe.out_off + uint32_t(begin), std::as_bytes(records));
+  }
+  // Zeroes output records [first, last) of T: the records of a request that were not served.
+  template <class T>
+  Status zero_out_records(const Sqe& sqe, uint32_t first, uint32_t last) const noexcept {
+    const uint64_t begin = uint64_t(first) * sizeof(T), end = uint64_t(last) * sizeof(T);
+    if (first >= last) return OkStatus();
+    if (end > sqe.out_len) return Status(Code::kInvalidArgument, "output too small");
+    return zero(sqe.out_off + uint32_t(begin), uint32_t(end - begin));
   }
 
  private:

@@ -1,12 +1,20 @@
-// The wire protocol between libkdn (the shim) and kdnd: handshake messages, the session
-// segment, ring entries, opcodes and their payload records. docs/protocol.md describes
-// every byte in prose; this header is its executable form. Every struct here is plain old
+// The wire protocol between libkdn (the shim) and kdnd, version 2: handshake messages, the
+// session segment, ring entries, opcodes and the wire records operations exchange.
+// docs/protocol.md describes every byte in prose; this header is its executable form, and
+// ops.h gives each opcode its typed request and response. Every struct here is plain old
 // data with a fixed size and layout (static_asserts below), little-endian, no pointers.
 //
-// Versioning: proto_major is KDN_PROTOCOL_VERSION from kdn/kdn.h; a different major is
-// refused at the handshake. proto_minor grows with backward-compatible additions (new
-// opcodes, new flag bits, meaning given to reserved fields that were zero); both sides
-// tolerate any minor and an unknown opcode is answered with KDN_ERR_UNSUPPORTED.
+// Wire records are not the ABI structs of kdn/kdn.h: the C ABI may grow its structs
+// (struct_size) without moving a byte on the wire, and the wire may grow (proto_minor)
+// without breaking the ABI. The shim converts between the two; only kdn_key, two u64s whose
+// layout the ABI freezes, is used on both sides.
+//
+// Versioning: proto_major is KDN_PROTOCOL_VERSION from kdn/kdn.h. A peer of another major
+// is refused at the handshake: every handshake message keeps magic and proto_major at the
+// offsets version 1 had, and a refusal to another major is sent in the 80-byte version-1
+// welcome layout, so a version-1 client reads "KDN_ERR_VERSION, daemon speaks 2". There is
+// no dual stack. proto_minor grows with backward-compatible additions; an unknown opcode is
+// answered with KDN_ERR_UNSUPPORTED.
 #pragma once
 
 #include <kdn/common/status.h>
@@ -39,60 +47,114 @@ constexpr uint32_t kMaxRingEntries = 4096;
 constexpr uint32_t kMinPayloadBytes = 4u << 10;
 constexpr uint32_t kMaxPayloadBytes = 64u << 20;
 constexpr uint32_t kMaxKeysPerOp = 65536;  // records of any kind in one SQE's input or output
+constexpr uint64_t kMaxStagingBytes = 1ull << 40;
 constexpr size_t kNameSpaceBytes = 64;     // including the NUL
 constexpr size_t kTokenBytes = 64;         // including the NUL
 constexpr size_t kPageBytes = 4096;
 
 // ---- handshake (SOCK_SEQPACKET, one message each way) ---------------------------------------
-// Hello flags.
-constexpr uint32_t kHelloFlagAdmin = 1u << 0;  // ask for admin opcodes (LIST, EVICT)
-constexpr uint32_t kHelloKnownFlags = kHelloFlagAdmin;
+// Hello flags: what the client asks for. The daemon grants by its configuration, never
+// because a client asked; a flag not granted is simply absent from WelcomeMsg::flags.
+constexpr uint32_t kHelloFlagAdmin = 1u << 0;            // LIST/EVICT and every counter of the namespace
+constexpr uint32_t kHelloFlagCreateNamespace = 1u << 1;  // create the namespace if it does not exist
+constexpr uint32_t kHelloKnownFlags = kHelloFlagAdmin | kHelloFlagCreateNamespace;
 
 // Client -> daemon. Sent as exactly sizeof(HelloMsg) bytes with no fds.
 struct HelloMsg {
-  uint32_t magic;                // kHelloMagic
-  uint16_t proto_major;          // kProtocolMajor
-  uint16_t proto_minor;          // the client's kProtocolMinor
+  uint32_t magic;                    // kHelloMagic
+  uint16_t proto_major;              // kProtocolMajor
+  uint16_t proto_minor;              // the client's kProtocolMinor
   char name_space[kNameSpaceBytes];  // 1..63 bytes of [A-Za-z0-9._-], not starting with '.', NUL, zeros
-  char token[kTokenBytes];       // 0..63 bytes, NUL, zeros
-  uint32_t ring_entries;         // SQ and CQ capacity: power of two in [16, 4096]
-  uint32_t payload_bytes;        // payload area: [4 KiB, 64 MiB], multiple of 4 KiB
-  uint32_t client_pid;           // must equal the SO_PEERCRED pid
-  uint32_t flags;                // kHelloFlag*
+  char token[kTokenBytes];           // 0..63 bytes, NUL, zeros
+  uint32_t ring_entries;             // SQ and CQ capacity: power of two in [16, 4096]
+  uint32_t payload_bytes;            // payload area: [4 KiB, 64 MiB], multiple of 4 KiB
+  uint32_t client_pid;               // must equal the SO_PEERCRED pid
+  uint32_t flags;                    // kHelloFlag*
+  uint64_t staging_bytes;            // staging area to write stores into; 0 = none (read-only
+                                     // session); a multiple of 4 KiB
+  uint64_t reserved;                 // zero
 };
-static_assert(sizeof(HelloMsg) == 152 && alignof(HelloMsg) == 4);
-static_assert(offsetof(HelloMsg, name_space) == 8 && offsetof(HelloMsg, token) == 72);
-static_assert(offsetof(HelloMsg, ring_entries) == 136 && offsetof(HelloMsg, flags) == 148);
+static_assert(sizeof(HelloMsg) == 168 && alignof(HelloMsg) == 8);
+static_assert(offsetof(HelloMsg, proto_major) == 4 && offsetof(HelloMsg, name_space) == 8);
+static_assert(offsetof(HelloMsg, token) == 72 && offsetof(HelloMsg, ring_entries) == 136);
+static_assert(offsetof(HelloMsg, flags) == 148 && offsetof(HelloMsg, staging_bytes) == 152);
 
-// Daemon -> client. Sent as exactly sizeof(WelcomeMsg) bytes. With status == KDN_OK it
-// carries num_fds == 3 descriptors, in order: [session segment memfd, namespace host arena
-// memfd, doorbell eventfd]. With status < 0 every other field is zero except proto_major/
-// proto_minor (the daemon's version), no fds travel and the daemon closes the socket.
-constexpr uint32_t kWelcomeFds = 3;
+// A region is memory that slot references point into: a namespace's host arena (clients map
+// it read-only), a session's staging area (the session's own, read-write), and later GPU
+// pools and engines' registered memory. Its generation is bumped whenever memory under the
+// same id is created anew, so a reference to the old memory is refused.
+enum class RegionKind : uint32_t { kHostArena = 1, kStaging = 2 };
+enum class RegionAccess : uint32_t { kRead = 1, kReadWrite = 3 };
+
+struct RegionRecord {
+  uint32_t region_id;   // nonzero
+  uint32_t generation;  // nonzero
+  uint32_t kind;        // RegionKind
+  uint32_t access;      // RegionAccess: how the client may (and can) map it
+  uint64_t bytes;       // size of the mapping
+  uint64_t reserved;    // zero
+};
+static_assert(sizeof(RegionRecord) == 32 && std::is_trivially_copyable_v<RegionRecord>);
+
+// The per-session limits the daemon enforces (KDN_ERR_LIMIT beyond them), told to the client
+// so it can size its requests.
+struct SessionLimits {
+  uint32_t max_leases;              // distinct chunks leased at once
+  uint32_t max_lease_count;         // repeated leases of one chunk
+  uint32_t max_reservations;        // open reservations
+  uint32_t max_in_flight;           // requests being served at once
+  uint32_t max_models;              // models registered
+  uint32_t reservation_timeout_ms;  // an uncommitted reservation is aborted after this
+  uint32_t reserved[2];
+};
+static_assert(sizeof(SessionLimits) == 32 && std::is_trivially_copyable_v<SessionLimits>);
+
+// Descriptors of a successful welcome, in order: [session segment, doorbell eventfd, then one
+// per region in regions[] order].
+constexpr uint32_t kMaxWelcomeRegions = 4;
 constexpr uint32_t kWelcomeFdSession = 0;
-constexpr uint32_t kWelcomeFdArena = 1;
-constexpr uint32_t kWelcomeFdDoorbell = 2;
+constexpr uint32_t kWelcomeFdDoorbell = 1;
+constexpr uint32_t kWelcomeFdFirstRegion = 2;
+constexpr uint32_t kMaxWelcomeFds = kWelcomeFdFirstRegion + kMaxWelcomeRegions;
 
+// Daemon -> client. Sent as exactly sizeof(WelcomeMsg) bytes on success. Bytes 0..11
+// (magic, status, proto_major, proto_minor) have the version-1 layout.
 struct WelcomeMsg {
   uint32_t magic;                  // kWelcomeMagic
-  int32_t status;                  // kdn_status
+  int32_t status;                  // KDN_OK (refusals: WelcomeRefusal)
   uint16_t proto_major;            // the daemon's version
   uint16_t proto_minor;
   uint32_t flags;                  // kHelloFlag* granted (subset of those asked for)
   uint64_t session_id;             // nonzero, unique for the daemon's lifetime
   uint64_t session_segment_bytes;  // == SessionLayout::total_bytes
-  uint64_t arena_bytes;            // size of the namespace's host arena segment
   uint32_t ring_entries;           // == HelloMsg::ring_entries
   uint32_t payload_bytes;          // == HelloMsg::payload_bytes
   uint64_t sq_offset;              // == SessionLayout offsets (the client recomputes them)
   uint64_t cq_offset;
   uint64_t payload_offset;
-  uint32_t num_fds;                // kWelcomeFds on success, 0 on refusal
+  uint32_t num_fds;                // kWelcomeFdFirstRegion + num_regions
   uint32_t max_keys_per_op;        // kMaxKeysPerOp
+  uint32_t num_regions;            // 1..kMaxWelcomeRegions
+  uint32_t reserved0;
+  RegionRecord regions[kMaxWelcomeRegions];  // [num_regions, 4) zero
+  SessionLimits limits;
 };
-static_assert(sizeof(WelcomeMsg) == 80 && alignof(WelcomeMsg) == 8);
-static_assert(offsetof(WelcomeMsg, session_id) == 16 && offsetof(WelcomeMsg, sq_offset) == 48);
-static_assert(offsetof(WelcomeMsg, num_fds) == 72);
+static_assert(sizeof(WelcomeMsg) == 240 && alignof(WelcomeMsg) == 8);
+static_assert(offsetof(WelcomeMsg, status) == 4 && offsetof(WelcomeMsg, proto_major) == 8);
+static_assert(offsetof(WelcomeMsg, session_id) == 16 && offsetof(WelcomeMsg, sq_offset) == 40);
+static_assert(offsetof(WelcomeMsg, num_fds) == 64 && offsetof(WelcomeMsg, regions) == 80);
+static_assert(offsetof(WelcomeMsg, limits) == 208);
+
+// Daemon -> client: a refusal, in the layout of version 1's 80-byte welcome (so a client of
+// any major reads it): status < 0, the daemon's proto_major/minor, zeros elsewhere, no fds.
+struct WelcomeRefusal {
+  uint32_t magic;  // kWelcomeMagic
+  int32_t status;  // < 0
+  uint16_t proto_major;
+  uint16_t proto_minor;
+  uint8_t zero[68];
+};
+static_assert(sizeof(WelcomeRefusal) == 80 && offsetof(WelcomeRefusal, proto_major) == 8);
 
 // ---- session segment -----------------------------------------------------------------------
 // One memfd per session, created and sized by the daemon, mapped MAP_SHARED by both:
@@ -148,26 +210,23 @@ Status check_session_header(const SessionHeader& header, const SessionLayout& la
                             uint64_t session_id) noexcept;
 
 // ---- ring entries ------------------------------------------------------------------------------
+// The opcodes. What each takes and returns is declared once, in ops.h.
 enum class Opcode : uint8_t {
-  kPing = 1,           // no payload; res0 = arg0 echoed
-  kRegisterModel = 2,  // in: kdn_model_desc; res0 = model_id, res1 = chunk_bytes,
-                       //     res2 = chunk_tokens, res3/res4 = fingerprint lo/hi
-  kLookup = 3,         // in: kdn_key[n]; res0 = hit_chunks, res1..res4 = chunks per tier 0..3
-  kReserve = 4,        // in: kdn_key[n]; out: ReserveSlot[n]; res0 = slots in state kReserved
-  kCommit = 5,         // in: u64 reservation_id[n]; res0 = committed
-  kAbort = 6,          // in: u64 reservation_id[n]; res0 = aborted
-  kLease = 7,          // in: kdn_key[n], arg0 = max chunks (0 = n); out: LeaseSlot[<= n];
-                       //     res0 = leased (the longest present prefix)
-  kRelease = 8,        // in: u64 lease_id[n]; res0 = released
-  kStats = 9,          // out: kdn_stats
-  kList = 10,          // admin; arg0 = cursor (0 = start); out: ListEntry[cap];
-                       //     res0 = entries written, res1 = next cursor (0 = done)
-  kEvict = 11,         // admin; arg0 = EvictMode; in: kdn_key[n] for kByKeys;
-                       //     res0 = evicted, res1 = skipped (leased or reserved)
+  kPing = 1,
+  kRegisterModel = 2,
+  kLookup = 3,
+  kReserve = 4,
+  kCommit = 5,
+  kAbort = 6,
+  kLease = 7,
+  kRelease = 8,
+  kStats = 9,
+  kList = 10,
+  kEvict = 11,
 };
 constexpr uint8_t kMaxOpcode = 11;
 
-// SQE flags: none defined in 1.0; nonzero bits are a protocol error.
+// SQE flags: none defined in 2.0; nonzero bits are a protocol error.
 constexpr uint8_t kSqeKnownFlags = 0;
 
 // Submission queue entry: client -> daemon.
@@ -191,53 +250,99 @@ static_assert(offsetof(Sqe, user_data) == 8 && offsetof(Sqe, in_off) == 16 && of
 struct Cqe {
   uint64_t user_data;  // the SQE's
   int32_t status;      // kdn_status
-  uint32_t flags;      // zero in 1.0
+  uint32_t flags;      // zero in 2.0
   uint64_t res[6];     // per-opcode results
 };
 static_assert(sizeof(Cqe) == 64 && alignof(Cqe) == 8 && std::is_trivially_copyable_v<Cqe>);
 static_assert(offsetof(Cqe, status) == 8 && offsetof(Cqe, res) == 16);
 
-// ---- payload records ----------------------------------------------------------------------------
+// ---- wire records ------------------------------------------------------------------------------
+// A place in a region: what RESERVE and LEASE hand out instead of bare offsets.
+struct SlotRef {
+  uint32_t region;      // RegionRecord::region_id
+  uint32_t generation;  // must equal the region's, else the reference is stale
+  uint64_t offset;      // byte offset inside the region
+};
+static_assert(sizeof(SlotRef) == 16 && std::is_trivially_copyable_v<SlotRef>);
+
+// A model descriptor on the wire (REGISTER_MODEL's input): the fields of kdn_model_desc in a
+// fixed order, without struct_size.
+struct ModelRecord {
+  uint32_t num_layers, num_kv_heads, head_dim, dtype, chunk_tokens, rope_style, rotary_dim;
+  uint32_t rope_scaling, k_channel_order, tp_rank, tp_size, reserved;
+  double rope_theta;
+  float rope_scaling_params[4];
+  char name[64];
+  uint8_t engine_salt[32];
+};
+static_assert(sizeof(ModelRecord) == 168 && offsetof(ModelRecord, rope_theta) == 48);
+static_assert(offsetof(ModelRecord, name) == 72 && offsetof(ModelRecord, engine_salt) == 136);
+
+ModelRecord to_wire(const kdn_model_desc& desc) noexcept;
+kdn_model_desc from_wire(const ModelRecord& record) noexcept;
+
 enum class ReserveState : uint32_t {
-  kReserved = 1,       // slot at arena_off is yours to fill, then COMMIT or ABORT
+  kNotServed = 0,      // the request stopped before this key (res2 says why); record is zero
+  kReserved = 1,       // slot is yours to fill (in your staging region), then COMMIT or ABORT
   kAlreadyCached = 2,  // committed by someone: skip computing this chunk
-  kInFlight = 3,       // another client holds a reservation for it
+  kInFlight = 3,       // another writer holds a reservation for it
 };
 
-struct ReserveSlot {
-  uint64_t arena_off;       // host arena offset of the slot (kReserved only, else 0)
+struct ReserveRecord {
+  SlotRef slot;             // the staging slot to write (kReserved only, else zero)
   uint64_t reservation_id;  // nonzero for kReserved, else 0
   uint32_t state;           // ReserveState
   uint32_t reserved;        // zero
 };
-static_assert(sizeof(ReserveSlot) == 24 && std::is_trivially_copyable_v<ReserveSlot>);
+static_assert(sizeof(ReserveRecord) == 32 && std::is_trivially_copyable_v<ReserveRecord>);
 
-struct LeaseSlot {
-  uint64_t arena_off;  // host arena offset of the chunk's canonical bytes
-  uint64_t lease_id;   // nonzero
+struct LeaseRecord {
+  SlotRef slot;       // the chunk's canonical bytes, read-only (the namespace's arena)
+  uint64_t lease_id;  // nonzero; the same id again for a chunk this session already leases
+  uint32_t tier;      // the tier the chunk was served from (1 host; 0/2/3 promoted from)
+  uint32_t reserved;  // zero
 };
-static_assert(sizeof(LeaseSlot) == 16 && std::is_trivially_copyable_v<LeaseSlot>);
+static_assert(sizeof(LeaseRecord) == 32 && std::is_trivially_copyable_v<LeaseRecord>);
 
 enum class ChunkTier : uint8_t { kGpu = 0, kHost = 1, kDisk = 2, kRemote = 3 };
-enum class ChunkState : uint8_t { kReserved = 1, kCommitted = 2, kMoving = 3 };
+constexpr uint32_t kTierCount = 4;
+enum class ChunkState : uint8_t { kReserved = 1, kCommitted = 2, kMoving = 3, kWriting = 4 };
 
-struct ListEntry {
+struct ListRecord {
   kdn_key key;
-  uint32_t model_id;     // the daemon's model id (stable for its lifetime)
-  uint8_t tier;          // ChunkTier
+  kdn_key fingerprint;   // the model's
+  uint32_t model_id;     // the daemon's id of that model while one is registered, else 0
+  uint8_t tier;          // ChunkTier of the fastest copy
   uint8_t state;         // ChunkState
-  uint16_t reserved0;
-  uint32_t leases;       // active leases
+  uint8_t tier_mask;     // bit t: a copy in tier t
+  uint8_t reserved0;
+  uint32_t leases;       // sessions holding a lease
   uint32_t reserved1;
   uint64_t bytes;        // stored bytes (compressed size on a compressed tier)
   uint64_t last_access;  // daemon CLOCK_MONOTONIC ns
 };
-static_assert(sizeof(ListEntry) == 48 && std::is_trivially_copyable_v<ListEntry>);
+static_assert(sizeof(ListRecord) == 64 && std::is_trivially_copyable_v<ListRecord>);
+
+// STATS's output: the counters of the session's namespace; the daemon-wide ones only for
+// admin sessions (zero otherwise). New counters are appended in later minors: a daemon
+// writes min(sizeof(StatsRecord), out_len) bytes and says how many in res1.
+struct StatsRecord {
+  uint64_t lookups, lookup_hit_chunks, lookup_miss_chunks;
+  uint64_t stored_chunks, stored_bytes;
+  uint64_t retrieved_chunks, retrieved_bytes;
+  uint64_t evicted_chunks, dropped_chunks, demoted_chunks, promoted_chunks;
+  uint64_t resident_chunks[kTierCount], resident_bytes[kTierCount], capacity_bytes[kTierCount];
+  uint64_t active_leases, open_reservations, in_flight_ops;
+  uint64_t sessions, protocol_errors, limit_errors, corrupt_chunks, expired_reservations;
+  uint64_t staging_bytes;
+  // Daemon-wide, admin sessions only.
+  uint64_t daemon_sessions, daemon_requests, daemon_handshakes_refused, daemon_namespaces;
+};
+static_assert(sizeof(StatsRecord) == 8 * 36 && std::is_trivially_copyable_v<StatsRecord>);
 
 enum class EvictMode : uint64_t { kAll = 0, kByKeys = 1 };
 
 static_assert(sizeof(kdn_key) == 16 && std::is_trivially_copyable_v<kdn_key>);
-static_assert(std::is_trivially_copyable_v<kdn_model_desc> && std::is_trivially_copyable_v<kdn_stats>);
 
 // Name of an opcode for logs ("unknown" for anything else; never null).
 const char* opcode_name(uint8_t opcode) noexcept;

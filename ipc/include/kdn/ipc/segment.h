@@ -1,11 +1,19 @@
 // SharedSegment: a memfd and its MAP_SHARED mapping, owned together.
 //
-// kdnd creates every shared segment (session segments, host arenas) with create() and hands
-// the fd to clients over the handshake socket; clients map it with attach(). Because a
-// client could ftruncate a shared memfd smaller and make the daemon's next access SIGBUS,
-// create() seals the size by default (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) before any
-// fd leaves the daemon. attach() still checks with fstat that the file is at least the size
-// the peer announced, so a short file is an error, never a SIGBUS.
+// kdnd creates every shared segment (session segments, host arenas, staging areas) with
+// create() and hands the fd to clients over the handshake socket; clients map it with
+// attach(). Because a client could ftruncate a shared memfd smaller and make the daemon's
+// next access SIGBUS, create() seals the size by default (F_SEAL_SHRINK | F_SEAL_GROW |
+// F_SEAL_SEAL) before any fd leaves the daemon. attach() still checks with fstat that the file
+// is at least the size the peer announced, so a short file is an error, never a SIGBUS.
+//
+// A segment only its creator may write (a host arena: chunks must not change after commit)
+// is created with seal_writes: the creator maps it read-write first, then seals it with
+// F_SEAL_FUTURE_WRITE. From then on nobody else can map it writable (EPERM), upgrade a
+// read-only mapping (mprotect: EACCES), write(2) to it, or punch holes into it
+// (fallocate/madvise(MADV_REMOVE): EPERM), whatever descriptor or /proc/self/fd re-open they
+// use; the creator's own mapping stays writable. (F_SEAL_WRITE would refuse while that
+// mapping exists, and Linux cannot revoke a mapping, so FUTURE_WRITE is the seal that fits.)
 //
 // Plain POSIX (memfd_create/mmap) rather than Boost.Interprocess: our segments are anonymous
 // memfds that travel by SCM_RIGHTS and must be sealed and optionally backed by huge pages;
@@ -27,6 +35,7 @@ namespace kdn::ipc {
 struct SegmentOptions {
   bool huge_pages = false;     // try MFD_HUGETLB (2 MiB pages); falls back to normal pages
   bool seal_size = true;       // F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL after sizing
+  bool seal_writes = false;    // + F_SEAL_FUTURE_WRITE after mapping: only this mapping writes
   bool populate = false;       // MAP_POPULATE: fault every page in now
   bool madvise_huge = false;   // MADV_HUGEPAGE (transparent huge pages) on normal pages
 };

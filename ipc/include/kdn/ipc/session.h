@@ -18,6 +18,7 @@
 #include <kdn/ipc/ring.h>
 #include <kdn/ipc/segment.h>
 
+#include <array>
 #include <cstdint>
 #include <span>
 
@@ -59,14 +60,23 @@ class DaemonSession {
   uint64_t id_ = 0;
 };
 
+// A region as the client maps it: read-only for RegionAccess::kRead (a namespace's arena),
+// read-write for kReadWrite (the session's own staging area).
+struct ClientRegion {
+  RegionRecord record{};
+  SharedSegment segment;
+};
+
 class ClientSession {
  public:
   ClientSession() noexcept = default;
 
-  // Maps the session segment and the arena, checks the header against the welcome, and
-  // adopts the doorbell. Consumes the handshake's fds.
+  // Maps the session segment and every region, checks the header against the welcome, and
+  // adopts the doorbell. Consumes the handshake's fds. `arena_options` apply to host-arena
+  // regions (read_only is forced by the region's access), `staging_options` to staging.
   static Result<ClientSession> attach(ClientHandshake handshake, uint64_t spin_ns = kDefaultSpinNs,
-                                      const MapOptions& arena_options = {}) noexcept;
+                                      const MapOptions& arena_options = {},
+                                      const MapOptions& staging_options = {}) noexcept;
 
   // Publishes as many SQEs as fit, then rings the doorbell if the daemon sleeps. Returns how
   // many were published (0 when the SQ is full).
@@ -78,10 +88,15 @@ class ClientSession {
 
   std::byte* payload() const noexcept { return segment_.data() + layout_.payload_offset; }
   uint32_t payload_bytes() const noexcept { return layout_.payload_bytes; }
-  std::byte* arena() const noexcept { return arena_.data(); }
-  uint64_t arena_bytes() const noexcept { return arena_.size(); }
   uint32_t ring_entries() const noexcept { return layout_.ring_entries; }
   const WelcomeMsg& welcome() const noexcept { return welcome_; }
+
+  // The bytes [ref.offset, ref.offset + bytes) of a region of `kind` this session maps.
+  // KDN_ERR_PROTOCOL for an unknown region, another kind, a stale generation or a range
+  // outside the region: the daemon handed out a reference it should not have.
+  Result<std::byte*> resolve(const SlotRef& ref, uint64_t bytes, RegionKind kind) const noexcept;
+  // The first region of `kind`, or null.
+  const ClientRegion* region(RegionKind kind) const noexcept;
 
  private:
   SessionHeader* header() const noexcept { return reinterpret_cast<SessionHeader*>(segment_.data()); }
@@ -89,7 +104,8 @@ class ClientSession {
   WelcomeMsg welcome_{};
   SessionLayout layout_{};
   SharedSegment segment_;
-  SharedSegment arena_;
+  std::array<ClientRegion, kMaxWelcomeRegions> regions_;
+  uint32_t num_regions_ = 0;
   EventDoorbell doorbell_;
   RingProducer<Sqe> sq_;
   RingConsumer<Cqe> cq_;

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace kdn::ipc {
 
@@ -69,5 +70,8 @@ struct PeerCredentials {
 
 // SO_PEERCRED of a connected socket: the peer's credentials at connect time.
 Result<PeerCredentials> peer_credentials(int sock) noexcept;
+
+// SO_PEERGROUPS: the peer's supplementary groups at connect time (at most 256 are read).
+Result<std::vector<gid_t>> peer_groups(int sock) noexcept;
 
 }  // namespace kdn::ipc

@@ -1,0 +1,275 @@
+// Every opcode of the protocol in one place: what its payload holds (the shape check_sqe
+// enforces), its scalar arguments in the SQE, its results in the CQE, and the encode/decode
+// functions both sides use. The daemon, libkdn, kdnctl and the tests all go through these;
+// nothing else interprets arg[] or res[].
+//
+// Each op is a struct with:
+//   kOpcode, kName, kShape                    what check_sqe validates
+//   InRecord / OutRecord                      payload record types (void: none)
+//   Args   + put(Args, Sqe&) / args(Sqe)      the SQE's scalars (client encodes, daemon decodes)
+//   Result + put(Result, Cqe&) / result(...)  the CQE's scalars (daemon encodes, client decodes;
+//                                             the client's decode checks them against what it
+//                                             asked, so a broken daemon is reported, not followed)
+//
+// Output records of a request that was served only in part (RESERVE stopped by a full arena,
+// LEASE stopped at the first miss) are either valid or zero: the daemon zeroes the records it
+// did not serve, up to what the request asked for.
+#pragma once
+
+#include <kdn/common/status.h>
+#include <kdn/ipc/protocol.h>
+
+#include <cstdint>
+
+namespace kdn::ipc {
+
+// What an opcode's payload must look like.
+struct OpShape {
+  enum class Out : uint8_t {
+    kNone,       // no output allowed
+    kPerInput,   // room for one record per input record (LEASE: per min(input, arg0 max))
+    kAtLeastOne  // room for at least one record (STATS, LIST)
+  };
+  uint32_t in_record = 0;    // bytes per input record; 0 = no input allowed
+  bool in_single = false;    // input is exactly one record (REGISTER_MODEL)
+  uint32_t out_record = 0;   // bytes per output record
+  Out out = Out::kNone;
+  bool admin = false;        // needs a session granted kHelloFlagAdmin
+};
+
+// ---- PING: a round trip with no work -------------------------------------------------------------
+struct PingOp {
+  static constexpr Opcode kOpcode = Opcode::kPing;
+  static constexpr const char* kName = "PING";
+  static constexpr OpShape kShape{};
+  struct Args { uint64_t cookie = 0; };
+  struct Result { uint64_t cookie = 0; };
+  static void put(const Args& a, Sqe& q) noexcept { q.arg[0] = a.cookie; }
+  static Args args(const Sqe& q) noexcept { return {q.arg[0]}; }
+  static void put(const Result& r, Cqe& c) noexcept { c.res[0] = r.cookie; }
+  static kdn::Result<Result> result(const Cqe& c, const Args& asked) noexcept {
+    if (c.res[0] != asked.cookie) return Status(Code::kProtocol, "PING echoed another cookie");
+    return Result{c.res[0]};
+  }
+};
+
+// ---- REGISTER_MODEL: one ModelRecord in; the daemon's id and geometry out ---------------------------
+struct RegisterModelOp {
+  static constexpr Opcode kOpcode = Opcode::kRegisterModel;
+  static constexpr const char* kName = "REGISTER_MODEL";
+  static constexpr OpShape kShape{sizeof(ModelRecord), true};
+  using InRecord = ModelRecord;
+  struct Args {};
+  struct Result {
+    uint32_t model_id = 0;  // nonzero; names this registration until the session ends
+    uint64_t chunk_bytes = 0;
+    uint32_t chunk_tokens = 0;
+    kdn_key fingerprint{};
+  };
+  static void put(const Args&, Sqe&) noexcept {}
+  static Args args(const Sqe&) noexcept { return {}; }
+  static void put(const Result& r, Cqe& c) noexcept {
+    c.res[0] = r.model_id;
+    c.res[1] = r.chunk_bytes;
+    c.res[2] = r.chunk_tokens;
+    c.res[3] = r.fingerprint.lo;
+    c.res[4] = r.fingerprint.hi;
+  }
+  static kdn::Result<Result> result(const Cqe& c) noexcept {
+    if (c.res[0] == 0 || c.res[0] > UINT32_MAX || c.res[2] > UINT32_MAX)
+      return Status(Code::kProtocol, "REGISTER_MODEL answered an impossible id or geometry");
+    return Result{uint32_t(c.res[0]), c.res[1], uint32_t(c.res[2]), kdn_key{c.res[3], c.res[4]}};
+  }
+};
+
+// ---- LOOKUP: keys in; how many leading chunks are cached, and in which tiers ---------------------
+struct LookupOp {
+  static constexpr Opcode kOpcode = Opcode::kLookup;
+  static constexpr const char* kName = "LOOKUP";
+  static constexpr OpShape kShape{sizeof(kdn_key)};
+  using InRecord = kdn_key;
+  struct Args { uint32_t model_id = 0; };
+  struct Result {
+    uint32_t hit_chunks = 0;
+    uint32_t tier_chunks[kTierCount] = {};  // of the hits, how many have their fastest copy in tier t
+  };
+  static void put(const Args& a, Sqe& q) noexcept { q.model_id = a.model_id; }
+  static Args args(const Sqe& q) noexcept { return {q.model_id}; }
+  static void put(const Result& r, Cqe& c) noexcept {
+    c.res[0] = r.hit_chunks;
+    for (uint32_t t = 0; t < kTierCount; ++t) c.res[1 + t] = r.tier_chunks[t];
+  }
+  static kdn::Result<Result> result(const Cqe& c, uint32_t keys_sent) noexcept {
+    if (c.res[0] > keys_sent) return Status(Code::kProtocol, "LOOKUP answered more hits than keys");
+    Result r;
+    r.hit_chunks = uint32_t(c.res[0]);
+    uint64_t sum = 0;
+    for (uint32_t t = 0; t < kTierCount; ++t) {
+      if (c.res[1 + t] > keys_sent) return Status(Code::kProtocol, "LOOKUP answered an impossible tier count");
+      r.tier_chunks[t] = uint32_t(c.res[1 + t]);
+      sum += c.res[1 + t];
+    }
+    if (sum != c.res[0]) return Status(Code::kProtocol, "LOOKUP tier counts do not add up to the hits");
+    return r;
+  }
+};
+
+// ---- RESERVE: keys in; one ReserveRecord per key out ----------------------------------------------
+// Records are served in order. A full arena (every candidate leased or being written) stops
+// the request: the records not served are zero (state kNotServed) and `stop` says why, while
+// the status stays KDN_OK if at least one record was served. A limit (open reservations,
+// staging space) refuses the whole request with KDN_ERR_LIMIT and reserves nothing.
+struct ReserveOp {
+  static constexpr Opcode kOpcode = Opcode::kReserve;
+  static constexpr const char* kName = "RESERVE";
+  static constexpr OpShape kShape{sizeof(kdn_key), false, sizeof(ReserveRecord), OpShape::Out::kPerInput};
+  using InRecord = kdn_key;
+  using OutRecord = ReserveRecord;
+  struct Args { uint32_t model_id = 0; };
+  struct Result {
+    uint32_t reserved = 0;  // records in state kReserved
+    uint32_t served = 0;    // records written; [served, keys) are zero
+    int32_t stop = 0;       // why the rest was not served (a kdn_status), 0 if all were
+  };
+  static void put(const Args& a, Sqe& q) noexcept { q.model_id = a.model_id; }
+  static Args args(const Sqe& q) noexcept { return {q.model_id}; }
+  static void put(const Result& r, Cqe& c) noexcept {
+    c.res[0] = r.reserved;
+    c.res[1] = r.served;
+    c.res[2] = uint64_t(uint32_t(-r.stop));
+  }
+  static kdn::Result<Result> result(const Cqe& c, uint32_t keys_sent) noexcept {
+    if (c.res[1] > keys_sent || c.res[0] > c.res[1] || c.res[2] > uint32_t(-KDN_ERR_LIMIT))
+      return Status(Code::kProtocol, "RESERVE answered impossible counts");
+    return Result{uint32_t(c.res[0]), uint32_t(c.res[1]), -int32_t(c.res[2])};
+  }
+};
+
+// ---- COMMIT / ABORT / RELEASE: handle ids in; how many were finished ---------------------------------
+// COMMIT copies each reserved slot from the session's staging area into the namespace's
+// arena and publishes the chunk; it completes once every copy has. An id that is unknown
+// (never issued, already finished, or expired after reservation_timeout_ms) is skipped and
+// makes the status KDN_ERR_NOT_FOUND; `done` counts the others.
+template <Opcode kOp>
+struct HandleOp {
+  static constexpr Opcode kOpcode = kOp;
+  static constexpr const char* kName = kOp == Opcode::kCommit ? "COMMIT"
+                                       : kOp == Opcode::kAbort ? "ABORT"
+                                                               : "RELEASE";
+  static constexpr OpShape kShape{sizeof(uint64_t)};
+  using InRecord = uint64_t;
+  struct Args {};
+  struct Result { uint32_t done = 0; };
+  static void put(const Args&, Sqe&) noexcept {}
+  static Args args(const Sqe&) noexcept { return {}; }
+  static void put(const Result& r, Cqe& c) noexcept { c.res[0] = r.done; }
+  static kdn::Result<Result> result(const Cqe& c, uint32_t ids_sent) noexcept {
+    if (c.res[0] > ids_sent) return Status(Code::kProtocol, "more handles finished than sent");
+    return Result{uint32_t(c.res[0])};
+  }
+};
+using CommitOp = HandleOp<Opcode::kCommit>;
+using AbortOp = HandleOp<Opcode::kAbort>;
+using ReleaseOp = HandleOp<Opcode::kRelease>;
+
+// ---- LEASE: keys in; one LeaseRecord per leased chunk of the longest cached prefix ---------------
+// Chunks whose only copy sits in a slower tier are promoted into the host arena first; the
+// request completes when they are there (other sessions are served meanwhile). A chunk this
+// session already leases gets the same lease_id again (its count grows; release it as many
+// times). Records past `leased`, up to min(keys, max_chunks), are zero.
+struct LeaseOp {
+  static constexpr Opcode kOpcode = Opcode::kLease;
+  static constexpr const char* kName = "LEASE";
+  static constexpr OpShape kShape{sizeof(kdn_key), false, sizeof(LeaseRecord), OpShape::Out::kPerInput};
+  using InRecord = kdn_key;
+  using OutRecord = LeaseRecord;
+  struct Args {
+    uint32_t model_id = 0;
+    uint32_t max_chunks = 0;  // 0 = as many keys as sent
+  };
+  struct Result { uint32_t leased = 0; };
+  static void put(const Args& a, Sqe& q) noexcept {
+    q.model_id = a.model_id;
+    q.arg[0] = a.max_chunks;
+  }
+  static Args args(const Sqe& q) noexcept {
+    return {q.model_id, q.arg[0] > UINT32_MAX ? UINT32_MAX : uint32_t(q.arg[0])};
+  }
+  // Output records the request needs room for.
+  static uint32_t wanted(const Args& a, uint32_t keys) noexcept {
+    return a.max_chunks != 0 && a.max_chunks < keys ? a.max_chunks : keys;
+  }
+  static void put(const Result& r, Cqe& c) noexcept { c.res[0] = r.leased; }
+  static kdn::Result<Result> result(const Cqe& c, uint32_t records_wanted) noexcept {
+    if (c.res[0] > records_wanted) return Status(Code::kProtocol, "LEASE answered more chunks than asked");
+    return Result{uint32_t(c.res[0])};
+  }
+};
+
+// ---- STATS: counters out, as u64 words of a StatsRecord ------------------------------------------
+struct StatsOp {
+  static constexpr Opcode kOpcode = Opcode::kStats;
+  static constexpr const char* kName = "STATS";
+  static constexpr OpShape kShape{0, false, sizeof(uint64_t), OpShape::Out::kAtLeastOne};
+  using OutRecord = uint64_t;
+  struct Args {};
+  struct Result { uint32_t words = 0; };  // u64 words of the StatsRecord written
+  static void put(const Args&, Sqe&) noexcept {}
+  static Args args(const Sqe&) noexcept { return {}; }
+  static void put(const Result& r, Cqe& c) noexcept {
+    c.res[0] = 1;
+    c.res[1] = r.words;
+  }
+  static kdn::Result<Result> result(const Cqe& c, uint32_t words_room) noexcept {
+    if (c.res[1] > words_room || c.res[1] == 0) return Status(Code::kProtocol, "STATS wrote an impossible size");
+    return Result{uint32_t(c.res[1])};
+  }
+};
+
+// ---- LIST (admin): the namespace's chunks, a page at a time -------------------------------------
+struct ListOp {
+  static constexpr Opcode kOpcode = Opcode::kList;
+  static constexpr const char* kName = "LIST";
+  static constexpr OpShape kShape{0, false, sizeof(ListRecord), OpShape::Out::kAtLeastOne, true};
+  using OutRecord = ListRecord;
+  struct Args { uint64_t cursor = 0; };  // 0 = from the start
+  struct Result {
+    uint32_t written = 0;
+    uint64_t next_cursor = 0;  // 0 = done
+  };
+  static void put(const Args& a, Sqe& q) noexcept { q.arg[0] = a.cursor; }
+  static Args args(const Sqe& q) noexcept { return {q.arg[0]}; }
+  static void put(const Result& r, Cqe& c) noexcept {
+    c.res[0] = r.written;
+    c.res[1] = r.next_cursor;
+  }
+  static kdn::Result<Result> result(const Cqe& c, uint32_t room) noexcept {
+    if (c.res[0] > room) return Status(Code::kProtocol, "LIST wrote more records than fit");
+    return Result{uint32_t(c.res[0]), c.res[1]};
+  }
+};
+
+// ---- EVICT (admin): drop unleased chunks of the namespace from every tier --------------------------
+struct EvictOp {
+  static constexpr Opcode kOpcode = Opcode::kEvict;
+  static constexpr const char* kName = "EVICT";
+  static constexpr OpShape kShape{sizeof(kdn_key), false, 0, OpShape::Out::kNone, true};
+  using InRecord = kdn_key;
+  struct Args { EvictMode mode = EvictMode::kAll; };  // kAll takes no keys
+  struct Result {
+    uint64_t evicted = 0;
+    uint64_t skipped = 0;  // leased, or being written or moved
+  };
+  static void put(const Args& a, Sqe& q) noexcept { q.arg[0] = uint64_t(a.mode); }
+  static Args args(const Sqe& q) noexcept { return {EvictMode(q.arg[0])}; }
+  static void put(const Result& r, Cqe& c) noexcept {
+    c.res[0] = r.evicted;
+    c.res[1] = r.skipped;
+  }
+  static kdn::Result<Result> result(const Cqe& c) noexcept { return Result{c.res[0], c.res[1]}; }
+};
+
+// The shape of `opcode`, or null for an unknown opcode (table built from the structs above).
+const OpShape* op_shape(uint8_t opcode) noexcept;
+
+}  // namespace kdn::ipc

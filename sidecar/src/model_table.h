@@ -1,0 +1,51 @@
+// ModelTable: the models sessions have registered, shared by equal descriptors.
+//
+// A model id names one registration slot and its generation: id = slot + 1 + generation << 16.
+// A slot is freed when the last session that registered its model ends, and its next use
+// gets a new generation, so an id is never reused for another model. Capacity is
+// `max_models_total` slots; a full table is KDN_ERR_LIMIT, and churn frees slots.
+//
+// Not thread-safe: the event loop owns it.
+#pragma once
+
+#include <kdn/common/model.h>
+#include <kdn/common/status.h>
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+namespace kdn::sidecar {
+
+class ModelTable {
+ public:
+  static constexpr uint32_t kMaxSlots = 1u << 16;
+  explicit ModelTable(uint32_t capacity) : capacity_(capacity < kMaxSlots ? capacity : kMaxSlots) {}
+
+  // The id of `m`, registering it if new; one more reference either way.
+  Result<uint32_t> acquire(const ModelInfo& m);
+  // Drops one reference of a live id (a session that registered it ended).
+  void release(uint32_t id) noexcept;
+  // The live model of `id`, or null for an unknown or stale id.
+  const ModelInfo* get(uint32_t id) const noexcept;
+  // The live id whose model has this fingerprint, or 0.
+  uint32_t id_of(const kdn_key& fingerprint) const noexcept;
+  uint32_t live() const noexcept { return live_; }
+
+ private:
+  struct Slot {
+    ModelInfo info{};
+    uint32_t refs = 0;
+    uint32_t generation = 0;
+  };
+  static uint32_t make_id(uint32_t slot, uint32_t generation) noexcept { return (slot + 1) | (generation << 16); }
+  const Slot* slot_of(uint32_t id) const noexcept;
+
+  uint32_t capacity_;
+  uint32_t live_ = 0;
+  std::vector<Slot> slots_;
+  std::vector<uint32_t> free_;                                  // slots with refs == 0
+  std::unordered_map<kdn_key, uint32_t, KeyHash> by_fingerprint_;  // live slots
+};
+
+}  // namespace kdn::sidecar

@@ -1,0 +1,105 @@
+// Tier: the south-bound seam under kdnd's chunk index. A tier is memory or storage that can
+// hold chunk copies — the host arena (T1), later NVMe slabs (T2), a GPU pool (T0) and a
+// remote store (T3) — behind one small interface, in the manner of NIXL's backend engines,
+// ggml's buffer types and LevelDB's Env:
+//
+//   capabilities, capacity          what it is and how much it holds
+//   allocate / free                 a Placement: where one chunk's copy lives in this tier
+//   address                         the bytes of a placement, for tiers in this process's memory
+//   submit                          an asynchronous transfer between a placement and host memory,
+//                                   tagged with an operation id
+//   wake_fd + reap                  completions: the fd becomes readable when some are ready
+//                                   (it sits in kdnd's epoll set), reap() takes them, never
+//                                   blocking; every submitted transfer completes exactly once
+//
+// Moving a chunk between two tiers is a transfer of one of them from or to the other's host
+// address: the host arena is the hub every other tier reads into and writes from.
+//
+// Ownership: the caller keeps the host memory of a transfer alive and the placement
+// allocated until the completion is reaped. Thread safety: every method is called from the
+// daemon's event loop thread; implementations may complete transfers on their own threads
+// and hand completions over through wake_fd/reap.
+#pragma once
+
+#include <kdn/common/status.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace kdn::sidecar {
+
+enum class TierId : uint8_t { kGpu = 0, kHost = 1, kDisk = 2, kRemote = 3 };
+constexpr uint32_t kTierCount = 4;
+constexpr uint32_t tier_index(TierId t) { return static_cast<uint32_t>(t); }
+const char* tier_name(TierId t) noexcept;
+
+// Where a chunk's copy lives in one tier. Opaque to everyone but the tier that made it.
+struct Placement {
+  uint64_t offset = 0;     // tier-specific address (arena offset, file slot, ...)
+  uint64_t bytes = 0;      // bytes allocated; 0 = no placement
+  uint16_t slot_class = 0; // the tier's size class (eviction queues are per class)
+  bool valid() const noexcept { return bytes != 0; }
+};
+
+struct TierCapabilities {
+  bool host_addressable = false;  // address() gives the bytes (the tier is host memory)
+  bool asynchronous = false;      // transfers complete on other threads or devices
+  bool persistent = false;        // copies survive a kdnd restart
+};
+
+using TransferId = uint64_t;
+
+// One transfer between a placement of this tier and host memory.
+struct Transfer {
+  enum class Direction : uint8_t {
+    kRead = 1,   // placement -> host
+    kWrite = 2,  // host -> placement
+  };
+  Direction direction = Direction::kRead;
+  Placement placement;
+  std::byte* host = nullptr;  // destination of a read, source of a write
+  uint64_t bytes = 0;         // <= placement.bytes
+  TransferId id = 0;
+};
+
+struct TierCompletion {
+  TransferId id = 0;
+  Status status;  // kIo: the device failed; kCorrupt: the bytes read failed the tier's check
+};
+
+class Tier {
+ public:
+  virtual ~Tier() = default;
+
+  virtual TierId id() const noexcept = 0;
+  virtual TierCapabilities capabilities() const noexcept = 0;
+  virtual uint64_t capacity_bytes() const noexcept = 0;
+  virtual uint64_t used_bytes() const noexcept = 0;
+
+  // The size class a placement of `bytes` gets, or kInvalidArgument if it can never fit.
+  virtual Result<uint16_t> slot_class(uint64_t bytes) noexcept = 0;
+  // A placement of `bytes`, or kNoSpace when the class has no free slot (the caller evicts
+  // and tries again).
+  virtual Result<Placement> allocate(uint64_t bytes) noexcept = 0;
+  // Frees a placement; no transfer may still touch it.
+  virtual void free(const Placement& placement) noexcept = 0;
+  // For host-addressable tiers, the bytes of a placement; null otherwise.
+  virtual std::byte* address(const Placement& placement) const noexcept {
+    (void)placement;
+    return nullptr;
+  }
+
+  // Starts a transfer; exactly one completion with t.id follows, through reap(). A non-ok
+  // return means the transfer was not started and nothing will complete.
+  virtual Status submit(const Transfer& t) noexcept = 0;
+  // Readable while completions wait (an eventfd), or -1 for a tier whose completions are
+  // always ready by the time submit returns.
+  virtual int wake_fd() const noexcept = 0;
+  // Takes up to out.size() ready completions; returns how many. Never blocks.
+  virtual size_t reap(std::span<TierCompletion> out) noexcept = 0;
+  // Transfers submitted and not yet reaped.
+  virtual uint64_t in_flight() const noexcept = 0;
+};
+
+}  // namespace kdn::sidecar

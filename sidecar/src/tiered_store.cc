@@ -1,0 +1,375 @@
+#include "tiered_store.h"
+
+#include <cassert>
+
+namespace kdn::sidecar {
+
+namespace {
+constexpr TierId kHost = TierId::kHost;
+constexpr uint8_t bit(TierId t) { return uint8_t(1u << tier_index(t)); }
+}  // namespace
+
+TierPolicy::TierPolicy(std::array<Tier*, kTierCount> tiers, std::array<TierRules, kTierCount> rules)
+    : tiers_(tiers), rules_(rules) {
+  for (uint32_t t = 0; t < kTierCount; ++t)
+    if (tiers_[t]) eviction_[t] = make_eviction_policy(rules_[t].eviction, TierId(t));
+}
+
+std::optional<TierId> TierPolicy::demotion_target(TierId from) const noexcept {
+  if (rules_[tier_index(from)].on_evict != EvictAction::kDemote) return std::nullopt;
+  for (uint32_t t = tier_index(from) + 1; t < kTierCount; ++t)
+    if (tiers_[t]) return TierId(t);
+  return std::nullopt;
+}
+
+// ---- lookup ----------------------------------------------------------------------------------
+
+uint32_t TieredStore::lookup(std::span<const kdn_key> keys, uint64_t bytes,
+                             uint32_t tier_chunks[kTierCount]) noexcept {
+  uint32_t hits = 0;
+  for (const kdn_key& k : keys) {
+    const Entry* e = index_.find(k);
+    if (e == nullptr || !e->committed() || e->bytes != bytes || e->resident == 0) break;
+    ++tier_chunks[e->fastest_tier()];
+    ++hits;
+  }
+  return hits;
+}
+
+void TieredStore::note_lookup(uint64_t hits, uint64_t misses) noexcept {
+  ++counters_.lookups;
+  counters_.lookup_hit_chunks += hits;
+  counters_.lookup_miss_chunks += misses;
+}
+
+// ---- room ------------------------------------------------------------------------------------
+
+void TieredStore::track_resident(TierId t, const Entry* e, int sign) noexcept {
+  counters_.resident_chunks[tier_index(t)] += uint64_t(int64_t(sign));
+  counters_.resident_bytes[tier_index(t)] += uint64_t(int64_t(sign) * int64_t(e->bytes));
+}
+
+void TieredStore::drop_copy(Entry* e, TierId t) noexcept {
+  policy_.eviction(t).on_remove(e);  // before the placement goes: queues are per slot class
+  track_resident(t, e, -1);
+  policy_.tier(t)->free(index_.drop_copy(e, t));
+}
+
+void TieredStore::erase_if_empty(Entry* e) noexcept {
+  if (e->resident != 0 || e->moving != 0 || e->leases != 0 || e->io != 0) return;
+  if (e->committed()) ++counters_.dropped_chunks;
+  index_.erase(e);
+}
+
+TieredStore::Evicted TieredStore::evict_one(TierId t, uint16_t cls) {
+  EvictionPolicy& ev = policy_.eviction(t);
+  Entry* v = ev.victim(cls);
+  if (v == nullptr) v = ev.victim_any();
+  if (v == nullptr) return Evicted::kNone;
+  ++counters_.evicted_chunks;
+  const bool copy_below = (v->resident & uint8_t(~(bit(t) | (bit(t) - 1)))) != 0;
+  if (!copy_below) {
+    if (auto to = policy_.demotion_target(t); to && start_demotion(v, t, *to)) return Evicted::kDemoting;
+  }
+  drop_copy(v, t);
+  erase_if_empty(v);
+  return Evicted::kFreed;
+}
+
+Result<Placement> TieredStore::allocate_with_room(TierId t, uint64_t bytes) {
+  Tier* tier = policy_.tier(t);
+  auto cls = tier->slot_class(bytes);
+  if (!cls.ok()) return cls.status();
+  // Victims whose copy can go at once are dropped until the allocation succeeds; the first
+  // one that must be written down first ends the attempt: room comes when it lands.
+  for (;;) {
+    auto p = tier->allocate(bytes);
+    if (p.ok() || p.status().code() != Code::kNoSpace) return p;
+    const Evicted e = demotions_[tier_index(t)] >= kMaxDemotions ? Evicted::kNone : evict_one(t, *cls);
+    if (e == Evicted::kFreed) continue;
+    if (e == Evicted::kDemoting || demotions_in_flight(t)) return Status(Code::kInProgress, "room comes when demotions land");
+    return Status(Code::kNoSpace, "tier full of leased, reserved or moving chunks");
+  }
+}
+
+bool TieredStore::demotions_in_flight(TierId from) const noexcept { return demotions_[tier_index(from)] > 0; }
+
+// ---- transfers -------------------------------------------------------------------------------
+
+TransferId TieredStore::start(const Record& r, Transfer t) {
+  t.id = next_transfer_++;
+  transfers_.emplace(t.id, r);  // before submit: a synchronous tier may complete at once
+  Status st = policy_.tier(r.tier)->submit(t);
+  if (!st.ok()) {
+    transfers_.erase(t.id);
+    return 0;
+  }
+  ++r.entry->io;
+  return t.id;
+}
+
+bool TieredStore::start_demotion(Entry* e, TierId from, TierId to) {
+  Tier* source = policy_.tier(from);
+  std::byte* host = source->address(e->placement[tier_index(from)]);
+  if (host == nullptr) return false;  // only host-addressable tiers demote by themselves
+  auto p = policy_.tier(to)->allocate(e->bytes);
+  // A full lower tier makes room by its own rule; if that fails too, the copy is dropped.
+  if (!p.ok() && p.status().code() == Code::kNoSpace) {
+    auto cls = policy_.tier(to)->slot_class(e->bytes);
+    while (cls.ok() && !p.ok() && evict_one(to, *cls) == Evicted::kFreed) p = policy_.tier(to)->allocate(e->bytes);
+  }
+  if (!p.ok()) return false;
+  index_.begin_move(e, to, *p);
+  Record r{Kind::kDemote, e, e->generation, to, from, to, {}, 0};
+  if (start(r, Transfer{Transfer::Direction::kWrite, *p, host, e->bytes, 0}) == 0) {
+    policy_.tier(to)->free(index_.end_move(e, to, false));
+    return false;
+  }
+  e->evicting |= bit(from);
+  ++demotions_[tier_index(from)];
+  return true;
+}
+
+Status TieredStore::start_promotion(Entry* e, TierId from, uint64_t waiter) {
+  auto p = allocate_with_room(kHost, e->bytes);
+  if (!p.ok()) return p.status();
+  index_.begin_move(e, kHost, *p);
+  Record r{Kind::kPromote, e, e->generation, from, from, kHost, {}, 0};
+  if (waiter) r.waiters.push_back(waiter);
+  const TransferId id =
+      start(r, Transfer{Transfer::Direction::kRead, e->placement[tier_index(from)], host()->address(*p), e->bytes, 0});
+  if (id == 0) {
+    host()->free(index_.end_move(e, kHost, false));
+    return Status(Code::kIo, "the tier refused the read");
+  }
+  promoting_[e] = id;
+  return OkStatus();
+}
+
+// ---- reserve / commit / abort ------------------------------------------------------------------
+
+Result<TieredStore::Reserved> TieredStore::reserve(const kdn_key& key, const kdn_key& fingerprint,
+                                                   uint64_t bytes, uint64_t session, uint64_t now_ns) {
+  if (const Entry* e = index_.find(key)) {
+    return Reserved{e->committed() ? ReserveOutcome::kAlreadyCached : ReserveOutcome::kInFlight, nullptr};
+  }
+  auto p = allocate_with_room(kHost, bytes);
+  if (!p.ok()) return p.status();
+  Entry* e = index_.create(key, fingerprint, bytes, session, now_ns);
+  index_.begin_move(e, kHost, *p);
+  ++open_reservations_;
+  return Reserved{ReserveOutcome::kReserved, e};
+}
+
+Status TieredStore::commit(Entry* e, const std::byte* src, uint64_t waiter, uint64_t cookie) noexcept {
+  assert(e->state == EntryState::kReserved);
+  index_.begin_write(e);
+  --open_reservations_;
+  Record r{Kind::kCommit, e, e->generation, kHost, kHost, kHost, {}, cookie};
+  if (waiter) r.waiters.push_back(waiter);
+  TransferId id = 0;
+  try {
+    id = start(r, Transfer{Transfer::Direction::kWrite, e->placement[tier_index(kHost)],
+                           const_cast<std::byte*>(src), e->bytes, 0});
+  } catch (const std::bad_alloc&) {
+  }
+  if (id == 0) {
+    host()->free(index_.end_move(e, kHost, false));
+    ++counters_.aborted_chunks;
+    index_.erase(e);
+    return Status(Code::kNoMemory, "could not start the copy into the arena");
+  }
+  return OkStatus();
+}
+
+void TieredStore::settle(const kdn_key& key) noexcept {
+  Entry* e = index_.find(key);
+  if (e != nullptr && e->committed() && e->in_tier(kHost) && e->links[tier_index(kHost)].queue == 0)
+    policy_.eviction(kHost).on_insert(e);
+}
+
+void TieredStore::abort(Entry* e) noexcept {
+  assert(e->state == EntryState::kReserved && e->io == 0);
+  --open_reservations_;
+  ++counters_.aborted_chunks;
+  host()->free(index_.end_move(e, kHost, false));
+  index_.erase(e);
+}
+
+// ---- lease -------------------------------------------------------------------------------------
+
+TieredStore::Acquired TieredStore::acquire(const kdn_key& key, uint64_t bytes, uint64_t waiter,
+                                           Entry** out, uint64_t now_ns) {
+  Entry* e = index_.find(key);
+  if (e == nullptr || !e->committed() || e->bytes != bytes) return Acquired::kMiss;
+  if (e->in_tier(kHost)) {
+    ++e->leases;
+    ++active_leases_;
+    e->evicting &= uint8_t(~bit(kHost));  // a demotion for eviction keeps the host copy now
+    e->last_access_ns = now_ns;
+    ++counters_.retrieved_chunks;
+    counters_.retrieved_bytes += e->bytes;
+    *out = e;
+    return Acquired::kLeased;
+  }
+  if (e->moving_to(kHost)) {  // someone else's promotion: wait for the same bytes
+    auto it = promoting_.find(e);
+    if (it == promoting_.end()) return Acquired::kMiss;
+    if (waiter) transfers_.at(it->second).waiters.push_back(waiter);
+    return Acquired::kPromoting;
+  }
+  for (uint32_t t = tier_index(kHost) + 1; t < kTierCount; ++t) {
+    if (!e->in_tier(TierId(t)) || !policy_.promotes_from(TierId(t))) continue;
+    const Status st = start_promotion(e, TierId(t), waiter);
+    if (st.ok()) return Acquired::kPromoting;
+    if (st.code() == Code::kInProgress) return Acquired::kNoRoomYet;
+    break;
+  }
+  return Acquired::kMiss;
+}
+
+uint32_t TieredStore::prefetch(std::span<const kdn_key> keys, uint64_t bytes, uint32_t limit) noexcept {
+  uint32_t started = 0;
+  for (const kdn_key& k : keys) {
+    if (started >= limit) break;
+    Entry* e = index_.find(k);
+    if (e == nullptr || !e->committed() || e->bytes != bytes) break;
+    if (e->in_tier(kHost) || e->moving_to(kHost)) continue;
+    bool ok = false;
+    for (uint32_t t = tier_index(kHost) + 1; t < kTierCount && !ok; ++t) {
+      if (e->in_tier(TierId(t)) && policy_.promotes_from(TierId(t))) {
+        try {
+          ok = start_promotion(e, TierId(t), 0).ok();
+        } catch (const std::bad_alloc&) {
+          return started;
+        }
+      }
+    }
+    if (!ok) break;
+    ++started;
+  }
+  return started;
+}
+
+void TieredStore::touch(Entry* e, uint64_t now_ns) noexcept {
+  e->last_access_ns = now_ns;
+  for (uint32_t t = 0; t < kTierCount; ++t)
+    if (e->in_tier(TierId(t))) policy_.eviction(TierId(t)).on_access(e);
+}
+
+void TieredStore::unpin(Entry* e) noexcept {
+  assert(e->leases > 0);
+  --e->leases;
+  --active_leases_;
+}
+
+// ---- admin -------------------------------------------------------------------------------------
+
+bool TieredStore::evict(const kdn_key& key) noexcept {
+  Entry* e = index_.find(key);
+  if (e == nullptr || !e->committed() || e->leases != 0 || e->io != 0 || e->moving != 0) return false;
+  for (uint32_t t = 0; t < kTierCount; ++t)
+    if (e->in_tier(TierId(t))) drop_copy(e, TierId(t));
+  ++counters_.evicted_chunks;
+  erase_if_empty(e);
+  return true;
+}
+
+uint64_t TieredStore::evict_all() noexcept {
+  std::vector<kdn_key> keys;
+  try {
+    keys.reserve(index_.size());
+    index_.for_each([&](Entry& e) {
+      keys.push_back(e.key);
+      return true;
+    });
+  } catch (const std::bad_alloc&) {
+  }
+  uint64_t n = 0;
+  for (const kdn_key& k : keys) n += evict(k);
+  return n;
+}
+
+// ---- completions -------------------------------------------------------------------------------
+
+size_t TieredStore::poll(std::vector<StoreEvent>& events, bool* room) {
+  size_t applied = 0;
+  for (uint32_t t = 0; t < kTierCount; ++t) {
+    Tier* tier = policy_.tier(TierId(t));
+    if (tier == nullptr || tier->in_flight() == 0) continue;
+    TierCompletion done[64];
+    for (size_t n; (n = tier->reap(done)) > 0;) {
+      for (size_t i = 0; i < n; ++i) {
+        auto it = transfers_.find(done[i].id);
+        if (it == transfers_.end()) continue;  // a tier bug; nothing of ours to apply
+        Record r = std::move(it->second);
+        transfers_.erase(it);
+        apply(r, done[i].status, events, room);
+        ++applied;
+      }
+      if (n < std::size(done)) break;
+    }
+  }
+  return applied;
+}
+
+void TieredStore::apply(const Record& r, const Status& status, std::vector<StoreEvent>& events, bool* room) {
+  Entry* e = r.entry;
+  assert(e->generation == r.generation && e->io > 0);
+  --e->io;
+  const kdn_key key = e->key;
+  switch (r.kind) {
+    case Kind::kCommit:
+      if (status.ok()) {
+        index_.end_move(e, kHost, true);
+        index_.publish(e, e->last_access_ns);
+        track_resident(kHost, e, +1);  // queued for eviction at settle()
+        ++counters_.stored_chunks;
+        counters_.stored_bytes += e->bytes;
+      } else {
+        ++counters_.transfer_errors;
+        host()->free(index_.end_move(e, kHost, false));
+        index_.erase(e);
+      }
+      break;
+    case Kind::kPromote:
+      promoting_.erase(e);
+      if (status.ok()) {
+        index_.end_move(e, kHost, true);
+        policy_.eviction(kHost).on_insert(e);
+        track_resident(kHost, e, +1);
+        ++counters_.promoted_chunks;
+      } else {
+        host()->free(index_.end_move(e, kHost, false));
+        if (status.code() == Code::kCorrupt) {
+          ++counters_.corrupt_chunks;  // the lower copy is damaged: never serve it
+          drop_copy(e, r.tier);
+          erase_if_empty(e);
+        } else {
+          ++counters_.transfer_errors;
+        }
+      }
+      break;
+    case Kind::kDemote: {
+      --demotions_[tier_index(r.from)];
+      // Leased meanwhile (acquire cleared the bit): the source copy stays.
+      const bool leave = (e->evicting & bit(r.from)) != 0;
+      e->evicting &= uint8_t(~bit(r.from));
+      if (status.ok()) {
+        index_.end_move(e, r.to, true);
+        policy_.eviction(r.to).on_insert(e);
+        track_resident(r.to, e, +1);
+        ++counters_.demoted_chunks;
+        if (leave && e->evictable_from(r.from)) drop_copy(e, r.from);
+      } else {
+        ++counters_.transfer_errors;  // the chunk stays where it was
+        policy_.tier(r.to)->free(index_.end_move(e, r.to, false));
+      }
+      *room = true;
+      break;
+    }
+  }
+  for (uint64_t w : r.waiters) events.push_back(StoreEvent{w, r.cookie, key, status});
+}
+
+}  // namespace kdn::sidecar

@@ -1,0 +1,154 @@
+// TieredStore: one namespace's chunks across its tiers — the ChunkIndex, the tiers, and the
+// TierPolicy, with the mechanics that tie them together: reserving host slots (evicting or
+// demoting to make room), committing staged bytes into them, leasing (promoting from lower
+// tiers), and applying the transfers' completions.
+//
+// Transfers are asynchronous. Each one that a request waits for carries the request's
+// `waiter` token and a `cookie`; poll() reaps every tier, applies the completions to the
+// index, and reports them as StoreEvents for the daemon to route back to the requests.
+// Transfers nobody waits for (demotions that make room) report `room` instead, so requests
+// waiting for space try again.
+//
+// Pins keep memory under transfers alive: an entry with `io` > 0 is never evicted or erased,
+// and the caller keeps the host memory of a commit (a session's staging slot) mapped until
+// its event arrives.
+//
+// Not thread-safe: the daemon's event loop owns every TieredStore.
+#pragma once
+
+#include "chunk_index.h"
+#include "tier_policy.h"
+
+#include <kdn/common/model.h>
+
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+namespace kdn::sidecar {
+
+struct StoreEvent {
+  uint64_t waiter = 0;  // the token given when the transfer started
+  uint64_t cookie = 0;  // given with it (a commit: the staging offset)
+  kdn_key key{};
+  Status status;
+};
+
+struct StoreCounters {
+  uint64_t lookups = 0, lookup_hit_chunks = 0, lookup_miss_chunks = 0;
+  uint64_t stored_chunks = 0, stored_bytes = 0;
+  uint64_t retrieved_chunks = 0, retrieved_bytes = 0;
+  uint64_t evicted_chunks = 0;    // copies that left a tier to make room
+  uint64_t dropped_chunks = 0;    // chunks that left the namespace (no copy kept anywhere)
+  uint64_t demoted_chunks = 0, promoted_chunks = 0;
+  uint64_t corrupt_chunks = 0;    // copies that failed their check: dropped, never served
+  uint64_t transfer_errors = 0;   // transfers a tier failed (the data stayed where it was)
+  uint64_t aborted_chunks = 0;
+  uint64_t resident_chunks[kTierCount] = {}, resident_bytes[kTierCount] = {};
+};
+
+class TieredStore {
+ public:
+  explicit TieredStore(TierPolicy policy) : policy_(std::move(policy)) {}
+  TieredStore(const TieredStore&) = delete;
+  TieredStore& operator=(const TieredStore&) = delete;
+
+  // ---- LOOKUP: leading keys committed with `bytes` bytes; tier_chunks[t] counts those whose
+  // fastest copy is in tier t. (A request looked up in slices counts once: note_lookup.)
+  uint32_t lookup(std::span<const kdn_key> keys, uint64_t bytes, uint32_t tier_chunks[kTierCount]) noexcept;
+  void note_lookup(uint64_t hits, uint64_t misses) noexcept;
+
+  // ---- RESERVE one key. kNoSpace: the host tier is full of leased, reserved or moving
+  // chunks; kInProgress: it will have room once demotions in flight land (try again after
+  // the next event with room set); kInvalidArgument: the chunk can never fit.
+  enum class ReserveOutcome : uint8_t { kReserved = 1, kAlreadyCached = 2, kInFlight = 3 };
+  struct Reserved {
+    ReserveOutcome outcome;
+    Entry* entry;  // set for kReserved
+  };
+  Result<Reserved> reserve(const kdn_key& key, const kdn_key& fingerprint, uint64_t bytes,
+                           uint64_t session, uint64_t now_ns);
+  // Copies `bytes` staged at `src` into the reservation's host slot and publishes the chunk
+  // when the copy lands (an event for `waiter`). `e` must be kReserved by its caller. The
+  // published chunk joins the host tier's eviction queue only at settle(): a request that
+  // commits a chain settles it tail first, so the head of every prefix is the most recent
+  // and eviction shortens documents from their ends (what stays is still a usable prefix).
+  Status commit(Entry* e, const std::byte* src, uint64_t waiter, uint64_t cookie) noexcept;
+  void settle(const kdn_key& key) noexcept;
+  // Drops a reservation (kReserved).
+  void abort(Entry* e) noexcept;
+
+  // ---- LEASE one key. kLeased: the host copy is pinned (Entry::leases++); kMiss: no
+  // committed chunk of that size; kPromoting: its copy is being brought into the host tier —
+  // an event for `waiter` follows, then ask again; kNoRoomYet: it must be promoted but the
+  // host tier has room only once demotions land — ask again after an event with room set.
+  enum class Acquired : uint8_t { kLeased, kMiss, kPromoting, kNoRoomYet };
+  Acquired acquire(const kdn_key& key, uint64_t bytes, uint64_t waiter, Entry** out, uint64_t now_ns);
+  // Starts promotions of the chunks behind `keys` whose copies sit only below the host tier
+  // (read-ahead after a miss in the host tier), at most `limit`; returns how many started.
+  uint32_t prefetch(std::span<const kdn_key> keys, uint64_t bytes, uint32_t limit) noexcept;
+  // Marks chunks used now, in the order given: the last one touched is the most recent.
+  void touch(Entry* e, uint64_t now_ns) noexcept;
+  void unpin(Entry* e) noexcept;
+
+  // ---- admin: drops every copy of unpinned committed chunks; returns how many chunks went.
+  bool evict(const kdn_key& key) noexcept;
+  uint64_t evict_all() noexcept;
+
+  // ---- transfers: applies every tier's completions; appends events; returns how many.
+  // *room is set when copies left a tier (requests waiting for space may retry).
+  size_t poll(std::vector<StoreEvent>& events, bool* room);
+  uint64_t transfers_in_flight() const noexcept { return transfers_.size(); }
+  bool demotions_in_flight(TierId from) const noexcept;
+
+  ChunkIndex& index() noexcept { return index_; }
+  TierPolicy& policy() noexcept { return policy_; }
+  const TierPolicy& policy() const noexcept { return policy_; }
+  Tier* host() const noexcept { return policy_.tier(TierId::kHost); }
+  const StoreCounters& counters() const noexcept { return counters_; }
+  uint64_t open_reservations() const noexcept { return open_reservations_; }
+  uint64_t active_leases() const noexcept { return active_leases_; }
+
+ private:
+  enum class Kind : uint8_t { kCommit, kPromote, kDemote };
+  struct Record {
+    Kind kind;
+    Entry* entry;
+    uint64_t generation;
+    TierId tier;          // the tier that runs the transfer (the lower tier of a move)
+    TierId from;          // the tier the bytes come from
+    TierId to;            // the tier that gains the copy
+    std::vector<uint64_t> waiters;
+    uint64_t cookie;
+  };
+
+  Result<Placement> allocate_with_room(TierId t, uint64_t bytes);
+  enum class Evicted : uint8_t { kNone, kFreed, kDemoting };
+  // Makes one copy of class `cls` (any class if none of it) leave tier t: freed at once
+  // (dropped, or a copy below already exists), or demoting (freed when the write lands).
+  Evicted evict_one(TierId t, uint16_t cls);
+  void drop_copy(Entry* e, TierId t) noexcept;
+  void erase_if_empty(Entry* e) noexcept;
+  bool start_demotion(Entry* e, TierId from, TierId to);
+  // kOk, kInProgress (no room yet) or another error (no promotion).
+  Status start_promotion(Entry* e, TierId from, uint64_t waiter);
+  TransferId start(const Record& r, Transfer t);
+  void apply(const Record& r, const Status& status, std::vector<StoreEvent>& events, bool* room);
+  void track_resident(TierId t, const Entry* e, int sign) noexcept;
+
+  TierPolicy policy_;
+  ChunkIndex index_;
+  std::unordered_map<TransferId, Record> transfers_;
+  std::unordered_map<const Entry*, TransferId> promoting_;  // entry -> its promotion
+  TransferId next_transfer_ = 1;
+  StoreCounters counters_;
+  uint64_t open_reservations_ = 0, active_leases_ = 0;
+  uint32_t demotions_[kTierCount] = {};  // demotions in flight out of each tier
+  // At most this many demotions out of one tier at once: making room never turns into
+  // demoting the whole tier at once.
+  static constexpr uint32_t kMaxDemotions = 32;
+  std::vector<TierCompletion> reaped_;
+};
+
+}  // namespace kdn::sidecar
