@@ -3,6 +3,7 @@
 // "<prefix>.errors.<name>".
 #pragma once
 
+#include "baselines.h"
 #include "report.h"
 
 #include <cstddef>
@@ -17,11 +18,24 @@ struct CommonBaselineOptions {
   int memcpy_repetitions = 5;
   size_t uds_round_trips = 20000;
   size_t spin_round_trips = 100000;
+  bool integrity = true;
+  size_t integrity_chunk_bytes = IntegrityOptions{}.chunk_bytes;
+  size_t integrity_chunks_per_thread = IntegrityOptions{}.chunks_per_thread;
+  size_t integrity_block_bytes = IntegrityOptions{}.block_bytes;
+  int integrity_repetitions = IntegrityOptions{}.repetitions;
 };
 
-// memcpy (1 thread and P threads), Unix-socket echo and spin ping-pong:
-//   <prefix>.memcpy_gbps_1t, memcpy_gbps_pt (medians; *_best too), uds_echo_rtt_p50_us,
-//   uds_echo_rtt_p99_us, spin_pingpong_rtt_p50_us, spin_pingpong_rtt_p99_us.
+// Copy (1 thread and P threads), the integrity measurement, Unix-socket echo and spin
+// ping-pong. <s> is 1t or pt; every *_gbps_<s> figure is a median over repetitions with
+// *_min and *_max beside it unless said otherwise:
+//   <prefix>.memcpy_gbps_<s> (and _best, = _max), stream_copy_gbps_<s>,
+//     copy_gbps_<s> (the faster median of the two) and copy_method_<s> ("memcpy"|"stream");
+//   <prefix>.integrity.{copy,staging_store,hashed_store,verify_read}_gbps_<s>,
+//     verify_read_method_<s> ("stream"|"cached"), the medians alone of
+//     verify_read_{stream,cached,source_hash}_gbps_<s> and hash_gbps_<s>, and the paired
+//     ratios {staging_store,hashed_store,verify_read}_vs_copy_<s>;
+//   <prefix>.uds_echo_rtt_p50_us, uds_echo_rtt_p99_us, spin_pingpong_rtt_p50_us,
+//     spin_pingpong_rtt_p99_us.
 // Returns false if any of them failed.
 bool add_common_baselines(Report& report, const std::string& prefix,
                           const CommonBaselineOptions& options);

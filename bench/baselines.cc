@@ -1,10 +1,12 @@
-// memcpy, Unix-socket echo and spin ping-pong baselines (redis lives in redis_baseline.cc).
+// Copy, Unix-socket echo and spin ping-pong baselines (redis lives in redis_baseline.cc, the
+// integrity measurement in integrity_baseline.cc).
 #include "baselines.h"
 
 #include "page_buffer.h"
 #include "process.h"
 
 #include <kdn/common/clock.h>
+#include <kdn/kernels/stream_copy.h>
 
 #include <signal.h>
 #include <sys/mman.h>
@@ -14,77 +16,83 @@
 
 #include <algorithm>
 #include <atomic>
-#include <barrier>
 #include <cerrno>
 #include <cstring>
-#include <thread>
+#include <memory>
 #include <vector>
 
 namespace kdn::bench {
 namespace {
 
-// ---- memcpy ------------------------------------------------------------------------------
+// ---- memcpy and streaming copy ------------------------------------------------------------
 
-struct CopyLane {
-  PageBuffer src, dst;
-  std::vector<uint64_t> start_ns, end_ns;  // one per repetition
+// One thread's buffers; method i of the lane is methods[i].
+class CopyLane final : public Lane {
+ public:
+  CopyLane(PageBuffer src, PageBuffer dst, std::vector<CopyMethod> methods, uint64_t seed)
+      : src_(std::move(src)), dst_(std::move(dst)), methods_(std::move(methods)), seed_(seed) {}
+
+  void prepare() override {
+    src_.fill_pattern(seed_);
+    std::memset(dst_.data(), 0, dst_.size());
+  }
+  void reset(int) override { stream_zero(dst_.data(), dst_.size()); }
+  void run(int method) override {
+    if (methods_[static_cast<size_t>(method)] == CopyMethod::kMemcpy) {
+      std::memcpy(dst_.data(), src_.data(), src_.size());
+    } else {
+      kernels::detail::copy_bytes(dst_.data(), src_.data(), src_.size(), /*stream=*/true);
+      kernels::detail::streaming_fence();
+    }
+  }
+  bool check(int) override { return std::memcmp(src_.data(), dst_.data(), src_.size()) == 0; }
+
+ private:
+  PageBuffer src_, dst_;
+  std::vector<CopyMethod> methods_;
+  uint64_t seed_;
 };
 
-// One thread's part: first-touch its buffers (so they sit near the core that copies), then
-// copy once per repetition between the shared barriers.
-void run_copy_lane(CopyLane& lane, int repetitions, std::barrier<>& sync, uint64_t seed) {
-  lane.src.fill_pattern(seed);
-  std::memset(lane.dst.data(), 0, lane.dst.size());
-  for (int rep = 0; rep < repetitions; ++rep) {
-    sync.arrive_and_wait();
-    lane.start_ns[rep] = now_ns();
-    std::memcpy(lane.dst.data(), lane.src.data(), lane.src.size());
-    lane.end_ns[rep] = now_ns();
-    sync.arrive_and_wait();
-  }
-}
-
-// Wall time of repetition `rep`: from the earliest start to the latest end over all lanes.
-uint64_t repetition_wall_ns(const std::vector<CopyLane>& lanes, int rep) {
-  uint64_t first = UINT64_MAX, last = 0;
-  for (const CopyLane& lane : lanes) {
-    first = std::min(first, lane.start_ns[rep]);
-    last = std::max(last, lane.end_ns[rep]);
-  }
-  return last - first;
-}
-
-Result<std::vector<CopyLane>> allocate_lanes(unsigned threads, size_t bytes, int repetitions) {
-  std::vector<CopyLane> lanes(threads);
-  for (CopyLane& lane : lanes) {
+// The buffers are first touched by the thread that copies them (prepare), not here.
+Result<std::vector<std::unique_ptr<Lane>>> make_copy_lanes(
+    unsigned threads, size_t bytes, const std::vector<CopyMethod>& methods) {
+  std::vector<std::unique_ptr<Lane>> lanes;
+  for (unsigned i = 0; i < threads; ++i) {
     Result<PageBuffer> src = PageBuffer::allocate(bytes, /*prefault=*/false);
     if (!src.ok()) return src.status();
     Result<PageBuffer> dst = PageBuffer::allocate(bytes, /*prefault=*/false);
     if (!dst.ok()) return dst.status();
-    lane.src = std::move(src).value();
-    lane.dst = std::move(dst).value();
-    lane.start_ns.assign(static_cast<size_t>(repetitions), 0);
-    lane.end_ns.assign(static_cast<size_t>(repetitions), 0);
+    lanes.push_back(std::make_unique<CopyLane>(std::move(src).value(), std::move(dst).value(),
+                                               methods, i + 1));
   }
   return lanes;
 }
 
-Status run_lanes(std::vector<CopyLane>& lanes, int repetitions) {
-  std::barrier<> sync(static_cast<std::ptrdiff_t>(lanes.size()));
-  std::vector<std::thread> workers;
-  Status status;
-  for (size_t i = 0; i < lanes.size(); ++i) {
-    try {
-      workers.emplace_back(run_copy_lane, std::ref(lanes[i]), repetitions, std::ref(sync), i + 1);
-    } catch (const std::system_error&) {
-      // Lanes that never started must not leave the started ones waiting at the barrier.
-      for (size_t missing = i; missing < lanes.size(); ++missing) sync.arrive_and_drop();
-      status = Status(Code::kNoMemory, "cannot start memcpy thread");
-      break;
-    }
+Result<std::vector<CopyResult>> measure_copies(unsigned threads, size_t bytes_per_thread,
+                                               int repetitions,
+                                               const std::vector<CopyMethod>& methods) {
+  if (threads == 0 || bytes_per_thread == 0 || repetitions <= 0) {
+    return Status(Code::kInvalidArgument, "copy baseline needs threads, bytes, repetitions");
   }
-  for (std::thread& t : workers) t.join();
-  return status;
+  Result<std::vector<std::unique_ptr<Lane>>> lanes =
+      make_copy_lanes(threads, bytes_per_thread, methods);
+  if (!lanes.ok()) return lanes.status();
+  std::vector<Lane*> raw;
+  for (const std::unique_ptr<Lane>& lane : *lanes) raw.push_back(lane.get());
+  Result<MethodSamples> samples =
+      run_timed_lanes(raw, static_cast<int>(methods.size()), repetitions);
+  if (!samples.ok()) return samples.status();
+  std::vector<CopyResult> results;
+  for (const std::vector<uint64_t>& wall_ns : *samples) {
+    CopyResult r;
+    static_cast<RateSpread&>(r) =
+        rate_spread(wall_ns, static_cast<uint64_t>(threads) * bytes_per_thread);
+    r.threads = threads;
+    r.bytes_per_thread = bytes_per_thread;
+    r.repetitions = repetitions;
+    results.push_back(r);
+  }
+  return results;
 }
 
 // ---- Unix socket echo --------------------------------------------------------------------
@@ -179,31 +187,24 @@ Result<LatencySummary> time_pings(PingPongLine& line, size_t round_trips, size_t
 
 }  // namespace
 
-Result<MemcpyResult> memcpy_gbps(unsigned threads, size_t bytes_per_thread,
+const char* copy_method_name(CopyMethod method) noexcept {
+  return method == CopyMethod::kStream ? "stream" : "memcpy";
+}
+
+Result<CopyComparison> copy_gbps(unsigned threads, size_t bytes_per_thread,
                                  int repetitions) noexcept {
-  if (threads == 0 || bytes_per_thread == 0 || repetitions <= 0) {
-    return Status(Code::kInvalidArgument, "memcpy baseline needs threads, bytes, repetitions");
-  }
-  Result<std::vector<CopyLane>> lanes = allocate_lanes(threads, bytes_per_thread, repetitions);
-  if (!lanes.ok()) return lanes.status();
-  KDN_RETURN_IF_ERROR(run_lanes(*lanes, repetitions));
-  for (const CopyLane& lane : *lanes) {
-    if (std::memcmp(lane.src.data(), lane.dst.data(), lane.src.size()) != 0) {
-      return Status(Code::kInternal, "memcpy baseline: destination differs from source");
-    }
-  }
-  std::vector<double> rates;
-  for (int rep = 0; rep < repetitions; ++rep) {
-    uint64_t bytes = static_cast<uint64_t>(threads) * bytes_per_thread;
-    rates.push_back(gb_per_s(bytes, repetition_wall_ns(*lanes, rep)));
-  }
-  MemcpyResult r;
-  r.median_gbps = median(rates);
-  r.best_gbps = *std::max_element(rates.begin(), rates.end());
-  r.threads = threads;
-  r.bytes_per_thread = bytes_per_thread;
-  r.repetitions = repetitions;
-  return r;
+  Result<std::vector<CopyResult>> r = measure_copies(threads, bytes_per_thread, repetitions,
+                                                     {CopyMethod::kMemcpy, CopyMethod::kStream});
+  if (!r.ok()) return r.status();
+  return CopyComparison{(*r)[0], (*r)[1]};
+}
+
+Result<CopyResult> memcpy_gbps(unsigned threads, size_t bytes_per_thread,
+                               int repetitions) noexcept {
+  Result<std::vector<CopyResult>> r =
+      measure_copies(threads, bytes_per_thread, repetitions, {CopyMethod::kMemcpy});
+  if (!r.ok()) return r.status();
+  return (*r)[0];
 }
 
 Result<LatencySummary> uds_echo_rtt_us(size_t round_trips, size_t warmup) noexcept {

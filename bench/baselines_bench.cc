@@ -27,21 +27,96 @@ void record_error(Report& report, const std::string& prefix, const char* name,
   progress("%s: %s", name, describe(status).c_str());
 }
 
-bool add_memcpy(Report& report, const std::string& prefix, const char* suffix, unsigned threads,
-                const CommonBaselineOptions& options) {
-  progress("memcpy baseline: %u thread(s) x %zu MiB", threads,
+// <base> = median, <base>_min, <base>_max.
+void set_spread(Report& report, const std::string& base, const RateSpread& r) {
+  report.set(base, r.median_gbps);
+  report.set(base + "_min", r.min_gbps);
+  report.set(base + "_max", r.max_gbps);
+}
+
+bool add_copy(Report& report, const std::string& prefix, const char* suffix, unsigned threads,
+              const CommonBaselineOptions& options) {
+  progress("copy baseline (memcpy, streaming copy): %u thread(s) x %zu MiB", threads,
            options.memcpy_bytes_per_thread >> 20);
-  Result<MemcpyResult> r =
-      memcpy_gbps(threads, options.memcpy_bytes_per_thread, options.memcpy_repetitions);
-  std::string name = std::string("memcpy_gbps_") + suffix;
+  Result<CopyComparison> r =
+      copy_gbps(threads, options.memcpy_bytes_per_thread, options.memcpy_repetitions);
+  const std::string s = suffix;
+  const std::string memcpy_key = key(prefix, "memcpy_gbps_") + s;
+  const std::string stream_key = key(prefix, "stream_copy_gbps_") + s;
+  const std::string copy_key = key(prefix, "copy_gbps_") + s;
   if (!r.ok()) {
-    report.set_null(key(prefix, name.c_str()));
-    record_error(report, prefix, name.c_str(), r.status());
+    for (const std::string& k : {memcpy_key, stream_key, copy_key}) report.set_null(k);
+    report.set_null(key(prefix, "copy_method_") + s);
+    record_error(report, prefix, ("copy_gbps_" + s).c_str(), r.status());
     return false;
   }
-  report.set(key(prefix, name.c_str()), r->median_gbps);
-  report.set(key(prefix, (name + "_best").c_str()), r->best_gbps);
+  set_spread(report, memcpy_key, r->memcpy);
+  report.set(memcpy_key + "_best", r->memcpy.max_gbps);  // the name before _max; still read
+  set_spread(report, stream_key, r->stream);
+  set_spread(report, copy_key, r->best());
+  report.set(key(prefix, "copy_method_") + s, copy_method_name(r->faster()));
   return true;
+}
+
+const char* reader_name(IntegrityMethod m) {
+  return m == IntegrityMethod::kVerifyReadCached ? "cached" : "stream";
+}
+
+void set_integrity(Report& report, const std::string& base, const std::string& s,
+                   const IntegrityResult& r) {
+  auto name = [&](const char* figure) { return base + "." + figure + "_gbps_" + s; };
+  set_spread(report, name("copy"), r.of(IntegrityMethod::kCopy));
+  set_spread(report, name("staging_store"), r.of(IntegrityMethod::kStagingStore));
+  set_spread(report, name("hashed_store"), r.of(IntegrityMethod::kHashedStore));
+  set_spread(report, name("verify_read"), r.of(r.verify_read));
+  report.set(base + ".verify_read_method_" + s, reader_name(r.verify_read));
+  for (IntegrityMethod m : {IntegrityMethod::kVerifyReadStream, IntegrityMethod::kVerifyReadCached,
+                            IntegrityMethod::kVerifyReadSource, IntegrityMethod::kHashOnly}) {
+    report.set(name(integrity_method_name(m)), r.of(m).median_gbps);
+  }
+  report.set(base + ".staging_store_vs_copy_" + s, r.ratio(IntegrityMethod::kStagingStore));
+  report.set(base + ".hashed_store_vs_copy_" + s, r.ratio(IntegrityMethod::kHashedStore));
+  report.set(base + ".verify_read_vs_copy_" + s, r.ratio(r.verify_read));
+}
+
+bool add_integrity(Report& report, const std::string& prefix, const char* suffix,
+                   unsigned threads, const CommonBaselineOptions& options) {
+  IntegrityOptions o;
+  o.threads = threads;
+  o.chunk_bytes = options.integrity_chunk_bytes;
+  o.chunks_per_thread = options.integrity_chunks_per_thread;
+  o.block_bytes = options.integrity_block_bytes;
+  o.repetitions = options.integrity_repetitions;
+  progress("integrity baseline: %u thread(s) x %zu chunks of %.3f MiB", threads,
+           o.chunks_per_thread, static_cast<double>(o.chunk_bytes) / (1 << 20));
+  Result<IntegrityResult> r = integrity_gbps(o);
+  const std::string base = key(prefix, "integrity"), s = suffix;
+  if (r.ok()) {
+    set_integrity(report, base, s, *r);
+    return true;
+  }
+  for (const char* figure : {"copy_gbps_", "staging_store_gbps_", "hashed_store_gbps_",
+                             "verify_read_gbps_", "staging_store_vs_copy_",
+                             "hashed_store_vs_copy_", "verify_read_vs_copy_"}) {
+    report.set_null(base + "." + figure + s);
+  }
+  record_error(report, base, ("integrity_" + s).c_str(), r.status());
+  return false;
+}
+
+bool add_integrity_both(Report& report, const std::string& prefix,
+                        const CommonBaselineOptions& options) {
+  const std::string base = key(prefix, "integrity");
+  report.set(base + ".chunk_bytes", static_cast<uint64_t>(options.integrity_chunk_bytes));
+  report.set(base + ".chunks_per_thread",
+             static_cast<uint64_t>(options.integrity_chunks_per_thread));
+  report.set(base + ".block_bytes", static_cast<uint64_t>(options.integrity_block_bytes));
+  report.set(base + ".threads_pt", options.threads);
+  report.set(base + ".repetitions", options.integrity_repetitions);
+  report.set(base + ".xxh3_dispatch", integrity_hash_dispatched());
+  bool ok = add_integrity(report, prefix, "1t", 1, options);
+  ok &= add_integrity(report, prefix, "pt", options.threads, options);
+  return ok;
 }
 
 bool add_latency(Report& report, const std::string& prefix, const char* name,
@@ -72,11 +147,13 @@ void progress(const char* format, ...) {
 
 bool add_common_baselines(Report& report, const std::string& prefix,
                           const CommonBaselineOptions& options) {
-  bool ok = add_memcpy(report, prefix, "1t", 1, options);
-  ok &= add_memcpy(report, prefix, "pt", options.threads, options);
+  bool ok = add_copy(report, prefix, "1t", 1, options);
+  ok &= add_copy(report, prefix, "pt", options.threads, options);
   report.set(key(prefix, "memcpy_threads_pt"), options.threads);
   report.set(key(prefix, "memcpy_bytes_per_thread"),
              static_cast<uint64_t>(options.memcpy_bytes_per_thread));
+  report.set(key(prefix, "copy_repetitions"), options.memcpy_repetitions);
+  if (options.integrity) ok &= add_integrity_both(report, prefix, options);
   progress("unix socket echo baseline: %zu round trips", options.uds_round_trips);
   ok &= add_latency(report, prefix, "uds_echo_rtt", uds_echo_rtt_us(options.uds_round_trips));
   progress("spin ping-pong baseline: %zu round trips", options.spin_round_trips);
@@ -104,21 +181,39 @@ bool add_redis_baseline(Report& report, const std::string& prefix, uint64_t valu
 
 int run_baselines_bench(int argc, char** argv) {
   CLI::App app{
-      "kdn-bench baselines: memcpy, Unix-socket echo, spin ping-pong and redis, "
-      "measured now on this machine"};
+      "kdn-bench baselines: memcpy and streaming copy, the integrity measurement (staging vs "
+      "verify on read), Unix-socket echo, spin ping-pong and redis, measured now on this "
+      "machine"};
   bool json = false;
   CommonBaselineOptions options;
+  options.integrity_chunk_bytes = find_model("smollm2-135m")->chunk_bytes();
   uint64_t redis_value_bytes = find_model("llama3-8b")->chunk_bytes();
   size_t memcpy_mib = options.memcpy_bytes_per_thread >> 20;
+  bool no_integrity = false;
   app.add_flag("--json", json, "print JSON instead of a table");
-  app.add_option("--threads", options.threads, "threads of the concurrent memcpy (P)")
+  app.add_option("--threads", options.threads, "threads of the concurrent copies (P)")
       ->check(CLI::Range(1u, 256u));
   app.add_option("--memcpy-mib", memcpy_mib, "MiB copied per thread per repetition")
       ->check(CLI::Range(size_t{1}, size_t{1} << 16));
+  app.add_option("--repetitions", options.memcpy_repetitions,
+                 "repetitions of the copy and integrity measurements")
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--integrity-chunk-bytes", options.integrity_chunk_bytes,
+                 "chunk size of the integrity measurement (default: one SmolLM2-135M chunk)")
+      ->check(CLI::Range(size_t{4096}, size_t{1} << 30));
+  app.add_option("--integrity-chunks", options.integrity_chunks_per_thread,
+                 "chunks per thread per repetition of the integrity measurement")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 16));
+  app.add_option("--integrity-block-bytes", options.integrity_block_bytes,
+                 "bytes hashed and copied per step of the fused loops")
+      ->check(CLI::Range(size_t{64}, size_t{1} << 30));
+  app.add_flag("--no-integrity", no_integrity, "skip the integrity measurement");
   app.add_option("--redis-value-bytes", redis_value_bytes, "redis value size (one kdn chunk)")
       ->check(CLI::Range(uint64_t{8}, uint64_t{1} << 30));
   CLI11_PARSE(app, argc, argv);
   options.memcpy_bytes_per_thread = memcpy_mib << 20;
+  options.integrity_repetitions = options.memcpy_repetitions;
+  options.integrity = !no_integrity;
 
   Report report;
   bool ok = add_common_baselines(report, "baselines", options);

@@ -12,16 +12,19 @@ using kdn::bench::smoke::run_bench;
 TEST(NodeBenchSmokeTest, MeasuresEveryFigureAgainstARealKdnd) {
   BenchRun run = run_bench(
       "node --json --model smollm2-135m --processes 2 --docs 4 --requests 8 --arena-gib 1 "
-      "--idle-seconds 1 --lookup-samples 2000 --retrieve-passes 1 --memcpy-mib 16 --no-redis");
+      "--idle-seconds 1 --lookup-samples 2000 --retrieve-passes 1 --memcpy-mib 16 "
+      "--integrity-chunks 2 --no-redis");
   ASSERT_EQ(run.exit_code, 0) << run.stdout_text;
   nlohmann::json j = nlohmann::json::parse(run.stdout_text, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(j.is_discarded()) << run.stdout_text;
 
   for (const char* key :
-       {"baselines.memcpy_gbps_1t", "baselines.memcpy_gbps_pt", "baselines.uds_echo_rtt_p50_us",
-        "baselines.spin_pingpong_rtt_p50_us", "kdn.retrieve_gbps", "kdn.store_gbps",
-        "kdn.lookup_rtt_p50_us", "kdn.lookup_rtt_p99_us", "kdn.hit_ratio",
-        "kdn.idle_cpu_percent", "ratios.retrieve_vs_memcpy", "ratios.lookup_vs_uds"}) {
+       {"baselines.memcpy_gbps_1t", "baselines.memcpy_gbps_pt", "baselines.copy_gbps_pt",
+        "baselines.stream_copy_gbps_pt", "baselines.integrity.verify_read_vs_copy_pt",
+        "baselines.uds_echo_rtt_p50_us", "baselines.spin_pingpong_rtt_p50_us",
+        "kdn.retrieve_gbps", "kdn.store_gbps", "kdn.lookup_rtt_p50_us", "kdn.lookup_rtt_p99_us",
+        "kdn.hit_ratio", "kdn.idle_cpu_percent", "ratios.retrieve_vs_copy",
+        "ratios.store_vs_copy", "ratios.retrieve_vs_memcpy", "ratios.lookup_vs_uds"}) {
     const nlohmann::json& v = at(j, key);
     EXPECT_TRUE(v.is_number()) << key << " = " << v;
     if (v.is_number()) {
@@ -35,7 +38,9 @@ TEST(NodeBenchSmokeTest, MeasuresEveryFigureAgainstARealKdnd) {
   EXPECT_TRUE(at(j, "baselines.redis_get_gbps").is_null());
   EXPECT_TRUE(at(j, "ratios.retrieve_vs_redis").is_null());
   EXPECT_TRUE(at(j, "bars.retrieve_vs_redis.pass").is_null());
-  EXPECT_TRUE(at(j, "bars.retrieve_vs_memcpy.pass").is_boolean());
+  EXPECT_TRUE(at(j, "bars.retrieve_vs_copy.pass").is_boolean());
+  EXPECT_TRUE(at(j, "bars.store_vs_copy.pass").is_boolean());
+  EXPECT_FALSE(at(j, "bars").contains("retrieve_vs_memcpy"));  // informational: no bar
 
   const std::string model = "models.smollm2-135m.";
   EXPECT_EQ(at(j, model + "kdn.corrupt_chunks").get<uint64_t>(), 0u);
