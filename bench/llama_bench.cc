@@ -35,7 +35,7 @@
 #include <kdn/common/clock.h>
 #include <kdn/llama/codec_quality.h>
 #include <kdn/llama/engine.h>
-#include <kdn/llama/kdn_chunk_store.h>
+#include <kdn/llama/kdn_chunk_cache.h>
 
 #include <CLI/CLI.hpp>
 #include <llama.h>
@@ -149,7 +149,7 @@ struct Side {
 // What each side's process starts with: its engine, a kdnd connection and the prompt.
 struct Session {
   std::unique_ptr<Engine> engine;
-  std::unique_ptr<kdn::llama::KdnChunkStore> store;
+  std::unique_ptr<kdn::llama::KdnChunkCache> store;
   std::vector<int32_t> prompt;
 
   // Null on success, else the failure to report. `threads` 0: every core (the engine's default).
@@ -157,7 +157,7 @@ struct Session {
     auto e = s.open_engine(model, threads);
     if (!e.ok()) return failure("engine", e.status());
     engine = std::move(e.value());
-    auto c = kdn::llama::KdnChunkStore::connect(engine->identity().desc, s.socket, s.name_space);
+    auto c = kdn::llama::KdnChunkCache::connect(engine->identity().desc, s.socket, s.name_space);
     if (!c.ok()) return failure("kdnd", c.status());
     store = std::move(c.value());
     auto p = engine->chat_prompt(s.doc, s.o.question, s.size);
@@ -304,7 +304,7 @@ Json run_calibration(const Options& o, const std::string& f16_model, const std::
 
 // The KVC1 4-bit codec on the prefix A stored: exact chunks leased from kdnd, the document's
 // next eval_tokens tokens scored on top of them and of their decoded copies.
-Json codec_quality(Engine& e, kdn::llama::ChunkStore& store, const Side& s) {
+Json codec_quality(Engine& e, kdn::llama::ChunkCache& store, const Side& s) {
   auto ext = e.chat_prompt(s.doc, s.o.question, s.size + s.o.eval_tokens);
   if (!ext.ok()) return failure("codec prompt", ext.status());
   const uint32_t chunks = s.size / e.identity().geometry.chunk_tokens;

@@ -4,7 +4,7 @@
 // with the same answer.
 #include "llama_test_util.h"
 
-#include <kdn/llama/kdn_chunk_store.h>
+#include <kdn/llama/kdn_chunk_cache.h>
 
 #include <nlohmann/json.hpp>
 #include <signal.h>
@@ -137,7 +137,7 @@ TEST_F(CrossProcess, GarbageStoredByAFaultyEngineIsNeverLoaded) {
   auto prompt = engine->chat_prompt(read_document(), kQuestionA, 2 * kTestChunk);
   ASSERT_TRUE(prompt.ok());
   {
-    auto store = KdnChunkStore::connect(engine->identity().desc, socket_);
+    auto store = KdnChunkCache::connect(engine->identity().desc, socket_);
     ASSERT_TRUE(store.ok()) << store.status().what();
     auto res = (*store)->reserve(prompt.value(), 0, 2);
     ASSERT_TRUE(res.ok()) << res.status().what();

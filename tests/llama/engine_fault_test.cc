@@ -21,7 +21,7 @@ constexpr uint32_t kContext = 4 * kTestChunk;
 constexpr uint32_t kPredict = 32;
 
 // A store whose every call fails, as libkdn's do once kdnd is gone.
-class UnavailableStore final : public ChunkStore {
+class UnavailableStore final : public ChunkCache {
  public:
   Result<std::unique_ptr<ChunkLease>> retrieve(std::span<const int32_t>, uint32_t) noexcept override {
     ++calls;
@@ -59,7 +59,7 @@ class EngineFault : public ::testing::Test {
     ASSERT_EQ(miss->stats.chunks_stored, prompt_->size() / kTestChunk);
   }
   // Runs the prompt through the store and checks it fell back to a full, identical prefill.
-  void expect_fallback(ChunkStore* store, Code expected) {
+  void expect_fallback(ChunkCache* store, Code expected) {
     Result<Generation> g = engine_->generate(*prompt_, kPredict, store);
     ASSERT_TRUE(g.ok()) << g.status().what();
     EXPECT_EQ(g->stats.tokens_reused, 0u);
@@ -73,7 +73,7 @@ class EngineFault : public ::testing::Test {
   static std::vector<int32_t>* prompt_;
   static Generation* ref_;
   MemoryNode node_;
-  std::unique_ptr<MemoryChunkStore> store_;
+  std::unique_ptr<MemoryChunkCache> store_;
 };
 Engine* EngineFault::engine_ = nullptr;
 std::vector<int32_t>* EngineFault::prompt_ = nullptr;

@@ -2,7 +2,7 @@
 // stores.
 #pragma once
 
-#include <kdn/llama/chunk_store.h>
+#include <kdn/llama/chunk_cache.h>
 #include <kdn/llama/engine.h>
 
 #include <gtest/gtest.h>
@@ -51,8 +51,8 @@ inline std::unique_ptr<Engine> open_engine(bool flash_attn = true, uint32_t n_ct
   return open_engine(test_engine_options(flash_attn, n_ctx, model));
 }
 
-inline std::unique_ptr<MemoryChunkStore> open_store(MemoryNode& node, const Engine& e) {
-  Result<std::unique_ptr<MemoryChunkStore>> s = MemoryChunkStore::open(node, e.identity().desc);
+inline std::unique_ptr<MemoryChunkCache> open_store(MemoryNode& node, const Engine& e) {
+  Result<std::unique_ptr<MemoryChunkCache>> s = MemoryChunkCache::open(node, e.identity().desc);
   EXPECT_TRUE(s.ok()) << s.status().what();
   return s.ok() ? std::move(s.value()) : nullptr;
 }

@@ -55,7 +55,7 @@ class OverlappedLoadTest : public ::testing::Test {
   }
   // A hit of the stored prompt on `e`, from a copy of the stored chunks (`damage` may change
   // them first), checked against the full prefill.
-  Generation hit(Engine& e, const std::function<void(MemoryChunkStore&)>& damage = {}) {
+  Generation hit(Engine& e, const std::function<void(MemoryChunkCache&)>& damage = {}) {
     MemoryNode node = *node_;
     auto store = open_store(node, e);
     if (damage) damage(*store);
@@ -67,8 +67,8 @@ class OverlappedLoadTest : public ::testing::Test {
     return std::move(g.value());
   }
   // Writes an fp16 infinity at byte `offset` of stored chunk `chunk` of the prompt.
-  static std::function<void(MemoryChunkStore&)> poison(uint32_t chunk, uint64_t offset) {
-    return [chunk, offset](MemoryChunkStore& store) {
+  static std::function<void(MemoryChunkCache&)> poison(uint32_t chunk, uint64_t offset) {
+    return [chunk, offset](MemoryChunkCache& store) {
       std::vector<uint8_t>* c = store.find(*prompt_, chunk);
       ASSERT_NE(c, nullptr);
       ASSERT_LE(offset + 2, c->size());

@@ -27,7 +27,7 @@ void note(RequestStats& stats, const Status& st) {
 
 }  // namespace
 
-uint32_t Engine::load_cached_prefix(std::span<const int32_t> prompt, ChunkStore& store, RequestStats& stats,
+uint32_t Engine::load_cached_prefix(std::span<const int32_t> prompt, ChunkCache& store, RequestStats& stats,
                                     std::unique_ptr<ChunkLease>& held) noexcept {
   const uint32_t t = identity_.geometry.chunk_tokens;
   // The last prompt token is always computed: its logits choose the first new token.
@@ -64,35 +64,40 @@ uint32_t Engine::load_cached_prefix(std::span<const int32_t> prompt, ChunkStore&
 }
 
 void Engine::store_new_chunks(std::span<const int32_t> prompt, uint32_t first_chunk,
-                              ChunkStore& store, RequestStats& stats) noexcept {
+                              ChunkCache& store, RequestStats& stats) noexcept {
   const uint32_t total = static_cast<uint32_t>(prompt.size() / identity_.geometry.chunk_tokens);
   if (first_chunk >= total) return;
   const uint64_t t0 = now_ns();
-  Result<std::unique_ptr<ChunkReservation>> res = store.reserve(prompt, first_chunk, total - first_chunk);
-  if (!res.ok()) {
-    note(stats, res.status());
-    return;
-  }
-  ChunkReservation& r = *res.value();
-  std::vector<std::span<uint8_t>> slots(r.chunks());
-  uint32_t wanted = 0;
-  for (uint32_t i = 0; i < r.chunks(); ++i) {
-    slots[i] = r.slot(i);
-    wanted += !slots[i].empty();
-  }
-  Status st = wanted ? extract_chunks(first_chunk, slots) : OkStatus();
-  if (st.ok()) st = r.commit();
-  // On failure the reservation's destructor aborts it: no partial chunk is ever published.
-  note(stats, st);
-  if (st.ok()) {
-    stats.chunks_stored = wanted;
-    stats.bytes_stored = uint64_t{wanted} * identity_.geometry.chunk_bytes();
+  // In batches of what one reservation may hold (kdnd: the session's staging area).
+  const uint32_t batch = std::max<uint32_t>(1, store.max_reserve_chunks());
+  for (uint32_t first = first_chunk; first < total;) {
+    const uint32_t n = std::min(batch, total - first);
+    Result<std::unique_ptr<ChunkReservation>> res = store.reserve(prompt, first, n);
+    if (!res.ok()) {
+      note(stats, res.status());
+      break;
+    }
+    ChunkReservation& r = *res.value();
+    std::vector<std::span<uint8_t>> slots(r.chunks());
+    uint32_t wanted = 0;
+    for (uint32_t i = 0; i < r.chunks(); ++i) {
+      slots[i] = r.slot(i);
+      wanted += !slots[i].empty();
+    }
+    Status st = wanted ? extract_chunks(first, slots) : OkStatus();
+    if (st.ok()) st = r.commit();
+    // On failure the reservation's destructor aborts it: no partial chunk is ever published.
+    note(stats, st);
+    if (!st.ok()) break;
+    stats.chunks_stored += wanted;
+    stats.bytes_stored += uint64_t{wanted} * identity_.geometry.chunk_bytes();
+    first += n;
   }
   stats.store_s = seconds_between(t0, now_ns());
 }
 
 Result<Generation> Engine::generate(std::span<const int32_t> prompt, uint32_t n_predict,
-                                    ChunkStore* store) noexcept {
+                                    ChunkCache* store) noexcept {
   if (prompt.empty() || n_predict == 0) return Status(Code::kInvalidArgument, "empty prompt or nothing to predict");
   if (prompt.size() + n_predict > llama_n_ctx(ctx_))
     return Status(Code::kInvalidArgument, "prompt and answer do not fit in the context");

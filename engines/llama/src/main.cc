@@ -6,7 +6,7 @@
 //
 // Prints the time to first token, the tokens reused and computed, and the answer.
 #include <kdn/llama/engine.h>
-#include <kdn/llama/kdn_chunk_store.h>
+#include <kdn/llama/kdn_chunk_cache.h>
 #include <kdn/llama/kv_dump.h>
 
 #include <CLI/CLI.hpp>
@@ -66,7 +66,7 @@ bool read_file(const std::string& path, std::string& out) {
 }
 
 // Opens kdnd's store, or says why the engine runs without one.
-std::unique_ptr<kdn::llama::ChunkStore> open_store(const CliOptions& o, const kdn::llama::Engine& e,
+std::unique_ptr<kdn::llama::ChunkCache> open_store(const CliOptions& o, const kdn::llama::Engine& e,
                                                    std::string& cache_state) {
   if (o.no_cache) {
     cache_state = "disabled (--no-cache)";
@@ -76,7 +76,7 @@ std::unique_ptr<kdn::llama::ChunkStore> open_store(const CliOptions& o, const kd
     cache_state = std::string("unsupported: ") + e.cache_support().what();
     return nullptr;
   }
-  auto s = kdn::llama::KdnChunkStore::connect(e.identity().desc, o.socket);
+  auto s = kdn::llama::KdnChunkCache::connect(e.identity().desc, o.socket);
   if (!s.ok()) {
     cache_state = std::string("unavailable (") + s.status().what() + "): prefilling everything";
     return nullptr;
@@ -143,7 +143,7 @@ int run(const CliOptions& o) {
     return 1;
   }
   std::string cache_state;
-  std::unique_ptr<kdn::llama::ChunkStore> store = open_store(o, e, cache_state);
+  std::unique_ptr<kdn::llama::ChunkCache> store = open_store(o, e, cache_state);
   auto gen = e.generate(prompt.value(), o.n_predict, store.get());
   if (!gen.ok()) {
     std::fprintf(stderr, "kdn-llama: %s\n", gen.status().what());

@@ -1,5 +1,5 @@
 // A llama.cpp engine that uses kdn: before prefill it loads the longest cached prefix of the
-// prompt from a ChunkStore into its (empty) KV cache, prefills only the rest, and stores the
+// prompt from a ChunkCache into its (empty) KV cache, prefills only the rest, and stores the
 // whole chunks it computed.
 //
 // Exactness. Chunks are loaded in position order into an empty cache, so every cell lands
@@ -20,7 +20,7 @@
 
 #include <kdn/common/status.h>
 #include <kdn/kdn.h>
-#include <kdn/llama/chunk_store.h>
+#include <kdn/llama/chunk_cache.h>
 #include <kdn/llama/state_blob.h>
 
 #include <cstdint>
@@ -128,7 +128,7 @@ class Engine {
   // chunks. Errors only for bad arguments or an engine failure; cache trouble is reported in
   // stats.cache_status.
   Result<Generation> generate(std::span<const int32_t> prompt, uint32_t n_predict,
-                              ChunkStore* store) noexcept;
+                              ChunkCache* store) noexcept;
 
   // ---- steps of generate(), for tests, benchmarks and --dump-kv --------------------------
   // Empties the KV cache, zeroing its buffers.
@@ -161,9 +161,9 @@ class Engine {
   Status size_blob(uint64_t bytes) noexcept;  // blob_ resized to `bytes`; kNoMemory if it cannot be
   // Loads the cached prefix; `lease` keeps the chunks pinned until the caller drops it (after
   // the first token, so the release round trip is not part of the time to first token).
-  uint32_t load_cached_prefix(std::span<const int32_t> prompt, ChunkStore& store, RequestStats& stats,
+  uint32_t load_cached_prefix(std::span<const int32_t> prompt, ChunkCache& store, RequestStats& stats,
                               std::unique_ptr<ChunkLease>& lease) noexcept;
-  void store_new_chunks(std::span<const int32_t> prompt, uint32_t first_chunk, ChunkStore& store,
+  void store_new_chunks(std::span<const int32_t> prompt, uint32_t first_chunk, ChunkCache& store,
                         RequestStats& stats) noexcept;
   Status decode_one(int32_t token, uint32_t pos) noexcept;
   // load_chunks; with `deferred`, the KV copies are left to the caller (restore_seq_pieces).

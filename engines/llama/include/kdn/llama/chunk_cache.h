@@ -1,5 +1,5 @@
 // Where an engine's KV chunks live. The production store is kdnd, reached through libkdn
-// (kdn_chunk_store.h); MemoryChunkStore keeps chunks in this process and lets tests corrupt,
+// (kdn_chunk_cache.h); MemoryChunkCache keeps chunks in this process and lets tests corrupt,
 // truncate or hide them. The engine only sees this interface, so every fault a test injects
 // here takes the same path a fault in kdnd would.
 //
@@ -43,20 +43,23 @@ class ChunkReservation {
   virtual Status commit() noexcept = 0;
 };
 
-class ChunkStore {
+class ChunkCache {
  public:
-  virtual ~ChunkStore() = default;
+  virtual ~ChunkCache() = default;
   // Leases the longest cached prefix of whole chunks of `tokens`, at most max_chunks of them
   // (0 = no limit). A miss is a lease of zero chunks, not an error.
   virtual Result<std::unique_ptr<ChunkLease>> retrieve(std::span<const int32_t> tokens,
                                                        uint32_t max_chunks) noexcept = 0;
-  // Reserves slots for chunks [first_chunk, first_chunk + n_chunks) of `tokens`.
+  // Reserves slots for chunks [first_chunk, first_chunk + n_chunks) of `tokens`, at most
+  // max_reserve_chunks() of them at once.
   virtual Result<std::unique_ptr<ChunkReservation>> reserve(std::span<const int32_t> tokens,
                                                              uint32_t first_chunk,
                                                              uint32_t n_chunks) noexcept = 0;
+  // The most chunks one reservation may hold (kdnd: what the session's staging area holds).
+  virtual uint32_t max_reserve_chunks() const noexcept { return UINT32_MAX; }
 };
 
-// The chunks of one "node": shared by every MemoryChunkStore opened on it, whatever their
+// The chunks of one "node": shared by every MemoryChunkCache opened on it, whatever their
 // model descriptors, so engines with different fingerprints meet in one key space exactly as
 // they do in kdnd.
 class MemoryNode {
@@ -64,10 +67,10 @@ class MemoryNode {
   std::unordered_map<kdn_key, std::vector<uint8_t>, KeyHash> chunks;
 };
 
-class MemoryChunkStore final : public ChunkStore {
+class MemoryChunkCache final : public ChunkCache {
  public:
   // `node` must outlive the store.
-  static Result<std::unique_ptr<MemoryChunkStore>> open(MemoryNode& node,
+  static Result<std::unique_ptr<MemoryChunkCache>> open(MemoryNode& node,
                                                         const kdn_model_desc& desc) noexcept;
 
   Result<std::unique_ptr<ChunkLease>> retrieve(std::span<const int32_t> tokens,
@@ -82,7 +85,7 @@ class MemoryChunkStore final : public ChunkStore {
   const ModelInfo& model() const noexcept { return model_; }
 
  private:
-  MemoryChunkStore(MemoryNode& node, const ModelInfo& model) noexcept : node_(node), model_(model) {}
+  MemoryChunkCache(MemoryNode& node, const ModelInfo& model) noexcept : node_(node), model_(model) {}
   std::vector<kdn_key> keys(std::span<const int32_t> tokens, size_t max) const;
 
   MemoryNode& node_;

@@ -1,4 +1,4 @@
-#include <kdn/llama/kdn_chunk_store.h>
+#include <kdn/llama/kdn_chunk_cache.h>
 
 #include <new>
 
@@ -57,7 +57,7 @@ Status from_kdn(int rc, const char* what) noexcept {
   return Status(static_cast<Code>(rc), what);
 }
 
-Result<std::unique_ptr<KdnChunkStore>> KdnChunkStore::connect(const kdn_model_desc& desc,
+Result<std::unique_ptr<KdnChunkCache>> KdnChunkCache::connect(const kdn_model_desc& desc,
                                                               const std::string& socket_path,
                                                               const std::string& name_space) noexcept {
   kdn_connect_opts opts{};
@@ -72,7 +72,7 @@ Result<std::unique_ptr<KdnChunkStore>> KdnChunkStore::connect(const kdn_model_de
     kdn_disconnect(client);
     return st;
   }
-  std::unique_ptr<KdnChunkStore> s(new (std::nothrow) KdnChunkStore(client, model));
+  std::unique_ptr<KdnChunkCache> s(new (std::nothrow) KdnChunkCache(client, model));
   if (!s) {
     kdn_disconnect(client);
     return Status(Code::kNoMemory, "store allocation failed");
@@ -80,9 +80,9 @@ Result<std::unique_ptr<KdnChunkStore>> KdnChunkStore::connect(const kdn_model_de
   return s;
 }
 
-KdnChunkStore::~KdnChunkStore() { kdn_disconnect(client_); }
+KdnChunkCache::~KdnChunkCache() { kdn_disconnect(client_); }
 
-Result<std::unique_ptr<ChunkLease>> KdnChunkStore::retrieve(std::span<const int32_t> tokens,
+Result<std::unique_ptr<ChunkLease>> KdnChunkCache::retrieve(std::span<const int32_t> tokens,
                                                             uint32_t max_chunks) noexcept {
   kdn_lease* lease = nullptr;
   KDN_RETURN_IF_ERROR(from_kdn(kdn_retrieve_lease(client_, model_, tokens.data(), tokens.size(), max_chunks, &lease),
@@ -95,7 +95,7 @@ Result<std::unique_ptr<ChunkLease>> KdnChunkStore::retrieve(std::span<const int3
   return l;
 }
 
-Result<std::unique_ptr<ChunkReservation>> KdnChunkStore::reserve(std::span<const int32_t> tokens,
+Result<std::unique_ptr<ChunkReservation>> KdnChunkCache::reserve(std::span<const int32_t> tokens,
                                                                  uint32_t first_chunk,
                                                                  uint32_t n_chunks) noexcept {
   kdn_store* store = nullptr;
@@ -110,7 +110,9 @@ Result<std::unique_ptr<ChunkReservation>> KdnChunkStore::reserve(std::span<const
   return r;
 }
 
-Result<kdn_stats> KdnChunkStore::stats() noexcept {
+uint32_t KdnChunkCache::max_reserve_chunks() const noexcept { return kdn_store_max_chunks(client_, model_); }
+
+Result<kdn_stats> KdnChunkCache::stats() noexcept {
   kdn_stats s{};
   s.struct_size = sizeof s;
   KDN_RETURN_IF_ERROR(from_kdn(kdn_get_stats(client_, &s), "kdn_get_stats failed"));

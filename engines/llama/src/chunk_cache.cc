@@ -1,4 +1,4 @@
-#include <kdn/llama/chunk_store.h>
+#include <kdn/llama/chunk_cache.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -50,20 +50,20 @@ class MemoryReservation final : public ChunkReservation {
 
 }  // namespace
 
-Result<std::unique_ptr<MemoryChunkStore>> MemoryChunkStore::open(MemoryNode& node,
+Result<std::unique_ptr<MemoryChunkCache>> MemoryChunkCache::open(MemoryNode& node,
                                                                  const kdn_model_desc& desc) noexcept {
   Result<ModelInfo> model = ModelInfo::from_desc(desc);
   if (!model.ok()) return model.status();
-  return std::unique_ptr<MemoryChunkStore>(new MemoryChunkStore(node, model.value()));
+  return std::unique_ptr<MemoryChunkCache>(new MemoryChunkCache(node, model.value()));
 }
 
-std::vector<kdn_key> MemoryChunkStore::keys(std::span<const int32_t> tokens, size_t max) const {
+std::vector<kdn_key> MemoryChunkCache::keys(std::span<const int32_t> tokens, size_t max) const {
   std::vector<kdn_key> out(std::min(max, tokens.size() / model_.chunk_tokens));
   out.resize(prefix_keys(model_, tokens, out));
   return out;
 }
 
-Result<std::unique_ptr<ChunkLease>> MemoryChunkStore::retrieve(std::span<const int32_t> tokens,
+Result<std::unique_ptr<ChunkLease>> MemoryChunkCache::retrieve(std::span<const int32_t> tokens,
                                                                uint32_t max_chunks) noexcept {
   const size_t limit = max_chunks == 0 ? SIZE_MAX : max_chunks;
   std::vector<std::span<const uint8_t>> hits;
@@ -75,7 +75,7 @@ Result<std::unique_ptr<ChunkLease>> MemoryChunkStore::retrieve(std::span<const i
   return std::unique_ptr<ChunkLease>(new MemoryLease(std::move(hits)));
 }
 
-Result<std::unique_ptr<ChunkReservation>> MemoryChunkStore::reserve(std::span<const int32_t> tokens,
+Result<std::unique_ptr<ChunkReservation>> MemoryChunkCache::reserve(std::span<const int32_t> tokens,
                                                                     uint32_t first_chunk,
                                                                     uint32_t n_chunks) noexcept {
   if (uint64_t{first_chunk} + n_chunks > tokens.size() / model_.chunk_tokens)
@@ -88,7 +88,7 @@ Result<std::unique_ptr<ChunkReservation>> MemoryChunkStore::reserve(std::span<co
       new MemoryReservation(node_, std::move(mine), std::move(wanted), model_.chunk_bytes));
 }
 
-std::vector<uint8_t>* MemoryChunkStore::find(std::span<const int32_t> tokens, uint32_t i) noexcept {
+std::vector<uint8_t>* MemoryChunkCache::find(std::span<const int32_t> tokens, uint32_t i) noexcept {
   std::vector<kdn_key> all = keys(tokens, size_t{i} + 1);
   if (all.size() <= i) return nullptr;
   auto it = node_.chunks.find(all[i]);

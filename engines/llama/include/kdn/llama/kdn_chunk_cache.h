@@ -1,4 +1,4 @@
-// ChunkStore over libkdn: the engine's chunks live in kdnd, shared by every engine on the node.
+// ChunkCache over libkdn: the engine's chunks live in kdnd, shared by every engine on the node.
 //
 // Retrieve leases chunks zero-copy from kdnd's host arena (kdn_retrieve_lease); store
 // reserves arena slots, the engine writes canonical chunks straight into them, and commit
@@ -11,34 +11,35 @@
 #pragma once
 
 #include <kdn/kdn.h>
-#include <kdn/llama/chunk_store.h>
+#include <kdn/llama/chunk_cache.h>
 
 #include <memory>
 #include <string>
 
 namespace kdn::llama {
 
-class KdnChunkStore final : public ChunkStore {
+class KdnChunkCache final : public ChunkCache {
  public:
   // Connects to kdnd (socket_path empty: libkdn's default) in namespace `name_space` (empty:
   // "default") and registers the model. A kUnavailable status when kdnd is not running.
-  static Result<std::unique_ptr<KdnChunkStore>> connect(const kdn_model_desc& desc,
+  static Result<std::unique_ptr<KdnChunkCache>> connect(const kdn_model_desc& desc,
                                                         const std::string& socket_path,
                                                         const std::string& name_space = "") noexcept;
-  ~KdnChunkStore() override;
-  KdnChunkStore(const KdnChunkStore&) = delete;
-  KdnChunkStore& operator=(const KdnChunkStore&) = delete;
+  ~KdnChunkCache() override;
+  KdnChunkCache(const KdnChunkCache&) = delete;
+  KdnChunkCache& operator=(const KdnChunkCache&) = delete;
 
   Result<std::unique_ptr<ChunkLease>> retrieve(std::span<const int32_t> tokens,
                                                uint32_t max_chunks) noexcept override;
   Result<std::unique_ptr<ChunkReservation>> reserve(std::span<const int32_t> tokens,
                                                     uint32_t first_chunk,
                                                     uint32_t n_chunks) noexcept override;
+  uint32_t max_reserve_chunks() const noexcept override;
   // kdnd's counters for this client's namespace.
   Result<kdn_stats> stats() noexcept;
 
  private:
-  KdnChunkStore(kdn_client* client, kdn_model* model) noexcept : client_(client), model_(model) {}
+  KdnChunkCache(kdn_client* client, kdn_model* model) noexcept : client_(client), model_(model) {}
   kdn_client* client_;
   kdn_model* model_;
 };
