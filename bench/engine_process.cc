@@ -2,8 +2,9 @@
 //
 //   retrieve = kdn_retrieve_lease + kdn_copy_chunk of every leased chunk into the engine buffer +
 //              kdn_lease_release   (bytes copied / time, lease round trips included)
-//   store    = kdn_store_reserve + kdn_copy_chunk from the engine buffer into every handed-out slot +
-//              kdn_store_commit    (bytes copied / time)
+//   store    = kdn_store_reserve + kdn_copy_chunk from the engine buffer into every handed-out
+//              staging slot + kdn_store_commit, which returns once kdnd copied the slots into
+//              the arena; in rounds of kdn_store_max_chunks    (bytes stored / time)
 //
 // Every chunk the bench stores carries a stamp (document, chunk) in its first bytes; every
 // retrieved chunk's stamp is checked after the timed copy, so a wrong or torn chunk counts as
@@ -117,27 +118,33 @@ void Engine::store_chunks(uint32_t doc, const std::vector<int32_t>& tokens, uint
     ChunkStamp stamp = stamp_for(doc, c);
     std::memcpy(chunk_in_buffer(c), &stamp, sizeof stamp);
   }
+  // In rounds of what one reservation may hold (the session's staging area): reserve, copy
+  // into the staging slots, commit (kdnd copies them into the arena).
+  const uint32_t round = std::max<uint32_t>(1, kdn_store_max_chunks(client_, model_));
   uint64_t t0 = now_ns();
-  kdn_store* store = nullptr;
-  int rc = kdn_store_reserve(client_, model_, tokens.data(), tokens.size(), first,
-                             kDocChunks - first, &store);
-  if (rc == KDN_ERR_NO_SPACE) {
-    ++rep.store_no_space;
-    return;
-  }
-  if (!check(rc, "kdn_store_reserve", rep)) return;
-  uint32_t slots = kdn_store_chunks(store);
   uint64_t copied = 0;
-  for (uint32_t i = 0; i < slots; ++i) {
-    void* slot = kdn_store_chunk_data(store, i);
-    if (slot == nullptr) {
-      ++rep.store_skipped_chunks;
-      continue;
+  for (uint32_t at = first; at < kDocChunks;) {
+    const uint32_t n = std::min(round, kDocChunks - at);
+    kdn_store* store = nullptr;
+    int rc = kdn_store_reserve(client_, model_, tokens.data(), tokens.size(), at, n, &store);
+    if (rc == KDN_ERR_NO_SPACE) {
+      ++rep.store_no_space;
+      break;
     }
-    kdn_copy_chunk(slot, chunk_in_buffer(first + i), chunk_bytes_);
-    ++copied;
+    if (!check(rc, "kdn_store_reserve", rep)) return;
+    const uint32_t slots = kdn_store_chunks(store);
+    for (uint32_t i = 0; i < slots; ++i) {
+      void* slot = kdn_store_chunk_data(store, i);
+      if (slot == nullptr) {
+        ++rep.store_skipped_chunks;
+        continue;
+      }
+      kdn_copy_chunk(slot, chunk_in_buffer(at + i), chunk_bytes_);
+      ++copied;
+    }
+    if (!check(kdn_store_commit(client_, store), "kdn_store_commit", rep)) return;
+    at += n;
   }
-  if (!check(kdn_store_commit(client_, store), "kdn_store_commit", rep)) return;
   rep.store_ns += now_ns() - t0;
   rep.store_bytes += copied * chunk_bytes_;
   rep.stored_chunks += copied;

@@ -66,9 +66,17 @@ class DaemonImpl {
   bool poll_tiers();
   bool run_slice();
   void park(std::unique_ptr<Op> op, Step step);
+  // Queues an op for its next slice, unless it is queued already: a sliced request may still
+  // wait for transfers whose completions arrive while it waits its turn.
+  void make_runnable(Op* op) {
+    if (op->queued) return;
+    op->queued = true;
+    runnable_.push_back(op);
+  }
   void retire(Session& s, const Op& op);
   void op_done(Op& op);
   void deliver(Session& s, const ipc::Cqe& c);
+  void close_broken();
   bool flush_backlog(Session& s);
   Status service_control(int timeout_ms);
   void sleep_until_work();
@@ -98,6 +106,7 @@ class DaemonImpl {
   std::unordered_map<int, Pending> pending_;
   std::unordered_map<uint64_t, std::unique_ptr<Op>> ops_;  // parked requests by token
   std::deque<Op*> runnable_;
+  std::vector<Session*> broken_;  // sessions whose completion ring broke, closed next turn
   std::vector<StoreEvent> events_;
   ModelTable models_;
   DaemonCounters counters_;
@@ -310,6 +319,7 @@ Status DaemonImpl::admit(ipc::UniqueFd sock, const ipc::ReceivedHello& rh) {
     if (!staging.ok()) return refuse(staging.status());
     s->staging = std::move(*staging);
     s->staging_region = next_region_++;
+    (void)ns->host->run_task(s->staging.populate_task());  // off the loop; best effort
   }
   std::vector<ipc::RegionRecord> regions;
   std::vector<int> region_fds;
@@ -349,6 +359,7 @@ Status DaemonImpl::admit(ipc::UniqueFd sock, const ipc::ReceivedHello& rh) {
 
 void DaemonImpl::close_session(Session* s, const char* why) {
   if (s->closed) return;
+  std::erase(broken_, s);
   spdlog::info("session {} closed ({}): released {} leases, aborted {} reservations", s->id, why, s->leases.size(),
                s->reservations.size());
   handler_.drop_holdings(*s);
@@ -362,11 +373,13 @@ void DaemonImpl::close_session(Session* s, const char* why) {
   counters_.sessions_active = active_.size();
   // Requests that wait for nothing end now; those whose copies still read the staging area
   // keep the session until they land (op_done then destroys it).
-  std::erase_if(runnable_, [&](Op* op) { return op->session == s && op->waiting == 0 && op->sqe.opcode != uint8_t(ipc::Opcode::kCommit); });
+  // A COMMIT still finishes (it settles the chunks its copies published).
+  auto ends_now = [&](const Op& op) {
+    return op.session == s && op.waiting == 0 && op.sqe.opcode != uint8_t(ipc::Opcode::kCommit);
+  };
+  std::erase_if(runnable_, [&](Op* op) { return ends_now(*op); });
   for (auto it = ops_.begin(); it != ops_.end();) {
-    Op& op = *it->second;
-    const bool queued = std::find(runnable_.begin(), runnable_.end(), &op) != runnable_.end();
-    if (op.session == s && op.waiting == 0 && !queued) {
+    if (ends_now(*it->second)) {
       --s->ops_in_flight;
       it = ops_.erase(it);
     } else {
@@ -386,17 +399,25 @@ void DaemonImpl::destroy_session(Session* s) {
 // ---- requests -----------------------------------------------------------------------------------
 
 void DaemonImpl::deliver(Session& s, const ipc::Cqe& c) {
-  if (s.closed) return;
+  if (s.closed || s.ring_broken) return;
   if (s.backlog.empty()) {
     auto n = s.shm.complete(std::span<const ipc::Cqe>(&c, 1));
     if (!n.ok()) {
+      // Closed at the top of the next turn, not here: the request being retired still
+      // counts against the session.
       ++counters_.protocol_errors;
-      close_session(&s, "completion ring corrupted by the client");
+      s.ring_broken = true;
+      broken_.push_back(&s);
       return;
     }
     if (*n == 1) return;
   }
   s.backlog.push_back(c);  // the client is not reaping: it gets it later, never lost
+}
+
+void DaemonImpl::close_broken() {
+  for (Session* s : broken_) close_session(s, "completion ring corrupted by the client");
+  broken_.clear();
 }
 
 bool DaemonImpl::flush_backlog(Session& s) {
@@ -411,8 +432,8 @@ bool DaemonImpl::flush_backlog(Session& s) {
 
 void DaemonImpl::park(std::unique_ptr<Op> op, Step step) {
   Op* raw = op.get();
-  if (step == Step::kMore || (step == Step::kWait && raw->waiting == 0 && !raw->wants_room)) runnable_.push_back(raw);
   ops_.emplace(raw->token, std::move(op));
+  if (step == Step::kMore || (step == Step::kWait && raw->waiting == 0 && !raw->wants_room)) make_runnable(raw);
 }
 
 // A request ended: its completion goes out and it stops counting against its session.
@@ -462,7 +483,7 @@ bool DaemonImpl::serve_session(Session& s) {
       continue;
     }
     retire(s, local);
-    if (s.closed) return true;
+    if (s.ring_broken) return true;
   }
   return any;
 }
@@ -483,6 +504,7 @@ bool DaemonImpl::run_slice() {
   if (runnable_.empty()) return false;
   Op* op = runnable_.front();
   runnable_.pop_front();
+  op->queued = false;
   // A closed session's requests only finish what they started: a COMMIT settles the chunks
   // its copies published; anything else would take holdings nobody releases.
   if (op->session->closed && op->sqe.opcode != uint8_t(ipc::Opcode::kCommit)) {
@@ -491,8 +513,7 @@ bool DaemonImpl::run_slice() {
   }
   const Step step = handler_.step(*op, now_ns() + uint64_t(cfg_.slice_us) * 1000);
   if (step == Step::kDone) op_done(*op);
-  else if (step == Step::kMore) runnable_.push_back(op);
-  else if (op->waiting == 0 && !op->wants_room) runnable_.push_back(op);
+  else if (step == Step::kMore || (op->waiting == 0 && !op->wants_room)) make_runnable(op);
   return true;
 }
 
@@ -511,13 +532,13 @@ bool DaemonImpl::poll_tiers() {
       Op& op = *it->second;
       if (op.waiting == 0) continue;
       handler_.on_event(op, ev);
-      if (op.waiting == 0) runnable_.push_back(&op);
+      if (op.waiting == 0) make_runnable(&op);
     }
     if (room) {
       for (auto& [token, op] : ops_) {
         if (op->wants_room && op->session->ns == ns.get()) {
           op->wants_room = false;
-          runnable_.push_back(op.get());
+          make_runnable(op.get());
         }
       }
     }
@@ -533,7 +554,7 @@ void DaemonImpl::housekeeping(uint64_t now) {
   for (auto& [token, op] : ops_) {
     if (op->wants_room && now >= op->room_deadline_ns) {
       op->wants_room = false;
-      runnable_.push_back(op.get());
+      make_runnable(op.get());
     }
   }
   release_namespaces(now);
@@ -622,6 +643,7 @@ Status DaemonImpl::run() {
   uint64_t last_busy = now_ns();
   uint32_t iter = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
+    if (!broken_.empty()) close_broken();
     bool busy = poll_tiers();
     busy |= poll_sessions();
     busy |= run_slice();
@@ -638,6 +660,7 @@ Status DaemonImpl::run() {
     sleep_until_work();
     last_busy = now_ns();
   }
+  close_broken();
   spdlog::info("closing {} sessions", active_.size());
   while (!active_.empty()) close_session(active_.back(), "daemon shutting down");
   // Copies still in flight read staging areas: let them land before anything is unmapped.

@@ -33,6 +33,7 @@ struct HostArenaTier::Workers {
     const std::byte* src;
     uint64_t bytes;
     TransferId id;
+    std::function<void()> task;  // instead of a copy: work with no completion
   };
 
   Workers(uint32_t threads, int wake_fd) : wake(wake_fd) {
@@ -72,6 +73,10 @@ struct HostArenaTier::Workers {
         if (jobs.empty()) return;
         j = jobs.front();
         jobs.pop_front();
+      }
+      if (j.task) {
+        j.task();
+        continue;
       }
       copy_chunk(j.dst, j.src, j.bytes);
       {
@@ -149,12 +154,21 @@ Status HostArenaTier::submit(const Transfer& t) noexcept {
       const uint64_t one = 1;
       (void)!::write(wake_.get(), &one, sizeof one);
     } else {
-      workers_->post({dst, src, t.bytes, t.id});
+      workers_->post({dst, src, t.bytes, t.id, {}});
     }
   } catch (const std::bad_alloc&) {
     return Status(Code::kNoMemory, "copy queue allocation failed");
   }
   ++submitted_;
+  return OkStatus();
+}
+
+Status HostArenaTier::run_task(std::function<void()> task) noexcept {
+  try {
+    workers_->post({nullptr, nullptr, 0, 0, std::move(task)});
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "copy queue allocation failed");
+  }
   return OkStatus();
 }
 

@@ -20,6 +20,7 @@
 #include <kdn/ipc/fd.h>
 #include <kdn/ipc/segment.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -54,6 +55,9 @@ class HostArenaTier final : public Tier {
   uint64_t in_flight() const noexcept override { return submitted_ - reaped_; }
 
   const ipc::SharedSegment& arena() const noexcept { return arena_; }
+  // Runs `task` on a copy worker, after the copies queued before it; no completion. The task
+  // must keep alive whatever it touches.
+  Status run_task(std::function<void()> task) noexcept;
 
  private:
   struct Workers;

@@ -399,8 +399,6 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
   TieredStore& store = *s.ns->store;
   const uint32_t wanted = ipc::LeaseOp::wanted(ipc::LeaseOp::args(op.sqe), op.shape.in_records);
   const uint64_t bytes = op.model->chunk_bytes;
-  if (op.cursor == 0 && op.taken.empty() && s.leases.size() + wanted > config_.max_leases)
-    return finish(op, Status(Code::kLimit, "more leased chunks than max_leases"));
   kdn_key keys[kBatch];
   ipc::LeaseRecord out[kBatch];
   bool stopped = false;
@@ -454,6 +452,11 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
             wait = true;
             break;
           case TieredStore::Acquired::kLeased:
+            if (s.leases.size() >= config_.max_leases) {  // a new chunk past the limit: none of it
+              store.unpin(e);
+              rollback(op);
+              return finish(op, Status(Code::kLimit, "more leased chunks than max_leases"));
+            }
             id = s.next_handle++;
             try {
               s.leases.emplace(id, LeaseHold{e, 1});

@@ -40,6 +40,7 @@ struct Op {
   ipc::SqeShape shape{};
   ipc::Cqe cqe{};              // results so far
   bool checked = false;        // the SQE passed check_sqe and the op's preconditions
+  bool queued = false;         // in the daemon's runnable queue (at most once)
   uint32_t cursor = 0;         // input records done
   uint32_t waiting = 0;        // transfers it waits for
   bool wants_room = false;     // waiting for room in a full tier (RESERVE)

@@ -71,6 +71,7 @@ struct Session {
   Namespace* ns = nullptr;
   bool admin = false;
   bool closed = false;          // the client is gone; kept only until its transfers land
+  bool ring_broken = false;     // the client corrupted its completion ring: to be closed
   uint32_t pid = 0, uid = 0, gid = 0;
   uint64_t next_handle = 1;     // lease and reservation ids; never reused within a session
 

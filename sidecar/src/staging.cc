@@ -1,5 +1,7 @@
 #include "staging.h"
 
+#include <sys/mman.h>
+
 namespace kdn::sidecar {
 
 Result<StagingArea> StagingArea::create(uint64_t bytes) noexcept {
@@ -9,14 +11,24 @@ Result<StagingArea> StagingArea::create(uint64_t bytes) noexcept {
   auto seg = ipc::SharedSegment::create("kdn-staging", bytes, options);
   if (!seg.ok()) return seg.status();
   StagingArea s;
-  s.segment_ = std::move(*seg);
   try {
-    s.free_.emplace(0, s.segment_.size());
+    s.segment_ = std::make_shared<ipc::SharedSegment>(std::move(*seg));
+    s.free_.emplace(0, s.segment_->size());
   } catch (const std::bad_alloc&) {
     return Status(Code::kNoMemory, "staging bookkeeping");
   }
-  s.free_bytes_ = s.segment_.size();
+  s.free_bytes_ = s.segment_->size();
   return s;
+}
+
+std::function<void()> StagingArea::populate_task() const {
+  return [segment = segment_] {
+    if (!segment || !segment->valid()) return;
+    if (::madvise(segment->data(), segment->size(), MADV_POPULATE_READ) == 0) return;
+    // Kernels before 5.14: touch one byte per page instead.
+    volatile const std::byte* p = segment->data();
+    for (uint64_t i = 0; i < segment->size(); i += 4096) (void)p[i];
+  };
 }
 
 std::optional<uint64_t> StagingArea::allocate(uint64_t bytes) {
