@@ -21,6 +21,28 @@ bool past(uint64_t deadline_ns) { return now_ns() >= deadline_ns; }
 
 uint64_t staging_slot(uint64_t bytes) { return (bytes + kStagingAlign - 1) / kStagingAlign * kStagingAlign; }
 
+// Room for `more` elements, growing geometrically: reserving exactly size + n on every call
+// would copy the vector each time (quadratic in a 65,536-record request). Called before a
+// change the request must be able to roll back, so a failed allocation changes nothing.
+template <class T>
+void make_room(std::vector<T>& v, size_t more) {
+  if (v.capacity() - v.size() >= more) return;
+  v.reserve(std::max(v.size() + more, 2 * v.capacity() + 16));
+}
+
+// Visits items from the last to the first, resuming at op.settled, until all are visited
+// (true) or the deadline passes (false: step again). A chain's chunks are visited tail first,
+// so the head of every prefix ends up the most recently used and eviction shortens documents
+// from their ends, leaving usable prefixes.
+template <class T, class F>
+bool settle_backwards(Op& op, const std::vector<T>& items, uint64_t deadline_ns, F visit) {
+  while (op.settled < items.size()) {
+    visit(items[items.size() - 1 - op.settled]);
+    if (++op.settled % kBatch == 0 && op.settled < items.size() && past(deadline_ns)) return false;
+  }
+  return true;
+}
+
 bool needs_model(uint8_t opcode) {
   return opcode == uint8_t(Opcode::kLookup) || opcode == uint8_t(Opcode::kReserve) ||
          opcode == uint8_t(Opcode::kLease);
@@ -265,6 +287,7 @@ Step RequestHandler::reserve(Op& op, uint64_t deadline_ns) {
       return finish(op, in);
     }
     const uint64_t now = now_ns();
+    make_room(op.taken, m);  // so a reservation it makes is always one it can roll back
     uint32_t filled = 0;
     Status stop;
     for (; filled < m; ++filled) {
@@ -339,7 +362,8 @@ Step RequestHandler::commit(Op& op, uint64_t deadline_ns) {
       op.cursor = n;
       break;
     }
-    op.taken.reserve(op.taken.size() + m);  // keys to settle, tail first (may throw: before any change)
+    make_room(op.taken, m);  // may throw: before any change
+    make_room(op.committed, m);
     for (uint32_t i = 0; i < m; ++i) {
       auto it = s.reservations.find(ids[i]);
       if (it == s.reservations.end()) {
@@ -362,7 +386,7 @@ Step RequestHandler::commit(Op& op, uint64_t deadline_ns) {
     if (op.cursor < n && past(deadline_ns)) return Step::kMore;
   }
   if (op.waiting > 0) return Step::kWait;
-  for (auto it = op.committed.rbegin(); it != op.committed.rend(); ++it) store.settle(*it);
+  if (!settle_backwards(op, op.committed, deadline_ns, [&](const kdn_key& k) { store.settle(k); })) return Step::kMore;
   ipc::CommitOp::put({uint32_t(op.done)}, op.cqe);
   if (!op.first_error.ok()) return finish(op, op.first_error);
   return finish(op, op.unknown_handle ? Status(Code::kNotFound, "unknown reservation id (never issued, finished or expired)")
@@ -401,7 +425,7 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
   const uint64_t bytes = op.model->chunk_bytes;
   kdn_key keys[kBatch];
   ipc::LeaseRecord out[kBatch];
-  bool stopped = false;
+  bool stopped = op.finishing;
   op.wants_room = false;
   while (op.cursor < wanted && !stopped) {
     const uint32_t first = op.cursor, m = std::min(kBatch, wanted - first);
@@ -426,7 +450,7 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
           rollback(op);
           return finish(op, Status(Code::kLimit, "a chunk leased max_lease_count times by this session"));
         }
-        op.taken.reserve(op.taken.size() + 1);
+        make_room(op.taken, 1);
         ++h.count;
         id = held->second;
       } else {
@@ -461,7 +485,7 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
             try {
               s.leases.emplace(id, LeaseHold{e, 1});
               s.lease_ids.emplace(e, id);
-              op.taken.reserve(op.taken.size() + 1);
+              make_room(op.taken, 1);
             } catch (...) {
               s.leases.erase(id);
               s.lease_ids.erase(e);
@@ -484,11 +508,12 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
     if (wait) return Step::kWait;
     if (!stopped && op.cursor < wanted && past(deadline_ns)) return Step::kMore;
   }
-  // Touch from last to first: the head of the prefix ends up the most recently used.
+  op.finishing = true;
   const uint64_t now = now_ns();
-  for (auto it = op.taken.rbegin(); it != op.taken.rend(); ++it) {
-    if (auto h = s.leases.find(*it); h != s.leases.end()) store.touch(h->second.entry, now);
-  }
+  const bool touched = settle_backwards(op, op.taken, deadline_ns, [&](uint64_t id) {
+    if (auto h = s.leases.find(id); h != s.leases.end()) store.touch(h->second.entry, now);
+  });
+  if (!touched) return Step::kMore;
   Status z = s.shm.payload().zero_out_records<ipc::LeaseRecord>(op.sqe, op.cursor, wanted);
   if (!z.ok()) {
     rollback(op);

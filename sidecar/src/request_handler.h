@@ -51,6 +51,8 @@ struct Op {
   Status first_error;          // kept to answer with once the op ends
   bool unknown_handle = false; // an id in COMMIT/ABORT/RELEASE was not this session's
   uint64_t done = 0;           // records finished (committed, leased, ...)
+  bool finishing = false;      // past its records: settling what it took (also in slices)
+  size_t settled = 0;          // of op.taken / op.committed, from the back
   std::vector<uint64_t> taken; // handles this request created, for rollback and touch order
   std::vector<kdn_key> committed;  // COMMIT: keys copied, settled tail first at the end
 };
