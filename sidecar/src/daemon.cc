@@ -603,7 +603,17 @@ Status DaemonImpl::service_control(int timeout_ms) {
         if (it != sessions_.end() && !it->second->closed) (void)it->second->shm.doorbell().drain();
         break;
       }
-      case kTierWake: break;  // poll_tiers() reaps on the next turn
+      case kTierWake: {
+        // Drained here, reaped by poll_tiers() on the next turn: a completion can be reaped
+        // together with an earlier one and leave the eventfd readable with nothing to reap,
+        // which would otherwise wake every epoll_wait at once (an idle daemon at 100% CPU).
+        for (auto& [name, ns] : namespaces_) {
+          if (ns->region_id != id) continue;
+          uint64_t count;
+          (void)!::read(ns->host->wake_fd(), &count, sizeof count);
+        }
+        break;
+      }
     }
   }
   if (!pending_.empty()) {

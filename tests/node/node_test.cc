@@ -10,6 +10,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
 #include <cstring>
 #include <vector>
 
@@ -361,6 +365,36 @@ TEST(Node, DaemonDeathFailsFast) {
   kdn_connect_opts o = d->opts();
   kdn_client* c = nullptr;
   EXPECT_EQ(kdn_connect(&o, &c), KDN_ERR_UNAVAILABLE);
+}
+
+// kdnd's CPU time (user + system, clock ticks) from /proc/<pid>/stat.
+uint64_t cpu_ticks(pid_t pid) {
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (!f) return 0;
+  char buf[1024] = {};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  const char* p = std::strrchr(buf, ')');  // the command name may hold spaces
+  if (!p || size_t(p - buf) >= n) return 0;
+  unsigned long utime = 0, stime = 0;
+  // Fields after the name: state, ppid, ..., utime is the 14th field of the line, stime the 15th.
+  std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime);
+  return utime + stime;
+}
+
+// Copies into the arena finish on worker threads while the loop reaps earlier ones; when the
+// traffic stops, the daemon must go to sleep (it once kept waking on a drained wake fd).
+TEST(Node, AnIdleDaemonSleepsAfterCopiesInTheBackground) {
+  KdndProcess d({"--host-arena-bytes", "1G"});
+  const auto desc = smol_model();  // 5.6 MiB chunks: copied by the workers, not inline
+  Conn k(d, desc);
+  ASSERT_TRUE(k.ok());
+  for (uint32_t doc = 0; doc < 100; ++doc) ASSERT_EQ(store_doc(k, 1000 + doc, 4), 4);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // past the busy-poll window
+  const uint64_t before = cpu_ticks(d.pid());
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const uint64_t used = cpu_ticks(d.pid()) - before;
+  EXPECT_LE(used, uint64_t(sysconf(_SC_CLK_TCK) / 10)) << "kdnd used " << used << " ticks of an idle second";
 }
 
 TEST(Node, GracefulShutdown) {
