@@ -3,8 +3,9 @@
 //   retrieve = kdn_retrieve_lease + kdn_copy_chunk of every leased chunk into the engine buffer +
 //              kdn_lease_release   (bytes copied / time, lease round trips included)
 //   store    = kdn_store_reserve + kdn_copy_chunk from the engine buffer into every handed-out
-//              staging slot + kdn_store_commit, which returns once kdnd copied the slots into
-//              the arena; in rounds of kdn_store_max_chunks    (bytes stored / time)
+//              staging slot + kdn_store_commit_post, whose op completes once kdnd copied the
+//              slots into the arena; in rounds of half the staging area, the engine filling
+//              one round while kdnd copies the previous    (bytes stored / time)
 //
 // Every chunk the bench stores carries a stamp (document, chunk) in its first bytes; every
 // retrieved chunk's stamp is checked after the timed copy, so a wrong or torn chunk counts as
@@ -118,11 +119,19 @@ void Engine::store_chunks(uint32_t doc, const std::vector<int32_t>& tokens, uint
     ChunkStamp stamp = stamp_for(doc, c);
     std::memcpy(chunk_in_buffer(c), &stamp, sizeof stamp);
   }
-  // In rounds of what one reservation may hold (the session's staging area): reserve, copy
-  // into the staging slots, commit (kdnd copies them into the arena).
-  const uint32_t round = std::max<uint32_t>(1, kdn_store_max_chunks(client_, model_));
+  // In rounds of half what the staging area holds, two rounds in flight: the engine copies
+  // round k+1 into staging while kdnd copies round k into the arena (kdn_store_commit_post).
+  const uint32_t round = std::max<uint32_t>(1, kdn_store_max_chunks(client_, model_) / 2);
   uint64_t t0 = now_ns();
   uint64_t copied = 0;
+  kdn_op* in_flight = nullptr;
+  auto land = [&]() {  // waits for the commit in flight, if any
+    if (in_flight == nullptr) return true;
+    const int rc = kdn_op_wait(client_, in_flight, 0);
+    kdn_op_release(client_, in_flight);
+    in_flight = nullptr;
+    return check(rc, "kdn_store_commit_post", rep);
+  };
   for (uint32_t at = first; at < kDocChunks;) {
     const uint32_t n = std::min(round, kDocChunks - at);
     kdn_store* store = nullptr;
@@ -131,7 +140,7 @@ void Engine::store_chunks(uint32_t doc, const std::vector<int32_t>& tokens, uint
       ++rep.store_no_space;
       break;
     }
-    if (!check(rc, "kdn_store_reserve", rep)) return;
+    if (!check(rc, "kdn_store_reserve", rep)) break;
     const uint32_t slots = kdn_store_chunks(store);
     for (uint32_t i = 0; i < slots; ++i) {
       void* slot = kdn_store_chunk_data(store, i);
@@ -142,9 +151,14 @@ void Engine::store_chunks(uint32_t doc, const std::vector<int32_t>& tokens, uint
       kdn_copy_chunk(slot, chunk_in_buffer(at + i), chunk_bytes_);
       ++copied;
     }
-    if (!check(kdn_store_commit(client_, store), "kdn_store_commit", rep)) return;
+    if (!land()) {
+      (void)kdn_store_abort(client_, store);
+      return;
+    }
+    if (!check(kdn_store_commit_post(client_, store, &in_flight), "kdn_store_commit_post", rep)) return;
     at += n;
   }
+  if (!land()) return;
   rep.store_ns += now_ns() - t0;
   rep.store_bytes += copied * chunk_bytes_;
   rep.stored_chunks += copied;

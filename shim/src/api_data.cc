@@ -415,8 +415,49 @@ static int complete_op(kdn_client* client, kdn_op* op) {
   c.free_payload(op->in);
   op->complete = true;
   op->status = cqe.status;
-  if (cqe.status == KDN_OK) op->status = fill_lookup(cqe, op->keys, op->chunk_tokens, &op->lookup);
+  if (cqe.status != KDN_OK) return op->status;
+  if (op->kind == kdn_op::Kind::kLookup) op->status = fill_lookup(cqe, op->keys, op->chunk_tokens, &op->lookup);
+  else op->status = rc(kdn::ipc::CommitOp::result(cqe, op->keys).status());
   return op->status;
+}
+
+KDN_API int kdn_store_commit_post(kdn_client* client, kdn_store* store, kdn_op** out) {
+  if (!client || !store || !out) return KDN_ERR_INVALID_ARGUMENT;
+  *out = nullptr;
+  std::unique_ptr<kdn_store> owned(store);
+  if (!client->c || client->c->broken()) return KDN_ERR_UNAVAILABLE;
+  return guarded([&]() -> int {
+    Client& c = client_of(client);
+    auto op = std::make_unique<kdn_op>();
+    op->kind = kdn_op::Kind::kCommit;
+    std::vector<uint64_t> live;
+    for (uint64_t id : store->reservation)
+      if (id) live.push_back(id);
+    if (live.empty()) {  // nothing was reserved: done at once
+      op->complete = true;
+      op->status = KDN_OK;
+      *out = op.release();
+      return int(KDN_OK);
+    }
+    const uint32_t bytes = uint32_t(live.size() * sizeof(uint64_t));
+    auto in = c.alloc_payload(bytes);
+    if (!in.ok()) return rc(in.status());
+    std::memcpy(c.payload_ptr(*in), live.data(), bytes);
+    Request r;
+    r.sqe.opcode = uint8_t(Opcode::kCommit);
+    r.in = *in;
+    r.sqe.in_len = bytes;
+    auto ud = c.post(r);
+    if (!ud.ok()) {
+      c.free_payload(*in);
+      return rc(ud.status());
+    }
+    op->user_data = *ud;
+    op->in = *in;
+    op->keys = uint32_t(live.size());
+    *out = op.release();
+    return int(KDN_OK);
+  });
 }
 
 KDN_API int kdn_op_poll(kdn_client* client, kdn_op* op) {

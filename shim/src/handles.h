@@ -25,13 +25,14 @@ struct kdn_store {
 };
 
 struct kdn_op {
+  enum class Kind : uint8_t { kLookup, kCommit } kind = Kind::kLookup;
   uint64_t user_data = 0;
   kdn::shim::PayloadRange in, out;
   bool complete = false;
   int status = KDN_ERR_IN_PROGRESS;
   kdn_lookup_result lookup{};
   uint32_t chunk_tokens = 0;
-  uint32_t keys = 0;  // keys sent, to check the answer against
+  uint32_t keys = 0;  // keys (or reservation ids) sent, to check the answer against
 };
 
 namespace kdn::shim {

@@ -288,6 +288,26 @@ TEST(Node, AsyncLookup) {
   }
 }
 
+TEST(Node, AsyncCommitPublishesWhenItsCopiesLand) {
+  KdndProcess d;
+  const auto desc = smol_model();  // chunks copied by kdnd's workers
+  Conn k(d, desc);
+  auto tok = doc_tokens(9, 4 * 256);
+  kdn_store* s = nullptr;
+  ASSERT_EQ(kdn_store_reserve(k.c, k.m, tok.data(), tok.size(), 0, 4, &s), KDN_OK);
+  for (uint32_t i = 0; i < 4; ++i) fill_chunk(kdn_store_chunk_data(s, i), kdn_model_chunk_bytes(k.m), 9, i);
+  kdn_op* op = nullptr;
+  ASSERT_EQ(kdn_store_commit_post(k.c, s, &op), KDN_OK);
+  ASSERT_EQ(kdn_op_wait(k.c, op, 5000), KDN_OK);
+  kdn_op_release(k.c, op);
+  EXPECT_EQ(verify_doc(k, 9, 4), 4);
+  // Nothing to commit (every chunk already cached): an op that is complete at once.
+  ASSERT_EQ(kdn_store_reserve(k.c, k.m, tok.data(), tok.size(), 0, 4, &s), KDN_OK);
+  ASSERT_EQ(kdn_store_commit_post(k.c, s, &op), KDN_OK);
+  EXPECT_EQ(kdn_op_poll(k.c, op), KDN_OK);
+  kdn_op_release(k.c, op);
+}
+
 TEST(Node, CopyVariantsWithPagedLayout) {
   KdndProcess d;
   const auto desc = tiny_model(16);  // 2 layers, 2 heads, 64 dims, 16 tokens per chunk

@@ -281,13 +281,17 @@ KDN_API int kdn_retrieve_to(kdn_client* client, const kdn_model* model, const in
                             uint32_t* loaded_chunks);
 
 /* ---- async operations: post -> poll/wait -> release ------------------------------------------ */
-typedef struct kdn_op kdn_op;
+typedef struct kdn_op kdn_op;  /* an asynchronous lookup or commit */
 KDN_API int kdn_lookup_post(kdn_client* client, const kdn_model* model, const int32_t* tokens,
                             size_t n_tokens, kdn_op** out);
 /* KDN_OK when complete, KDN_ERR_IN_PROGRESS while not, another error if it failed. */
 KDN_API int kdn_op_poll(kdn_client* client, kdn_op* op);
 /* Waits up to timeout_ms (0 = the connection default) for completion. */
 KDN_API int kdn_op_wait(kdn_client* client, kdn_op* op, uint32_t timeout_ms);
+/* COMMIT without waiting for it: consumes `store` and returns an op that completes once kdnd
+ * copied every slot into the arena (the chunks are then published). The staging slots stay
+ * the reservation's until then: write nothing more into them. */
+KDN_API int kdn_store_commit_post(kdn_client* client, kdn_store* store, kdn_op** out);
 /* For a completed lookup op: its result. */
 KDN_API int kdn_op_lookup_result(const kdn_op* op, kdn_lookup_result* out);
 /* Releases the op; waits for it first if it is still in flight. */
