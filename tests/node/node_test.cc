@@ -184,6 +184,8 @@ TEST(Node, EvictionUnderPressureKeepsLeases) {
   ASSERT_EQ(kdn_get_stats(holder.c, &s), KDN_OK);
   EXPECT_GT(s.evicted_chunks, 50u);
   EXPECT_LE(s.resident_bytes, s.capacity_bytes);
+  EXPECT_EQ(s.resident_chunks, s.stored_chunks - s.dropped_chunks) << "the counters add up";
+  EXPECT_EQ(s.tier_resident_chunks[1], s.resident_chunks);
   // The leased document survived, byte for byte.
   for (uint32_t i = 0; i < 4; ++i)
     EXPECT_TRUE(check_chunk(kdn_lease_chunk_data(pinned, i), kdn_model_chunk_bytes(holder.m), 1, i));
