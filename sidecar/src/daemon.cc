@@ -107,7 +107,7 @@ class DaemonImpl {
   std::unordered_map<uint64_t, std::unique_ptr<Op>> ops_;  // parked requests by token
   std::deque<Op*> runnable_;
   std::vector<Session*> broken_;  // sessions whose completion ring broke, closed next turn
-  std::vector<StoreEvent> events_;
+  std::vector<StoreEvent> events_ = std::vector<StoreEvent>(256);
   ModelTable models_;
   DaemonCounters counters_;
   RequestHandler handler_;
@@ -653,10 +653,18 @@ Status DaemonImpl::run() {
   uint64_t last_busy = now_ns();
   uint32_t iter = 0;
   while (!stop_.load(std::memory_order_relaxed)) {
-    if (!broken_.empty()) close_broken();
-    bool busy = poll_tiers();
-    busy |= poll_sessions();
-    busy |= run_slice();
+    bool busy = false;
+    try {
+      if (!broken_.empty()) close_broken();
+      busy = poll_tiers();
+      busy |= poll_sessions();
+      busy |= run_slice();
+    } catch (const std::bad_alloc&) {
+      // Requests catch their own; this is the loop's bookkeeping (a queue, an event list).
+      // kdnd keeps running: it retries on the next turn rather than dying with every session.
+      spdlog::error("out of memory in the event loop; retrying");
+      busy = true;
+    }
     if (busy) {
       last_busy = now_ns();
       if (++iter % 256 == 0) KDN_RETURN_IF_ERROR(service_control(0));

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <optional>
 #include <cstring>
 
 namespace kdn::sidecar {
@@ -23,7 +24,12 @@ FaultTier::FaultTier(TierId id, uint64_t capacity, uint64_t slab, ipc::UniqueFd 
     : id_(id), alloc_(capacity, slab), storage_(alloc_.capacity()), wake_(std::move(wake)) {}
 
 Result<uint16_t> FaultTier::slot_class(uint64_t bytes) noexcept {
-  auto cls = alloc_.class_for(bytes);
+  std::optional<uint16_t> cls;
+  try {
+    cls = alloc_.class_for(bytes);  // a new class allocates its bookkeeping
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "slot class bookkeeping");
+  }
   if (!cls) return Status(Code::kInvalidArgument, "chunk larger than the fault tier");
   return *cls;
 }
@@ -32,7 +38,12 @@ Result<Placement> FaultTier::allocate(uint64_t bytes) noexcept {
   auto cls = slot_class(bytes);
   if (!cls.ok()) return cls.status();
   if (full) return Status(Code::kNoSpace, "fault tier told to be full");
-  auto off = alloc_.alloc(*cls);
+  std::optional<uint64_t> off;
+  try {
+    off = alloc_.alloc(*cls);  // a fresh slab allocates its free list
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "slab bookkeeping");
+  }
   if (!off) return Status(Code::kNoSpace, "fault tier has no free slot");
   return Placement{*off, alloc_.slot_bytes(*cls), *cls};
 }

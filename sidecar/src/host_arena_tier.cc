@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <optional>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -121,7 +122,12 @@ HostArenaTier::HostArenaTier(ipc::SharedSegment arena, const HostArenaOptions& o
 HostArenaTier::~HostArenaTier() { workers_.reset(); }
 
 Result<uint16_t> HostArenaTier::slot_class(uint64_t bytes) noexcept {
-  auto cls = alloc_.class_for(bytes);
+  std::optional<uint16_t> cls;
+  try {
+    cls = alloc_.class_for(bytes);  // a new class allocates its bookkeeping
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "slot class bookkeeping");
+  }
   if (!cls) return Status(Code::kInvalidArgument, "chunk larger than the host arena");
   return *cls;
 }
@@ -129,7 +135,12 @@ Result<uint16_t> HostArenaTier::slot_class(uint64_t bytes) noexcept {
 Result<Placement> HostArenaTier::allocate(uint64_t bytes) noexcept {
   auto cls = slot_class(bytes);
   if (!cls.ok()) return cls.status();
-  auto off = alloc_.alloc(*cls);
+  std::optional<uint64_t> off;
+  try {
+    off = alloc_.alloc(*cls);  // a fresh slab allocates its free list
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "slab bookkeeping");
+  }
   if (!off) return Status(Code::kNoSpace, "host arena has no free slot of this size");
   return Placement{*off, alloc_.slot_bytes(*cls), *cls};
 }

@@ -300,15 +300,24 @@ Step RequestHandler::reserve(Op& op, uint64_t deadline_ns) {
       rec = ipc::ReserveRecord{};
       rec.state = uint32_t(r->outcome);
       if (r->outcome != TieredStore::ReserveOutcome::kReserved) continue;
-      auto off = s.staging.allocate(bytes);
+      std::optional<uint64_t> off;
+      const uint64_t id = s.next_handle++;
+      try {
+        off = s.staging.allocate(bytes);
+        if (off) {
+          s.reservation_order.push_back(id);  // an id here without a reservation is skipped
+          s.reservations.emplace(id, Reservation{r->entry, *off, now + uint64_t(config_.reservation_timeout_ms) * 1000000});
+        }
+      } catch (...) {
+        if (off) s.staging.free(*off);
+        store.abort(r->entry);
+        throw;
+      }
       if (!off) {  // free bytes sufficed but not in one piece
         store.abort(r->entry);
         rollback(op);
         return finish(op, Status(Code::kLimit, "the staging area is too fragmented for this chunk"));
       }
-      const uint64_t id = s.next_handle++;
-      s.reservations.emplace(id, Reservation{r->entry, *off, now + uint64_t(config_.reservation_timeout_ms) * 1000000});
-      s.reservation_order.push_back(id);
       op.taken.push_back(id);
       rec.slot = ipc::SlotRef{s.staging_region, 1, *off};
       rec.reservation_id = id;

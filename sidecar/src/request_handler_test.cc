@@ -9,9 +9,30 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <memory>
 #include <vector>
+
+// Allocation failure through a seam: while `g_fail_after` is >= 0, the allocation that brings
+// it below zero throws std::bad_alloc (only this test binary replaces operator new).
+namespace kdn::sidecar {
+thread_local long g_fail_after = -1;
+
+void* allocate_or_fail(std::size_t n) {
+  if (g_fail_after >= 0 && g_fail_after-- == 0) throw std::bad_alloc();
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+}  // namespace kdn::sidecar
+
+void* operator new(std::size_t n) { return kdn::sidecar::allocate_or_fail(n); }
+void* operator new[](std::size_t n) { return kdn::sidecar::allocate_or_fail(n); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 namespace kdn::sidecar {
 namespace {
@@ -408,6 +429,51 @@ TEST_F(HandlerTest, ModelsAreLimitedPerSessionAndFreedWithTheirLastSession) {
   Op look = keyed(*s, Opcode::kLookup, reused, 0, 1);
   run(look);
   EXPECT_EQ(look.cqe.status, KDN_ERR_NOT_FOUND);
+}
+
+TEST_F(HandlerTest, AnAllocationFailureEndsOneRequestAndRollsItBack) {
+  build();
+  auto s = open_session();
+  const uint32_t m = register_model(*s);
+  const uint64_t chunk = ModelInfo::from_desc(small_model())->chunk_bytes;
+  store(*s, m, 0, 200, chunk);
+  // Fail the n-th allocation of a 200-chunk LEASE, for every n until one succeeds whole.
+  bool failed_once = false, succeeded = false;
+  for (long n = 0; n < 2000 && !succeeded; ++n) {
+    Op lease = keyed(*s, Opcode::kLease, m, 0, 200, sizeof(ipc::LeaseRecord));
+    g_fail_after = n;
+    const Step st = handler_->step(lease, now_ns() + 10'000'000'000);
+    g_fail_after = -1;
+    ASSERT_EQ(st, Step::kDone);
+    if (lease.cqe.status == KDN_ERR_NO_MEMORY) {
+      failed_once = true;
+      EXPECT_EQ(ns_.store->active_leases(), 0u) << "a failed request holds nothing (n=" << n << ") leases " << s->leases.size() << " ids " << s->lease_ids.size() << " taken " << lease.taken.size() << " cursor " << lease.cursor;
+      EXPECT_TRUE(s->leases.empty());
+      continue;
+    }
+    ASSERT_EQ(lease.cqe.status, KDN_OK);
+    EXPECT_EQ(lease.cqe.res[0], 200u);
+    succeeded = true;
+  }
+  EXPECT_TRUE(failed_once && succeeded);
+  // The same for a RESERVE: nothing reserved after a failure.
+  failed_once = succeeded = false;
+  for (long n = 0; n < 2000 && !succeeded; ++n) {
+    Op r = keyed(*s, Opcode::kReserve, m, 1000, 100, sizeof(ipc::ReserveRecord));
+    g_fail_after = n;
+    const Step st = handler_->step(r, now_ns() + 10'000'000'000);
+    g_fail_after = -1;
+    ASSERT_EQ(st, Step::kDone);
+    if (r.cqe.status == KDN_ERR_NO_MEMORY) {
+      failed_once = true;
+      EXPECT_EQ(ns_.store->open_reservations(), 0u) << "n=" << n;
+      EXPECT_TRUE(s->reservations.empty());
+      continue;
+    }
+    ASSERT_EQ(r.cqe.status, KDN_OK);
+    succeeded = true;
+  }
+  EXPECT_TRUE(failed_once && succeeded);
 }
 
 TEST_F(HandlerTest, LeaseWaitsForAPromotionFromALowerTier) {

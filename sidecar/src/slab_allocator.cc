@@ -88,13 +88,15 @@ std::optional<uint64_t> SlabAllocator::alloc(uint16_t cls) {
   SizeClass& c = classes_[cls];
   if (c.slots_per_slab == 0) return alloc_large(cls);
   if (c.partial_head == kNone) {
+    if (free_slab_count_ == 0) return std::nullopt;
+    std::vector<uint32_t> slots(c.slots_per_slab);  // may throw: before anything changes
+    for (uint32_t i = 0; i < c.slots_per_slab; ++i) slots[i] = c.slots_per_slab - 1 - i;
     auto s = take_free_slab();
     if (!s) return std::nullopt;
     Slab& sl = slabs_[*s];
     sl.cls = cls;
     sl.used = 0;
-    sl.free_slots.resize(c.slots_per_slab);
-    for (uint32_t i = 0; i < c.slots_per_slab; ++i) sl.free_slots[i] = c.slots_per_slab - 1 - i;
+    sl.free_slots = std::move(slots);
     list_push(c.partial_head, *s);
   }
   const uint32_t s = c.partial_head;

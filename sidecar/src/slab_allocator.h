@@ -29,6 +29,7 @@ class SlabAllocator {
   std::optional<uint16_t> class_for(uint64_t bytes);
 
   // A free slot's offset, or nullopt if the class has no free slot and no slab can be taken.
+  // May throw std::bad_alloc (a fresh slab's free list), and then changes nothing.
   std::optional<uint64_t> alloc(uint16_t cls);
   // Returns a slot obtained from alloc(cls). Offsets not handed out are a caller bug.
   void free(uint16_t cls, uint64_t offset);

@@ -37,9 +37,15 @@ std::optional<uint64_t> StagingArea::allocate(uint64_t bytes) {
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second < need) continue;
     const uint64_t off = it->first, len = it->second;
-    live_.emplace(off, need);  // first: if it throws, nothing changed
-    free_.erase(it);
-    if (len > need) free_.emplace(off + need, len - need);
+    if (len == need) {
+      live_.insert(free_.extract(it));  // the free node becomes the slot's: no allocation
+    } else {
+      live_.emplace(off, need);  // the one allocation, before anything changes
+      auto rest = free_.extract(it);
+      rest.key() = off + need;
+      rest.mapped() = len - need;
+      free_.insert(std::move(rest));
+    }
     free_bytes_ -= need;
     return off;
   }
@@ -51,11 +57,10 @@ uint64_t StagingArea::slot_bytes(uint64_t offset) const noexcept {
   return it == live_.end() ? 0 : it->second;
 }
 
-void StagingArea::free(uint64_t offset) {
-  auto live = live_.find(offset);
-  if (live == live_.end()) return;
-  uint64_t len = live->second;
-  live_.erase(live);
+void StagingArea::free(uint64_t offset) noexcept {
+  auto node = live_.extract(offset);
+  if (!node) return;
+  uint64_t len = node.mapped();
   free_bytes_ += len;
   auto next = free_.lower_bound(offset);
   if (next != free_.end() && offset + len == next->first) {  // merge with the range after
@@ -69,7 +74,9 @@ void StagingArea::free(uint64_t offset) {
       return;
     }
   }
-  free_.emplace(offset, len);
+  node.key() = offset;
+  node.mapped() = len;
+  free_.insert(std::move(node));
 }
 
 }  // namespace kdn::sidecar

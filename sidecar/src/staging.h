@@ -22,7 +22,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <unordered_map>
 #include <optional>
 
 namespace kdn::sidecar {
@@ -36,9 +35,11 @@ class StagingArea {
   static Result<StagingArea> create(uint64_t bytes) noexcept;
 
   // A slot of `bytes` (rounded up to 4 KiB), or nullopt when no free range is large enough.
+  // May throw std::bad_alloc, and then changes nothing.
   std::optional<uint64_t> allocate(uint64_t bytes);
   // Returns a slot obtained from allocate(); an offset that is not a live slot is ignored.
-  void free(uint64_t offset);
+  // Never throws: the slot's bookkeeping node is reused for the free range.
+  void free(uint64_t offset) noexcept;
   // Bytes of the live slot at `offset`, or 0.
   uint64_t slot_bytes(uint64_t offset) const noexcept;
 
@@ -58,7 +59,7 @@ class StagingArea {
   static uint64_t round(uint64_t bytes) noexcept { return (bytes + kAlign - 1) / kAlign * kAlign; }
   std::shared_ptr<ipc::SharedSegment> segment_;
   std::map<uint64_t, uint64_t> free_;  // offset -> length of each free range, coalesced
-  std::unordered_map<uint64_t, uint64_t> live_;  // offset -> length of each slot handed out
+  std::map<uint64_t, uint64_t> live_;  // offset -> length of each slot handed out (same node type)
   uint64_t free_bytes_ = 0;
 };
 

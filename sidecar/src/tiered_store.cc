@@ -96,9 +96,13 @@ bool TieredStore::demotions_in_flight(TierId from) const noexcept { return demot
 
 // ---- transfers -------------------------------------------------------------------------------
 
-TransferId TieredStore::start(const Record& r, Transfer t) {
+TransferId TieredStore::start(const Record& r, Transfer t) noexcept {
   t.id = next_transfer_++;
-  transfers_.emplace(t.id, r);  // before submit: a synchronous tier may complete at once
+  try {
+    transfers_.emplace(t.id, r);  // before submit: a synchronous tier may complete at once
+  } catch (const std::bad_alloc&) {
+    return 0;  // not started: the caller undoes what it prepared
+  }
   Status st = policy_.tier(r.tier)->submit(t);
   if (!st.ok()) {
     transfers_.erase(t.id);
@@ -131,18 +135,22 @@ bool TieredStore::start_demotion(Entry* e, TierId from, TierId to) {
 }
 
 Status TieredStore::start_promotion(Entry* e, TierId from, uint64_t waiter) {
+  Record r{Kind::kPromote, e, e->generation, from, from, kHost, {}, 0};
+  if (waiter) r.waiters.push_back(waiter);  // may throw: before anything changes
   auto p = allocate_with_room(kHost, e->bytes);
   if (!p.ok()) return p.status();
   index_.begin_move(e, kHost, *p);
-  Record r{Kind::kPromote, e, e->generation, from, from, kHost, {}, 0};
-  if (waiter) r.waiters.push_back(waiter);
   const TransferId id =
       start(r, Transfer{Transfer::Direction::kRead, e->placement[tier_index(from)], host()->address(*p), e->bytes, 0});
   if (id == 0) {
     host()->free(index_.end_move(e, kHost, false));
     return Status(Code::kIo, "the tier refused the read");
   }
-  promoting_[e] = id;
+  try {
+    promoting_[e] = id;
+  } catch (const std::bad_alloc&) {
+    // Only other readers joining this promotion need the entry: without it they miss.
+  }
   return OkStatus();
 }
 
@@ -155,7 +163,13 @@ Result<TieredStore::Reserved> TieredStore::reserve(const kdn_key& key, const kdn
   }
   auto p = allocate_with_room(kHost, bytes);
   if (!p.ok()) return p.status();
-  Entry* e = index_.create(key, fingerprint, bytes, session, now_ns);
+  Entry* e = nullptr;
+  try {
+    e = index_.create(key, fingerprint, bytes, session, now_ns);
+  } catch (...) {
+    host()->free(*p);
+    throw;
+  }
   index_.begin_move(e, kHost, *p);
   ++open_reservations_;
   return Reserved{ReserveOutcome::kReserved, e};
@@ -163,16 +177,17 @@ Result<TieredStore::Reserved> TieredStore::reserve(const kdn_key& key, const kdn
 
 Status TieredStore::commit(Entry* e, const std::byte* src, uint64_t waiter, uint64_t cookie) noexcept {
   assert(e->state == EntryState::kReserved);
+  Record r{Kind::kCommit, e, e->generation, kHost, kHost, kHost, {}, cookie};
+  try {
+    if (waiter) r.waiters.push_back(waiter);
+  } catch (const std::bad_alloc&) {
+    abort(e);  // either way a failed commit leaves no reservation behind
+    return Status(Code::kNoMemory, "could not start the copy into the arena");
+  }
   index_.begin_write(e);
   --open_reservations_;
-  Record r{Kind::kCommit, e, e->generation, kHost, kHost, kHost, {}, cookie};
-  if (waiter) r.waiters.push_back(waiter);
-  TransferId id = 0;
-  try {
-    id = start(r, Transfer{Transfer::Direction::kWrite, e->placement[tier_index(kHost)],
-                           const_cast<std::byte*>(src), e->bytes, 0});
-  } catch (const std::bad_alloc&) {
-  }
+  const TransferId id = start(r, Transfer{Transfer::Direction::kWrite, e->placement[tier_index(kHost)],
+                                          const_cast<std::byte*>(src), e->bytes, 0});
   if (id == 0) {
     host()->free(index_.end_move(e, kHost, false));
     ++counters_.aborted_chunks;

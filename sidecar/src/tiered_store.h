@@ -70,7 +70,8 @@ class TieredStore {
   Result<Reserved> reserve(const kdn_key& key, const kdn_key& fingerprint, uint64_t bytes,
                            uint64_t session, uint64_t now_ns);
   // Copies `bytes` staged at `src` into the reservation's host slot and publishes the chunk
-  // when the copy lands (an event for `waiter`). `e` must be kReserved by its caller. The
+  // when the copy lands (an event for `waiter`). `e` must be kReserved by its caller; if the
+  // copy cannot start, the reservation is dropped (and `e` is gone). The
   // published chunk joins the host tier's eviction queue only at settle(): a request that
   // commits a chain settles it tail first, so the head of every prefix is the most recent
   // and eviction shortens documents from their ends (what stays is still a usable prefix).
@@ -133,7 +134,8 @@ class TieredStore {
   bool start_demotion(Entry* e, TierId from, TierId to);
   // kOk, kInProgress (no room yet) or another error (no promotion).
   Status start_promotion(Entry* e, TierId from, uint64_t waiter);
-  TransferId start(const Record& r, Transfer t);
+  // Submits a transfer under a new id (0: not started, nothing changed).
+  TransferId start(const Record& r, Transfer t) noexcept;
   void apply(const Record& r, const Status& status, std::vector<StoreEvent>& events, bool* room);
   void track_resident(TierId t, const Entry* e, int sign) noexcept;
 
