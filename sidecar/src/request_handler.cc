@@ -402,7 +402,11 @@ Step RequestHandler::commit(Op& op, uint64_t deadline_ns) {
                                       : OkStatus());
 }
 
-Step RequestHandler::abort(Op& op, uint64_t deadline_ns) {
+// ABORT and RELEASE: each id this session holds is finished by `finish_one`; an id it does not
+// hold is skipped and makes the status KDN_ERR_NOT_FOUND.
+template <class Holds, class FinishOne>
+Step RequestHandler::finish_handles(Op& op, uint64_t deadline_ns, Holds holds, FinishOne finish_one,
+                                    const char* unknown) {
   Session& s = *op.session;
   const uint32_t n = op.shape.in_records;
   uint64_t ids[kBatch];
@@ -411,18 +415,25 @@ Step RequestHandler::abort(Op& op, uint64_t deadline_ns) {
     Status in = s.shm.payload().copy_in_slice(op.sqe, op.cursor, std::span(ids, m));
     if (!in.ok()) return finish(op, in);
     for (uint32_t i = 0; i < m; ++i) {
-      if (!s.reservations.count(ids[i])) {
+      if (!holds(ids[i])) {
         op.unknown_handle = true;
         continue;
       }
-      abort_reservation(s, ids[i]);
+      finish_one(ids[i]);
       ++op.done;
     }
     op.cursor += m;
     if (op.cursor < n && past(deadline_ns)) return Step::kMore;
   }
-  ipc::AbortOp::put({uint32_t(op.done)}, op.cqe);
-  return finish(op, op.unknown_handle ? Status(Code::kNotFound, "unknown reservation id") : OkStatus());
+  ipc::ReleaseOp::put({uint32_t(op.done)}, op.cqe);  // ABORT's result has the same shape
+  return finish(op, op.unknown_handle ? Status(Code::kNotFound, unknown) : OkStatus());
+}
+
+Step RequestHandler::abort(Op& op, uint64_t deadline_ns) {
+  Session& s = *op.session;
+  return finish_handles(
+      op, deadline_ns, [&](uint64_t id) { return s.reservations.count(id) != 0; },
+      [&](uint64_t id) { abort_reservation(s, id); }, "unknown reservation id");
 }
 
 // ---- LEASE, RELEASE -----------------------------------------------------------------------------
@@ -534,25 +545,9 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
 
 Step RequestHandler::release(Op& op, uint64_t deadline_ns) {
   Session& s = *op.session;
-  const uint32_t n = op.shape.in_records;
-  uint64_t ids[kBatch];
-  while (op.cursor < n) {
-    const uint32_t m = std::min(kBatch, n - op.cursor);
-    Status in = s.shm.payload().copy_in_slice(op.sqe, op.cursor, std::span(ids, m));
-    if (!in.ok()) return finish(op, in);
-    for (uint32_t i = 0; i < m; ++i) {
-      if (!s.leases.count(ids[i])) {
-        op.unknown_handle = true;
-        continue;
-      }
-      release_lease(s, ids[i], 1);
-      ++op.done;
-    }
-    op.cursor += m;
-    if (op.cursor < n && past(deadline_ns)) return Step::kMore;
-  }
-  ipc::ReleaseOp::put({uint32_t(op.done)}, op.cqe);
-  return finish(op, op.unknown_handle ? Status(Code::kNotFound, "unknown lease id") : OkStatus());
+  return finish_handles(
+      op, deadline_ns, [&](uint64_t id) { return s.leases.count(id) != 0; },
+      [&](uint64_t id) { release_lease(s, id, 1); }, "unknown lease id");
 }
 
 // ---- STATS, LIST, EVICT ----------------------------------------------------------------------

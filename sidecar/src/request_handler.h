@@ -101,6 +101,8 @@ class RequestHandler {
   Step list(Op& op);
   Step evict(Op& op, uint64_t deadline_ns);
 
+  template <class Holds, class FinishOne>
+  Step finish_handles(Op& op, uint64_t deadline_ns, Holds holds, FinishOne finish_one, const char* unknown);
   void abort_reservation(Session& s, uint64_t id) noexcept;
   void release_lease(Session& s, uint64_t id, uint32_t count) noexcept;
   ipc::SlotRef arena_ref(const Session& s, const Entry* e) const noexcept;

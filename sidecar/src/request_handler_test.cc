@@ -211,6 +211,29 @@ class HandlerTest : public ::testing::Test {
     ASSERT_EQ(c.cqe.res[0], ids.size());
   }
 
+  // Runs the request `make()` builds with its n-th allocation failing, for n = 0, 1, ... until
+  // it succeeds whole; after every failure `holds_nothing` must hold. Returns whether there was
+  // at least one failure and then a success.
+  template <class Make, class Check>
+  bool fail_each_allocation(Make make, Check holds_nothing) {
+    bool failed_once = false;
+    for (long n = 0; n < 2000; ++n) {
+      Op op = make();
+      g_fail_after = n;
+      const Step st = handler_->step(op, now_ns() + 10'000'000'000);
+      g_fail_after = -1;
+      if (st != Step::kDone) return false;
+      if (op.cqe.status == KDN_OK) return failed_once;
+      if (op.cqe.status != KDN_ERR_NO_MEMORY) return false;
+      failed_once = true;
+      if (!holds_nothing()) {
+        ADD_FAILURE() << "a request whose allocation " << n << " failed still holds something";
+        return false;
+      }
+    }
+    return false;
+  }
+
   Config config_;
   ModelTable models_{4096};
   DaemonCounters counters_;
@@ -437,43 +460,12 @@ TEST_F(HandlerTest, AnAllocationFailureEndsOneRequestAndRollsItBack) {
   const uint32_t m = register_model(*s);
   const uint64_t chunk = ModelInfo::from_desc(small_model())->chunk_bytes;
   store(*s, m, 0, 200, chunk);
-  // Fail the n-th allocation of a 200-chunk LEASE, for every n until one succeeds whole.
-  bool failed_once = false, succeeded = false;
-  for (long n = 0; n < 2000 && !succeeded; ++n) {
-    Op lease = keyed(*s, Opcode::kLease, m, 0, 200, sizeof(ipc::LeaseRecord));
-    g_fail_after = n;
-    const Step st = handler_->step(lease, now_ns() + 10'000'000'000);
-    g_fail_after = -1;
-    ASSERT_EQ(st, Step::kDone);
-    if (lease.cqe.status == KDN_ERR_NO_MEMORY) {
-      failed_once = true;
-      EXPECT_EQ(ns_.store->active_leases(), 0u) << "a failed request holds nothing (n=" << n << ") leases " << s->leases.size() << " ids " << s->lease_ids.size() << " taken " << lease.taken.size() << " cursor " << lease.cursor;
-      EXPECT_TRUE(s->leases.empty());
-      continue;
-    }
-    ASSERT_EQ(lease.cqe.status, KDN_OK);
-    EXPECT_EQ(lease.cqe.res[0], 200u);
-    succeeded = true;
-  }
-  EXPECT_TRUE(failed_once && succeeded);
-  // The same for a RESERVE: nothing reserved after a failure.
-  failed_once = succeeded = false;
-  for (long n = 0; n < 2000 && !succeeded; ++n) {
-    Op r = keyed(*s, Opcode::kReserve, m, 1000, 100, sizeof(ipc::ReserveRecord));
-    g_fail_after = n;
-    const Step st = handler_->step(r, now_ns() + 10'000'000'000);
-    g_fail_after = -1;
-    ASSERT_EQ(st, Step::kDone);
-    if (r.cqe.status == KDN_ERR_NO_MEMORY) {
-      failed_once = true;
-      EXPECT_EQ(ns_.store->open_reservations(), 0u) << "n=" << n;
-      EXPECT_TRUE(s->reservations.empty());
-      continue;
-    }
-    ASSERT_EQ(r.cqe.status, KDN_OK);
-    succeeded = true;
-  }
-  EXPECT_TRUE(failed_once && succeeded);
+  EXPECT_TRUE(fail_each_allocation(
+      [&] { return keyed(*s, Opcode::kLease, m, 0, 200, sizeof(ipc::LeaseRecord)); },
+      [&] { return ns_.store->active_leases() == 0 && s->leases.empty(); }));
+  EXPECT_TRUE(fail_each_allocation(
+      [&] { return keyed(*s, Opcode::kReserve, m, 1000, 100, sizeof(ipc::ReserveRecord)); },
+      [&] { return ns_.store->open_reservations() == 0 && s->reservations.empty(); }));
 }
 
 TEST_F(HandlerTest, LeaseWaitsForAPromotionFromALowerTier) {

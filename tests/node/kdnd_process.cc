@@ -97,6 +97,60 @@ int run_in_child(int (*fn)(void*), void* arg) {
   return -1;
 }
 
+Conn::Conn(const KdndProcess& d, const kdn_model_desc& desc, const char* ns) {
+  kdn_connect_opts o = d.opts(ns);
+  connect_status = kdn_connect(&o, &c);
+  if (connect_status != KDN_OK) return;
+  register_status = kdn_register_model(c, &desc, &m);
+  if (register_status != KDN_OK) m = nullptr;
+}
+
+Conn::~Conn() { kdn_disconnect(c); }
+
+int store_doc(Conn& k, uint32_t doc, uint32_t n) {
+  const uint32_t T = kdn_model_chunk_tokens(k.m);
+  auto tok = doc_tokens(doc, size_t(n) * T);
+  kdn_store* s = nullptr;
+  if (kdn_store_reserve(k.c, k.m, tok.data(), tok.size(), 0, n, &s) != KDN_OK) return -1;
+  int written = 0;
+  for (uint32_t i = 0; i < kdn_store_chunks(s); ++i) {
+    if (void* p = kdn_store_chunk_data(s, i)) {
+      fill_chunk(p, kdn_model_chunk_bytes(k.m), doc, i);
+      ++written;
+    }
+  }
+  return kdn_store_commit(k.c, s) == KDN_OK ? written : -1;
+}
+
+int verify_doc(Conn& k, uint32_t doc, uint32_t n) {
+  const uint32_t T = kdn_model_chunk_tokens(k.m);
+  auto tok = doc_tokens(doc, size_t(n) * T);
+  kdn_lease* l = nullptr;
+  if (kdn_retrieve_lease(k.c, k.m, tok.data(), tok.size(), 0, &l) != KDN_OK) return -1;
+  int good = 0;
+  for (uint32_t i = 0; i < kdn_lease_chunks(l); ++i)
+    good += check_chunk(kdn_lease_chunk_data(l, i), kdn_model_chunk_bytes(k.m), doc, i) ? 1 : -1000;
+  if (kdn_lease_release(k.c, l) != KDN_OK) return -1;
+  return good < 0 ? -1 : good;
+}
+
+kdn_stats stats_of(const KdndProcess& d, const char* ns) {
+  kdn_connect_opts o = d.opts(ns);
+  o.flags |= KDN_CONNECT_ADMIN | KDN_CONNECT_READ_ONLY;
+  kdn_client* c = nullptr;
+  kdn_stats s{};
+  s.struct_size = sizeof s;
+  EXPECT_EQ(kdn_connect(&o, &c), KDN_OK);
+  if (c == nullptr) return s;
+  kdn_session_info info{};
+  info.struct_size = sizeof info;
+  EXPECT_EQ(kdn_get_session_info(c, &info), KDN_OK);
+  EXPECT_EQ(info.admin, 1u) << "the test's uid is kdnd's: an admin";
+  EXPECT_EQ(kdn_get_stats(c, &s), KDN_OK);
+  kdn_disconnect(c);
+  return s;
+}
+
 kdn_model_desc tiny_model(uint32_t chunk_tokens) {
   kdn_model_desc d{};
   d.struct_size = sizeof d;

@@ -41,6 +41,27 @@ int in_child(F f) {
   return run_in_child([](void* p) { return (*static_cast<F*>(p))(); }, &f);
 }
 
+// One engine's connection with one registered model (the statuses say what failed, if so).
+struct Conn {
+  kdn_client* c = nullptr;
+  kdn_model* m = nullptr;
+  int connect_status = KDN_OK;
+  int register_status = KDN_OK;
+  Conn(const KdndProcess& d, const kdn_model_desc& desc, const char* ns = nullptr);
+  ~Conn();
+  Conn(const Conn&) = delete;
+  Conn& operator=(const Conn&) = delete;
+  bool ok() const { return c && m; }
+};
+
+// Stores chunks [0, n) of document `doc` through zero-copy reservations; returns how many
+// were written (already-cached chunks are skipped), or -1 on error.
+int store_doc(Conn& k, uint32_t doc, uint32_t n);
+// Leases the cached prefix of `doc` and checks every byte; returns chunks verified or -1.
+int verify_doc(Conn& k, uint32_t doc, uint32_t n);
+// The namespace's counters (and the daemon's: the test's uid is kdnd's, an admin by default).
+kdn_stats stats_of(const KdndProcess& d, const char* ns = nullptr);
+
 // A model descriptor used across tests (small chunks: 2 layers, 2 heads, 64 dims, 16 tokens).
 kdn_model_desc tiny_model(uint32_t chunk_tokens = 16);
 kdn_model_desc smol_model();

@@ -20,57 +20,6 @@
 namespace kdn::testing {
 namespace {
 
-struct Conn {
-  kdn_client* c = nullptr;
-  kdn_model* m = nullptr;
-  Conn(const KdndProcess& d, const kdn_model_desc& desc, const char* ns = nullptr) {
-    kdn_connect_opts o = d.opts(ns);
-    if (kdn_connect(&o, &c) != KDN_OK) return;
-    if (kdn_register_model(c, &desc, &m) != KDN_OK) m = nullptr;
-  }
-  ~Conn() { kdn_disconnect(c); }
-  bool ok() const { return c && m; }
-};
-
-// Stores chunks [0, n) of document `doc` through zero-copy reservations; returns how many
-// were written (already-cached chunks are skipped), or -1 on error.
-int store_doc(Conn& k, uint32_t doc, uint32_t n) {
-  const uint32_t T = kdn_model_chunk_tokens(k.m);
-  auto tok = doc_tokens(doc, size_t(n) * T);
-  kdn_store* s = nullptr;
-  if (kdn_store_reserve(k.c, k.m, tok.data(), tok.size(), 0, n, &s) != KDN_OK) return -1;
-  int written = 0;
-  for (uint32_t i = 0; i < kdn_store_chunks(s); ++i) {
-    if (void* p = kdn_store_chunk_data(s, i)) {
-      fill_chunk(p, kdn_model_chunk_bytes(k.m), doc, i);
-      ++written;
-    }
-  }
-  return kdn_store_commit(k.c, s) == KDN_OK ? written : -1;
-}
-
-// Leases the cached prefix of `doc` and checks every byte; returns chunks verified or -1.
-int verify_doc(Conn& k, uint32_t doc, uint32_t n) {
-  const uint32_t T = kdn_model_chunk_tokens(k.m);
-  auto tok = doc_tokens(doc, size_t(n) * T);
-  kdn_lease* l = nullptr;
-  if (kdn_retrieve_lease(k.c, k.m, tok.data(), tok.size(), 0, &l) != KDN_OK) return -1;
-  int good = 0;
-  for (uint32_t i = 0; i < kdn_lease_chunks(l); ++i)
-    if (check_chunk(kdn_lease_chunk_data(l, i), kdn_model_chunk_bytes(k.m), doc, i)) ++good;
-    else good = -1000;
-  if (kdn_lease_release(k.c, l) != KDN_OK) return -1;
-  return good < 0 ? -1 : good;
-}
-
-kdn_stats stats_of(const KdndProcess& d, const char* ns = nullptr) {
-  Conn k(d, tiny_model(), ns);
-  kdn_stats s{};
-  s.struct_size = sizeof s;
-  EXPECT_EQ(kdn_get_stats(k.c, &s), KDN_OK);
-  return s;
-}
-
 TEST(Node, CrossProcessReuse) {
   KdndProcess d;
   const auto desc = smol_model();
