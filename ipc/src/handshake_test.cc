@@ -1,6 +1,8 @@
 #include <kdn/ipc/handshake.h>
 #include <kdn/ipc/segment.h>
 
+#include "testing/version_one.h"
+
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -357,31 +359,20 @@ TEST(HandshakeSocket, ClientSeesARefusal) {
   EXPECT_EQ(hs.status().code(), Code::kVersion);
 }
 
-// A version-1 client's hello: 152 bytes, proto_major 1 at offset 4, no staging field.
 TEST(HandshakeSocket, AVersionOneHelloIsRefusedInTheVersionOneLayout) {
   auto [client, server] = socket_pair();
-  std::vector<std::byte> v1(152, std::byte{0});
-  const uint32_t magic = kHelloMagic;
-  const uint16_t major = 1;
-  std::memcpy(v1.data(), &magic, 4);
-  std::memcpy(v1.data() + 4, &major, 2);
-  ASSERT_TRUE(send_message(client.get(), v1, {}).ok());
+  ASSERT_TRUE(send_message(client.get(), testing::version_one_hello(), {}).ok());
   HelloRefusalInfo why;
   auto rh = server_receive_hello(server.get(), 1000, &why);
   EXPECT_EQ(rh.status().code(), Code::kVersion);
   EXPECT_EQ(why.client_major, 1u);
   EXPECT_EQ(why.peer.pid, ::getpid()) << "the daemon knows whom to name in its log";
   ASSERT_TRUE(server_send_refusal(server.get(), rh.status().code()).ok());
-  std::byte buf[256];
-  auto msg = recv_message(client.get(), buf, 4, 1000);
-  ASSERT_TRUE(msg.ok());
-  ASSERT_EQ(msg->bytes, 80u) << "the size of a version-1 welcome";
-  int32_t status;
-  uint16_t daemon_major;
-  std::memcpy(&status, buf + 4, 4);
-  std::memcpy(&daemon_major, buf + 8, 2);
-  EXPECT_EQ(status, KDN_ERR_VERSION);
-  EXPECT_EQ(daemon_major, 2u);
+  auto seen = testing::read_refusal(client.get(), 1000);
+  ASSERT_TRUE(seen.ok());
+  EXPECT_EQ(seen->bytes, 80u) << "the size of a version-1 welcome";
+  EXPECT_EQ(seen->status, KDN_ERR_VERSION);
+  EXPECT_EQ(seen->proto_major, 2u);
 }
 
 }  // namespace

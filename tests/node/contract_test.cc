@@ -5,6 +5,7 @@
 // served. Real kdnd, real processes, real shared memory.
 #include "kdnd_process.h"
 #include "raw_client.h"
+#include "testing/version_one.h"
 
 #include <kdn/common/clock.h>
 #include <kdn/common/model.h>
@@ -433,26 +434,15 @@ TEST(Contract, AVersionOneClientIsToldTheVersion) {
   KdndProcess d;
   auto fd = ipc::uds_connect(d.socket(), 1000);
   ASSERT_TRUE(fd.ok());
-  std::vector<std::byte> v1(152, std::byte{0});  // version 1's hello: 152 bytes, major 1
-  const uint32_t magic = ipc::kHelloMagic;
-  const uint16_t major = 1;
-  const uint32_t pid = uint32_t(::getpid());
-  std::memcpy(v1.data(), &magic, 4);
-  std::memcpy(v1.data() + 4, &major, 2);
-  std::memcpy(v1.data() + 8, "default", 7);
-  std::memcpy(v1.data() + 144, &pid, 4);
-  ASSERT_TRUE(ipc::send_message(fd->get(), v1, {}).ok());
-  std::byte buf[256];
-  auto msg = ipc::recv_message(fd->get(), buf, 4, 2000);
-  ASSERT_TRUE(msg.ok());
-  ASSERT_EQ(msg->bytes, 80u);
-  EXPECT_EQ(msg->num_fds, 0u);
-  int32_t status;
-  uint16_t daemon_major;
-  std::memcpy(&status, buf + 4, 4);
-  std::memcpy(&daemon_major, buf + 8, 2);
-  EXPECT_EQ(status, KDN_ERR_VERSION);
-  EXPECT_EQ(daemon_major, 2u);
+  ASSERT_TRUE(ipc::send_message(fd->get(), ipc::testing::version_one_hello(), {}).ok());
+  auto seen = ipc::testing::read_refusal(fd->get(), 2000);
+  ASSERT_TRUE(seen.ok());
+  EXPECT_EQ(seen->bytes, 80u);
+  EXPECT_EQ(seen->fds, 0u);
+  EXPECT_EQ(seen->status, KDN_ERR_VERSION);
+  EXPECT_EQ(seen->proto_major, 2u);
+  Conn k(d, tiny_model());
+  EXPECT_TRUE(k.ok()) << "kdnd serves version-2 clients on";
 }
 
 }  // namespace
