@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs the whole kdn test suite: builds (via setup.sh), runs every ctest test (unit,
-# multi-process, fault, llama.cpp end-to-end), then the codec decoder fuzzer for a bounded
-# time. Exits non-zero if anything fails. Idempotent.
+# multi-process, fault, llama.cpp end-to-end), then the fuzzers (KVC1 decoder, handshake,
+# configuration, wire records) for a bounded time each. Exits non-zero if anything fails.
+# Idempotent.
 #
-#   KDN_FUZZ_SECONDS=60 scripts/test.sh   # fuzzing time budget (default 60 s; 0 skips building it)
+#   KDN_FUZZ_SECONDS=60 scripts/test.sh   # time per fuzzer (default 60 s; 0 skips building them)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -16,11 +17,12 @@ ctest --test-dir "$build" --output-on-failure -j "${KDN_TEST_JOBS:-2}" --timeout
 
 fuzz_seconds=${KDN_FUZZ_SECONDS:-60}
 if [[ "$fuzz_seconds" != 0 ]] && [[ -f tests/fuzz/CMakeLists.txt ]]; then
-  echo "test: fuzzing the KVC1 decoder for ${fuzz_seconds}s"
+  echo "test: fuzzing the KVC1 decoder, handshake, configuration and wire records, ${fuzz_seconds}s each"
   cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
     -DKDN_WITH_CUDA=OFF -DKDN_FUZZ=ON -DKDN_BUILD_BENCH=OFF -DKDN_BUILD_TESTS=ON \
     -DKDN_BUILD_LLAMA=OFF >/dev/null
   cmake --build build-fuzz -j "${KDN_JOBS:-$(nproc)}" --target kdn_fuzz_targets
-  KDN_FUZZ_SECONDS=$fuzz_seconds ctest --test-dir build-fuzz -L fuzz --output-on-failure
+  KDN_FUZZ_SECONDS=$fuzz_seconds ctest --test-dir build-fuzz -L fuzz --output-on-failure \
+    -j "${KDN_TEST_JOBS:-2}"
 fi
 echo "test: all passed"

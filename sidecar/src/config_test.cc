@@ -398,6 +398,9 @@ TEST(ConfigSet, ErrorsNameTheFlagKeyAndValue) {
       {"namespace..x.max_bytes", "1", "--set namespace..x.max_bytes=1: '.x': a namespace name"},
       {"namespace.max_bytes", "1",
        "--set namespace.max_bytes=1: unknown key 'namespace.max_bytes'"},
+      {"socket", "/run/kdn/\xc3(.sock", ": not valid UTF-8 text"},  // a cut-off two-byte sequence
+      {"socket", "/run/kdn/\xed\xa0\x80", ": not valid UTF-8 text"},  // a UTF-16 surrogate
+      {"socket", "/run/kdn/\xc0\xaf", ": not valid UTF-8 text"},  // an overlong '/'
   };
   for (const Case& k : cases) {
     Config c;
@@ -407,6 +410,22 @@ TEST(ConfigSet, ErrorsNameTheFlagKeyAndValue) {
     EXPECT_THAT(error, HasSubstr(k.message));
     EXPECT_TRUE(c.namespaces.empty()) << "a failed set declared a namespace";
   }
+}
+
+TEST(ConfigSet, UnicodeTextPrintsAndLoadsBack) {
+  Config c;
+  std::string error;
+  ASSERT_TRUE(c.set("socket", "/run/kdn/m\xc3\xbcnchen-\xf0\x9f\x94\x91.sock", &error).ok())
+      << error;
+  c.fill_defaults();
+  ASSERT_TRUE(c.validate(&error).ok()) << error;
+  const std::string dir = ::testing::TempDir();
+  const std::string path = dir + "/kdn-config-unicode.toml";
+  std::ofstream(path) << c.to_toml();
+  Config back;
+  ASSERT_TRUE(back.load_toml(path, &error).ok()) << error;
+  EXPECT_EQ(back.socket_path, c.socket_path);
+  std::filesystem::remove(path);
 }
 
 TEST(ConfigSet, OriginNamesTheFlag) {

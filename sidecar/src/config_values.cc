@@ -121,7 +121,41 @@ const char* type_name(const KeyDef& k) {
       k.field);
 }
 
-bool parse_text(std::string_view s, std::string* out, std::string*) {
+// True when `s` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF):
+// a configuration file is TOML, and TOML text is UTF-8.
+bool valid_utf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    size_t len = 0;
+    uint32_t cp = 0;
+    if (b < 0x80) len = 1, cp = b;
+    else if ((b & 0xE0) == 0xC0) len = 2, cp = b & 0x1F;
+    else if ((b & 0xF0) == 0xE0) len = 3, cp = b & 0x0F;
+    else if ((b & 0xF8) == 0xF0) len = 4, cp = b & 0x07;
+    else return false;
+    if (i + len > s.size()) return false;
+    for (size_t k = 1; k < len; ++k) {
+      const auto c = static_cast<unsigned char>(s[i + k]);
+      if ((c & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (c & 0x3F);
+    }
+    static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += len;
+  }
+  return true;
+}
+
+bool parse_text(std::string_view s, std::string* out, std::string* why) {
+  if (!valid_utf8(s)) {
+    *why = "not valid UTF-8 text";
+    return false;
+  }
+  if (s.find('\0') != std::string_view::npos) {
+    *why = "holds a NUL byte";
+    return false;
+  }
   *out = std::string(s);
   return true;
 }

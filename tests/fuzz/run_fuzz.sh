@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs the KVC1 decoder fuzzer for a bounded time: run_codec_fuzz.sh FUZZER SEED_DIR WORK_DIR
+# Runs a fuzzer for a bounded time: run_fuzz.sh FUZZER SEED_DIR WORK_DIR
 # Time budget: $KDN_FUZZ_SECONDS (default 60). New inputs accumulate in WORK_DIR/corpus;
 # crashes land in WORK_DIR/artifacts and fail the run.
 set -eu
