@@ -26,7 +26,8 @@ struct KdndOptions {
 
 class KdndProcess {
  public:
-  // Starts kdnd and waits until a client can connect and ping it (or it exits, or 30 s pass).
+  // Starts kdnd and waits until a client can connect and ping it and its arena is
+  // pre-faulted (or it exits, or 120 s pass).
   static Result<KdndProcess> start(const KdndOptions& options) noexcept;
 
   KdndProcess(KdndProcess&&) noexcept = default;

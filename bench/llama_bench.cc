@@ -157,7 +157,7 @@ struct Session {
     auto e = s.open_engine(model, threads);
     if (!e.ok()) return failure("engine", e.status());
     engine = std::move(e.value());
-    auto c = kdn::llama::KdnChunkCache::connect(engine->identity().desc, s.socket, s.name_space);
+    auto c = kdn::llama::KdnChunkCache::connect(engine->identity().desc, s.socket, s.name_space, true);
     if (!c.ok()) return failure("kdnd", c.status());
     store = std::move(c.value());
     auto p = engine->chat_prompt(s.doc, s.o.question, s.size);

@@ -12,18 +12,29 @@ cd "$root"
 packages=(build-essential cmake ninja-build pkg-config git python3 python3-pip
   libboost-dev liburing-dev libtbb-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
   libcli11-dev libtomlplusplus-dev libxxhash-dev nlohmann-json3-dev libhiredis-dev
-  redis-server fio libbenchmark-dev clang libclang-rt-14-dev)
+  libcpp-httplib-dev redis-server fio libbenchmark-dev clang libclang-rt-14-dev)
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+sudo_cmd=()
+[[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
 if ((${#missing[@]})); then
   echo "setup: installing Debian packages: ${missing[*]}"
-  sudo_cmd=()
-  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
   "${sudo_cmd[@]}" apt-get update -q
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# promtool (Debian's prometheus package, unpacked without installing or starting its service):
+# the tests check kdnd's metrics with it.
+if [[ ! -x .cache/bin/promtool ]]; then
+  mkdir -p .cache/deb .cache/bin
+  echo "setup: fetching promtool (Debian package prometheus, unpacked into .cache/bin)"
+  (cd .cache/deb && { apt-get download -q prometheus 2>/dev/null || { "${sudo_cmd[@]}" apt-get update -q && apt-get download -q prometheus; }; })
+  dpkg-deb --fsys-tarfile .cache/deb/prometheus_*.deb | tar -x -O ./usr/bin/promtool > .cache/bin/promtool.part
+  chmod 755 .cache/bin/promtool.part && mv .cache/bin/promtool.part .cache/bin/promtool
+  rm -f .cache/deb/prometheus_*.deb
 fi
 
 llama_flag=-DKDN_BUILD_LLAMA=OFF

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole kdn test suite: builds (via setup.sh), runs every ctest test (unit,
 # multi-process, fault, llama.cpp end-to-end), then the fuzzers (KVC1 decoder, handshake,
-# configuration, wire records) for a bounded time each. Exits non-zero if anything fails.
-# Idempotent.
+# configuration, wire records) for a bounded time each, then the rings, index, request and
+# contract tests under ASan+UBSan and TSan. Exits non-zero if anything fails. Idempotent.
 #
 #   KDN_FUZZ_SECONDS=60 scripts/test.sh   # time per fuzzer (default 60 s; 0 skips building them)
 set -euo pipefail
@@ -13,6 +13,7 @@ build=${KDN_BUILD_DIR:-build}
 scripts/setup.sh
 
 echo "test: running ctest in $build/"
+export KDN_REQUIRE_PROMTOOL=1  # the metrics test runs promtool (setup.sh unpacked it)
 ctest --test-dir "$build" --output-on-failure -j "${KDN_TEST_JOBS:-2}" --timeout 900
 
 fuzz_seconds=${KDN_FUZZ_SECONDS:-60}
@@ -24,5 +25,23 @@ if [[ "$fuzz_seconds" != 0 ]] && [[ -f tests/fuzz/CMakeLists.txt ]]; then
   cmake --build build-fuzz -j "${KDN_JOBS:-$(nproc)}" --target kdn_fuzz_targets
   KDN_FUZZ_SECONDS=$fuzz_seconds ctest --test-dir build-fuzz -L fuzz --output-on-failure \
     -j "${KDN_TEST_JOBS:-2}"
+fi
+# The lock-free rings, the session protocol, the index, the request handler and kdnd itself
+# (through the contract tests) under AddressSanitizer + UndefinedBehaviorSanitizer, and the
+# threaded parts under ThreadSanitizer. KDN_SANITIZERS=0 skips them.
+if [[ "${KDN_SANITIZERS:-1}" != 0 ]]; then
+  declare -A sanitizer_tests=(
+    [asan]="ipc_ring_test ipc_session_test ipc_doorbell_test ipc_payload_test ipc_handshake_test sidecar_core_test request_handler_test contract_test bad_input_test"
+    [tsan]="ipc_ring_test ipc_session_test ipc_doorbell_test sidecar_core_test request_handler_test")
+  for preset in asan tsan; do
+    read -r -a targets <<<"${sanitizer_tests[$preset]}"
+    echo "test: ${preset} build of ${targets[*]}"
+    cmake --preset "$preset" -DKDN_BUILD_LLAMA=OFF -DKDN_BUILD_BENCH=OFF >/dev/null
+    cmake --build "build-$preset" -j "${KDN_JOBS:-$(nproc)}" --target "${targets[@]}" kdnd
+    for t in "${targets[@]}"; do
+      echo "test: ${preset}: $t"
+      "build-$preset/bin/$t" --gtest_brief=1
+    done
+  done
 fi
 echo "test: all passed"

@@ -279,10 +279,14 @@ Status server_send_refusal(int sock, Code code) noexcept {
 }
 
 Result<ClientHandshake> client_handshake(int sock, const HelloMsg& hello, uint32_t timeout_ms) noexcept {
-  KDN_RETURN_IF_ERROR(send_message(sock, std::as_bytes(std::span(&hello, 1)), {}));
+  // kdnd may refuse a connection before its hello arrives (a uid it admits nowhere, too many
+  // pending handshakes) and close it: the send then fails, but the refusal is still there to
+  // read and says why.
+  const Status sent = send_message(sock, std::as_bytes(std::span(&hello, 1)), {});
+  if (!sent.ok() && sent.code() != Code::kUnavailable) return sent;
   std::array<std::byte, kReceiveBytes> buffer;
-  Result<ReceivedMessage> msg = recv_message(sock, buffer, kMaxWelcomeFds, timeout_ms);
-  if (!msg.ok()) return msg.status();
+  Result<ReceivedMessage> msg = recv_message(sock, buffer, kMaxWelcomeFds, sent.ok() ? timeout_ms : 0);
+  if (!msg.ok()) return sent.ok() ? msg.status() : sent;
   ClientHandshake hs{};
   KDN_RETURN_IF_ERROR(parse_welcome(std::span(buffer).first(msg->bytes), msg->num_fds, hello, &hs.welcome));
   hs.session_fd = std::move(msg->fds[kWelcomeFdSession]);

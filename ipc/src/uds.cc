@@ -1,6 +1,7 @@
 #include <kdn/ipc/uds.h>
 
 #include <kdn/common/clock.h>
+#include <kdn/common/files.h>
 
 #include <fcntl.h>
 #include <poll.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -42,40 +44,58 @@ Result<UniqueFd> new_socket(bool nonblocking) noexcept {
   return fd;
 }
 
-Status make_private_dir(const std::string& dir) noexcept {
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return Status::from_errno("mkdir socket dir", errno);
-  struct stat st;
-  if (::lstat(dir.c_str(), &st) != 0) return Status::from_errno("stat socket dir", errno);
-  if (!S_ISDIR(st.st_mode)) return Status(Code::kInvalidArgument, "socket parent is not a directory");
-  // A directory someone else created (e.g. a planted /tmp/kdn-$UID) could let them replace
-  // our socket: only ours or root's will do.
-  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
-    return Status(Code::kPermission, "socket directory belongs to another user");
+// A failure with its sentence: `what` for the Status, `*error` naming the path and errno.
+Status fail(std::string* error, Status st, const std::string& sentence) {
+  if (error) {
+    try {
+      *error = sentence;
+      if (st.sys_errno()) *error += std::string(": ") + std::strerror(st.sys_errno());
+    } catch (...) {  // out of memory for the message: the Status alone still says what
+    }
   }
-  return OkStatus();
+  return st;
 }
 
-// Creates the missing directories of `path`'s parent, each with mode 0700.
-Status make_parent_dirs(const std::string& path) noexcept {
+// The socket's directory: created if missing, and then trusted only if it is a real
+// directory of ours (or root's) that no one else can write.
+Status check_socket_dir(const std::string& dir, mode_t mode, std::string* error) {
+  if (::mkdir(dir.c_str(), mode) == 0) {
+    (void)::chmod(dir.c_str(), mode);  // mkdir applied the umask
+  } else if (errno != EEXIST) {
+    return fail(error, Status::from_errno("mkdir socket directory", errno), "mkdir " + dir);
+  }
+  return check_private_dir(dir, "socket directory", error);
+}
+
+// Creates the missing directories of `path`'s parent with `mode` and checks the parent.
+Status make_parent_dirs(const std::string& path, mode_t mode, std::string* error) {
   size_t slash = path.rfind('/');
-  if (slash == std::string::npos || slash == 0) return OkStatus();
+  if (slash == std::string::npos) return check_socket_dir(".", mode, error);
+  if (slash == 0) return check_socket_dir("/", mode, error);
   std::string parent = path.substr(0, slash);
   for (size_t i = parent.find('/', 1); i != std::string::npos; i = parent.find('/', i + 1)) {
     std::string prefix = parent.substr(0, i);
-    if (::mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) return Status::from_errno("mkdir", errno);
+    if (::mkdir(prefix.c_str(), mode) != 0 && errno != EEXIST)
+      return fail(error, Status::from_errno("mkdir", errno), "mkdir " + prefix);
   }
-  return make_private_dir(parent);
+  return check_socket_dir(parent, mode, error);
 }
 
 // An existing socket file: remove it if it is stale (nobody accepts on it).
-Status remove_if_stale(const std::string& path) noexcept {
+Status remove_if_stale(const std::string& path, std::string* error) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) return OkStatus();  // gone meanwhile
-  if (!S_ISSOCK(st.st_mode)) return Status(Code::kInvalidArgument, "socket path exists and is not a socket");
+  if (!S_ISSOCK(st.st_mode))
+    return fail(error, Status(Code::kInvalidArgument, "socket path exists and is not a socket"),
+                path + " exists and is not a socket; kdnd replaces only a stale socket");
   Result<UniqueFd> probe = uds_connect(path, kStaleProbeMs);
-  if (probe.ok()) return Status(Code::kBusy, "another kdnd is listening on the socket");
-  if (probe.status().code() != Code::kUnavailable) return probe.status();
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return Status::from_errno("unlink stale socket", errno);
+  if (probe.ok())
+    return fail(error, Status(Code::kBusy, "another kdnd is listening on the socket"),
+                "another kdnd is listening on " + path);
+  if (probe.status().code() != Code::kUnavailable)
+    return fail(error, probe.status(), "probing the existing socket " + path);
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+    return fail(error, Status::from_errno("unlink stale socket", errno), "removing the stale socket " + path);
   return OkStatus();
 }
 
@@ -155,19 +175,27 @@ std::string default_socket_path() {
   return "/tmp/kdn-" + std::to_string(::getuid()) + "/kdnd.sock";
 }
 
-Result<UniqueFd> uds_listen(const std::string& path, int backlog) noexcept {
+Result<UniqueFd> uds_listen(const std::string& path, const ListenOptions& options,
+                            std::string* error) {
   Result<SocketAddress> addr = make_address(path);
-  if (!addr.ok()) return addr.status();
-  KDN_RETURN_IF_ERROR(make_parent_dirs(path));
+  if (!addr.ok())
+    return fail(error, addr.status(),
+                "socket path '" + path + "' is empty or longer than 107 bytes");
+  KDN_RETURN_IF_ERROR(make_parent_dirs(path, options.dir_mode, error));
   Result<UniqueFd> fd = new_socket(true);
-  if (!fd.ok()) return fd.status();
+  if (!fd.ok()) return fail(error, fd.status(), "socket for " + path);
   const sockaddr* sa = reinterpret_cast<const sockaddr*>(&addr->addr);
   if (::bind(fd->get(), sa, addr->len) != 0) {
-    if (errno != EADDRINUSE) return Status::from_errno("bind", errno);
-    KDN_RETURN_IF_ERROR(remove_if_stale(path));
-    if (::bind(fd->get(), sa, addr->len) != 0) return Status::from_errno("bind", errno);
+    if (errno != EADDRINUSE) return fail(error, Status::from_errno("bind", errno), "bind " + path);
+    KDN_RETURN_IF_ERROR(remove_if_stale(path, error));
+    if (::bind(fd->get(), sa, addr->len) != 0)
+      return fail(error, Status::from_errno("bind", errno), "bind " + path);
   }
-  if (::listen(fd->get(), backlog) != 0) return Status::from_errno("listen", errno);
+  // The file is ours alone until this chmod: the directory is checked and nobody else writes it.
+  if (::chmod(path.c_str(), options.socket_mode) != 0)
+    return fail(error, Status::from_errno("chmod socket", errno), "chmod " + path);
+  if (::listen(fd->get(), options.backlog) != 0)
+    return fail(error, Status::from_errno("listen", errno), "listen on " + path);
   return std::move(*fd);
 }
 

@@ -112,6 +112,72 @@ TEST_F(UdsTest, ListenRefusesToReplaceANonSocket) {
   EXPECT_EQ(l.status().code(), Code::kInvalidArgument);
 }
 
+TEST_F(UdsTest, ListenRefusesADirectoryOthersCanWrite) {
+  const std::string sub = dir_ + "/sub";
+  ASSERT_EQ(::mkdir(sub.c_str(), 0700), 0);
+  struct Case {
+    mode_t mode;
+    const char* says;
+  } cases[] = {{0777, "is writable by every user (mode 0777)"},
+               {01777, "is writable by every user (mode 1777)"},  // sticky, like /tmp
+               {0770, "is writable by its group (mode 0770)"}};
+  for (const Case& c : cases) {
+    ASSERT_EQ(::chmod(sub.c_str(), c.mode), 0);
+    std::string error;
+    auto l = uds_listen(path_, {}, &error);
+    EXPECT_EQ(l.status().code(), Code::kPermission) << std::oct << c.mode;
+    EXPECT_NE(error.find("socket directory " + sub + " " + c.says), std::string::npos) << error;
+    struct stat st;
+    EXPECT_NE(::lstat(path_.c_str(), &st), 0) << "no socket was created";
+  }
+  ASSERT_EQ(::chmod(sub.c_str(), 0755), 0);  // others may enter and connect, not write
+  EXPECT_TRUE(uds_listen(path_).ok());
+}
+
+TEST_F(UdsTest, ListenRefusesASymlinkedDirectory) {
+  const std::string real = dir_ + "/real";
+  ASSERT_EQ(::mkdir(real.c_str(), 0700), 0);
+  ASSERT_EQ(::symlink(real.c_str(), (dir_ + "/sub").c_str()), 0);
+  std::string error;
+  auto l = uds_listen(path_, {}, &error);
+  EXPECT_EQ(l.status().code(), Code::kPermission);
+  EXPECT_NE(error.find(dir_ + "/sub is a symlink"), std::string::npos) << error;
+  ::unlink((dir_ + "/sub").c_str());
+  ::rmdir(real.c_str());
+}
+
+TEST_F(UdsTest, ListenAppliesTheModesItIsGiven) {
+  ListenOptions o;
+  o.dir_mode = 0711;
+  o.socket_mode = 0666;
+  const mode_t old_mask = ::umask(077);  // the modes hold whatever the umask
+  auto l = uds_listen(path_, o);
+  ::umask(old_mask);
+  ASSERT_TRUE(l.ok()) << l.status().what();
+  struct stat st;
+  ASSERT_EQ(::stat((dir_ + "/sub").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0711u);
+  ASSERT_EQ(::stat(path_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0666u);
+}
+
+TEST_F(UdsTest, ListenErrorsNameThePath) {
+  std::string error;
+  auto live = uds_listen(path_);
+  ASSERT_TRUE(live.ok());
+  EXPECT_FALSE(uds_listen(path_, {}, &error).ok());
+  EXPECT_EQ(error, "another kdnd is listening on " + path_);
+  live = Status(Code::kUnavailable, "closed");
+  ::unlink(path_.c_str());
+  ASSERT_EQ(::mkdir(path_.c_str(), 0700), 0);
+  EXPECT_FALSE(uds_listen(path_, {}, &error).ok());
+  EXPECT_EQ(error, path_ + " exists and is not a socket; kdnd replaces only a stale socket");
+  ::rmdir(path_.c_str());
+  const std::string long_path = dir_ + "/" + std::string(120, 'x');
+  EXPECT_FALSE(uds_listen(long_path, {}, &error).ok());
+  EXPECT_EQ(error, "socket path '" + long_path + "' is empty or longer than 107 bytes");
+}
+
 TEST_F(UdsTest, ConnectWithoutDaemonIsUnavailable) {
   auto c = uds_connect(path_, 100);
   EXPECT_EQ(c.status().code(), Code::kUnavailable);

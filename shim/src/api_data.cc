@@ -147,6 +147,7 @@ kdn_stats to_abi(const kdn::ipc::StatsRecord& s) {
   o.daemon_requests = s.daemon_requests;
   o.daemon_handshakes_refused = s.daemon_handshakes_refused;
   o.daemon_namespaces = s.daemon_namespaces;
+  o.host_prefault_left_bytes = s.host_prefault_left_bytes;
   return o;
 }
 

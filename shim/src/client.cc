@@ -14,7 +14,8 @@ namespace kdn::shim {
 // of microseconds on virtual machines, far more than a request, so spin well past that.
 constexpr uint64_t kClientSpinNs = 100'000;
 
-Result<std::unique_ptr<Client>> Client::connect(const kdn_connect_opts* opts, uint32_t hello_flags) {
+Result<std::unique_ptr<Client>> Client::connect(const kdn_connect_opts* opts, uint32_t hello_flags,
+                                                bool map_eagerly) {
   kdn_connect_opts o{};
   o.struct_size = sizeof o;
   if (opts) {
@@ -45,7 +46,7 @@ Result<std::unique_ptr<Client>> Client::connect(const kdn_connect_opts* opts, ui
   // the data path (a first touch of a shared page costs ~3 us here, 10x the copy of it). The
   // staging area's pages are allocated now, once, and reused store after store.
   ipc::MapOptions arena_map;
-  arena_map.populate = true;
+  arena_map.populate = map_eagerly;
   arena_map.madvise_huge = true;
   ipc::MapOptions staging_map = arena_map;
   auto session = ipc::ClientSession::attach(std::move(*hs), kClientSpinNs, arena_map, staging_map);

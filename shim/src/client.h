@@ -32,7 +32,10 @@ constexpr uint64_t kDefaultStagingBytes = 256ull << 20;
 
 class Client {
  public:
-  static Result<std::unique_ptr<Client>> connect(const kdn_connect_opts* opts, uint32_t hello_flags);
+  // `map_eagerly`: fault the arena's page tables in at connect, as the data path needs (a tool
+  // that reads no chunk, kdnctl, maps lazily and connects in microseconds, not ~0.1 s/GiB).
+  static Result<std::unique_ptr<Client>> connect(const kdn_connect_opts* opts, uint32_t hello_flags,
+                                                 bool map_eagerly = true);
 
   // Payload space for one request (released with free_payload or by finish()).
   Result<PayloadRange> alloc_payload(uint32_t bytes);
@@ -53,6 +56,7 @@ class Client {
     return session_.resolve(ref, bytes, kind);
   }
   const ipc::WelcomeMsg& welcome() const { return session_.welcome(); }
+  bool daemon_sleeping() const { return session_.daemon_sleeping(); }
   uint64_t staging_bytes() const;
   uint64_t arena_bytes() const;
   uint32_t default_timeout_ms() const { return timeout_ms_; }

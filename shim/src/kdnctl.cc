@@ -1,6 +1,6 @@
 // kdnctl: operator CLI for kdnd.
 //
-//   kdnctl ping                      round trip through the rings, prints the latency
+//   kdnctl ping [-c N] [-w N]        round trips through the rings: busy-poll and wake-up
 //   kdnctl stats [--json|--prometheus]
 //   kdnctl ls [--limit N]            chunks of the namespace: key, model, tier, state, leases, size
 //   kdnctl evict --all | --key HEX   evict unleased chunks
@@ -14,6 +14,8 @@
 #include <kdn/ipc/protocol.h>
 
 #include <CLI/CLI.hpp>
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cinttypes>
@@ -40,23 +42,55 @@ int fail_code(const char* what, int code) {
   return 1;
 }
 
-int cmd_ping(Client& c, int count) {
+// One ping's round trip in microseconds; negative after printing the failure.
+double ping_once(Client& c, uint64_t seq) {
   using Op = kdn::ipc::PingOp;
-  std::vector<double> us;
-  for (int i = 0; i < count; ++i) {
-    Request r;
-    r.sqe.opcode = uint8_t(Op::kOpcode);
-    const Op::Args args{uint64_t(i) + 1};
-    Op::put(args, r.sqe);
-    const uint64_t t0 = kdn::now_ns();
-    auto cqe = c.call(r);
-    if (!cqe.ok()) return fail("ping", cqe.status());
-    if (cqe->status) return fail_code("ping", cqe->status);
-    if (auto ok = Op::result(*cqe, args); !ok.ok()) return fail("ping", ok.status());
-    us.push_back((kdn::now_ns() - t0) / 1e3);
-  }
+  Request r;
+  r.sqe.opcode = uint8_t(Op::kOpcode);
+  const Op::Args args{seq};
+  Op::put(args, r.sqe);
+  const uint64_t t0 = kdn::now_ns();
+  auto cqe = c.call(r);
+  if (!cqe.ok()) return fail("ping", cqe.status()), -1;
+  if (cqe->status) return fail_code("ping", cqe->status), -1;
+  if (auto ok = Op::result(*cqe, args); !ok.ok()) return fail("ping", ok.status()), -1;
+  return double(kdn::now_ns() - t0) / 1e3;
+}
+
+void print_round_trips(const char* label, std::vector<double> us, const char* why) {
   std::sort(us.begin(), us.end());
-  std::printf("kdnd is alive: %d pings, round trip p50 %.2f us, max %.2f us\n", count, us[us.size() / 2], us.back());
+  const auto at = [&](double q) { return us[std::min(us.size() - 1, size_t(q * double(us.size())))]; };
+  std::printf("  %-22s p50 %8.2f us   p99 %8.2f us   max %8.2f us   (%zu pings: %s)\n", label, at(0.5), at(0.99),
+              us.back(), us.size(), why);
+}
+
+// Two round trips an engine can see. Busy-poll: requests back to back, kdnd spinning on the
+// rings (the control path's own cost). Wake-up: a request after kdnd went to sleep (it sleeps
+// spin_us after its last request), which rings the doorbell and pays for the kernel waking
+// it. A quiet node shows the first near 1 us; an engine that sends requests further apart
+// than spin_us pays the second.
+int cmd_ping(Client& c, int count, int wakes) {
+  std::vector<double> busy, wake;
+  uint64_t seq = 1;
+  for (int i = 0; i < count; ++i) {
+    const double us = ping_once(c, seq++);
+    if (us < 0) return 1;
+    if (i > 0 || count == 1) busy.push_back(us);  // the first one may have woken kdnd
+  }
+  int not_asleep = 0;
+  for (int i = 0; i < wakes; ++i) {
+    const uint64_t deadline = kdn::now_ns() + 2'000'000'000ull;
+    while (!c.daemon_sleeping() && kdn::now_ns() < deadline) ::usleep(100);
+    not_asleep += !c.daemon_sleeping();  // other sessions keep it awake
+    const double us = ping_once(c, seq++);
+    if (us < 0) return 1;
+    wake.push_back(us);
+  }
+  std::printf("kdnd is alive:\n");
+  print_round_trips("busy-poll round trip", busy, "back to back, kdnd spinning");
+  if (!wake.empty())
+    print_round_trips("wake-up round trip", wake,
+                      not_asleep ? "kdnd was kept awake by other sessions" : "each after kdnd went to sleep");
   return 0;
 }
 
@@ -76,7 +110,8 @@ std::vector<Field> stats_fields(const kdn::ipc::StatsRecord& s, bool admin) {
       {"active_leases", s.active_leases}, {"open_reservations", s.open_reservations},
       {"expired_reservations", s.expired_reservations}, {"transfers_in_flight", s.in_flight_ops},
       {"sessions", s.sessions}, {"staging_bytes", s.staging_bytes},
-      {"protocol_errors", s.protocol_errors}, {"limit_errors", s.limit_errors}};
+      {"protocol_errors", s.protocol_errors}, {"limit_errors", s.limit_errors},
+      {"host_prefault_left_bytes", s.host_prefault_left_bytes}};
   static const char* kTiers[] = {"gpu", "host", "disk", "remote"};
   for (uint32_t t = 0; t < kdn::ipc::kTierCount; ++t) {
     if (s.capacity_bytes[t] == 0) continue;
@@ -224,9 +259,14 @@ int main(int argc, char** argv) {
   app.add_option("-n,--namespace", ns, "namespace")->capture_default_str();
   app.add_option("--token", token, "the namespace's token, if kdnd requires one");
   app.require_subcommand(1);
-  int count = 5;
-  auto* ping = app.add_subcommand("ping", "check that kdnd answers");
-  ping->add_option("-c,--count", count, "round trips")->check(CLI::Range(1, 1000000))->capture_default_str();
+  int count = 1000, wakes = 5;
+  auto* ping = app.add_subcommand("ping", "check that kdnd answers; time its busy-poll and wake-up round trips");
+  ping->add_option("-c,--count", count, "back-to-back round trips (kdnd spinning)")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  ping->add_option("-w,--wakes", wakes, "round trips each sent after kdnd went to sleep")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
   bool json = false, prom = false;
   auto* stats = app.add_subcommand("stats", "counters of the namespace (and of the daemon, for admins)");
   stats->add_flag("--json", json, "one JSON object");
@@ -248,13 +288,13 @@ int main(int argc, char** argv) {
   o.token = token.empty() ? nullptr : token.c_str();
   o.payload_bytes = 1 << 20;
   o.flags = KDN_CONNECT_READ_ONLY;  // kdnctl never stores: no staging area
-  auto c = Client::connect(&o, kdn::ipc::kHelloFlagAdmin);
+  auto c = Client::connect(&o, kdn::ipc::kHelloFlagAdmin, /*map_eagerly=*/false);
   if (!c.ok()) {
     if (c.status().code() == kdn::Code::kNotFound)
       std::fprintf(stderr, "kdnctl: kdnd has no namespace '%s'\n", ns.c_str());
     return fail("connect", c.status());
   }
-  if (ping->parsed()) return cmd_ping(**c, count);
+  if (ping->parsed()) return cmd_ping(**c, count, wakes);
   if (stats->parsed()) return cmd_stats(**c, json, prom);
   if (ls->parsed()) return cmd_ls(**c, limit);
   if (!all && keys.empty()) {

@@ -13,10 +13,14 @@ bool listed(const std::vector<uint32_t>& ids, uint32_t id) noexcept {
 
 }  // namespace
 
+bool admits(const NamespaceConfig& policy, const Peer& peer) noexcept {
+  bool allowed = peer.uid == 0 || listed(policy.allow_uids, peer.uid) || listed(policy.allow_gids, peer.gid);
+  for (gid_t g : peer.groups) allowed |= listed(policy.allow_gids, g);
+  return allowed;
+}
+
 Status may_open(const Namespace& ns, const Peer& peer, const char* token) noexcept {
-  bool allowed = peer.uid == 0 || listed(ns.policy.allow_uids, peer.uid) || listed(ns.policy.allow_gids, peer.gid);
-  for (gid_t g : peer.groups) allowed |= listed(ns.policy.allow_gids, g);
-  if (!allowed) return Status(Code::kPermission, "this uid and its groups may not open the namespace");
+  if (!admits(ns.policy, peer)) return Status(Code::kPermission, "this uid and its groups may not open the namespace");
   if (!ns.token.empty() && !ipc::token_equals(token, ns.token.c_str()))
     return Status(Code::kPermission, "wrong or missing token for the namespace");
   return OkStatus();

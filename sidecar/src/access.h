@@ -28,6 +28,8 @@ struct Peer {
   std::vector<gid_t> groups;  // supplementary
 };
 
+// True if `policy` lets `peer` in by its uid or groups (tokens aside).
+bool admits(const NamespaceConfig& policy, const Peer& peer) noexcept;
 // KDN_ERR_PERMISSION (naming what is missing) unless `peer` may open `ns` with `token`.
 Status may_open(const Namespace& ns, const Peer& peer, const char* token) noexcept;
 bool is_admin(const Config& config, const Namespace& ns, const Peer& peer) noexcept;

@@ -4,6 +4,7 @@
 #include <kdn/sidecar/config.h>
 
 #include "config_table.h"
+#include "metrics_server.h"
 
 #include <kdn/ipc/fd.h>
 #include <kdn/ipc/protocol.h>
@@ -43,6 +44,8 @@ constexpr KeyDef kConfigKeys[] = {
      .help = "log verbosity (stderr)", .choices = "trace|debug|info|warn|error|off"},
     {.key = "metrics_file", .field = &Config::metrics_file, .default_text = "",
      .help = "Prometheus text metrics are rewritten here every second; empty: none"},
+    {.key = "metrics_listen", .field = &Config::metrics_listen, .default_text = "",
+     .help = "serve Prometheus metrics over HTTP at this loopback HOST:PORT (GET /metrics); empty: off"},
     {.key = "spin_us", .field = &Config::spin_us, .default_text = "200",
      .help = "busy-poll this long after the last request before sleeping; CPU for latency",
      .max = 1000000},
@@ -52,6 +55,13 @@ constexpr KeyDef kConfigKeys[] = {
     {.key = "handshake_timeout_ms", .field = &Config::handshake_timeout_ms,
      .default_text = "2000", .help = "a connection that sends no hello in this time is closed",
      .min = 1},
+    {.key = "max_pending_handshakes", .field = &Config::max_pending_handshakes,
+     .default_text = "128",
+     .help = "connections waiting to send their hello; more are refused at once (sessions "
+             "have their own cap)",
+     .min = 1},
+    {.key = "max_pending_handshakes_per_uid", .field = &Config::max_pending_handshakes_per_uid,
+     .default_text = "16", .help = "of those, connections of one uid", .min = 1},
     {.key = "token", .field = &Config::token, .default_text = "",
      .help = "the secret clients present, in namespaces without token_file; empty: none",
      .secret = true},
@@ -282,6 +292,11 @@ std::string check_daemon(const Config& c) {
   if (c.staging_bytes > c.max_staging_bytes)
     return key_and_value(&Config::staging_bytes, c) + ": larger than " +
            key_and_value(&Config::max_staging_bytes, c);
+  if (!c.metrics_listen.empty()) {
+    std::string host, why;
+    uint16_t port = 0;
+    if (!parse_loopback_listen(c.metrics_listen, &host, &port, &why)) return "metrics_listen = " + why;
+  }
   return "";
 }
 

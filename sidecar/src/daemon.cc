@@ -2,10 +2,13 @@
 
 #include "access.h"
 #include "metrics.h"
+#include "metrics_server.h"
+#include "prefault.h"
 #include "request_handler.h"
 #include "session.h"
 
 #include <kdn/common/clock.h>
+#include <kdn/common/files.h>
 #include <kdn/ipc/doorbell.h>
 #include <kdn/ipc/handshake.h>
 #include <kdn/ipc/uds.h>
@@ -24,7 +27,7 @@ namespace kdn::sidecar {
 namespace {
 
 // epoll tags: the top byte says what the fd is, the rest identifies it.
-enum TagKind : uint64_t { kListen = 1, kSignal = 2, kStop = 3, kHandshake = 4, kSocket = 5, kBell = 6, kTierWake = 7 };
+enum TagKind : uint64_t { kListen = 1, kSignal = 2, kStop = 3, kHandshake = 4, kSocket = 5, kBell = 6, kTierWake = 7, kScrape = 8 };
 constexpr uint64_t tag(TagKind k, uint64_t id) { return (uint64_t(k) << 56) | (id & ((1ull << 56) - 1)); }
 constexpr TagKind tag_kind(uint64_t t) { return TagKind(t >> 56); }
 constexpr uint64_t tag_id(uint64_t t) { return t & ((1ull << 56) - 1); }
@@ -36,6 +39,50 @@ constexpr uint32_t kInlineInputBytes = 4096;
 // Input records of one session's parked requests (and so the memory they may hold).
 constexpr uint64_t kMaxRecordsInFlight = 4ull * ipc::kMaxKeysPerOp;
 constexpr uint64_t kHousekeepingNs = 50'000'000;
+
+// At most kLines log lines a second; the next line allowed says how many were held back.
+class LogLimiter {
+ public:
+  bool allow(uint64_t now) {
+    if (now - window_ns_ >= 1'000'000'000) window_ns_ = now, lines_ = 0;
+    if (lines_ < kLines) {
+      ++lines_;
+      return true;
+    }
+    ++held_back_;
+    return false;
+  }
+  std::string suppressed_note() {
+    if (held_back_ == 0) return "";
+    std::string note = " (" + std::to_string(held_back_) + " more not logged)";
+    held_back_ = 0;
+    return note;
+  }
+
+ private:
+  static constexpr uint32_t kLines = 5;
+  uint64_t window_ns_ = 0;
+  uint32_t lines_ = 0;
+  uint64_t held_back_ = 0;
+};
+
+// The socket's modes: private to kdnd's uid unless the configuration lets other uids or
+// groups connect, when others may enter the directory (not list or write it) and connect.
+ipc::ListenOptions listen_options(const Config& c) {
+  const uint32_t self = ::geteuid();
+  bool others = false;
+  for (const NamespaceConfig& ns : c.namespaces) {
+    others |= !ns.allow_gids.empty();
+    for (uint32_t uid : ns.allow_uids) others |= uid != self;
+  }
+  if (c.allow_create_namespaces)
+    for (uint32_t uid : c.create_namespace_uids) others |= uid != self && uid != 0;
+  ipc::ListenOptions o;
+  o.backlog = 256;
+  o.dir_mode = others ? 0711 : 0700;
+  o.socket_mode = others ? 0666 : 0600;
+  return o;
+}
 
 }  // namespace
 
@@ -58,6 +105,7 @@ class DaemonImpl {
   struct Pending {
     ipc::UniqueFd sock;
     uint64_t deadline_ns;
+    uint32_t uid;
   };
 
   // ---- the loop
@@ -84,15 +132,19 @@ class DaemonImpl {
   void housekeeping(uint64_t now);
 
   // ---- sessions and namespaces
+  bool could_connect(const Peer& peer) const;
   void accept_clients();
+  void drop_pending(std::unordered_map<int, Pending>::iterator it);
   void finish_handshake(int fd);
   Status admit(ipc::UniqueFd sock, const ipc::ReceivedHello& hello);
-  Result<Namespace*> open_namespace(const std::string& name, const NamespaceConfig& policy, bool configured,
-                                    bool populate);
+  // An arena for `name`, mapped but not pre-faulted (the Prefaulter does that for declared
+  // namespaces after kdnd listens).
+  Result<Namespace*> open_namespace(const std::string& name, const NamespaceConfig& policy, bool configured);
   void release_namespaces(uint64_t now);
   void close_session(Session* s, const char* why);
   void destroy_session(Session* s);
   void write_metrics();
+  std::vector<NamespaceMetrics> metrics_namespaces() const;
 
   Config cfg_;
   ipc::UniqueFd listen_, signal_fd_, stop_fd_;
@@ -104,6 +156,9 @@ class DaemonImpl {
   std::vector<Session*> active_;  // open sessions, polled
   size_t rr_ = 0;                 // where the next poll pass starts
   std::unordered_map<int, Pending> pending_;
+  std::unordered_map<uint32_t, uint32_t> pending_per_uid_;
+  LogLimiter refusal_log_;  // refusals can come by the thousand: a few lines a second
+  std::string metrics_error_;  // the last failure to write the metrics file ("" = none)
   std::unordered_map<uint64_t, std::unique_ptr<Op>> ops_;  // parked requests by token
   std::deque<Op*> runnable_;
   std::vector<Session*> broken_;  // sessions whose completion ring broke, closed next turn
@@ -115,6 +170,8 @@ class DaemonImpl {
   uint64_t next_token_ = 1;
   uint64_t last_metrics_ns_ = 0, last_housekeeping_ns_ = 0;
   std::atomic<bool> stop_{false};
+  std::unique_ptr<MetricsServer> metrics_server_;  // metrics_listen; its thread reads nothing of ours
+  Prefaulter prefaulter_;  // last: stopped before the namespaces it faults in are unmapped
 };
 
 // ---- start-up ---------------------------------------------------------------------------------
@@ -141,12 +198,41 @@ Status DaemonImpl::start() {
   stop_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!signal_fd_ || !stop_fd_) return Status::from_errno("signalfd/eventfd", errno);
 
-  auto l = ipc::uds_listen(cfg_.socket_path);
-  if (!l.ok()) return l.status();
+  if (!cfg_.metrics_file.empty()) {
+    if (Status st = check_private_dir(parent_dir(cfg_.metrics_file), "metrics directory", &error); !st.ok()) {
+      spdlog::error("metrics_file = \"{}\": {}", cfg_.metrics_file, error);
+      return st;
+    }
+  }
+  // The socket first: a daemon that cannot listen says so before it spends seconds
+  // pre-faulting arenas.
+  std::string listen_error;
+  auto l = ipc::uds_listen(cfg_.socket_path, listen_options(cfg_), &listen_error);
+  if (!l.ok()) {
+    spdlog::error("cannot listen: {}", listen_error.empty() ? l.status().what() : listen_error);
+    return l.status();
+  }
   listen_ = std::move(*l);
+  if (!cfg_.metrics_listen.empty()) {
+    std::string why;
+    auto m = MetricsServer::start(cfg_.metrics_listen, &why);
+    if (!m.ok()) {
+      spdlog::error("{}", why.empty() ? m.status().what() : why);
+      return m.status();
+    }
+    metrics_server_ = std::move(*m);
+    KDN_RETURN_IF_ERROR(poller_.add(metrics_server_->wake_fd(), tag(kScrape, 0)));
+    spdlog::info("metrics at http://{}:{}/metrics", metrics_server_->host(), metrics_server_->port());
+  }
+  std::vector<Prefaulter::Target> prefault;
   for (const NamespaceConfig& nc : cfg_.namespaces) {
-    auto ns = open_namespace(nc.name, nc, true, cfg_.host.populate);
+    auto ns = open_namespace(nc.name, nc, true);
     if (!ns.ok()) return ns.status();
+    if (cfg_.host.populate) {
+      const ipc::SharedSegment& arena = (*ns)->host->arena();
+      (*ns)->prefault_left.store(arena.size(), std::memory_order_relaxed);
+      prefault.push_back({nc.name, arena.data(), arena.size(), &(*ns)->prefault_left});
+    }
   }
   KDN_RETURN_IF_ERROR(poller_.add(listen_.get(), tag(kListen, 0)));
   KDN_RETURN_IF_ERROR(poller_.add(signal_fd_.get(), tag(kSignal, 0)));
@@ -154,11 +240,12 @@ Status DaemonImpl::start() {
   spdlog::info("kdnd listening on {} (protocol {}, {} namespace(s), host arena {} MiB each, eviction {})",
                cfg_.socket_path, KDN_PROTOCOL_VERSION, namespaces_.size(), cfg_.host.bytes >> 20,
                cfg_.host.eviction);
+  prefaulter_.start(std::move(prefault));  // configured namespaces live as long as the daemon
   return OkStatus();
 }
 
 Result<Namespace*> DaemonImpl::open_namespace(const std::string& name, const NamespaceConfig& policy,
-                                              bool configured, bool populate) {
+                                              bool configured) {
   if (namespaces_.size() >= cfg_.max_namespaces) return Status(Code::kLimit, "max_namespaces namespaces exist");
   std::string token;
   std::string error;
@@ -168,7 +255,7 @@ Result<Namespace*> DaemonImpl::open_namespace(const std::string& name, const Nam
     return tok;
   }
   ipc::SegmentOptions opt;
-  opt.populate = populate;
+  opt.populate = false;
   opt.madvise_huge = cfg_.host.hugepages;
   opt.seal_writes = true;  // clients map it read-only; only kdnd's mapping writes chunks
   const uint64_t bytes = policy.max_bytes ? policy.max_bytes : cfg_.host.bytes;
@@ -201,8 +288,8 @@ Result<Namespace*> DaemonImpl::open_namespace(const std::string& name, const Nam
   ns->store = std::make_unique<TieredStore>(TierPolicy(tiers, rules));
   ns->empty_since_ns = now_ns();
   KDN_RETURN_IF_ERROR(poller_.add(ns->host->wake_fd(), tag(kTierWake, ns->region_id)));
-  spdlog::info("namespace '{}': host arena {} MiB{} in {:.0f} ms{}", name, ns->host->arena().size() >> 20,
-               populate ? " (pre-faulted)" : "", (now_ns() - t0) / 1e6, configured ? "" : " (created by a client)");
+  spdlog::info("namespace '{}': host arena {} MiB mapped in {:.0f} ms{}", name, ns->host->arena().size() >> 20,
+               (now_ns() - t0) / 1e6, configured ? "" : " (created by a client)");
   Namespace* raw = ns.get();
   namespaces_.emplace(name, std::move(ns));
   counters_.namespaces = namespaces_.size();
@@ -231,50 +318,96 @@ void DaemonImpl::release_namespaces(uint64_t now) {
 
 // ---- handshakes -------------------------------------------------------------------------------
 
+// A peer kdnd would refuse whatever its hello said: no namespace admits its uid or groups,
+// and it may not create one. It is cut off at accept, before it can hold a pending slot.
+bool DaemonImpl::could_connect(const Peer& peer) const {
+  if (may_create_namespace(cfg_, peer).ok()) return true;
+  for (const auto& [name, ns] : namespaces_)
+    if (admits(ns->policy, peer)) return true;
+  return false;
+}
+
+// Connections are checked by their kernel credentials as they are accepted, then wait for
+// their hello under two caps of their own (in all and per uid), apart from the session caps:
+// silent connections of one uid cannot lock out another's engines, and a uid kdnd admits
+// nowhere holds nothing at all.
 void DaemonImpl::accept_clients() {
   for (int i = 0; i < 64; ++i) {
     auto c = ipc::uds_accept(listen_.get());
     if (!c.ok()) {
-      spdlog::warn("accept: {}", c.status().what());
+      if (refusal_log_.allow(now_ns())) spdlog::warn("accept on {}: {}", cfg_.socket_path, c.status().what());
       return;
     }
     if (!c->valid()) return;
     const int fd = c->get();
-    if (pending_.size() + sessions_.size() >= 2 * size_t(cfg_.max_sessions)) {
-      (void)ipc::server_send_refusal(fd, Code::kBusy);
-      ++counters_.handshakes_refused;
+    auto cred = ipc::peer_credentials(fd);
+    if (!cred.ok()) {
+      counters_.refuse(Refusal::kResources);
       continue;  // closes the socket
     }
-    if (!poller_.add(fd, tag(kHandshake, uint64_t(fd))).ok()) continue;
-    pending_.emplace(fd, Pending{std::move(*c), now_ns() + uint64_t(cfg_.handshake_timeout_ms) * 1000000});
+    Peer peer{uint32_t(cred->uid), uint32_t(cred->gid), {}};
+    if (auto groups = ipc::peer_groups(fd); groups.ok()) peer.groups = std::move(*groups);
+    Refusal why = Refusal::kCount;
+    if (!could_connect(peer)) why = Refusal::kUid;
+    else if (pending_.size() >= cfg_.max_pending_handshakes) why = Refusal::kPending;
+    else if (pending_per_uid_[peer.uid] >= cfg_.max_pending_handshakes_per_uid) why = Refusal::kPending;
+    if (why == Refusal::kCount && !poller_.add(fd, tag(kHandshake, uint64_t(fd))).ok()) why = Refusal::kResources;
+    if (why != Refusal::kCount) {
+      (void)ipc::server_send_refusal(fd, why == Refusal::kUid ? Code::kPermission : Code::kBusy);
+      counters_.refuse(why);
+      if (refusal_log_.allow(now_ns()))
+        spdlog::warn("connection of pid {} uid {} refused at accept: {}{}", cred->pid, cred->uid,
+                     why == Refusal::kUid ? "no namespace admits this uid or its groups"
+                     : why == Refusal::kPending ? "too many connections wait to say hello (max_pending_handshakes)"
+                                                : "out of resources",
+                     refusal_log_.suppressed_note());
+      continue;  // closes the socket
+    }
+    ++pending_per_uid_[peer.uid];
+    pending_.emplace(fd, Pending{std::move(*c), now_ns() + uint64_t(cfg_.handshake_timeout_ms) * 1000000, peer.uid});
+    counters_.pending_handshakes = pending_.size();
   }
+}
+
+// Forgets a pending connection (closing it unless its socket was taken).
+void DaemonImpl::drop_pending(std::unordered_map<int, Pending>::iterator it) {
+  (void)poller_.remove(it->first);
+  auto n = pending_per_uid_.find(it->second.uid);
+  if (n != pending_per_uid_.end() && --n->second == 0) pending_per_uid_.erase(n);
+  pending_.erase(it);
+  counters_.pending_handshakes = pending_.size();
 }
 
 void DaemonImpl::finish_handshake(int fd) {
   auto it = pending_.find(fd);
   if (it == pending_.end()) return;
   ipc::UniqueFd sock = std::move(it->second.sock);
-  pending_.erase(it);
-  (void)poller_.remove(fd);
+  drop_pending(it);
   // The socket is readable, so the one hello message is already here: no real wait.
   ipc::HelloRefusalInfo why;
   auto hello = ipc::server_receive_hello(fd, 10, &why);
   if (!hello.ok()) {
-    ++counters_.handshakes_refused;
-    if (hello.status().code() == Code::kVersion) {
+    const bool version = hello.status().code() == Code::kVersion;
+    counters_.refuse(version ? Refusal::kVersion : Refusal::kHello);
+    if (version) {
       spdlog::warn("client pid {} (uid {}) speaks protocol {}; this kdnd speaks {}: refused", why.peer.pid,
                    why.peer.uid, why.client_major, KDN_PROTOCOL_VERSION);
-    } else {
-      spdlog::warn("handshake of pid {} refused: {}", why.peer.pid, hello.status().what());
+    } else if (refusal_log_.allow(now_ns())) {
+      spdlog::warn("handshake of pid {} refused: {}{}", why.peer.pid, hello.status().what(),
+                   refusal_log_.suppressed_note());
     }
     (void)ipc::server_send_refusal(fd, hello.status().code());
     return;
   }
   Status st = admit(std::move(sock), *hello);
   if (!st.ok()) {
-    ++counters_.handshakes_refused;
-    spdlog::warn("client pid {} uid {} refused for namespace '{}': {}", hello->peer.pid, hello->peer.uid,
-                 hello->hello.name_space, st.what());
+    const Code c = st.code();
+    counters_.refuse(c == Code::kLimit ? Refusal::kLimit
+                     : c == Code::kPermission || c == Code::kNotFound ? Refusal::kAccess
+                                                                       : Refusal::kResources);
+    if (refusal_log_.allow(now_ns()))
+      spdlog::warn("client pid {} uid {} refused for namespace '{}': {}{}", hello->peer.pid, hello->peer.uid,
+                   hello->hello.name_space, st.what(), refusal_log_.suppressed_note());
   }
 }
 
@@ -294,7 +427,7 @@ Status DaemonImpl::admit(ipc::UniqueFd sock, const ipc::ReceivedHello& rh) {
     if (!(h.flags & ipc::kHelloFlagCreateNamespace)) return refuse(Status(Code::kNotFound, "no such namespace"));
     Status may = may_create_namespace(cfg_, peer);
     if (!may.ok()) return refuse(may);
-    auto created = open_namespace(name, client_namespace_policy(cfg_, name, peer), false, false);
+    auto created = open_namespace(name, client_namespace_policy(cfg_, name, peer), false);
     if (!created.ok()) return refuse(created.status());
     ns = *created;
   }
@@ -438,6 +571,7 @@ void DaemonImpl::park(std::unique_ptr<Op> op, Step step) {
 
 // A request ended: its completion goes out and it stops counting against its session.
 void DaemonImpl::retire(Session& s, const Op& op) {
+  counters_.observe(op.sqe.opcode, now_ns() - op.started_ns);  // not the client's wake-up
   deliver(s, op.cqe);
   --s.ops_in_flight;
   s.records_in_flight -= std::min<uint64_t>(s.records_in_flight, op.sqe.in_len / sizeof(uint64_t));
@@ -471,13 +605,14 @@ bool DaemonImpl::serve_session(Session& s) {
     // Most requests finish in their first step: they live on the stack and cost no allocation.
     Op local;
     local.token = next_token_++;
+    local.started_ns = now_ns();
     local.session = &s;
     local.sqe = sqe;
     if (sqe.in_len > kInlineInputBytes) {  // large: its turn comes in the runnable queue
       park(std::make_unique<Op>(std::move(local)), Step::kMore);
       continue;
     }
-    const Step step = handler_.step(local, now_ns() + uint64_t(cfg_.slice_us) * 1000);
+    const Step step = handler_.step(local, local.started_ns + uint64_t(cfg_.slice_us) * 1000);
     if (step != Step::kDone) {
       park(std::make_unique<Op>(std::move(local)), step);
       continue;
@@ -593,6 +728,14 @@ Status DaemonImpl::service_control(int timeout_ms) {
         break;
       }
       case kStop: stop_.store(true, std::memory_order_relaxed); break;
+      case kScrape:
+        if (!metrics_server_->consume_request()) break;
+        try {
+          metrics_server_->publish(prometheus_text(counters_, metrics_namespaces()));
+        } catch (const std::bad_alloc&) {
+          spdlog::warn("out of memory rendering metrics for a scrape");  // it gets 503 on its timeout
+        }
+        break;
       case kSocket: {
         auto it = sessions_.find(id);
         if (it != sessions_.end()) close_session(it->second.get(), "client hung up");
@@ -618,13 +761,13 @@ Status DaemonImpl::service_control(int timeout_ms) {
   }
   if (!pending_.empty()) {
     const uint64_t now = now_ns();
-    std::vector<int> late;
-    for (auto& [fd, p] : pending_)
-      if (p.deadline_ns <= now) late.push_back(fd);
-    for (int fd : late) {
-      (void)poller_.remove(fd);
-      pending_.erase(fd);  // closes the socket: a client that never says hello is cut off
-      ++counters_.handshakes_refused;
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      auto next = std::next(it);
+      if (it->second.deadline_ns <= now) {
+        drop_pending(it);  // closes the socket: a client that never says hello is cut off
+        counters_.refuse(Refusal::kTimeout);
+      }
+      it = next;
     }
   }
   const uint64_t now = now_ns();
@@ -691,12 +834,22 @@ Status DaemonImpl::run() {
   return OkStatus();
 }
 
-void DaemonImpl::write_metrics() {
-  last_metrics_ns_ = now_ns();
+std::vector<NamespaceMetrics> DaemonImpl::metrics_namespaces() const {
   std::vector<NamespaceMetrics> ns;
   for (auto& [name, n] : namespaces_) ns.push_back({name, n.get()});
-  Status st = write_prometheus_file(cfg_.metrics_file, counters_, ns);
-  if (!st.ok()) spdlog::warn("metrics: {}", st.what());
+  return ns;
+}
+
+void DaemonImpl::write_metrics() {
+  last_metrics_ns_ = now_ns();
+  std::string error;
+  Status st = write_prometheus_file(cfg_.metrics_file, counters_, metrics_namespaces(), &error);
+  if (!st.ok() && error.empty()) error = st.what();
+  if (error != metrics_error_) {  // a failure is logged once, and so is the recovery
+    if (error.empty()) spdlog::info("metrics file {} written again", cfg_.metrics_file);
+    else spdlog::warn("metrics file: {}", error);
+    metrics_error_ = std::move(error);
+  }
 }
 
 Daemon::Daemon(Config config) : impl_(std::make_unique<DaemonImpl>(std::move(config))) {}

@@ -1,6 +1,10 @@
 #include "metrics.h"
 
+#include <kdn/common/files.h>
+
+#include <cctype>
 #include <cstdio>
+#include <iterator>
 #include <sstream>
 
 namespace kdn::sidecar {
@@ -18,8 +22,11 @@ std::string prometheus_text(const DaemonCounters& d, const std::vector<Namespace
   o << "kdn_requests_total " << d.requests << '\n';
   metric("kdn_protocol_errors_total", "counter", "Malformed requests or corrupted rings.");
   o << "kdn_protocol_errors_total " << d.protocol_errors << '\n';
-  metric("kdn_handshakes_refused_total", "counter", "Connections refused at the handshake.");
-  o << "kdn_handshakes_refused_total " << d.handshakes_refused << '\n';
+  metric("kdn_handshakes_refused_total", "counter", "Connections refused before they became sessions, by reason.");
+  for (size_t r = 0; r < size_t(Refusal::kCount); ++r)
+    o << "kdn_handshakes_refused_total{reason=\"" << refusal_name(Refusal(r)) << "\"} " << d.refused[r] << '\n';
+  metric("kdn_pending_handshakes", "gauge", "Connections accepted whose hello has not arrived.");
+  o << "kdn_pending_handshakes " << d.pending_handshakes << '\n';
   metric("kdn_limit_errors_total", "counter", "Requests and handshakes refused by a configured limit.");
   o << "kdn_limit_errors_total " << d.limit_errors << '\n';
   metric("kdn_namespaces", "gauge", "Namespaces with an arena.");
@@ -31,8 +38,14 @@ std::string prometheus_text(const DaemonCounters& d, const std::vector<Namespace
       {"kdn_lookups_total", "counter", "Lookups.", [](const Namespace& n) { return n.store->counters().lookups; }},
       {"kdn_lookup_hit_chunks_total", "counter", "Chunks found by lookups.", [](const Namespace& n) { return n.store->counters().lookup_hit_chunks; }},
       {"kdn_lookup_miss_chunks_total", "counter", "Chunks missed by lookups.", [](const Namespace& n) { return n.store->counters().lookup_miss_chunks; }},
+      {"kdn_stored_chunks_total", "counter", "Chunks committed.", [](const Namespace& n) { return n.store->counters().stored_chunks; }},
       {"kdn_stored_bytes_total", "counter", "Bytes committed.", [](const Namespace& n) { return n.store->counters().stored_bytes; }},
+      {"kdn_retrieved_chunks_total", "counter", "Chunks leased to readers.", [](const Namespace& n) { return n.store->counters().retrieved_chunks; }},
       {"kdn_retrieved_bytes_total", "counter", "Bytes leased to readers.", [](const Namespace& n) { return n.store->counters().retrieved_bytes; }},
+      {"kdn_aborted_chunks_total", "counter", "Reserved chunks aborted (by the client, its exit or the reservation timeout).", [](const Namespace& n) { return n.store->counters().aborted_chunks; }},
+      {"kdn_demoted_chunks_total", "counter", "Copies written down to a lower tier.", [](const Namespace& n) { return n.store->counters().demoted_chunks; }},
+      {"kdn_promoted_chunks_total", "counter", "Copies brought up from a lower tier.", [](const Namespace& n) { return n.store->counters().promoted_chunks; }},
+      {"kdn_transfer_errors_total", "counter", "Transfers a tier failed (the data stayed where it was).", [](const Namespace& n) { return n.store->counters().transfer_errors; }},
       {"kdn_evicted_chunks_total", "counter", "Copies evicted from a tier to make room.", [](const Namespace& n) { return n.store->counters().evicted_chunks; }},
       {"kdn_dropped_chunks_total", "counter", "Chunks that left the namespace.", [](const Namespace& n) { return n.store->counters().dropped_chunks; }},
       {"kdn_corrupt_chunks_total", "counter", "Copies found damaged and dropped, never served.", [](const Namespace& n) { return n.store->counters().corrupt_chunks; }},
@@ -40,6 +53,7 @@ std::string prometheus_text(const DaemonCounters& d, const std::vector<Namespace
       {"kdn_open_reservations", "gauge", "Reservations not yet committed.", [](const Namespace& n) { return n.store->open_reservations(); }},
       {"kdn_expired_reservations_total", "counter", "Reservations aborted by the reservation timeout.", [](const Namespace& n) { return n.counters.expired_reservations; }},
       {"kdn_staging_bytes", "gauge", "Staging areas of the namespace's sessions.", [](const Namespace& n) { return n.staging_bytes; }},
+      {"kdn_host_prefault_left_bytes", "gauge", "Host arena bytes still to be faulted in after start.", [](const Namespace& n) { return n.prefault_left.load(std::memory_order_relaxed); }},
   };
   for (const Col& c : cols) {
     metric(c.name, c.type, c.help);
@@ -63,19 +77,30 @@ std::string prometheus_text(const DaemonCounters& d, const std::vector<Namespace
       }
     }
   }
+  metric("kdn_request_duration_seconds", "histogram",
+         "Requests by opcode, from kdnd's first look at a request to its completion (op=\"other\": unknown opcodes).");
+  for (size_t op = 0; op < DaemonCounters::kOpcodeSlots; ++op) {
+    std::string name = op == 0 ? "other" : ipc::opcode_name(uint8_t(op));
+    if (name == "unknown") continue;
+    for (char& ch : name) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    const LatencyHistogram& h = d.latency[op];
+    uint64_t cumulative = 0;
+    for (size_t b = 0; b < LatencyHistogram::kBuckets; ++b) {
+      cumulative += h.buckets[b];
+      o << "kdn_request_duration_seconds_bucket{op=\"" << name << "\",le=\"";
+      if (b < std::size(LatencyHistogram::kBoundsNs)) o << double(LatencyHistogram::kBoundsNs[b]) / 1e9;
+      else o << "+Inf";
+      o << "\"} " << cumulative << '\n';
+    }
+    o << "kdn_request_duration_seconds_sum{op=\"" << name << "\"} " << double(h.sum_ns) / 1e9 << '\n';
+    o << "kdn_request_duration_seconds_count{op=\"" << name << "\"} " << h.count << '\n';
+  }
   return o.str();
 }
 
 Status write_prometheus_file(const std::string& path, const DaemonCounters& d,
-                             const std::vector<NamespaceMetrics>& ns) {
-  const std::string text = prometheus_text(d, ns);
-  const std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "w");
-  if (!f) return Status::from_errno("open metrics file", errno);
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) != 0 || !ok) return Status(Code::kIo, "write metrics file");
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) return Status::from_errno("rename metrics file", errno);
-  return OkStatus();
+                             const std::vector<NamespaceMetrics>& ns, std::string* error) {
+  return write_file_atomically(path, prometheus_text(d, ns), 0600, error);
 }
 
 }  // namespace kdn::sidecar

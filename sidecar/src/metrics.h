@@ -16,8 +16,9 @@ struct NamespaceMetrics {
 };
 
 std::string prometheus_text(const DaemonCounters& d, const std::vector<NamespaceMetrics>& ns);
-// Writes atomically (temp file + rename).
+// Writes the file whole (a temporary created O_EXCL | O_NOFOLLOW, mode 0600, then renamed);
+// its directory must be one only kdnd's user can write (checked at start).
 Status write_prometheus_file(const std::string& path, const DaemonCounters& d,
-                             const std::vector<NamespaceMetrics>& ns);
+                             const std::vector<NamespaceMetrics>& ns, std::string* error);
 
 }  // namespace kdn::sidecar

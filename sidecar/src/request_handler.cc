@@ -10,6 +10,21 @@ namespace kdn::sidecar {
 
 using ipc::Opcode;
 
+const char* refusal_name(Refusal r) noexcept {
+  switch (r) {
+    case Refusal::kUid: return "uid";
+    case Refusal::kPending: return "pending";
+    case Refusal::kTimeout: return "timeout";
+    case Refusal::kHello: return "hello";
+    case Refusal::kVersion: return "version";
+    case Refusal::kAccess: return "access";
+    case Refusal::kLimit: return "limit";
+    case Refusal::kResources: return "resources";
+    case Refusal::kCount: break;
+  }
+  return "unknown";
+}
+
 namespace {
 
 constexpr uint32_t kBatch = 64;                        // records copied in per step of a loop
@@ -582,6 +597,7 @@ ipc::StatsRecord RequestHandler::stats(const Namespace& ns, bool admin) const no
   r.corrupt_chunks = k.corrupt_chunks;
   r.expired_reservations = ns.counters.expired_reservations;
   r.staging_bytes = ns.staging_bytes;
+  r.host_prefault_left_bytes = ns.prefault_left.load(std::memory_order_relaxed);
   if (admin) {
     r.daemon_sessions = counters_.sessions_active;
     r.daemon_requests = counters_.requests;

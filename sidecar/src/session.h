@@ -20,6 +20,7 @@
 #include <kdn/ipc/session.h>
 #include <kdn/sidecar/config.h>
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -46,6 +47,7 @@ struct Namespace {
   uint32_t attached = 0;           // Session objects, closed ones whose copies are in flight too
   uint64_t staging_bytes = 0;      // of its sessions
   uint64_t empty_since_ns = 0;     // when its last session ended (client-created namespaces)
+  std::atomic<uint64_t> prefault_left{0};  // arena bytes the Prefaulter has still to fault in
   NamespaceCounters counters;
 };
 

@@ -181,6 +181,7 @@ TEST(Contract, ASessionKdndClosedWritesNoChunk) {
     const auto& w = r.s.welcome();
     std::byte* base = r.s.payload() - w.payload_offset;
     reinterpret_cast<std::atomic<uint32_t>*>(base + w.sq_offset + 64)->store(0x7fff0000u);
+    (void)r.s.ring_doorbell();  // kdnd may be asleep by now: it looks at the ring when woken
     bool closed = false;
     for (int i = 0; i < 500 && !closed; ++i) {
       char b;
@@ -282,6 +283,114 @@ TEST_F(Tenants, ANamespaceOpensOnlyToItsUidsAndAdminComesFromConfiguration) {
   const kdn_stats s = stats_of(d);  // root, the daemon's uid: admin by default
   EXPECT_EQ(s.daemon_namespaces, 3u) << "the refused names created nothing";
   EXPECT_GE(s.daemon_handshakes_refused, 4u) << "team-b, default, typo, mine";
+}
+
+// Opens `n` connections that never say hello; returns them (those connect() accepted).
+std::vector<ipc::UniqueFd> silent_connections(const KdndProcess& d, int n) {
+  std::vector<ipc::UniqueFd> fds;
+  for (int i = 0; i < n; ++i) {
+    auto fd = ipc::uds_connect(d.socket(), 2000);
+    if (fd.ok()) fds.push_back(std::move(*fd));
+  }
+  return fds;
+}
+
+// What kdnd said on a silent connection within `ms`: the refusal's status, 1 if the
+// connection is still open and quiet, 2 if it closed without a word.
+int what_kdnd_said(int fd, uint32_t ms) {
+  std::byte buf[512];
+  auto m = ipc::recv_message(fd, buf, 0, ms);
+  if (!m.ok()) return m.status().code() == Code::kTimeout ? 1 : 2;
+  if (m->bytes < 8) return 2;
+  int32_t status;
+  std::memcpy(&status, buf + 4, sizeof status);  // magic, then status, as in every welcome
+  return status;
+}
+
+// The engine of another uid connects, while `hold` keeps its connections open.
+TEST_F(Tenants, AUidAdmittedNowhereIsCutOffAtAccept) {
+  KdndProcess d({"--config", conf_, "--set", "max_sessions=8", "--set", "handshake_timeout_ms=30000"});
+  open_to_others(d);
+  int to_parent[2], to_child[2];
+  ASSERT_EQ(::pipe(to_parent), 0);
+  ASSERT_EQ(::pipe(to_child), 0);
+  const pid_t flooder = ::fork();
+  if (flooder == 0) {
+    if (::setgid(4199) != 0 || ::setuid(4199) != 0) _exit(99);
+    auto fds = silent_connections(d, 600);
+    if (fds.size() != 600) _exit(98);
+    (void)!::write(to_parent[1], "h", 1);
+    int refused = 0;  // each is told KDN_ERR_PERMISSION at once, long before the 30 s timeout
+    const uint64_t t0 = now_ns();
+    for (auto& fd : fds) refused += what_kdnd_said(fd.get(), 1000) == KDN_ERR_PERMISSION;
+    const bool quick = now_ns() - t0 < 10'000'000'000ull;
+    char c;
+    (void)!::read(to_child[0], &c, 1);  // hold them until the parent has connected
+    _exit(refused == 600 && quick ? 0 : 1);
+  }
+  char c;
+  ASSERT_EQ(::read(to_parent[0], &c, 1), 1) << "the flooder could not open its connections";
+  const uint64_t t0 = now_ns();
+  EXPECT_EQ(as_uid(4102, [&] { return RawClient(d, RawClientOptions{1 << 20, 0, "team-b"}).ok ? 0 : 1; }), 0);
+  Conn engine(d, tiny_model());
+  EXPECT_TRUE(engine.ok()) << engine.connect_status;
+  EXPECT_LT(now_ns() - t0, 5'000'000'000ull) << "engines waited behind the flood";
+  (void)!::write(to_child[1], "g", 1);
+  int st = 0;
+  ::waitpid(flooder, &st, 0);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "flooder status " << st;
+  EXPECT_GE(stats_of(d).daemon_handshakes_refused, 600u);
+  for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) ::close(fd);
+}
+
+TEST_F(Tenants, SilentConnectionsOfOneUidDoNotLockOutOthers) {
+  KdndProcess d({"--config", conf_, "--set", "max_sessions=8", "--set", "handshake_timeout_ms=30000",
+                 "--set", "max_pending_handshakes_per_uid=16"});
+  open_to_others(d);
+  int to_parent[2], to_child[2];
+  ASSERT_EQ(::pipe(to_parent), 0);
+  ASSERT_EQ(::pipe(to_child), 0);
+  const pid_t flooder = ::fork();
+  if (flooder == 0) {  // uid 4101 may open team-a: its silent connections wait, up to its cap
+    if (::setgid(4101) != 0 || ::setuid(4101) != 0) _exit(99);
+    auto fds = silent_connections(d, 600);
+    if (fds.size() != 600) _exit(98);
+    // Refusals come as kdnd accepts; a connection still quiet is looked at again.
+    std::vector<int> said(fds.size(), 1);
+    int waiting = 0, busy = 0;
+    for (int round = 0; round < 100 && busy < 584; ++round) {
+      if (round) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      waiting = busy = 0;
+      for (size_t i = 0; i < fds.size(); ++i) {
+        if (said[i] == 1) said[i] = what_kdnd_said(fds[i].get(), 0);
+        waiting += said[i] == 1;
+        busy += said[i] == KDN_ERR_BUSY;
+      }
+    }
+    (void)!::write(to_parent[1], "h", 1);
+    char c;
+    (void)!::read(to_child[0], &c, 1);
+    _exit(waiting == 16 && busy == 584 ? 0 : 1);
+  }
+  char c;
+  ASSERT_EQ(::read(to_parent[0], &c, 1), 1);
+  EXPECT_EQ(as_uid(4102, [&] { return RawClient(d, RawClientOptions{1 << 20, 0, "team-b"}).ok ? 0 : 1; }), 0)
+      << "another uid's engine connects while 16 silent connections wait";
+  Conn engine(d, tiny_model());
+  EXPECT_TRUE(engine.ok()) << engine.connect_status;
+  (void)!::write(to_child[1], "g", 1);
+  int st = 0;
+  ::waitpid(flooder, &st, 0);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "16 should wait and 584 be refused; status " << st;
+  EXPECT_EQ(as_uid(4101, [&] {
+              for (int i = 0; i < 100; ++i) {  // once kdnd has seen the silent ones close
+                if (RawClient(d, RawClientOptions{1 << 20, 0, "team-a"}).ok) return 0;
+                std::this_thread::sleep_for(std::chrono::milliseconds(20));
+              }
+              return 1;
+            }), 0)
+      << "the silent connections closed: the uid's own engine gets in";
+  for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) ::close(fd);
 }
 
 TEST(Contract, RepeatedLeasesOfOneChunkAreOneCountedLease) {

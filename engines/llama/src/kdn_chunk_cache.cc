@@ -59,9 +59,11 @@ Status from_kdn(int rc, const char* what) noexcept {
 
 Result<std::unique_ptr<KdnChunkCache>> KdnChunkCache::connect(const kdn_model_desc& desc,
                                                               const std::string& socket_path,
-                                                              const std::string& name_space) noexcept {
+                                                              const std::string& name_space,
+                                                              bool create) noexcept {
   kdn_connect_opts opts{};
   opts.struct_size = sizeof opts;
+  if (create) opts.flags |= KDN_CONNECT_CREATE_NAMESPACE;
   opts.socket_path = socket_path.empty() ? nullptr : socket_path.c_str();
   opts.name_space = name_space.empty() ? nullptr : name_space.c_str();
   kdn_client* client = nullptr;

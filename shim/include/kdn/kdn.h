@@ -317,6 +317,9 @@ typedef struct kdn_stats {
   uint64_t staging_bytes;          /* staging areas of the namespace's sessions */
   /* Daemon-wide; zero unless this session was granted admin. */
   uint64_t daemon_sessions, daemon_requests, daemon_handshakes_refused, daemon_namespaces;
+  /* Host arena bytes of the namespace kdnd is still pre-faulting in the background after its
+   * start; 0 once done (copies are slower, never wrong, until then). */
+  uint64_t host_prefault_left_bytes;
 } kdn_stats;
 /* Counters of the client's namespace (and of the daemon, for admin sessions). Set
  * out->struct_size = sizeof(kdn_stats) first. */

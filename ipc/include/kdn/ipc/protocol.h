@@ -337,8 +337,10 @@ struct StatsRecord {
   uint64_t staging_bytes;
   // Daemon-wide, admin sessions only.
   uint64_t daemon_sessions, daemon_requests, daemon_handshakes_refused, daemon_namespaces;
+  // The namespace's host arena bytes kdnd has still to pre-fault (0 once it is done).
+  uint64_t host_prefault_left_bytes;
 };
-static_assert(sizeof(StatsRecord) == 8 * 36 && std::is_trivially_copyable_v<StatsRecord>);
+static_assert(sizeof(StatsRecord) == 8 * 37 && std::is_trivially_copyable_v<StatsRecord>);
 
 enum class EvictMode : uint64_t { kAll = 0, kByKeys = 1 };
 

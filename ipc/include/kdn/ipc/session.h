@@ -81,6 +81,9 @@ class ClientSession {
   // Publishes as many SQEs as fit, then rings the doorbell if the daemon sleeps. Returns how
   // many were published (0 when the SQ is full).
   Result<uint32_t> submit(std::span<const Sqe> sqes) noexcept;
+  // Rings the doorbell whether or not the daemon sleeps (tools and tests that change the
+  // rings by hand; submit() rings only when needed).
+  Status ring_doorbell() const noexcept { return doorbell_.ring(); }
   // Pops up to out.size() CQEs (private copies).
   Result<uint32_t> reap(std::span<Cqe> out) noexcept { return cq_.try_pop_n(out); }
   // Waits until at least one CQE is ready: OK, or KDN_ERR_TIMEOUT, or a ring error.
@@ -90,6 +93,11 @@ class ClientSession {
   uint32_t payload_bytes() const noexcept { return layout_.payload_bytes; }
   uint32_t ring_entries() const noexcept { return layout_.ring_entries; }
   const WelcomeMsg& welcome() const noexcept { return welcome_; }
+  // True while the daemon announces that it sleeps (its next request is a wake-up); a hint
+  // for tools that measure latency, never for correctness.
+  bool daemon_sleeping() const noexcept {
+    return std::atomic_ref<uint32_t>(header()->need_wakeup).load(std::memory_order_relaxed) != 0;
+  }
 
   // The bytes [ref.offset, ref.offset + bytes) of a region of `kind` this session maps.
   // KDN_ERR_PROTOCOL for an unknown region, another kind, a stale generation or a range

@@ -29,11 +29,22 @@ constexpr size_t kMaxMessageFds = 8;
 // $KDN_SOCKET, else $XDG_RUNTIME_DIR/kdn/kdnd.sock, else /tmp/kdn-$UID/kdnd.sock.
 std::string default_socket_path();
 
-// Binds and listens on `path` (non-blocking, close-on-exec). Creates the parent directory
-// with mode 0700 if missing. An existing socket file is removed only if nothing answers a
+struct ListenOptions {
+  int backlog = 64;
+  mode_t dir_mode = 0700;     // of the parent directory, when uds_listen creates it
+  mode_t socket_mode = 0600;  // of the socket file (connecting needs write permission on it)
+};
+
+// Binds and listens on `path` (non-blocking, close-on-exec). Creates the missing parent
+// directories with options.dir_mode. The parent must be a real
+// directory (not a symlink) owned by this uid or root and writable by nobody else — in a
+// directory others can write, another user could replace the socket and capture clients'
+// hellos (KDN_ERR_PERMISSION). An existing socket file is removed only if nothing answers a
 // connect on it (a stale socket of a dead daemon); a live daemon -> KDN_ERR_BUSY. A path too
-// long for sockaddr_un -> KDN_ERR_INVALID_ARGUMENT.
-Result<UniqueFd> uds_listen(const std::string& path, int backlog = 64) noexcept;
+// long for sockaddr_un -> KDN_ERR_INVALID_ARGUMENT. On failure `error`, if not null, gets a
+// sentence naming the path and the cause ("bind /run/kdn/kdnd.sock: Permission denied").
+Result<UniqueFd> uds_listen(const std::string& path, const ListenOptions& options = {},
+                            std::string* error = nullptr);
 
 // Accepts one connection (close-on-exec, blocking). Returns an empty UniqueFd when none is
 // pending on a non-blocking listener.

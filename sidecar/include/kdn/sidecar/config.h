@@ -60,9 +60,12 @@ struct Config {
   std::string socket_path;          // default: kdn default socket path (see kdn/kdn.h)
   std::string log_level = "info";   // trace debug info warn error off
   std::string metrics_file;         // if set, Prometheus text metrics are written here every second
+  std::string metrics_listen;       // if set, a loopback HOST:PORT serving GET /metrics
   uint32_t spin_us = 200;           // busy-poll this long after the last request before sleeping
   uint32_t slice_us = 200;          // one request's slice of work before others get a turn
   uint32_t handshake_timeout_ms = 2000;
+  uint32_t max_pending_handshakes = 128;        // connections accepted, hello not yet read
+  uint32_t max_pending_handshakes_per_uid = 16; // of those, from one uid
   std::string token;                // shared secret of namespaces without token_file ("" = none)
 
   // ---- who may do what

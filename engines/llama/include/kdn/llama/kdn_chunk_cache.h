@@ -22,9 +22,12 @@ class KdnChunkCache final : public ChunkCache {
  public:
   // Connects to kdnd (socket_path empty: libkdn's default) in namespace `name_space` (empty:
   // "default") and registers the model. A kUnavailable status when kdnd is not running.
+  // `create`: ask kdnd to create the namespace if it does not exist (KDN_CONNECT_CREATE_NAMESPACE;
+  // kdnd decides whether this client may).
   static Result<std::unique_ptr<KdnChunkCache>> connect(const kdn_model_desc& desc,
                                                         const std::string& socket_path,
-                                                        const std::string& name_space = "") noexcept;
+                                                        const std::string& name_space = "",
+                                                        bool create = false) noexcept;
   ~KdnChunkCache() override;
   KdnChunkCache(const KdnChunkCache&) = delete;
   KdnChunkCache& operator=(const KdnChunkCache&) = delete;

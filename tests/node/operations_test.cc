@@ -1,0 +1,373 @@
+// What an operator meets: kdnd's start-up checks and messages, the files it keeps, and the
+// arena pre-fault that runs after it listens. Each test runs the real kdnd binary and reads
+// what it printed.
+#include "kdnd_process.h"
+
+#include <kdn/common/clock.h>
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace kdn::testing {
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// kdnd with `args`, its stdout and stderr in `log`.
+pid_t spawn_kdnd(std::vector<std::string> args, const std::string& log) {
+  args.insert(args.begin(), KDN_KDND_PATH);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) _exit(126);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// The exit code of `pid` within `ms` (killed and -1 if it did not exit).
+int exit_code_within(pid_t pid, int ms) {
+  for (int waited = 0; waited < ms; waited += 10) {
+    int st = 0;
+    if (::waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+bool wait_for(const std::function<bool()>& done, int ms) {
+  for (int waited = 0; waited < ms; waited += 20) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return done();
+}
+
+class Operations : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/kdn-ops-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    log_ = dir_ + "/kdnd.log";
+  }
+  void TearDown() override { (void)!std::system(("rm -rf " + dir_).c_str()); }
+
+  // Runs kdnd to its exit (it is expected to refuse to start); returns its exit code.
+  int refused_start(std::vector<std::string> args) {
+    args.insert(args.end(), {"--host-arena-bytes", "64M", "--slab-bytes", "16M", "--no-populate"});
+    return exit_code_within(spawn_kdnd(args, log_), 20000);
+  }
+
+  std::string dir_, log_;
+};
+
+TEST_F(Operations, ASocketDirectoryOthersCanWriteIsRefused) {
+  const std::string shared = dir_ + "/shared";
+  ASSERT_EQ(::mkdir(shared.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(shared.c_str(), 01777), 0);  // like /tmp
+  EXPECT_EQ(refused_start({"--socket", shared + "/kdnd.sock"}), 1);
+  EXPECT_NE(read_file(log_).find("socket directory " + shared + " is writable by every user (mode 1777)"),
+            std::string::npos)
+      << read_file(log_);
+  struct stat st;
+  EXPECT_NE(::lstat((shared + "/kdnd.sock").c_str(), &st), 0) << "no socket was left there";
+}
+
+TEST_F(Operations, StartErrorsNameThePathAndTheCause) {
+  const std::string file = dir_ + "/plain-file";
+  std::ofstream(file) << "x";
+  EXPECT_EQ(refused_start({"--socket", file + "/kdnd.sock"}), 1);
+  EXPECT_NE(read_file(log_).find("socket directory " + file + " is not a directory"), std::string::npos)
+      << read_file(log_);
+
+  KdndProcess live;
+  EXPECT_EQ(refused_start({"--socket", live.socket()}), 1);
+  EXPECT_NE(read_file(log_).find("another kdnd is listening on " + live.socket()), std::string::npos)
+      << read_file(log_);
+
+  const std::string open_dir = dir_ + "/metrics";
+  ASSERT_EQ(::mkdir(open_dir.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(open_dir.c_str(), 0777), 0);
+  EXPECT_EQ(refused_start({"--socket", dir_ + "/k.sock", "--metrics-file", open_dir + "/kdn.prom"}), 1);
+  EXPECT_NE(read_file(log_).find("metrics directory " + open_dir + " is writable by every user"),
+            std::string::npos)
+      << read_file(log_);
+  struct stat st;
+  EXPECT_NE(::lstat((dir_ + "/k.sock").c_str(), &st), 0) << "refused before it listened";
+}
+
+TEST_F(Operations, TheMetricsFileIsWrittenWholeAndNeverThroughAPlantedLink) {
+  // A file kdnd must never write: a planted link points the temporary and the file itself at it.
+  const std::string victim = dir_ + "/victim";
+  std::ofstream(victim) << "precious";
+  ASSERT_EQ(::chmod(victim.c_str(), 0600), 0);
+  const std::string mdir = dir_ + "/m";
+  ASSERT_EQ(::mkdir(mdir.c_str(), 0700), 0);
+  const std::string metrics = mdir + "/kdn.prom";
+  ASSERT_EQ(::symlink(victim.c_str(), (mdir + "/.kdn.prom.tmp").c_str()), 0);
+  ASSERT_EQ(::symlink(victim.c_str(), metrics.c_str()), 0);
+  KdndProcess d({"--metrics-file", metrics});
+  ASSERT_TRUE(wait_for([&] { return read_file(metrics).find("kdn_sessions") != std::string::npos; }, 5000))
+      << "no metrics written";
+  EXPECT_EQ(read_file(victim), "precious");
+  struct stat st;
+  ASSERT_EQ(::lstat(metrics.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode)) << "the link was replaced, not followed";
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+}
+
+TEST_F(Operations, TheArenaIsPreFaultedAfterKdndListensWithProgress) {
+  const std::string sock = dir_ + "/kdnd.sock";
+  const pid_t pid = spawn_kdnd({"--socket", sock, "--host-arena-bytes", "1G", "--log-level", "info"}, log_);
+  kdn_connect_opts o{};
+  o.struct_size = sizeof o;
+  o.socket_path = sock.c_str();
+  o.timeout_ms = 1000;
+  kdn_client* c = nullptr;
+  ASSERT_TRUE(wait_for([&] { return kdn_connect(&o, &c) == KDN_OK; }, 10000)) << read_file(log_);
+  kdn_stats s{};
+  s.struct_size = sizeof s;
+  ASSERT_EQ(kdn_get_stats(c, &s), KDN_OK);
+  EXPECT_LE(s.host_prefault_left_bytes, 1ull << 30);
+  EXPECT_TRUE(wait_for(
+      [&] {
+        s.struct_size = sizeof s;
+        return kdn_get_stats(c, &s) == KDN_OK && s.host_prefault_left_bytes == 0;
+      },
+      60000))
+      << "still " << s.host_prefault_left_bytes << " bytes to pre-fault";
+  kdn_disconnect(c);
+  ::kill(pid, SIGTERM);
+  EXPECT_EQ(exit_code_within(pid, 20000), 0);
+  const std::string log = read_file(log_);
+  const size_t listening = log.find("kdnd listening on " + sock);
+  const size_t started = log.find("pre-faulting its host arena (1024 MiB) in the background");
+  const size_t done = log.find("host arena pre-faulted (1024 MiB in");
+  ASSERT_NE(listening, std::string::npos) << log;
+  ASSERT_NE(started, std::string::npos) << log;
+  ASSERT_NE(done, std::string::npos) << log;
+  EXPECT_LT(listening, done) << "kdnd listened before the arena was faulted in";
+}
+
+// ---- the Prometheus endpoint ------------------------------------------------------------------
+
+// A loopback port free a moment ago.
+uint16_t free_port() {
+  const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(s);
+    return 0;
+  }
+  ::close(s);
+  return ntohs(a.sin_port);
+}
+
+// GET http://127.0.0.1:port/path with a plain socket: the status code and the body.
+std::pair<int, std::string> http_get(uint16_t port, const std::string& path) {
+  const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(s);
+    return {-1, ""};
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  (void)!::write(s, req.data(), req.size());
+  std::string resp;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(s, buf, sizeof buf)) > 0;) resp.append(buf, size_t(n));
+  ::close(s);
+  const size_t sp = resp.find(' ');
+  const size_t body = resp.find("\r\n\r\n");
+  if (sp == std::string::npos || body == std::string::npos) return {-2, resp};
+  return {std::atoi(resp.c_str() + sp + 1), resp.substr(body + 4)};
+}
+
+// A strict reading of the Prometheus text format (version 0.0.4) as kdn writes it: every family
+// has HELP then TYPE before its samples and appears once; names and label names are valid;
+// counters end in _total; a histogram has _bucket series with cumulative counts ending in
+// le="+Inf" equal to _count, and a _sum; no series repeats; values are numbers. Returns the
+// problems found, one per line ("" = none), and the families by name -> type.
+std::string check_exposition(const std::string& text, std::map<std::string, std::string>* families) {
+  static const std::regex kSample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$)");
+  static const std::regex kLabel(R"re(^([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"(,|$))re");
+  std::string problems, current, help_of;
+  std::set<std::string> series;
+  std::map<std::string, double> last_bucket;  // histogram series (labels without le) -> count so far
+  std::map<std::string, double> inf_bucket, count_of;
+  std::istringstream in(text);
+  std::string line;
+  int n = 0;
+  auto bad = [&](const std::string& why) { problems += "line " + std::to_string(n) + ": " + why + ": " + line + "\n"; };
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty()) { bad("empty line"); continue; }
+    if (line.rfind("# HELP ", 0) == 0) {
+      std::istringstream w(line.substr(7));
+      std::string name;
+      w >> name;
+      if (families->count(name)) bad("family repeated");
+      help_of = name;
+      continue;
+    }
+    if (line.rfind("# TYPE ", 0) == 0) {
+      std::istringstream w(line.substr(7));
+      std::string name, type;
+      w >> name >> type;
+      if (name != help_of) bad("TYPE without a HELP just before it");
+      if (type != "counter" && type != "gauge" && type != "histogram") bad("unknown type");
+      if (type == "counter" && (name.size() < 6 || name.substr(name.size() - 6) != "_total")) bad("counter not ending in _total");
+      (*families)[name] = type;
+      current = name;
+      continue;
+    }
+    if (line[0] == '#') { bad("stray comment"); continue; }
+    std::smatch m;
+    if (!std::regex_match(line, m, kSample)) { bad("not a sample"); continue; }
+    const std::string name = m[1], labels = m[3], value = m[4];
+    char* end = nullptr;
+    const double v = std::strtod(value.c_str(), &end);
+    if (end == value.c_str() || *end != '\0') bad("value is not a number");
+    std::string rest = labels, le, others;
+    while (!rest.empty()) {
+      std::smatch lm;
+      if (!std::regex_search(rest, lm, kLabel) || lm.position(0) != 0) { bad("malformed labels"); break; }
+      if (lm[1] == "le") le = lm[2];
+      else others += std::string(lm[1]) + "=" + std::string(lm[2]) + ",";
+      rest = rest.substr(size_t(lm.length(0)));
+    }
+    if (!series.insert(name + "{" + labels + "}").second) bad("series repeated");
+    const std::string type = families->count(current) ? (*families)[current] : "";
+    if (type == "histogram") {
+      const std::string key = others;
+      if (name == current + "_bucket") {
+        if (le.empty()) bad("bucket without le");
+        if (last_bucket.count(key) && v < last_bucket[key]) bad("bucket counts not cumulative");
+        last_bucket[key] = v;
+        if (le == "+Inf") inf_bucket[key] = v;
+      } else if (name == current + "_count") {
+        count_of[key] = v;
+        if (!inf_bucket.count(key) || inf_bucket[key] != v) bad("_count differs from the +Inf bucket");
+      } else if (name != current + "_sum") {
+        bad("sample of another family inside a histogram");
+      }
+    } else if (name != current) {
+      bad("sample without its HELP and TYPE");
+    }
+  }
+  if (text.empty() || text.back() != '\n') problems += "the text does not end with a newline\n";
+  return problems;
+}
+
+// promtool from Debian's prometheus package, unpacked by scripts/test.sh (see docs/operations.md).
+std::string promtool_path() {
+  const char* env = std::getenv("KDN_PROMTOOL");
+  return env != nullptr ? env : std::string(KDN_SOURCE_DIR) + "/.cache/bin/promtool";
+}
+
+TEST_F(Operations, TheMetricsEndpointServesValidExpositionWithTheMetricsFilesNames) {
+  const uint16_t port = free_port();
+  ASSERT_NE(port, 0);
+  const std::string mdir = dir_ + "/m";
+  ASSERT_EQ(::mkdir(mdir.c_str(), 0700), 0);
+  const std::string metrics = mdir + "/kdn.prom";
+  KdndProcess d({"--metrics-file", metrics, "--set", "metrics_listen=127.0.0.1:" + std::to_string(port)});
+  {
+    const kdn_model_desc desc = tiny_model();
+    Conn k(d, desc);
+    ASSERT_TRUE(k.ok());
+    ASSERT_EQ(store_doc(k, 1, 4), 4);
+    ASSERT_EQ(verify_doc(k, 1, 4), 4);
+  }
+  auto [code, body] = http_get(port, "/metrics");
+  ASSERT_EQ(code, 200) << body;
+  std::map<std::string, std::string> families;
+  EXPECT_EQ(check_exposition(body, &families), "") << body;
+  EXPECT_NE(body.find("kdn_stored_chunks_total{namespace=\"default\"} 4\n"), std::string::npos) << body;
+  EXPECT_NE(body.find("kdn_request_duration_seconds_count{op=\"commit\"} "), std::string::npos) << body;
+  EXPECT_EQ(body.find("kdn_request_duration_seconds_count{op=\"lease\"} 0\n"), std::string::npos)
+      << "the leases were not timed";
+  EXPECT_NE(body.find("kdn_handshakes_refused_total{reason=\"uid\"} 0\n"), std::string::npos) << body;
+  EXPECT_EQ(http_get(port, "/nothing").first, 404);
+
+  // The metrics file: the same families, the same types.
+  ASSERT_TRUE(wait_for([&] { return read_file(metrics).find("kdn_stored_chunks_total") != std::string::npos; }, 5000));
+  std::map<std::string, std::string> file_families;
+  EXPECT_EQ(check_exposition(read_file(metrics), &file_families), "");
+  EXPECT_EQ(file_families, families);
+
+  // And promtool's own check, where scripts/test.sh unpacked it.
+  const std::string promtool = promtool_path();
+  if (::access(promtool.c_str(), X_OK) != 0) {
+    if (std::getenv("KDN_REQUIRE_PROMTOOL") != nullptr) FAIL() << "no promtool at " << promtool;
+    return;
+  }
+  const std::string saved = dir_ + "/scrape.txt";
+  std::ofstream(saved) << body;
+  const int rc = std::system((promtool + " check metrics < " + saved + " > " + dir_ + "/promtool.out 2>&1").c_str());
+  EXPECT_EQ(rc, 0) << read_file(dir_ + "/promtool.out");
+}
+
+TEST_F(Operations, TheMetricsEndpointRefusesOtherAddressesAndNamesABusyPort) {
+  EXPECT_EQ(refused_start({"--socket", dir_ + "/k.sock", "--set", "metrics_listen=0.0.0.0:9464"}), 2);  // a configuration error
+  EXPECT_NE(read_file(log_).find("metrics_listen = '0.0.0.0:9464': only a loopback address"), std::string::npos)
+      << read_file(log_);
+  // A port another process listens on.
+  const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(s, 4), 0);
+  ASSERT_EQ(::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string busy = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  EXPECT_EQ(refused_start({"--socket", dir_ + "/k2.sock", "--set", "metrics_listen=" + busy}), 1);
+  EXPECT_NE(read_file(log_).find("cannot listen on " + busy + ": Address already in use"), std::string::npos)
+      << read_file(log_);
+  ::close(s);
+}
+
+}  // namespace
+}  // namespace kdn::testing
