@@ -23,6 +23,7 @@
 #include <kdn/ipc/protocol.h>
 #include <kdn/sidecar/config.h>
 
+#include <array>
 #include <vector>
 
 namespace kdn::sidecar {
@@ -47,6 +48,7 @@ struct Op {
   uint64_t room_deadline_ns = 0;
   uint32_t stop_at = UINT32_MAX;  // a record that must be treated as a miss (failed promotion)
   uint32_t waited_at = UINT32_MAX; // the record a promotion was last awaited for
+  uint32_t read_ahead = 0;     // promotions this request started ahead of its records
   const ModelInfo* model = nullptr;
   Status first_error;          // kept to answer with once the op ends
   bool unknown_handle = false; // an id in COMMIT/ABORT/RELEASE was not this session's
@@ -82,6 +84,8 @@ class RequestHandler {
   ipc::SessionLimits limits() const noexcept;
   // STATS of a namespace (daemon-wide fields only for admins).
   ipc::StatsRecord stats(const Namespace& ns, bool admin) const noexcept;
+  // TIER_STATS of a namespace: one record per tier.
+  std::array<ipc::TierStatsRecord, kTierCount> tier_stats(const Namespace& ns) const noexcept;
 
  private:
   Step dispatch(Op& op, uint64_t deadline_ns);
@@ -100,6 +104,8 @@ class RequestHandler {
   Step stats(Op& op);
   Step list(Op& op);
   Step evict(Op& op, uint64_t deadline_ns);
+  Step prefetch(Op& op, uint64_t deadline_ns);
+  Step tier_stats(Op& op);
 
   void abort_reservation(Session& s, uint64_t id) noexcept;
   void release_lease(Session& s, uint64_t id, uint32_t count) noexcept;
