@@ -75,7 +75,7 @@ int FaultyDiskIo::fallocate(int fd, uint64_t offset, uint64_t bytes) noexcept {
 int32_t FaultyDiskIo::completed(IoKind kind, uint32_t device, uint64_t offset, uint32_t bytes, int32_t res) noexcept {
   (void)device, (void)offset;
   for (auto it = faults_.begin(); it != faults_.end(); ++it) {
-    if (it->kind != kind) continue;
+    if (it->kind != kind || bytes < it->min_bytes) continue;
     int32_t r = it->result;
     if (r >= 0 && res >= 0) r = std::min<int32_t>(r, res);  // a short transfer: never more than done
     if (r >= 0 && uint32_t(r) > bytes) r = int32_t(bytes);

@@ -50,11 +50,15 @@ class FaultyDiskIo final : public DiskIo {
  public:
   struct Fault {
     IoKind kind = IoKind::kRead;
-    int32_t result = 0;   // -errno, or a byte count smaller than asked (a short transfer)
-    uint32_t times = 1;   // consecutive completions it applies to
+    int32_t result = 0;      // -errno, or a byte count smaller than asked (a short transfer)
+    uint32_t times = 1;      // consecutive completions it applies to
+    uint32_t min_bytes = 0;  // only completions of transfers at least this long (payloads, not
+                             // 4 KiB headers and table blocks)
   };
   // The next completions of `kind` get `result` instead of theirs.
-  void fail_next(IoKind kind, int32_t result, uint32_t times = 1) { faults_.push_back({kind, result, times}); }
+  void fail_next(IoKind kind, int32_t result, uint32_t times = 1, uint32_t min_bytes = 0) {
+    faults_.push_back({kind, result, times, min_bytes});
+  }
   // open() of paths containing `substring` fails with -err; mkdir() of them too.
   void fail_open(std::string substring, int err) {
     open_fault_ = std::move(substring);
