@@ -578,6 +578,8 @@ bool DaemonImpl::poll_tiers() {
     // Work of the disk tier nobody waits for (slab table writes, re-encoding, fdatasync)
     // moves on here; transfers are reaped by the store below.
     if (ns->disk && ns->disk->background_busy() && ns->store->transfers_in_flight() == 0) ns->disk->service();
+    // Checksums the disk tier computes on the loop, in slices: not a reason to sleep.
+    if (ns->disk && ns->disk->has_loop_work()) any = true;
     if (ns->store->transfers_in_flight() == 0) continue;
     events_.clear();
     bool room = false;
@@ -755,12 +757,17 @@ void DaemonImpl::write_down_on_stop() {
     uint64_t started = 0, last_log = t0;
     if (cfg_.disk.flush_on_stop) {
       const uint64_t written_before = ns->store->counters().written_through_chunks;
+      // Each chunk is tried once: a disk that fails them all must not keep kdnd from exiting.
+      const uint64_t budget = ns->store->host_only_chunks();
+      if (budget > 0)
+        spdlog::info("namespace '{}': writing {} chunks held only in the arena to the disk tier before exiting",
+                     name, budget);
       for (;;) {
         // Keep the device's queue full, not the whole arena in flight at once.
         const uint64_t room = 4ull * cfg_.disk.queue_depth * ns->disk->devices();
         const uint64_t in_flight = ns->store->transfers_in_flight();
         if (in_flight < room) {
-          const uint64_t n = ns->store->write_down(room - in_flight);
+          const uint64_t n = started < budget ? ns->store->write_down(std::min(room - in_flight, budget - started)) : 0;
           started += n;
           if (n == 0 && in_flight == 0) break;
         }

@@ -75,6 +75,9 @@ bool parse_disk_codec(std::string_view s, DiskCodec* out) noexcept {
 }
 
 uint32_t crc32c(const void* data, size_t n) noexcept { return kernels::kvc1::crc32c(data, n); }
+uint32_t crc32c_extend(uint32_t crc, const void* data, size_t n) noexcept {
+  return kernels::kvc1::crc32c_extend(crc, data, n);
+}
 
 kdn_key xxh128(const void* data, size_t n) noexcept {
   const XXH128_hash_t h = XXH3_128bits(data, n);

@@ -113,8 +113,10 @@ Status decode_slot_header(const std::byte* block, SlotHeader* out) noexcept;
 // slabs of its own.
 uint64_t slot_bytes_for(uint64_t stored, bool coarse) noexcept;
 
-// CRC32C of bytes, the checksum of every structure above and of payloads.
+// CRC32C of bytes, the checksum of every structure above and of payloads; crc32c_extend
+// continues one (crc32c_extend(crc32c(a), b) == crc32c(a || b)).
 uint32_t crc32c(const void* data, size_t n) noexcept;
+uint32_t crc32c_extend(uint32_t crc, const void* data, size_t n) noexcept;
 // XXH3-128 of bytes, as SlotHeader::raw_hash holds it.
 kdn_key xxh128(const void* data, size_t n) noexcept;
 

@@ -18,17 +18,17 @@ Result<std::unique_ptr<DiskRing>> DiskRing::create(uint32_t depth, std::span<con
   if (!r) return Status(Code::kNoMemory, "disk ring allocation failed");
   io_uring_params p{};
   p.flags = IORING_SETUP_CQSIZE;
-  p.cq_entries = 2 * depth;  // in flight never exceeds depth: the CQ cannot overflow
-  // COOP_TASKRUN: completions are run when we enter the kernel anyway, without an interrupt of
-  // the loop thread; SUBMIT_ALL: a failing SQE does not strand those behind it. Older kernels
-  // refuse the flags: fall back to none.
-  p.flags |= IORING_SETUP_COOP_TASKRUN | IORING_SETUP_SUBMIT_ALL;
-  int rc = io_uring_queue_init_params(depth, &r->ring_, &p);
+  p.cq_entries = 4 * depth;  // in flight never exceeds 2 * depth: the CQ cannot overflow
+  // SUBMIT_ALL: a failing SQE does not strand those behind it (older kernels refuse the flag:
+  // fall back to none). Not COOP_TASKRUN: it defers posting completions until the loop thread
+  // enters the kernel, and a loop asleep in epoll_wait would not be woken to post them.
+  p.flags |= IORING_SETUP_SUBMIT_ALL;
+  int rc = io_uring_queue_init_params(2 * depth, &r->ring_, &p);  // payloads + as many metadata writes
   if (rc == -EINVAL) {
     p = io_uring_params{};
     p.flags = IORING_SETUP_CQSIZE;
-    p.cq_entries = 2 * depth;
-    rc = io_uring_queue_init_params(depth, &r->ring_, &p);
+    p.cq_entries = 4 * depth;
+    rc = io_uring_queue_init_params(2 * depth, &r->ring_, &p);
   }
   if (rc < 0) return Status::from_errno("io_uring_queue_init (is io_uring disabled on this kernel?)", -rc);
   r->ring_ok_ = true;
@@ -48,11 +48,13 @@ DiskRing::~DiskRing() {
   if (!ring_ok_) return;
   // Requests in flight read or write memory the caller is about to free: let them land.
   waiting_.clear();
+  waiting_meta_.clear();
   while (in_flight_ > 0) {
     if (prepared_ > 0) (void)flush();
     if (!wait().ok()) break;
     (void)reap([](IoRequest*) {});
     waiting_.clear();
+    waiting_meta_.clear();
   }
   io_uring_queue_exit(&ring_);
 }
@@ -73,20 +75,27 @@ Status DiskRing::register_buffers(std::span<const iovec> pieces) noexcept {
   return OkStatus();
 }
 
+bool DiskRing::is_metadata(const IoRequest* r) noexcept {
+  return r->kind == IoKind::kSync || r->bytes <= 4096;
+}
+
 void DiskRing::submit(IoRequest* r) noexcept {
   r->done = 0;
   r->result = 0;
-  if (in_flight_ >= depth_) {
-    waiting_.push_back(r);  // deque growth may throw; requests are few (bounded by the tier)
-    if (waiting_.size() > counters_.queued_max) counters_.queued_max = waiting_.size();
+  const bool meta = is_metadata(r);
+  if (meta ? in_flight_ - payloads_ >= depth_ : payloads_ >= depth_) {
+    // deque growth may throw; requests are few (bounded by the tier)
+    (meta ? waiting_meta_ : waiting_).push_back(r);
+    if (queued() > counters_.queued_max) counters_.queued_max = queued();
     return;
   }
   prepare(r);
 }
 
 void DiskRing::prepare(IoRequest* r) noexcept {
-  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);  // never null: in flight < depth == SQ entries
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);  // never null: in flight <= 2 * depth == SQ entries
   ++in_flight_;
+  if (!is_metadata(r)) ++payloads_;
   ++prepared_;
   ++counters_.submitted;
   if (r->kind == IoKind::kSync) {
@@ -177,6 +186,7 @@ size_t DiskRing::reap(const std::function<void(IoRequest*)>& done) noexcept {
       --in_flight_;
       ++counters_.completed;
       if (r == nullptr) continue;
+      if (!is_metadata(r)) --payloads_;
       if (!settle(r, res)) {
         prepare(r);  // a slot was just freed, so the continuation keeps its place in line
         continue;
@@ -187,12 +197,21 @@ size_t DiskRing::reap(const std::function<void(IoRequest*)>& done) noexcept {
     io_uring_cq_advance(&ring_, n);
     if (n < 64) break;
   }
-  while (!waiting_.empty() && in_flight_ < depth_) {
+  start_waiting();
+  return finished;
+}
+
+void DiskRing::start_waiting() noexcept {
+  while (!waiting_.empty() && payloads_ < depth_) {
     IoRequest* r = waiting_.front();
     waiting_.pop_front();
     prepare(r);
   }
-  return finished;
+  while (!waiting_meta_.empty() && in_flight_ - payloads_ < depth_) {
+    IoRequest* r = waiting_meta_.front();
+    waiting_meta_.pop_front();
+    prepare(r);
+  }
 }
 
 Status DiskRing::wait() noexcept {

@@ -1,7 +1,9 @@
 // DiskRing: one io_uring for one disk directory's slab files, as liburing's authors use it.
 //
-//   - in flight is capped at the queue depth: the SQ has exactly that many entries, so getting
-//     an SQE never fails; requests beyond the cap wait in a FIFO and go out as others complete;
+//   - payload transfers in flight are capped at the queue depth; small metadata writes (slot
+//     headers, slab table blocks: one block) and fdatasyncs have as many slots again, so a
+//     chunk's header never takes a payload's place. The SQ has room for both, so getting an SQE
+//     never fails; requests beyond a cap wait in a FIFO and go out as others complete;
 //   - -EAGAIN and -EINTR are resubmitted; a short read or write continues where it stopped; a
 //     read that meets the end of the file ends with -ENODATA; every CQE is seen exactly once;
 //   - the files are registered (IOSQE_FIXED_FILE) and so are the buffers the tier gives
@@ -81,7 +83,8 @@ class DiskRing {
   Status wait() noexcept;
 
   uint32_t in_flight() const noexcept { return in_flight_; }     // in the kernel or prepared
-  size_t queued() const noexcept { return waiting_.size(); }     // behind the cap
+  uint32_t payloads_in_flight() const noexcept { return payloads_; }
+  size_t queued() const noexcept { return waiting_.size() + waiting_meta_.size(); }  // behind a cap
   uint32_t depth() const noexcept { return depth_; }
   const RingCounters& counters() const noexcept { return counters_; }
 
@@ -90,6 +93,8 @@ class DiskRing {
   void prepare(IoRequest* r) noexcept;
   // Applies one CQE's result to its request; true when the request finished.
   bool settle(IoRequest* r, int32_t res) noexcept;
+  static bool is_metadata(const IoRequest* r) noexcept;
+  void start_waiting() noexcept;
 
   struct Region {
     const std::byte* base;
@@ -102,8 +107,10 @@ class DiskRing {
   uint32_t device_;
   uint32_t depth_ = 0;
   uint32_t in_flight_ = 0;
+  uint32_t payloads_ = 0;  // of in_flight_, payload transfers (capped at depth_)
   uint32_t prepared_ = 0;  // SQEs not yet handed to the kernel
-  std::deque<IoRequest*> waiting_;
+  std::deque<IoRequest*> waiting_;       // payloads behind the cap
+  std::deque<IoRequest*> waiting_meta_;  // metadata behind its cap
   std::vector<Region> regions_;
   RingCounters counters_;
 };

@@ -365,10 +365,19 @@ void DiskTier::on_io(IoRequest* io) noexcept {
   if (io->retries) counters_.retries += io->retries;
   if (--op->pending > 0) return;
   switch (op->kind) {
-    case Op::kWrite: return on_write_done(op);
+    case Op::kWrite:
+      if (op->stage == 0) {
+        op->payload_done = true;
+        return maybe_write_header(op);
+      }
+      return on_write_done(op);
     case Op::kRead: return on_read_done(op);
     case Op::kReencode:
       if (op->stage == 0) return on_reencode_read(op);
+      if (op->stage == 2) {
+        op->payload_done = true;
+        return maybe_write_header(op);
+      }
       return on_reencode_written(op);
     case Op::kTable: {
       Device& d = *devices_[op->device];
@@ -540,15 +549,10 @@ Status DiskTier::submit(const Transfer& t) noexcept {
     if (compress) ++counters_.raw_for_backlog;
     op->codec = DiskCodec::kNone;
     op->stored = t.bytes;
-    if (t.bytes <= options_.inline_bytes) {
-      op->crc = disk::crc32c(t.host, t.bytes);
-      issue_write(op);
-      return OkStatus();
-    }
-    workers_->post([this, op] {
-      op->crc = disk::crc32c(op->host, op->bytes);
-      workers_->done(op);
-    });
+    // The payload goes out now; its CRC is computed meanwhile (on the loop, in slices), and
+    // the header follows both.
+    checksums_.push_back(op);
+    start_payload(op);
   } catch (const std::bad_alloc&) {
     --submitted_;
     ops_.erase(op);
@@ -558,7 +562,7 @@ Status DiskTier::submit(const Transfer& t) noexcept {
   return OkStatus();
 }
 
-void DiskTier::issue_write(Op* op) noexcept {
+void DiskTier::start_payload(Op* op) noexcept {
   Slot& s = slots_[op->handle];
   if (op->encoded) {
     // The chunk shrank: move it into a slot of its size when one is free (same directory first).
@@ -576,8 +580,29 @@ void DiskTier::issue_write(Op* op) noexcept {
     }
   }
   op->device = s.device;
+  op->stage = 0;
+  std::byte* src = op->encoded ? op->payload.data() : op->host;
+  op->io[0] = IoRequest{IoKind::kWrite, 0, file_offset(s) + kBlock, src, round_block(op->stored)};
+  start_io(op, s.device, op->io[0]);
+}
+
+// The header is written only once its payload landed and its CRC is known: a header on disk
+// always describes a whole payload (a crash before it leaves the slot's old header, whose CRC
+// the new payload fails: never a chunk served wrong).
+void DiskTier::maybe_write_header(Op* op) noexcept {
+  if (!op->payload_done || !op->crc_done) return;
+  const bool reencode = op->kind == Op::kReencode;
+  if (op->error) {
+    if (reencode) return on_reencode_written(op);
+    complete_transfer(op, fault(-op->error, true));
+    return;
+  }
+  Slot& s = reencode ? op->target : slots_[op->handle];
+  const Slot& meta = slots_[op->handle];
   op->header = header_block();
   if (op->header == nullptr) {
+    op->error = -ENOMEM;
+    if (reencode) return on_reencode_written(op);
     complete_transfer(op, Status(Code::kNoMemory, "disk header buffer"));
     return;
   }
@@ -585,8 +610,8 @@ void DiskTier::issue_write(Op* op) noexcept {
   std::memcpy(h.file_id, devices_[s.device]->super.file_id, 16);
   h.slot_offset = file_offset(s);
   h.slot_bytes = s.slot_bytes;
-  h.key = op->chunk.key;
-  h.fingerprint = op->chunk.fingerprint;
+  h.key = reencode ? meta.key : op->chunk.key;
+  h.fingerprint = reencode ? meta.fingerprint : op->chunk.fingerprint;
   h.sequence = next_sequence_++;
   h.raw_bytes = op->bytes;
   h.stored_bytes = op->stored;
@@ -597,16 +622,14 @@ void DiskTier::issue_write(Op* op) noexcept {
   h.written_unix_ns = disk_detail::now_unix_ns();
   disk::encode_slot_header(h, op->header);
   s.sequence = h.sequence;
-  s.stored_bytes = op->stored;
-  s.codec = op->codec;
-  s.crc = op->crc;
-  s.raw_hash = op->raw_hash;
-  std::byte* src = op->encoded ? op->payload.data() : op->host;
-  // Payload and header go out together; neither waits for the other. A crash between them
-  // leaves a header whose payload CRC fails, or no header: never a chunk served wrong.
-  op->io[0] = IoRequest{IoKind::kWrite, 0, h.slot_offset + kBlock, src, round_block(op->stored)};
+  if (!reencode) {
+    s.stored_bytes = op->stored;
+    s.codec = op->codec;
+    s.crc = op->crc;
+    s.raw_hash = op->raw_hash;
+  }
+  op->stage = reencode ? 3 : 1;
   op->io[1] = IoRequest{IoKind::kWrite, 0, h.slot_offset, op->header, kBlock};
-  start_io(op, s.device, op->io[0]);
   start_io(op, s.device, op->io[1]);
 }
 
@@ -620,7 +643,7 @@ void DiskTier::on_write_done(Op* op) noexcept {
   consecutive_write_errors_ = 0;
   s.written = true;
   ++counters_.writes;
-  counters_.write_bytes += round_block(op->stored) + kBlock;
+  counters_.write_bytes += round_block(op->stored) + kBlock;  // payload and header
   counters_.raw_bytes_written += op->bytes;
   counters_.stored_bytes_written += op->stored;
   if (op->encoded) ++counters_.encoded_writes;
@@ -684,8 +707,14 @@ void DiskTier::finish_read(Op* op, Status st) noexcept {
 
 void DiskTier::on_read_done(Op* op) noexcept {
   if (op->error) return finish_read(op, fault(-op->error, false));
-  if (op->want_codec == DiskCodec::kNone && op->stored <= options_.inline_bytes)
-    return finish_read(op, verify_and_decode(op));
+  if (op->want_codec == DiskCodec::kNone) {  // checked on the loop, in slices
+    try {
+      checksums_.push_back(op);
+      return;
+    } catch (const std::bad_alloc&) {
+      return finish_read(op, verify_and_decode(op));
+    }
+  }
   try {
     workers_->post([this, op] {
       op->status = verify_and_decode(op);
@@ -698,13 +727,37 @@ void DiskTier::on_read_done(Op* op) noexcept {
 
 void DiskTier::on_worker(Op* op) noexcept {
   switch (op->kind) {
-    case Op::kWrite:
-      if (op->encode_job) --encoding_;
-      issue_write(op);
+    case Op::kWrite:  // encoded (or fallen back to raw): its CRC is known; write it
+      --encoding_;
+      op->encode_job = false;
+      op->crc_done = true;
+      start_payload(op);
       return;
     case Op::kRead: return finish_read(op, op->status);
     case Op::kReencode: return on_reencode_encoded(op);
     default: return;
+  }
+}
+
+void DiskTier::run_checksums(uint64_t budget) noexcept {
+  while (!checksums_.empty() && budget > 0) {
+    Op* op = checksums_.front();
+    const bool read = op->kind == Op::kRead;
+    const std::byte* p = op->host;  // uncompressed: the arena bytes, read in or to be written
+    const uint64_t total = read ? op->stored : op->bytes;
+    const uint64_t n = std::min(budget, total - op->crc_done_bytes);
+    op->crc = disk::crc32c_extend(op->crc, p + op->crc_done_bytes, n);
+    op->crc_done_bytes += n;
+    budget -= n;
+    if (op->crc_done_bytes < total) break;
+    checksums_.pop_front();
+    if (read) {
+      finish_read(op, op->crc == op->want_crc ? OkStatus()
+                                              : Status(Code::kCorrupt, "a chunk read from disk failed its CRC32C"));
+    } else {
+      op->crc_done = true;
+      maybe_write_header(op);
+    }
   }
 }
 
@@ -718,12 +771,13 @@ size_t DiskTier::reap(std::span<TierCompletion> out) noexcept {
 }
 
 void DiskTier::service() noexcept {
-  uint64_t count;
-  (void)!::read(wake_.get(), &count, sizeof count);  // reset before looking: a later signal rewakes
+  // The wake fd is drained by the loop where epoll reports it; here the rings and the done
+  // queue are looked at directly (no system call per loop iteration).
   for (auto& d : devices_) d->ring->reap([this](IoRequest* io) { on_io(io); });
   std::vector<Op*> done;
   workers_->take_done(done);
   for (Op* op : done) on_worker(op);
+  run_checksums(options_.checksum_slice_bytes);
   maybe_sync(0);
   for (auto& d : devices_) {
     Status st = d->ring->flush();
@@ -903,35 +957,13 @@ void DiskTier::on_reencode_encoded(Op* op) noexcept {
   if (!op->encoded) return give_up(true);
   if (!s.live || s.release_when_idle || s.sequence != op->sequence_at_start) return give_up(false);
   if (!place(op->target, disk::slot_bytes_for(op->stored, true), s.device)) return give_up(false);
-  op->header = header_block();
-  if (op->header == nullptr) {
-    release_physical(op->target);
-    return give_up(false);
-  }
   op->stage = 2;
-  const Slot& t = op->target;
-  disk::SlotHeader hd;
-  std::memcpy(hd.file_id, devices_[t.device]->super.file_id, 16);
-  hd.slot_offset = file_offset(t);
-  hd.slot_bytes = t.slot_bytes;
-  hd.key = s.key;
-  hd.fingerprint = s.fingerprint;
-  hd.sequence = next_sequence_++;
-  hd.raw_bytes = s.raw_bytes;
-  hd.stored_bytes = op->stored;
-  hd.codec = op->codec;
-  hd.payload_crc = op->crc;
-  hd.raw_hash = op->raw_hash;
-  hd.name_space = options_.name_space;
-  hd.written_unix_ns = disk_detail::now_unix_ns();
-  disk::encode_slot_header(hd, op->header);
-  op->target.sequence = hd.sequence;
-  op->device = t.device;
+  op->payload_done = false;
+  op->crc_done = true;
+  op->device = op->target.device;
   op->error = 0;
-  op->io[0] = IoRequest{IoKind::kWrite, 0, hd.slot_offset + kBlock, op->payload.data(), round_block(op->stored)};
-  op->io[1] = IoRequest{IoKind::kWrite, 0, hd.slot_offset, op->header, kBlock};
-  start_io(op, t.device, op->io[0]);
-  start_io(op, t.device, op->io[1]);
+  op->io[0] = IoRequest{IoKind::kWrite, 0, file_offset(op->target) + kBlock, op->payload.data(), round_block(op->stored)};
+  start_io(op, op->target.device, op->io[0]);
 }
 
 void DiskTier::on_reencode_written(Op* op) noexcept {

@@ -82,7 +82,8 @@ struct DiskTier::Op {
   TransferId id = 0;
   uint32_t handle = 0;
   uint32_t device = 0;
-  int stage = 0;              // re-encode: 0 reading, 1 encoding, 2 writing
+  int stage = 0;              // write: 0 payload, 1 header; re-encode: 0 reading, 1 encoding,
+                              // 2 payload, 3 header
   std::byte* host = nullptr;  // transfer: arena memory
   uint64_t bytes = 0;         // raw bytes
   ChunkIdentity chunk;
@@ -95,11 +96,14 @@ struct DiskTier::Op {
   // What a worker found or made.
   Status status;
   bool encode_job = false;    // a write went to an encoder (counted in encoding_)
+  bool payload_done = false;  // a write's payload landed (its header goes only after it)
+  bool crc_done = false;      // ... and its CRC is known
   bool encoded = false;       // a write's payload is `payload` (KVC1), not the host bytes
   bool mark_pending = false;  // written raw under a codec: re-encode later
   disk::DiskCodec codec = disk::DiskCodec::kNone;
   uint64_t stored = 0;
   uint32_t crc = 0;
+  uint64_t crc_done_bytes = 0;  // of a checksum computed on the loop in slices
   kdn_key raw_hash{};
   kernels::ChunkGeometry geometry;
   bool has_geometry = false;

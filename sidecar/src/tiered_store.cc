@@ -410,6 +410,17 @@ uint64_t TieredStore::write_down(uint64_t limit) noexcept {
   return started;
 }
 
+uint64_t TieredStore::host_only_chunks() noexcept {
+  const auto below = tier_below_host();
+  if (!below) return 0;
+  uint64_t n = 0;
+  index_.for_each([&](Entry& e) {
+    n += e.committed() && e.in_tier(kHost) && !e.in_tier(*below);
+    return true;
+  });
+  return n;
+}
+
 // ---- completions -------------------------------------------------------------------------------
 
 size_t TieredStore::poll(std::vector<StoreEvent>& events, bool* room) {

@@ -136,6 +136,8 @@ class TieredStore {
   // Starts writing down, to the tier below the host, committed chunks that have no copy there
   // (shutdown: nothing committed is lost to a restart); at most `limit`. Returns how many.
   uint64_t write_down(uint64_t limit) noexcept;
+  // Committed chunks with a host copy and none below (what write_down has to write).
+  uint64_t host_only_chunks() noexcept;
 
   // ---- transfers: applies every tier's completions; appends events; returns how many.
   // *room is set when copies left a tier (requests waiting for space may retry).
