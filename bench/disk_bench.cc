@@ -23,6 +23,7 @@
 // the same file, and the ratio reported is the median of the pairs (a shared machine's load
 // moves both alike). (A VM's disk may sit on the host's cache: the figures are claimed only
 // relative to fio on the same file.)
+#include "admin_client.h"
 #include "commands.h"
 #include "kdnd_process.h"
 #include "node_workload.h"
@@ -62,7 +63,8 @@ namespace kdn::bench {
 namespace {
 
 constexpr uint64_t kMiB = 1ull << 20;
-constexpr uint32_t kDocChunks = 32;  // an 8K-token document of 256-token chunks
+// Chunks per document: 32 is an 8K-token document of 256-token chunks (--doc-chunks).
+uint32_t kDocChunks = 32;
 const char* const kCodecs[] = {"lossless", "int8", "kivi4"};
 
 struct DiskOptions {
@@ -78,73 +80,9 @@ struct DiskOptions {
   uint32_t recovery_chunks = 10000;
   uint32_t lookup_samples = 20000;
   uint32_t prefetch_docs = 5;
+  uint32_t doc_chunks = 32;
   std::string kdnd;
   bool no_codecs = false;
-};
-
-// ---- an admin connection speaking the protocol directly (EVICT kHost, TIER_STATS) ------------------
-
-struct Admin {
-  ipc::UniqueFd sock;
-  ipc::ClientSession s;
-  bool ok = false;
-  uint64_t ud = 1;
-
-  Admin(const std::string& socket, const std::string& ns) {
-    auto fd = ipc::uds_connect(socket, 5000);
-    if (!fd.ok()) return;
-    sock = std::move(*fd);
-    ipc::HelloRequest req;
-    req.name_space = ns;
-    req.payload_bytes = 1 << 20;
-    req.flags = ipc::kHelloFlagAdmin;
-    auto hello = ipc::make_hello(req);
-    if (!hello.ok()) return;
-    auto hs = ipc::client_handshake(sock.get(), *hello, 5000);
-    if (!hs.ok()) return;
-    auto cs = ipc::ClientSession::attach(std::move(*hs));
-    if (!cs.ok()) return;
-    s = std::move(*cs);
-    ok = (s.welcome().flags & ipc::kHelloFlagAdmin) != 0;
-  }
-
-  int call(ipc::Sqe q, ipc::Cqe* out) {
-    q.user_data = ud++;
-    auto n = s.submit(std::span<const ipc::Sqe>(&q, 1));
-    if (!n.ok() || *n != 1) return KDN_ERR_PROTOCOL;
-    for (;;) {
-      ipc::Cqe c;
-      auto r = s.reap(std::span<ipc::Cqe>(&c, 1));
-      if (!r.ok()) return r.status().raw();
-      if (*r == 1) {
-        *out = c;
-        return c.status;
-      }
-      Status st = s.wait_for_completion(60'000'000'000);
-      if (!st.ok()) return st.raw();
-    }
-  }
-
-  // Every unleased chunk leaves the arena for disk; returns when the writes landed.
-  bool demote_all() {
-    ipc::Sqe q{};
-    q.opcode = uint8_t(ipc::Opcode::kEvict);
-    ipc::EvictOp::put({ipc::EvictMode::kHost}, q);
-    ipc::Cqe c{};
-    return call(q, &c) == KDN_OK;
-  }
-
-  std::optional<ipc::TierStatsRecord> disk_stats() {
-    ipc::Sqe q{};
-    q.opcode = uint8_t(ipc::Opcode::kTierStats);
-    q.out_off = 0;
-    q.out_len = ipc::kTierCount * sizeof(ipc::TierStatsRecord);
-    ipc::Cqe c{};
-    if (call(q, &c) != KDN_OK || c.res[0] < 3) return std::nullopt;
-    ipc::TierStatsRecord r;
-    std::memcpy(&r, s.payload() + 2 * sizeof(ipc::TierStatsRecord), sizeof r);
-    return r;
-  }
 };
 
 // ---- engines (libkdn clients; one per thread) ------------------------------------------------------
@@ -370,8 +308,8 @@ void main_phases(Report& r, const DiskOptions& o, const std::string& root, const
                (unsigned long long)((data + 256 * kMiB) >> 20), root.c_str());
   auto k = start_kdnd(o, root, "kdnd", (data + 256 * kMiB) / kMiB * kMiB, args);
   if (!k.ok()) return;
-  Admin admin(k->socket, "default");
-  if (!admin.ok) {
+  AdminClient admin(k->socket, "default");
+  if (!admin.ok()) {
     std::fprintf(stderr, "kdn-bench disk: no admin connection (is this uid in admin_uids?)\n");
     return;
   }
@@ -382,11 +320,7 @@ void main_phases(Report& r, const DiskOptions& o, const std::string& root, const
   std::vector<double> writes, write_pairs, reads, read_pairs, fio_w, fio_r;
   for (uint32_t pass = 0; pass < o.read_passes; ++pass) {
     if (pass > 0) {  // start over: drop every copy (an operator's evict --all), store again
-      ipc::Sqe q{};
-      q.opcode = uint8_t(ipc::Opcode::kEvict);
-      ipc::EvictOp::put({ipc::EvictMode::kAll}, q);
-      ipc::Cqe c{};
-      if (admin.call(q, &c) != KDN_OK) break;
+      if (!admin.evict_all()) break;
     }
     {
       Engine e(k->socket, "default", desc, Role::kWriter);
@@ -490,9 +424,9 @@ void main_phases(Report& r, const DiskOptions& o, const std::string& root, const
       std::atomic<bool> stop{false};
       std::atomic<uint64_t> promoted{0};
       std::thread load([&] {
-        Admin a2(k->socket, "default");
+        AdminClient a2(k->socket, "default");
         Engine e(k->socket, "default", desc);
-        for (uint32_t pass = 0; !stop && e.ok() && a2.ok; ++pass) {
+        for (uint32_t pass = 0; !stop && e.ok() && a2.ok(); ++pass) {
           if (!a2.demote_all()) break;
           for (uint32_t d = 1; d < docs && !stop; ++d)
             if (lease_doc(e, d)) promoted += kDocChunks;
@@ -519,11 +453,11 @@ void main_phases(Report& r, const DiskOptions& o, const std::string& root, const
     std::vector<double> none_runs;
     for (const char* c : kCodecs) {
       const std::string ns = std::string("bench-") + c;
-      Admin a(k->socket, ns);
+      AdminClient a(k->socket, ns);
       Engine e(k->socket, ns, desc, Role::kWriter);
       std::fprintf(stderr, "kdn-bench disk: codec %s: storing %llu documents of synthetic KV...\n", c,
                    (unsigned long long)codec_docs);
-      if (!a.ok || !e.ok() || !store_docs(e, 0, uint32_t(codec_docs), synth)) {
+      if (!a.ok() || !e.ok() || !store_docs(e, 0, uint32_t(codec_docs), synth)) {
         r.set_null(std::string("kdn.t2_read_gbps_by_codec.") + c);
         continue;
       }
@@ -627,7 +561,9 @@ int run_disk_bench(int argc, char** argv) {
   app.add_option("--prefetch-docs", o.prefetch_docs, "documents of the prefetch measurement")->capture_default_str();
   app.add_option("--kdnd", o.kdnd, "kdnd binary (default: next to kdn-bench)");
   app.add_flag("--no-codecs", o.no_codecs, "skip the per-codec runs");
+  app.add_option("--doc-chunks", o.doc_chunks, "chunks per document (32: 8K tokens)")->check(CLI::Range(1u, 4096u))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  kDocChunks = o.doc_chunks;
   auto model = find_model(o.model);
   if (!model) {
     std::fprintf(stderr, "kdn-bench disk: unknown model %s\n", o.model.c_str());

@@ -127,7 +127,9 @@ constexpr KeyDef kConfigKeys[] = {
     {.key = "tier.disk.slab_bytes", .field = &DiskTierConfig::slab_bytes, .default_text = "64M",
      .help = "slab of the slab files; a chunk larger than a slab spans several", .min = kMiB},
     {.key = "tier.disk.queue_depth", .field = &DiskTierConfig::queue_depth, .default_text = "32",
-     .help = "io_uring requests in flight per directory and namespace", .min = 1, .max = 4096},
+     .help = "chunk reads and writes in flight per directory and namespace (io_uring queue depth; "
+             "a chunk's 4 KiB header write and slab table writes have as many slots again)",
+     .min = 1, .max = 4096},
     {.key = "tier.disk.policy", .field = &DiskTierConfig::policy, .default_text = "write_back",
      .help = "write_back: chunks go to disk when the arena evicts them; write_through: also as "
              "they are committed (a COMMIT completes once on disk)",
@@ -142,7 +144,8 @@ constexpr KeyDef kConfigKeys[] = {
      .help = "register the arena with io_uring as fixed buffers (needs RLIMIT_MEMLOCK or "
              "CAP_IPC_LOCK; without, kdnd says so once and runs unregistered)"},
     {.key = "tier.disk.workers", .field = &DiskTierConfig::workers, .default_text = "min(4, CPUs)",
-     .help = "threads checking, encoding and decoding disk chunks", .computed = true, .max = 256},
+     .help = "threads encoding and decoding compressed disk chunks (checksums run on the event loop, "
+             "in slices)", .computed = true, .max = 256},
     {.key = "tier.disk.read_ahead", .field = &DiskTierConfig::read_ahead, .default_text = "16",
      .help = "chunks of a prefix promoted ahead of a LEASE or LOOKUP that meets the disk tier",
      .max = 65536},

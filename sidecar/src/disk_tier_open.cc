@@ -411,10 +411,13 @@ Status DiskTier::register_buffers() noexcept {
     Status st = d->ring->register_buffers(pieces);
     if (!st.ok()) {
       registered_ = false;
+      static bool said = false;  // once per process, not once per namespace (start-up thread only)
+      if (said) break;
+      said = true;
       rlimit lim{};
       (void)getrlimit(RLIMIT_MEMLOCK, &lim);
       spdlog::warn("namespace '{}': io_uring refused to register the arena as fixed buffers ({}; RLIMIT_MEMLOCK is {} "
-                   "KiB): the disk tier runs with unregistered buffers, a little more CPU per I/O. Raise the limit "
+                   "KiB): disk tiers run with unregistered buffers, a little more CPU per I/O. Raise the limit "
                    "(LimitMEMLOCK=infinity in the unit) or give kdnd CAP_IPC_LOCK.",
                    options_.name_space, std::strerror(st.sys_errno()),
                    lim.rlim_cur == RLIM_INFINITY ? std::string("unlimited") : std::to_string(lim.rlim_cur >> 10));

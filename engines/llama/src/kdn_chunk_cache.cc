@@ -59,9 +59,11 @@ Status from_kdn(int rc, const char* what) noexcept {
 
 Result<std::unique_ptr<KdnChunkCache>> KdnChunkCache::connect(const kdn_model_desc& desc,
                                                               const std::string& socket_path,
-                                                              const std::string& name_space) noexcept {
+                                                              const std::string& name_space,
+                                                              bool create) noexcept {
   kdn_connect_opts opts{};
   opts.struct_size = sizeof opts;
+  if (create) opts.flags |= KDN_CONNECT_CREATE_NAMESPACE;
   opts.socket_path = socket_path.empty() ? nullptr : socket_path.c_str();
   opts.name_space = name_space.empty() ? nullptr : name_space.c_str();
   kdn_client* client = nullptr;
@@ -111,6 +113,10 @@ Result<std::unique_ptr<ChunkReservation>> KdnChunkCache::reserve(std::span<const
 }
 
 uint32_t KdnChunkCache::max_reserve_chunks() const noexcept { return kdn_store_max_chunks(client_, model_); }
+
+Status KdnChunkCache::prefetch(std::span<const int32_t> tokens) noexcept {
+  return from_kdn(kdn_prefetch(client_, model_, tokens.data(), tokens.size()), "kdn_prefetch failed");
+}
 
 Result<kdn_stats> KdnChunkCache::stats() noexcept {
   kdn_stats s{};

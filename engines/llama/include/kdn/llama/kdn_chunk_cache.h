@@ -22,9 +22,12 @@ class KdnChunkCache final : public ChunkCache {
  public:
   // Connects to kdnd (socket_path empty: libkdn's default) in namespace `name_space` (empty:
   // "default") and registers the model. A kUnavailable status when kdnd is not running.
+  // `create`: the namespace is created if kdnd's configuration does not declare it
+  // (KDN_CONNECT_CREATE_NAMESPACE; kdnd allows it only where its configuration does).
   static Result<std::unique_ptr<KdnChunkCache>> connect(const kdn_model_desc& desc,
                                                         const std::string& socket_path,
-                                                        const std::string& name_space = "") noexcept;
+                                                        const std::string& name_space = "",
+                                                        bool create = false) noexcept;
   ~KdnChunkCache() override;
   KdnChunkCache(const KdnChunkCache&) = delete;
   KdnChunkCache& operator=(const KdnChunkCache&) = delete;
@@ -35,6 +38,8 @@ class KdnChunkCache final : public ChunkCache {
                                                     uint32_t first_chunk,
                                                     uint32_t n_chunks) noexcept override;
   uint32_t max_reserve_chunks() const noexcept override;
+  // kdn_prefetch: promotions from kdnd's disk tier start, nothing waits.
+  Status prefetch(std::span<const int32_t> tokens) noexcept override;
   // kdnd's counters for this client's namespace.
   Result<kdn_stats> stats() noexcept;
 
