@@ -67,6 +67,8 @@ Result<int> KdndProcess::stop() noexcept {
   return process_.stop(SIGTERM, kStopGrace);
 }
 
+Result<int> KdndProcess::kill() noexcept { return process_.stop(SIGKILL, kStopGrace); }
+
 std::string default_kdnd_path() {
   std::vector<char> buf(4096);
   ssize_t n = readlink("/proc/self/exe", buf.data(), buf.size() - 1);

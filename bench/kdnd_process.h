@@ -36,6 +36,8 @@ class KdndProcess {
   pid_t pid() const noexcept { return process_.pid(); }
   // SIGTERM, then waits; the daemon's wait status.
   Result<int> stop() noexcept;
+  // SIGKILL (a crash), then reaps it.
+  Result<int> kill() noexcept;
 
  private:
   explicit KdndProcess(ChildProcess process) : process_(std::move(process)) {}

@@ -17,6 +17,13 @@
 //                        copy that runs beside the suffix prefill (hit_load_copy_s) and that
 //                        the prefill waited for hit_load_wait_s; all of it is inside ttft_hit_s;
 //   tokens_identical     B's greedy tokens (hit) equal A's (miss), and the slot restore's too;
+//   ttft_disk_hit_s      (at --disk-size, 4096 by default) process D, in a namespace with kdnd's
+//                        disk tier: the document's chunks moved to disk only (an operator's
+//                        evict --all --tier host) before each run, the engine prefetches the
+//                        document's prefix before it tokenizes the question, then generates;
+//                        from the request's arrival (prefetch and tokenization included) to the
+//                        first token. Paired with a run whose chunks stay in the arena, measured
+//                        the same way (disk_hit_vs_hit), and with a run that does not prefetch;
 //   codec.*              KVC1 (kivi4, or --codec MODE) on the same prefix: top-1 next-token agreement,
 //                        perplexity delta and KL over the document's next tokens vs exact KV, with
 //                        uniform widths and (codec.calibrated.*) with per-layer widths of the same
@@ -26,6 +33,7 @@
 //                        activations in floating point: on Q4_1 weights it rounds them to 8 bits
 //                        and a one-ulp change of the KV already moves the top-1 token (floor_*).
 // Every figure comes from this run; the miss prefill is the baseline the speedup divides.
+#include "admin_client.h"
 #include "commands.h"
 #include "kdnd_process.h"
 #include "process.h"
@@ -90,6 +98,8 @@ struct Options {
   uint32_t calib_chunks = 4;
   uint32_t calib_eval_tokens = 256;
   int32_t calib_threads = 0;  // 0: every core (nothing else runs while it does)
+  uint32_t disk_size = 4096;  // prompt size of the disk-hit runs (0: none)
+  uint32_t disk_reps = 11;    // disk-hit / arena-hit / no-prefetch triples
   bool json = false;
 };
 
@@ -157,7 +167,8 @@ struct Session {
     auto e = s.open_engine(model, threads);
     if (!e.ok()) return failure("engine", e.status());
     engine = std::move(e.value());
-    auto c = kdn::llama::KdnChunkCache::connect(engine->identity().desc, s.socket, s.name_space, true);
+    // The per-size namespaces (llama-bench-N) are not in kdnd's configuration: created here.
+    auto c = kdn::llama::KdnChunkCache::connect(engine->identity().desc, s.socket, s.name_space, /*create=*/true);
     if (!c.ok()) return failure("kdnd", c.status());
     store = std::move(c.value());
     auto p = engine->chat_prompt(s.doc, s.o.question, s.size);
@@ -417,6 +428,79 @@ Json run_reuse_side(const Side& s) {
   return out;
 }
 
+// Process D: hits from the disk tier. Its namespace is declared in kdnd's configuration (only
+// declared namespaces have a disk tier); the engine stores the prompt first (a miss).
+Json run_disk_side(const Side& s) {
+  Session ss;
+  if (auto err = ss.open(s, s.o.model, s.o.threads)) return *err;
+  Engine& e = *ss.engine;
+  auto miss = e.generate(ss.prompt, s.o.n_predict, ss.store.get());
+  if (!miss.ok()) return failure("disk miss", miss.status());
+  if (miss->stats.chunks_stored == 0) return Json{{"error", std::string("disk: nothing stored: ") + miss->stats.cache_status.what()}};
+  kdn::bench::AdminClient admin(s.socket, s.name_space);
+  if (!admin.ok()) return Json{{"error", "disk: no admin session (is this uid among kdnd's admin_uids?)"}};
+  auto prefix = e.document_prefix(s.doc, s.size);
+  if (!prefix.ok()) return failure("disk prefix", prefix.status());
+  enum Kind { kDisk, kArena, kDiskNoPrefetch };
+  std::vector<double> runs[3], engine_ttft[3];
+  uint64_t promoted = 0;
+  bool identical = true;
+  // One request as kdn-llama serves it: prefetch the document, build the prompt, generate.
+  auto request = [&](Kind k) -> std::optional<Json> {
+    if (k != kArena) {
+      const auto before = admin.disk_stats();
+      if (!admin.demote_all() || !before) return Json{{"error", "disk: moving the document to disk failed"}};
+      promoted -= before->promoted_chunks;
+    }
+    const uint64_t t0 = kdn::now_ns();
+    if (k != kDiskNoPrefetch) (void)ss.store->prefetch(prefix.value());
+    auto prompt = e.chat_prompt(s.doc, s.o.question, s.size);
+    if (!prompt.ok()) return failure("disk prompt", prompt.status());
+    const uint64_t t1 = kdn::now_ns();
+    auto gen = e.generate(prompt.value(), s.o.n_predict, ss.store.get());
+    if (!gen.ok()) return failure("disk generate", gen.status());
+    const auto& st = gen->stats;
+    if (st.tokens_reused != s.size)
+      return Json{{"error", std::string("disk hit incomplete: ") + st.cache_status.what()}};
+    identical &= gen->tokens == miss->tokens;
+    runs[k].push_back(static_cast<double>(t1 - t0) * 1e-9 + st.ttft_s);
+    engine_ttft[k].push_back(st.ttft_s);
+    if (k != kArena) {
+      const auto after = admin.disk_stats();
+      if (after) promoted += after->promoted_chunks;
+    }
+    return std::nullopt;
+  };
+  for (uint32_t r = 0; r < s.o.disk_reps + s.o.warmup; ++r) {
+    // The order rotates, so no kind always runs right after another.
+    for (uint32_t i = 0; i < 3; ++i)
+      if (auto err = request(Kind((r + i) % 3))) return *err;
+    if (r + 1 == s.o.warmup)
+      for (auto& v : runs) v.clear();
+    if (r + 1 == s.o.warmup)
+      for (auto& v : engine_ttft) v.clear();
+  }
+  std::vector<double> paired, paired_no_prefetch;
+  for (size_t i = 0; i < runs[kDisk].size(); ++i) {
+    paired.push_back(runs[kDisk][i] / runs[kArena][i]);
+    paired_no_prefetch.push_back(runs[kDiskNoPrefetch][i] / runs[kArena][i]);
+  }
+  const kdn::bench::Interval ci = kdn::bench::median_interval(paired, 0.95);
+  return Json{{"ttft_disk_hit_s", median(runs[kDisk])},
+              {"ttft_disk_hit_runs_s", runs[kDisk]},
+              {"ttft_disk_hit_engine_s", median(engine_ttft[kDisk])},
+              {"ttft_disk_hit_no_prefetch_s", median(runs[kDiskNoPrefetch])},
+              {"ttft_disk_hit_no_prefetch_runs_s", runs[kDiskNoPrefetch]},
+              {"ttft_arena_hit_request_s", median(runs[kArena])},
+              {"ttft_arena_hit_request_runs_s", runs[kArena]},
+              {"disk_hit_vs_hit", median(paired)},
+              {"disk_hit_vs_hit_ci95", {ci.lo, ci.hi}},
+              {"disk_hit_no_prefetch_vs_hit", median(paired_no_prefetch)},
+              {"disk_promoted_chunks", promoted},
+              {"disk_tokens_identical", identical},
+              {"ttft_miss_s", miss->stats.ttft_s}};
+}
+
 // Process C: the codec on the f16 copy of the weights, every core. It prefills the prompt and
 // stores its chunks (their fingerprint names this model file, so they never meet A's), then
 // leases and scores them as B does.
@@ -536,6 +620,9 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--n-predict", o.n_predict, "greedy tokens compared between hit and miss");
   app.add_option("--eval-tokens", o.eval_tokens, "document tokens scored for the codec")->check(CLI::Range(2u, 4096u));
   app.add_option("--kdnd", o.kdnd, "kdnd binary (default: next to kdn-bench)");
+  app.add_option("--disk-size", o.disk_size, "prompt size of the disk-tier hits (0: none)")->capture_default_str();
+  app.add_option("--disk-reps", o.disk_reps, "disk-hit / arena-hit / no-prefetch triples")
+      ->check(CLI::Range(1u, 401u))->capture_default_str();
   using kdn::kernels::CodecMode;
   // Names as the codec spells them; the callback stores the mode itself.
   static const std::map<std::string, CodecMode> modes = [] {
@@ -681,6 +768,20 @@ int run_llama_bench(int argc, char** argv) {
   ko.log_path = tmp->path() + "/kdnd.log";
   // Room for the largest prompt's chunks twice (A's, and C's of the f16 weights) and then some.
   ko.host_arena_bytes = (uint64_t{largest} * 23040 * 3 + (64ull << 20)) & ~((1ull << 20) - 1);
+  // The disk-hit namespace, declared so it has a disk tier, with its slab file in the run's
+  // temporary directory.
+  const std::string disk_ns = "llama-bench-disk";
+  if (o.disk_size > 0) {
+    if (o.disk_size % 256 != 0) {
+      std::fprintf(stderr, "llama bench: --disk-size must be a multiple of 256\n");
+      return 2;
+    }
+    std::filesystem::create_directories(tmp->path() + "/disk");
+    const uint64_t disk_mib = std::max<uint64_t>(256, uint64_t{o.disk_size} * 23040 * 2 / (1u << 20) + 128);
+    ko.extra_args = {"--set", "tier.disk.dirs=" + tmp->path() + "/disk", "--set",
+                     "tier.disk.bytes=" + std::to_string(disk_mib) + "M", "--set",
+                     "namespace." + disk_ns + ".disk_codec=none"};
+  }
   auto kdnd = kdn::bench::KdndProcess::start(ko);
   if (!kdnd.ok()) {
     std::fprintf(stderr, "llama bench: %s\n%s", kdn::bench::describe(kdnd.status()).c_str(),
@@ -727,6 +828,27 @@ int run_llama_bench(int argc, char** argv) {
       report_codec(r, "prompt_" + std::to_string(size) + ".codec_f16.", c.value());
       f16.add(c.value());
     }
+  }
+  if (o.disk_size > 0) {
+    const Side side{o, doc, cal, o.disk_size, ko.socket_path, disk_ns, tmp->path() + "/slot-disk.bin"};
+    std::fprintf(stderr, "llama bench: %u tokens: process D (hits from the disk tier)...\n", o.disk_size);
+    auto d = in_child([&] { return run_disk_side(side); });
+    if (!d.ok()) return 1;
+    const std::string k = "prompt_" + std::to_string(o.disk_size) + ".";
+    const Json& j = d.value();
+    for (const char* f : {"ttft_disk_hit_s", "ttft_disk_hit_engine_s", "ttft_disk_hit_no_prefetch_s",
+                          "ttft_arena_hit_request_s", "disk_hit_vs_hit", "disk_hit_no_prefetch_vs_hit"})
+      r.set(k + f, j[f].get<double>());
+    for (const char* f : {"ttft_disk_hit_runs_s", "ttft_disk_hit_no_prefetch_runs_s", "ttft_arena_hit_request_runs_s",
+                          "disk_hit_vs_hit_ci95"})
+      r.set_json(k + f, kdn::bench::Report::Json::parse(j[f].dump()));
+    r.set(k + "disk_promoted_chunks", j["disk_promoted_chunks"].get<uint64_t>());
+    r.set(k + "disk_tokens_identical", j["disk_tokens_identical"].get<bool>());
+    r.set(k + "disk_side_ttft_miss_s", j["ttft_miss_s"].get<double>());
+    if (auto hit = r.number(k + "ttft_hit_s")) r.set(k + "disk_hit_engine_vs_hit_of_medians", j["ttft_disk_hit_engine_s"].get<double>() / *hit);
+    r.set_bar("bars.ttft_disk_hit_vs_hit_" + std::to_string(o.disk_size / 1024) + "k", r.number(k + "disk_hit_vs_hit"),
+              kdn::bench::BarOp::kAtMost, 1.3);
+    all_identical &= j["disk_tokens_identical"].get<bool>();
   }
   (void)kdnd.value().stop();
   set_bars(r, o, cal, all_identical, served, f16);

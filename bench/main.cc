@@ -23,8 +23,10 @@ struct Subcommand {
 
 #if KDN_BENCH_HAVE_NODE
 constexpr auto kNode = &kdn::bench::run_node_bench;
+constexpr auto kDisk = &kdn::bench::run_disk_bench;
 #else
 constexpr int (*kNode)(int, char**) = nullptr;
+constexpr int (*kDisk)(int, char**) = nullptr;
 #endif
 #if KDN_BENCH_HAVE_KERNELS
 constexpr auto kKernels = &run_kernels_bench;
@@ -42,6 +44,10 @@ const Subcommand kSubcommands[] = {
      "kdnd end to end: P engine processes, retrieve/store GB/s, lookup RTT, hit ratio, "
      "idle CPU, against same-run baselines",
      kNode, "this kdn-bench was built without libkdn (CMake target kdn)"},
+    {"disk",
+     "T2 on NVMe: promotion/demotion GB/s per codec, restart recovery, prefetch, lookups under "
+     "disk load, against fio on the same directory (--dir DIR)",
+     kDisk, "this kdn-bench was built without libkdn (CMake target kdn)"},
     {"baselines", "memcpy, Unix-socket echo, spin ping-pong and redis baselines alone",
      &kdn::bench::run_baselines_bench, ""},
     {"kernels", "copy, RoPE, codec and blend kernels (CPU; CUDA where a GPU is present)", kKernels,

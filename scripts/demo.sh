@@ -10,7 +10,10 @@
 #   5. engine process B, a separate process, answers question B: it loads A's chunks from
 #      kdnd and prefills only its question;
 #   6. engine process C answers question B without kdn (the cost of a miss), for comparison;
-#   7. prints the TTFTs side by side with kdnd's counters, and stops kdnd.
+#   7. prints the TTFTs side by side with kdnd's counters;
+#   8. a serving engine S (kdn-llama --serve) answers through a kdnd restart: from the arena,
+#      then by prefilling while kdnd is away, then — kdnd back, its disk tier recovered —
+#      from the disk tier, having reconnected by itself; then stops kdnd.
 #
 #   KDN_BUILD_DIR=dir     build folder (default build/)
 #   KDN_DEMO_TOKENS=n     document tokens (multiple of 256; default 4096)
@@ -60,14 +63,19 @@ echo "demo: document: $what, first $tokens tokens"
 
 # ---- 3. kdnd ---------------------------------------------------------------------------------
 socket=$work/kdnd.sock
-"$bin/kdnd" --socket "$socket" --host-arena-bytes 512M --log-level warn >"$work/kdnd.log" 2>&1 &
-kdnd_pid=$!
-for _ in $(seq 100); do
-  "$bin/kdnctl" --socket "$socket" ping >/dev/null 2>&1 && break
-  sleep 0.1
-done
-"$bin/kdnctl" --socket "$socket" ping >/dev/null || { cat "$work/kdnd.log"; exit 1; }
-echo "demo: kdnd running (pid $kdnd_pid)"
+mkdir -p "$work/disk"
+start_kdnd() {
+  "$bin/kdnd" --socket "$socket" --host-arena-bytes 512M --log-level info \
+    --set tier.disk.dirs="$work/disk" --set tier.disk.bytes=1G >>"$work/kdnd.log" 2>&1 &
+  kdnd_pid=$!
+  for _ in $(seq 100); do
+    "$bin/kdnctl" --socket "$socket" ping >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  "$bin/kdnctl" --socket "$socket" ping >/dev/null || { cat "$work/kdnd.log"; exit 1; }
+}
+start_kdnd
+echo "demo: kdnd running (pid $kdnd_pid), its disk tier in $work/disk"
 
 # ---- 4-6. the engines ----------------------------------------------------------------------
 ask() {  # ask <out.json> <question> [flags...]
@@ -106,4 +114,43 @@ print(f"  Q (B): {qb}\n  A: {b['answer'].strip()}\n")
 EOF
 echo "kdnd counters:"
 sed 's/^/  /' "$work/stats.txt"
+
+# ---- 8. serving through a kdnd restart ------------------------------------------------------
+echo
+echo "demo: engine S serves questions about the same document, one process throughout..."
+coproc SERVE { "$bin/kdn-llama" --serve --json --prompt-file "$doc" --context-tokens "$tokens" --threads "$threads" \
+  --socket "$socket" 2>"$work/serve.err"; }
+serve() {  # serve <label>: asks question B, appends the answer line to serve.jsonl
+  echo "$question_b" >&"${SERVE[1]}"
+  local line
+  IFS= read -r line <&"${SERVE[0]}" || { cat "$work/serve.err"; exit 1; }
+  echo "$line" | python3 -c 'import json,sys; j=json.loads(sys.stdin.read()); j["label"]=sys.argv[1]; print(json.dumps(j))' "$1" \
+    >>"$work/serve.jsonl"
+}
+serve "kdnd up (arena)"
+echo "demo: stopping kdnd (SIGTERM: it writes the arena down to its disk tier)..."
+kill "$kdnd_pid"; wait "$kdnd_pid" 2>/dev/null || true
+serve "kdnd down (prefill)"
+echo "demo: starting kdnd again: it rebuilds its index from the slab headers..."
+start_kdnd
+grep "disk tier ready" "$work/kdnd.log" | tail -1 | sed 's/^.*\] /  kdnd: /'
+sleep 0.3  # the engine reconnects on its next call (at most one attempt per 200 ms)
+serve "kdnd back (disk)"
+exec {SERVE[1]}>&-
+"$bin/kdnctl" --socket "$socket" stats >"$work/stats2.txt" 2>&1 || true
+python3 - "$work" <<'EOF2'
+import json, sys
+work = sys.argv[1]
+rows = [json.loads(l) for l in open(f"{work}/serve.jsonl")]
+print()
+print(f"  {'engine S, question B':28} " + " ".join(f"{r['label']:>20}" for r in rows))
+for label, key, fmt in [("TTFT (s)", "request_ttft_s", "{:.3f}"), ("tokens reused from kdnd", "tokens_reused", "{:d}"),
+                        ("tokens computed", "tokens_computed", "{:d}")]:
+    print(f"  {label:28} " + " ".join(f"{fmt.format(r[key]):>20}" for r in rows))
+print(f"  {'cache':28} " + " ".join(f"{('ok' if r['cache_status'] == 'ok' else 'unavailable'):>20}" for r in rows))
+same = all(r["answer_tokens"] == rows[0]["answer_tokens"] for r in rows)
+print(f"\n  the same answer every time, token for token: {same}")
+EOF2
+echo "kdnd counters after the restart (tier.disk.*: what came back from disk):"
+grep -E "^(promoted_chunks|tier\.disk\.(promoted_chunks|recovered_chunks|resident_chunks|reads|faults))" "$work/stats2.txt" | sed 's/^/  /'
 echo "demo: stopping kdnd"

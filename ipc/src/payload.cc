@@ -7,22 +7,28 @@ namespace {
 
 struct OpEntry {
   OpShape shape;
-  const char* name;
+  const char* name;  // null: no opcode of this number
 };
 
 template <class Op>
 constexpr OpEntry entry() noexcept {
   return {Op::kShape, Op::kName};
 }
+constexpr OpEntry kNoOp{{}, nullptr};
 
 // Indexed by opcode - 1; built from the op structs of ops.h, so the shapes live in one place.
 constexpr std::array<OpEntry, kMaxOpcode> kOps = {{
     entry<PingOp>(), entry<RegisterModelOp>(), entry<LookupOp>(), entry<ReserveOp>(),
     entry<CommitOp>(), entry<AbortOp>(), entry<LeaseOp>(), entry<ReleaseOp>(), entry<StatsOp>(),
     entry<ListOp>(), entry<EvictOp>(),
+    kNoOp, kNoOp, kNoOp, kNoOp,  // 12..15: reserved
+    entry<PrefetchOp>(), entry<TierStatsOp>(),
+    kNoOp, kNoOp,  // 18..19: reserved
+    entry<MetricsOp>(),
 }};
-static_assert(PingOp::kOpcode == Opcode(1) && EvictOp::kOpcode == Opcode(kMaxOpcode));
-static_assert(LeaseOp::kOpcode == Opcode(7) && StatsOp::kOpcode == Opcode(9));
+static_assert(PingOp::kOpcode == Opcode(1) && MetricsOp::kOpcode == Opcode(kMaxOpcode));
+static_assert(LeaseOp::kOpcode == Opcode(7) && StatsOp::kOpcode == Opcode(9) && EvictOp::kOpcode == Opcode(11));
+static_assert(PrefetchOp::kOpcode == Opcode(16));
 
 Status check_header_fields(const Sqe& sqe) noexcept {
   if ((sqe.flags & ~kSqeKnownFlags) != 0) return Status(Code::kProtocol, "unknown SQE flags");
@@ -82,18 +88,22 @@ Status check_evict_mode(const Sqe& sqe, const SqeShape& shape) noexcept {
     return OkStatus();
   }
   if (sqe.arg[0] == static_cast<uint64_t>(EvictMode::kByKeys)) return OkStatus();
+  if (sqe.arg[0] == static_cast<uint64_t>(EvictMode::kHost)) {
+    if (shape.in_records != 0) return Status(Code::kInvalidArgument, "EVICT host takes no keys");
+    return OkStatus();
+  }
   return Status(Code::kInvalidArgument, "unknown EVICT mode");
 }
 
 }  // namespace
 
 const OpShape* op_shape(uint8_t opcode) noexcept {
-  if (opcode == 0 || opcode > kMaxOpcode) return nullptr;
+  if (opcode == 0 || opcode > kMaxOpcode || kOps[opcode - 1].name == nullptr) return nullptr;
   return &kOps[opcode - 1].shape;
 }
 
 const char* opcode_name(uint8_t opcode) noexcept {
-  if (opcode == 0 || opcode > kMaxOpcode) return "unknown";
+  if (opcode == 0 || opcode > kMaxOpcode || kOps[opcode - 1].name == nullptr) return "unknown";
   return kOps[opcode - 1].name;
 }
 

@@ -36,7 +36,7 @@ TEST(PayloadRef, OverflowSafeBounds) {
 }
 
 TEST(CheckSqe, UnknownOpcodesAreUnsupported) {
-  for (uint8_t op : {uint8_t{0}, uint8_t{kMaxOpcode + 1}, uint8_t{200}, uint8_t{255}}) {
+  for (uint8_t op : {uint8_t{0}, uint8_t{12}, uint8_t{15}, uint8_t{kMaxOpcode + 1}, uint8_t{200}, uint8_t{255}}) {
     Sqe s{};
     s.opcode = op;
     EXPECT_EQ(check(s), Code::kUnsupported) << int(op);

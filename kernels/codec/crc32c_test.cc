@@ -29,6 +29,18 @@ TEST(Crc32c, HardwareAndPortablePathsAgreeAndExtend) {
   }
 }
 
+// Buffers long enough for the interleaved path (three streams of 8 KiB, combined by shifting).
+TEST(Crc32c, InterleavedStreamsAgreeWithThePortablePath) {
+  std::mt19937_64 rng(11);
+  std::vector<uint8_t> data(200001);
+  for (auto& b : data) b = static_cast<uint8_t>(rng());
+  for (size_t n : {size_t{24575}, size_t{24576}, size_t{24577}, size_t{49152}, size_t{100003}, size_t{200001}}) {
+    const uint32_t c = crc32c(data.data(), n);
+    EXPECT_EQ(c, crc32c_extend_portable(0, data.data(), n)) << n;
+    EXPECT_EQ(crc32c_extend(crc32c(data.data(), 5), data.data() + 5, n - 5), c) << n;
+  }
+}
+
 TEST(Crc32c, DetectsEverySingleBitFlip) {
   std::vector<uint8_t> data(257, 0x5a);
   const uint32_t c = crc32c(data.data(), data.size());

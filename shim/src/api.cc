@@ -21,7 +21,8 @@ using kdn::shim::Request;
 
 namespace {
 
-bool usable(kdn_client* cl) { return cl && cl->c && !cl->c->broken(); }
+// A working connection, made again first if kdnd closed the last one and it is time to try.
+bool usable(kdn_client* cl) { return kdn::shim::reconnect_if_needed(cl); }
 
 bool own_model(kdn_client* cl, const kdn_model* m) {
   for (auto& p : cl->c->models)
@@ -70,7 +71,17 @@ KDN_API int kdn_connect(const kdn_connect_opts* opts, kdn_client** out) {
   return guarded([&]() -> int {
     auto c = Client::connect(opts, 0);
     if (!c.ok()) return rc(c.status());
-    *out = new kdn_client{std::move(*c)};
+    auto cl = std::make_unique<kdn_client>();
+    cl->c = std::move(*c);
+    if (opts) {  // what a reconnection presents again
+      cl->opts = *opts;
+      if (opts->socket_path) cl->socket_path = opts->socket_path;
+      if (opts->name_space) cl->name_space = opts->name_space;
+      if (opts->token) cl->token = opts->token;
+    } else {
+      cl->opts.struct_size = sizeof(kdn_connect_opts);
+    }
+    *out = cl.release();
     return KDN_OK;
   });
 }
@@ -116,27 +127,11 @@ KDN_API int kdn_register_model(kdn_client* client, const kdn_model_desc* desc, k
   return guarded([&]() -> int {
     auto info = kdn::ModelInfo::from_desc(*desc);
     if (!info.ok()) return rc(info.status());
-    using Op = kdn::ipc::RegisterModelOp;
     Client& c = *client->c;
-    const Op::InRecord rec = kdn::ipc::to_wire(info->desc);
-    auto in = c.alloc_payload(sizeof rec);
-    if (!in.ok()) return rc(in.status());
-    std::memcpy(c.payload_ptr(*in), &rec, sizeof rec);
-    Request r;
-    r.sqe.opcode = uint8_t(Op::kOpcode);
-    r.in = *in;
-    r.sqe.in_len = sizeof rec;
-    auto cqe = c.call(r);
-    c.free_payload(*in);
-    if (!cqe.ok()) return rc(cqe.status());
-    if (cqe->status != KDN_OK) return int(cqe->status);
-    auto got = Op::result(*cqe);
-    if (!got.ok()) return rc(got.status());
-    // The daemon derives geometry from the same bytes: any disagreement is a version skew.
-    if (got->chunk_bytes != info->chunk_bytes || !(got->fingerprint == info->fingerprint))
-      return int(KDN_ERR_VERSION);
+    auto id = kdn::shim::register_on(c, *info);
+    if (!id.ok()) return rc(id.status());
     auto m = std::make_unique<kdn_model>();
-    m->id = got->model_id;
+    m->id = *id;
     m->info = std::move(*info);
     *out = m.get();
     c.models.push_back(std::move(m));
@@ -162,7 +157,7 @@ namespace kdn::shim {
 int check_model_call(kdn_client* client, const kdn_model* model, const int32_t* tokens, size_t n) {
   if (!client || !model || (!tokens && n)) return KDN_ERR_INVALID_ARGUMENT;
   if (!client->c) return KDN_ERR_INVALID_ARGUMENT;
-  if (client->c->broken()) return KDN_ERR_UNAVAILABLE;
+  if (!reconnect_if_needed(client)) return KDN_ERR_UNAVAILABLE;
   if (!own_model(client, model)) return KDN_ERR_INVALID_ARGUMENT;
   return KDN_OK;
 }

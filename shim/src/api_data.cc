@@ -208,6 +208,7 @@ KDN_API int kdn_retrieve_lease(kdn_client* client, const kdn_model* model, const
   return guarded([&]() -> int {
     auto lease = std::make_unique<kdn_lease>();
     lease->model = model;
+    lease->owner = &client_of(client);
     if (n_tokens >= model->info.chunk_tokens) {
       Client& c = client_of(client);
       using Op = kdn::ipc::LeaseOp;
@@ -231,6 +232,7 @@ KDN_API int kdn_retrieve_lease(kdn_client* client, const kdn_model* model, const
         lease->data.push_back(*p);
       }
     }
+    hold(client, lease->owner);
     *out = lease.release();
     return int(KDN_OK);
   });
@@ -250,8 +252,13 @@ KDN_API const void* kdn_lease_chunk_data(const kdn_lease* l, uint32_t i) {
 KDN_API int kdn_lease_release(kdn_client* client, kdn_lease* lease) {
   if (!client || !lease) return KDN_ERR_INVALID_ARGUMENT;
   std::unique_ptr<kdn_lease> owned(lease);
-  if (!client->c || client->c->broken()) return KDN_ERR_UNAVAILABLE;  // the daemon drops them with us
-  return guarded([&]() -> int { return release_ids(client_of(client), Opcode::kRelease, lease->ids); });
+  int status = KDN_OK;  // a lease of a replaced connection: kdnd dropped it with that session
+  if (!client->c) status = KDN_ERR_UNAVAILABLE;
+  else if (lease->owner == client->c.get())
+    status = client->c->broken() ? int(KDN_ERR_UNAVAILABLE)  // the daemon drops them with us
+                                 : guarded([&]() -> int { return release_ids(client_of(client), Opcode::kRelease, lease->ids); });
+  let_go(client, lease->owner);
+  return status;
 }
 
 KDN_API int kdn_store_reserve(kdn_client* client, const kdn_model* model, const int32_t* tokens,
@@ -275,6 +282,7 @@ KDN_API int kdn_store_reserve(kdn_client* client, const kdn_model* model, const 
     if (!Op::result(*cqe, *k).ok()) return int(KDN_ERR_PROTOCOL);
     auto st = std::make_unique<kdn_store>();
     st->model = model;
+    st->owner = &c;
     st->data.assign(*k, nullptr);
     st->reservation.assign(*k, 0);
     bool bad = false;
@@ -290,6 +298,7 @@ KDN_API int kdn_store_reserve(kdn_client* client, const kdn_model* model, const 
       (void)release_ids(c, Opcode::kAbort, st->reservation);
       return int(KDN_ERR_PROTOCOL);
     }
+    hold(client, st->owner);
     *out = st.release();
     return int(KDN_OK);
   });
@@ -303,8 +312,13 @@ KDN_API void* kdn_store_chunk_data(kdn_store* s, uint32_t i) {
 static int finish_store(kdn_client* client, kdn_store* store, Opcode op) {
   if (!client || !store) return KDN_ERR_INVALID_ARGUMENT;
   std::unique_ptr<kdn_store> owned(store);
-  if (!client->c || client->c->broken()) return KDN_ERR_UNAVAILABLE;
-  return guarded([&]() -> int { return release_ids(client_of(client), op, store->reservation); });
+  int status;
+  if (!client->c || client->c->broken()) status = KDN_ERR_UNAVAILABLE;
+  else if (store->owner != client->c.get())  // a replaced connection: the reservation is gone
+    status = op == Opcode::kAbort ? int(KDN_OK) : int(KDN_ERR_UNAVAILABLE);
+  else status = guarded([&]() -> int { return release_ids(client_of(client), op, store->reservation); });
+  let_go(client, store->owner);
+  return status;
 }
 
 KDN_API int kdn_store_commit(kdn_client* client, kdn_store* store) {
@@ -387,6 +401,7 @@ KDN_API int kdn_lookup_post(kdn_client* client, const kdn_model* model, const in
   return guarded([&]() -> int {
     auto op = std::make_unique<kdn_op>();
     op->chunk_tokens = model->info.chunk_tokens;
+    op->owner = &client_of(client);
     if (n_tokens < model->info.chunk_tokens) {
       op->complete = true;
       op->status = KDN_OK;
@@ -405,13 +420,14 @@ KDN_API int kdn_lookup_post(kdn_client* client, const kdn_model* model, const in
       op->in = r.in;
       op->keys = *k;
     }
+    hold(client, op->owner);
     *out = op.release();
     return int(KDN_OK);
   });
 }
 
-static int complete_op(kdn_client* client, kdn_op* op) {
-  Client& c = client_of(client);
+static int complete_op(kdn_op* op) {
+  Client& c = *op->owner;
   kdn::ipc::Cqe cqe = c.take(op->user_data);
   c.free_payload(op->in);
   op->complete = true;
@@ -426,17 +442,24 @@ KDN_API int kdn_store_commit_post(kdn_client* client, kdn_store* store, kdn_op**
   if (!client || !store || !out) return KDN_ERR_INVALID_ARGUMENT;
   *out = nullptr;
   std::unique_ptr<kdn_store> owned(store);
-  if (!client->c || client->c->broken()) return KDN_ERR_UNAVAILABLE;
+  struct LetGo {
+    kdn_client* client;
+    Client* owner;
+    ~LetGo() { let_go(client, owner); }
+  } let_store_go{client, store->owner};
+  if (!client->c || client->c->broken() || store->owner != client->c.get()) return KDN_ERR_UNAVAILABLE;
   return guarded([&]() -> int {
     Client& c = client_of(client);
     auto op = std::make_unique<kdn_op>();
     op->kind = kdn_op::Kind::kCommit;
+    op->owner = &c;
     std::vector<uint64_t> live;
     for (uint64_t id : store->reservation)
       if (id) live.push_back(id);
     if (live.empty()) {  // nothing was reserved: done at once
       op->complete = true;
       op->status = KDN_OK;
+      hold(client, op->owner);
       *out = op.release();
       return int(KDN_OK);
     }
@@ -456,6 +479,7 @@ KDN_API int kdn_store_commit_post(kdn_client* client, kdn_store* store, kdn_op**
     op->user_data = *ud;
     op->in = *in;
     op->keys = uint32_t(live.size());
+    hold(client, op->owner);
     *out = op.release();
     return int(KDN_OK);
   });
@@ -464,20 +488,22 @@ KDN_API int kdn_store_commit_post(kdn_client* client, kdn_store* store, kdn_op**
 KDN_API int kdn_op_poll(kdn_client* client, kdn_op* op) {
   if (!client || !client->c || !op) return KDN_ERR_INVALID_ARGUMENT;
   if (op->complete) return op->status;
+  if (op->owner != client->c.get()) return KDN_ERR_UNAVAILABLE;  // its connection was replaced
   return guarded([&]() -> int {
-    auto p = client_of(client).poll(op->user_data);
+    auto p = op->owner->poll(op->user_data);
     if (!p.ok()) return rc(p.status());
-    return *p ? complete_op(client, op) : int(KDN_ERR_IN_PROGRESS);
+    return *p ? complete_op(op) : int(KDN_ERR_IN_PROGRESS);
   });
 }
 
 KDN_API int kdn_op_wait(kdn_client* client, kdn_op* op, uint32_t timeout_ms) {
   if (!client || !client->c || !op) return KDN_ERR_INVALID_ARGUMENT;
   if (op->complete) return op->status;
+  if (op->owner != client->c.get()) return KDN_ERR_UNAVAILABLE;
   return guarded([&]() -> int {
-    Status st = client_of(client).wait(op->user_data, timeout_ms);
+    Status st = op->owner->wait(op->user_data, timeout_ms);
     if (!st.ok()) return rc(st);
-    return complete_op(client, op);
+    return complete_op(op);
   });
 }
 
@@ -491,16 +517,34 @@ KDN_API int kdn_op_lookup_result(const kdn_op* op, kdn_lookup_result* out) {
 
 KDN_API void kdn_op_release(kdn_client* client, kdn_op* op) {
   if (!op) return;
-  if (client && client->c && !op->complete && !client->c->broken()) {
+  if (client && client->c && op->owner == client->c.get() && !op->complete && !client->c->broken()) {
     // Its payload may still be written by the daemon: wait, or retire the connection.
     if (kdn_op_wait(client, op, 0) == KDN_ERR_TIMEOUT) client->c->mark_broken();
   }
+  Client* owner = op->owner;
   delete op;
+  if (client) let_go(client, owner);
+}
+
+KDN_API int kdn_prefetch(kdn_client* client, const kdn_model* model, const int32_t* tokens, size_t n_tokens) {
+  if (int e = check_model_call(client, model, tokens, n_tokens); e) return e;
+  if (n_tokens < model->info.chunk_tokens) return KDN_OK;  // no whole chunk: nothing to bring
+  return guarded([&]() -> int {
+    Client& c = client_of(client);
+    if (c.welcome().proto_minor < 1) return int(KDN_ERR_UNSUPPORTED);  // a kdnd from before PREFETCH
+    Request r;
+    r.sqe.opcode = uint8_t(Opcode::kPrefetch);
+    auto k = build_key_request(c, *model, tokens, n_tokens, 0, 0, 0, r);
+    if (!k.ok()) return rc(k.status());
+    Status st = c.post_detached(r);  // kdnd answers at once; the answer is reaped by a later call
+    if (!st.ok()) c.free_payload(r.in);
+    return rc(st);
+  });
 }
 
 KDN_API int kdn_get_stats(kdn_client* client, kdn_stats* out) {
   if (!client || !client->c || !out || out->struct_size != sizeof(kdn_stats)) return KDN_ERR_INVALID_ARGUMENT;
-  if (client->c->broken()) return KDN_ERR_UNAVAILABLE;
+  if (!reconnect_if_needed(client)) return KDN_ERR_UNAVAILABLE;
   return guarded([&]() -> int {
     using Op = kdn::ipc::StatsOp;
     constexpr uint32_t kWords = sizeof(kdn::ipc::StatsRecord) / sizeof(uint64_t);

@@ -107,6 +107,11 @@ Status Client::reap_all() {
       // A completion for nothing we posted is a daemon bug or corruption: ignore it.
       if (pending_.erase(cqes[i].user_data) == 0) continue;
       --in_flight_;
+      if (auto d = detached_.find(cqes[i].user_data); d != detached_.end()) {
+        payload_alloc_.free(d->second);
+        detached_.erase(d);
+        continue;
+      }
       done_.emplace(cqes[i].user_data, cqes[i]);
     }
     if (*n < 64) return OkStatus();
@@ -154,6 +159,14 @@ ipc::Cqe Client::take(uint64_t ud) {
   ipc::Cqe c = it->second;
   done_.erase(it);
   return c;
+}
+
+Status Client::post_detached(Request& r) {
+  detached_.reserve(detached_.size() + 1);  // may throw: before anything is posted
+  auto ud = post(r);
+  if (!ud.ok()) return ud.status();
+  detached_.emplace(*ud, r.in);
+  return OkStatus();
 }
 
 Result<ipc::Cqe> Client::call(Request& r) {

@@ -50,6 +50,9 @@ class Client {
   ipc::Cqe take(uint64_t ud);
   // post + wait + take, releasing nothing: the caller reads r.out then frees.
   Result<ipc::Cqe> call(Request& r);
+  // Posts a request nobody waits for: its payload is freed and its completion dropped when it
+  // is reaped (by any later call). Same errors as post().
+  Status post_detached(Request& r);
 
   // The bytes a slot reference from kdnd names (checked: region, generation, range).
   Result<std::byte*> resolve(const ipc::SlotRef& ref, uint64_t bytes, ipc::RegionKind kind) const {
@@ -65,8 +68,12 @@ class Client {
   // so the connection is retired rather than reused.
   void mark_broken() { broken_ = true; }
 
-  // Models registered through this client (owned here; freed with the client).
+  // Models registered through this client (owned here; freed with the client, or moved to
+  // the connection that replaces it after kdnd restarted).
   std::vector<std::unique_ptr<kdn_model>> models;
+  // Leases, reservations and ops made on this connection and not yet released: a connection
+  // replaced after a restart stays mapped until they are (their pointers point into it).
+  uint32_t handles_out = 0;
 
  private:
   Client() = default;
@@ -82,6 +89,7 @@ class Client {
   uint32_t in_flight_ = 0;
   std::unordered_set<uint64_t> pending_;
   std::unordered_map<uint64_t, ipc::Cqe> done_;
+  std::unordered_map<uint64_t, PayloadRange> detached_;  // posted by post_detached
   bool broken_ = false;
 };
 

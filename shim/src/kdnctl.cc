@@ -1,9 +1,11 @@
 // kdnctl: operator CLI for kdnd.
 //
 //   kdnctl ping [-c N] [-w N]        round trips through the rings: busy-poll and wake-up
-//   kdnctl stats [--json|--prometheus]
-//   kdnctl ls [--limit N]            chunks of the namespace: key, model, tier, state, leases, size
-//   kdnctl evict --all | --key HEX   evict unleased chunks
+//   kdnctl stats [--json|--prometheus]   the namespace's counters, then one block per tier
+//   kdnctl ls [--limit N] [--tier T]     chunks: key, model, fastest tier, tiers holding a copy,
+//                                        state, leases, size
+//   kdnctl evict --all | --key HEX       evict unleased chunks from every tier
+//   kdnctl evict --all --tier host       move unleased chunks out of the arena into the disk tier
 //
 // kdnctl connects read-only (no staging area) and asks for admin rights; kdnd grants them
 // only to uids its configuration names (admin_uids), which `ls` and `evict` need.
@@ -128,7 +130,100 @@ std::vector<Field> stats_fields(const kdn::ipc::StatsRecord& s, bool admin) {
   return f;
 }
 
+const char* codec_label(uint64_t c) {
+  static const char* kCodecs[] = {"none", "lossless", "int8", "kivi4"};
+  return c < 4 ? kCodecs[c] : "?";
+}
+
+// TIER_STATS as fields "tier.<name>.<counter>"; empty when kdnd predates it.
+std::vector<Field> tier_fields(Client& c) {
+  using Op = kdn::ipc::TierStatsOp;
+  std::vector<Field> f;
+  if (c.welcome().proto_minor < 1) return f;
+  constexpr uint32_t n = kdn::ipc::kTierCount;
+  auto o = c.alloc_payload(n * sizeof(Op::OutRecord));
+  if (!o.ok()) return f;
+  Request r;
+  r.sqe.opcode = uint8_t(Op::kOpcode);
+  r.out = *o;
+  r.sqe.out_len = n * sizeof(Op::OutRecord);
+  auto cqe = c.call(r);
+  if (!cqe.ok() || cqe->status != KDN_OK) return f;
+  auto got = Op::result(*cqe, n);
+  if (!got.ok()) return f;
+  std::vector<Op::OutRecord> recs(got->written);
+  std::memcpy(recs.data(), c.payload_ptr(*o), recs.size() * sizeof(Op::OutRecord));
+  c.free_payload(*o);
+  static const char* kTiers[] = {"gpu", "host", "disk", "remote"};
+  for (const auto& t : recs) {
+    if (!t.present || t.tier >= n) continue;
+    const std::string p = std::string("tier.") + kTiers[t.tier] + ".";
+    auto add = [&](const char* name, uint64_t v) { f.push_back({p + name, v}); };
+    add("capacity_bytes", t.capacity_bytes);
+    add("used_bytes", t.used_bytes);
+    add("resident_chunks", t.resident_chunks);
+    add("resident_bytes", t.resident_bytes);
+    add("lookup_hit_chunks", t.lookup_hit_chunks);
+    add("in_flight", t.in_flight);
+    if (t.tier != uint32_t(kdn::ipc::ChunkTier::kDisk)) continue;
+    add("promoted_chunks", t.promoted_chunks);
+    add("promoted_bytes", t.promoted_bytes);
+    add("demoted_chunks", t.demoted_chunks);
+    add("demoted_bytes", t.demoted_bytes);
+    add("written_through_chunks", t.written_through_chunks);
+    add("reads", t.reads);
+    add("read_bytes", t.read_bytes);
+    add("writes", t.writes);
+    add("write_bytes", t.write_bytes);
+    add("raw_bytes_written", t.raw_bytes_written);
+    add("stored_bytes_written", t.stored_bytes_written);
+    add("reencoded_chunks", t.reencoded_chunks);
+    add("pending_reencode", t.pending_reencode);
+    add("faults.io", t.fault_io);
+    add("faults.no_space", t.fault_no_space);
+    add("faults.end_of_file", t.fault_eof);
+    add("faults.crc", t.fault_crc);
+    add("faults.decode", t.fault_decode);
+    add("retries", t.retries);
+    add("short_transfers", t.short_transfers);
+    add("recovered_chunks", t.recovered_chunks);
+    add("queue_depth", t.queue_depth);
+    add("codec", t.codec);
+    add("fixed_buffers", (t.flags & kdn::ipc::kTierStatsFixedBuffers) ? 1 : 0);
+    add("degraded", (t.flags & kdn::ipc::kTierStatsDegraded) ? 1 : 0);
+  }
+  return f;
+}
+
+// kdnd's Prometheus page, exactly as its endpoint and metrics file serve it (admin).
+int cmd_metrics(Client& c) {
+  using Op = kdn::ipc::MetricsOp;
+  uint32_t room = std::min<uint32_t>(64 * 1024, c.welcome().payload_bytes);
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    auto o = c.alloc_payload(room);
+    if (!o.ok()) return fail("stats --prometheus", o.status());
+    Request r;
+    r.sqe.opcode = uint8_t(Op::kOpcode);
+    r.out = *o;
+    r.sqe.out_len = room;
+    auto cqe = c.call(r);
+    c.free_payload(*o);
+    if (!cqe.ok()) return fail("stats --prometheus", cqe.status());
+    if (cqe->status == KDN_ERR_NO_SPACE && cqe->res[1] > room && cqe->res[1] + 4096 <= c.welcome().payload_bytes) {
+      room = uint32_t(cqe->res[1]) + 4096;  // the page may grow a little meanwhile
+      continue;
+    }
+    if (cqe->status) return fail_code("stats --prometheus", cqe->status);
+    auto got = Op::result(*cqe, room);
+    if (!got.ok()) return fail("stats --prometheus", got.status());
+    std::fwrite(c.payload_ptr(*o), 1, got->written, stdout);
+    return 0;
+  }
+  return fail("stats --prometheus", kdn::Status(kdn::Code::kNoSpace, "the metrics page does not fit the payload area"));
+}
+
 int cmd_stats(Client& c, bool json, bool prom) {
+  if (prom) return cmd_metrics(c);
   using Op = kdn::ipc::StatsOp;
   constexpr uint32_t kWords = sizeof(kdn::ipc::StatsRecord) / sizeof(uint64_t);
   auto o = c.alloc_payload(sizeof(kdn::ipc::StatsRecord));
@@ -145,21 +240,26 @@ int cmd_stats(Client& c, bool json, bool prom) {
   kdn::ipc::StatsRecord s{};
   std::memcpy(&s, c.payload_ptr(*o), got->words * sizeof(uint64_t));
   const bool admin = (c.welcome().flags & kdn::ipc::kHelloFlagAdmin) != 0;
-  const std::vector<Field> f = stats_fields(s, admin);
+  std::vector<Field> f = stats_fields(s, admin);
+  const std::vector<Field> tiers = tier_fields(c);
+  f.insert(f.end(), tiers.begin(), tiers.end());
   if (json) {
     std::printf("{");
     for (size_t i = 0; i < f.size(); ++i) std::printf("%s\"%s\": %" PRIu64, i ? ", " : "", f[i].name.c_str(), f[i].v);
     std::printf("}\n");
-  } else if (prom) {
-    for (auto& x : f) {
-      std::string n = "kdn_" + x.name;
-      std::replace(n.begin(), n.end(), '.', '_');
-      std::printf("%s %" PRIu64 "\n", n.c_str(), x.v);
-    }
   } else {
-    for (auto& x : f) std::printf("%-26s %" PRIu64 "\n", x.name.c_str(), x.v);
+    for (auto& x : f) {
+      if (x.name == "tier.disk.codec") std::printf("%-34s %s\n", x.name.c_str(), codec_label(x.v));
+      else std::printf("%-34s %" PRIu64 "\n", x.name.c_str(), x.v);
+    }
     const uint64_t looked = s.lookup_hit_chunks + s.lookup_miss_chunks;
-    if (looked) std::printf("%-26s %.1f%%\n", "hit_ratio", 100.0 * s.lookup_hit_chunks / looked);
+    if (looked) std::printf("%-34s %.1f%%\n", "hit_ratio", 100.0 * s.lookup_hit_chunks / looked);
+    uint64_t raw = 0, stored = 0;
+    for (auto& x : tiers) {
+      if (x.name == "tier.disk.raw_bytes_written") raw = x.v;
+      if (x.name == "tier.disk.stored_bytes_written") stored = x.v;
+    }
+    if (stored) std::printf("%-34s %.2f\n", "tier.disk.codec_ratio", double(raw) / double(stored));
     if (!admin) std::printf("(daemon-wide counters need admin rights)\n");
   }
   return 0;
@@ -180,12 +280,27 @@ const char* state_label(uint8_t s) {
   return "?";
 }
 
-int cmd_ls(Client& c, uint64_t limit) {
+// "host+disk": the tiers holding a copy.
+std::string tiers_label(uint8_t mask) {
+  std::string out;
+  for (uint8_t t = 0; t < 4; ++t)
+    if (mask & (1u << t)) out += (out.empty() ? "" : "+") + std::string(tier_label(t));
+  return out.empty() ? "-" : out;
+}
+
+int cmd_ls(Client& c, uint64_t limit, const std::string& tier) {
   using Op = kdn::ipc::ListOp;
   const uint32_t cap = 1024;
+  int only = -1;  // show chunks with a copy in this tier only
+  for (uint8_t t = 0; t < 4 && !tier.empty(); ++t)
+    if (tier == tier_label(t)) only = t;
+  if (!tier.empty() && only < 0) {
+    std::fprintf(stderr, "kdnctl ls: unknown tier '%s' (gpu, host, disk, remote)\n", tier.c_str());
+    return 2;
+  }
   auto o = c.alloc_payload(cap * sizeof(Op::OutRecord));
   if (!o.ok()) return fail("ls", o.status());
-  std::printf("%-34s %10s %-6s %-9s %6s %12s\n", "key", "model", "tier", "state", "leases", "bytes");
+  std::printf("%-34s %10s %-6s %-10s %-9s %6s %12s\n", "key", "model", "tier", "copies", "state", "leases", "bytes");
   uint64_t cursor = 0, shown = 0;
   do {
     Request r;
@@ -202,8 +317,10 @@ int cmd_ls(Client& c, uint64_t limit) {
     std::memcpy(e.data(), c.payload_ptr(*o), e.size() * sizeof(e[0]));
     for (auto& x : e) {
       if (limit && shown >= limit) return 0;
-      std::printf("%016" PRIx64 "%016" PRIx64 "   %10u %-6s %-9s %6u %12" PRIu64 "\n", x.key.hi, x.key.lo, x.model_id,
-                  tier_label(x.tier), state_label(x.state), x.leases, x.bytes);
+      if (only >= 0 && !(x.tier_mask & (1u << only))) continue;
+      std::printf("%016" PRIx64 "%016" PRIx64 "   %10u %-6s %-10s %-9s %6u %12" PRIu64 "\n", x.key.hi, x.key.lo,
+                  x.model_id, tier_label(x.tier), tiers_label(x.tier_mask).c_str(), state_label(x.state), x.leases,
+                  x.bytes);
       ++shown;
     }
     cursor = got->next_cursor;
@@ -222,10 +339,28 @@ bool parse_key(const std::string& hex, kdn_key* k) {
   return !*end;
 }
 
-int cmd_evict(Client& c, bool all, const std::vector<std::string>& keys) {
+int cmd_evict(Client& c, bool all, const std::vector<std::string>& keys, const std::string& tier) {
   using Op = kdn::ipc::EvictOp;
   Request r;
   r.sqe.opcode = uint8_t(Op::kOpcode);
+  if (!tier.empty()) {
+    if (tier != "host" || !all || !keys.empty()) {
+      std::fprintf(stderr, "kdnctl evict: --tier takes 'host', with --all (moves every unleased chunk to disk)\n");
+      return 2;
+    }
+    if (c.welcome().proto_minor < 1) {
+      std::fprintf(stderr, "kdnctl evict: this kdnd predates --tier host\n");
+      return 1;
+    }
+    Op::put(Op::Args{kdn::ipc::EvictMode::kHost}, r.sqe);
+    auto cqe = c.call(r);
+    if (!cqe.ok()) return fail("evict", cqe.status());
+    if (cqe->status) return fail_code("evict", cqe->status);
+    auto got = Op::result(*cqe);
+    std::printf("moved %" PRIu64 " chunks out of the arena into the disk tier; %" PRIu64 " stay (leased or moving)\n",
+                got->evicted, got->skipped);
+    return 0;
+  }
   Op::put(Op::Args{all ? kdn::ipc::EvictMode::kAll : kdn::ipc::EvictMode::kByKeys}, r.sqe);
   if (!all) {
     std::vector<kdn_key> k(keys.size());
@@ -270,15 +405,18 @@ int main(int argc, char** argv) {
   bool json = false, prom = false;
   auto* stats = app.add_subcommand("stats", "counters of the namespace (and of the daemon, for admins)");
   stats->add_flag("--json", json, "one JSON object");
-  stats->add_flag("--prometheus", prom, "Prometheus text format");
+  stats->add_flag("--prometheus", prom, "kdnd's Prometheus page, as its endpoint serves it (admin)");
   uint64_t limit = 0;
+  std::string ls_tier, evict_tier;
   auto* ls = app.add_subcommand("ls", "list chunks (admin)");
   ls->add_option("--limit", limit, "at most N rows (0: all)")->capture_default_str();
+  ls->add_option("--tier", ls_tier, "only chunks with a copy in this tier (gpu, host, disk, remote)");
   bool all = false;
   std::vector<std::string> keys;
   auto* evict = app.add_subcommand("evict", "evict unleased chunks (admin)");
   evict->add_flag("--all", all, "every unleased chunk of the namespace");
   evict->add_option("--key", keys, "chunk key(s) as printed by ls");
+  evict->add_option("--tier", evict_tier, "host: move chunks out of the arena into the disk tier instead");
   CLI11_PARSE(app, argc, argv);
 
   kdn_connect_opts o{};
@@ -296,10 +434,10 @@ int main(int argc, char** argv) {
   }
   if (ping->parsed()) return cmd_ping(**c, count, wakes);
   if (stats->parsed()) return cmd_stats(**c, json, prom);
-  if (ls->parsed()) return cmd_ls(**c, limit);
+  if (ls->parsed()) return cmd_ls(**c, limit, ls_tier);
   if (!all && keys.empty()) {
     std::fprintf(stderr, "kdnctl evict: give --all or --key\n");
     return 2;
   }
-  return cmd_evict(**c, all, keys);
+  return cmd_evict(**c, all, keys, evict_tier);
 }

@@ -99,7 +99,7 @@ class TieredStoreTest : public ::testing::Test {
       tiers[tier_index(TierId::kDisk)] = disk_.get();
       rules[tier_index(TierId::kDisk)] = TierRules{EvictAction::kDrop, EvictionKind::kLru};
     }
-    store_ = std::make_unique<TieredStore>(TierPolicy(tiers, rules));
+    store_ = std::make_unique<TieredStore>(TierPolicy(tiers, rules), options_);
     staged_.assign(kChunk, std::byte{0});
   }
 
@@ -147,6 +147,7 @@ class TieredStoreTest : public ::testing::Test {
   std::unique_ptr<HostArenaTier> host_;
   std::unique_ptr<FaultTier> disk_;
   std::unique_ptr<TieredStore> store_;
+  StoreOptions options_;
   std::vector<std::byte> staged_;
   uint64_t now_ = 1;
 };
@@ -271,6 +272,7 @@ TEST_F(TieredStoreTest, DamagedCopiesAreDroppedAndFailedReadsKeepTheirCopy) {
 }
 
 TEST_F(TieredStoreTest, FailedDemotionKeepsTheChunkAndALeaseKeepsTheHostCopy) {
+  options_.drop_on_failed_demotion = false;
   build(2, true);
   put(1);
   put(2);
@@ -297,6 +299,109 @@ TEST_F(TieredStoreTest, FailedDemotionKeepsTheChunkAndALeaseKeepsTheHostCopy) {
   EXPECT_TRUE(e->in_tier(TierId::kDisk));
   EXPECT_TRUE(host_bytes_are(e, victim_key));
   store_->unpin(e);
+}
+
+TEST_F(TieredStoreTest, FailedDemotionDropsTheCopyItMadeRoomFor) {
+  build(2, true);  // drop_on_failed_demotion by default: a failing disk must not stall the node
+  put(1);
+  put(2);
+  disk_->fail_next(Transfer::Direction::kWrite, Status(Code::kNoSpace, "ENOSPC"));
+  ASSERT_EQ(store_->reserve(K(3), kFp, kChunk, 1, ++now_).status().code(), Code::kInProgress);
+  bool room = false;
+  settle_until([&](auto&) { return disk_->in_flight() == 0; }, &room);
+  EXPECT_TRUE(room);
+  EXPECT_EQ(store_->counters().failed_demotions, 1u);
+  EXPECT_EQ(store_->counters().dropped_chunks, 1u);
+  auto r = store_->reserve(K(3), kFp, kChunk, 1, ++now_);
+  ASSERT_TRUE(r.ok()) << "the dropped copy made the room: " << r.status().what();
+  store_->abort(r->entry);
+}
+
+TEST_F(TieredStoreTest, WriteThroughCommitsCompleteOnceTheCopyBelowLanded) {
+  options_.write_through = true;
+  build(4, true);
+  auto r = store_->reserve(K(1), kFp, kChunk, 1, ++now_);
+  ASSERT_TRUE(r.ok());
+  std::memset(staged_.data(), 1, kChunk);
+  ASSERT_TRUE(store_->commit(r->entry, staged_.data(), 77, 5).ok());
+  // The host copy lands first; the event waits for the disk write.
+  std::vector<StoreEvent> ev;
+  bool room = false;
+  for (int i = 0; i < 100000 && disk_->held() == 0; ++i) store_->poll(ev, &room);
+  ASSERT_EQ(disk_->held(), 1u) << "the commit started a write to the disk tier";
+  EXPECT_TRUE(ev.empty()) << "no COMMIT completion before the disk write";
+  uint32_t tier = 0;
+  EXPECT_EQ(hits(1, &tier), 1u) << "readable in the host tier meanwhile";
+  ev = settle_until([](auto& e) { return !e.empty(); });
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].waiter, 77u);
+  EXPECT_EQ(ev[0].cookie, 5u);
+  EXPECT_TRUE(ev[0].status.ok());
+  const Entry* e = store_->index().find(K(1));
+  EXPECT_TRUE(e->in_tier(TierId::kHost) && e->in_tier(TierId::kDisk));
+  EXPECT_EQ(store_->counters().written_through_chunks, 1u);
+  // A failed disk write still completes the commit: the chunk is committed in the host tier.
+  disk_->fail_next(Transfer::Direction::kWrite, Status(Code::kIo, "EIO"));
+  r = store_->reserve(K(2), kFp, kChunk, 1, ++now_);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(store_->commit(r->entry, staged_.data(), 78, 6).ok());
+  ev = settle_until([](auto& e) { return !e.empty(); });
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_TRUE(ev[0].status.ok());
+  EXPECT_TRUE(store_->index().find(K(2))->in_tier(TierId::kHost));
+  EXPECT_FALSE(store_->index().find(K(2))->in_tier(TierId::kDisk));
+}
+
+TEST_F(TieredStoreTest, AdoptedChunksAreServedByPromotion) {
+  build(2, true);
+  auto p = disk_->allocate(kChunk);
+  ASSERT_TRUE(p.ok());
+  std::memset(disk_->bytes_at(*p), 9, kChunk);
+  ASSERT_TRUE(store_->adopt(K(9), kFp, kChunk, TierId::kDisk, *p, ++now_));
+  auto dup = disk_->allocate(kChunk);
+  ASSERT_TRUE(dup.ok());
+  EXPECT_FALSE(store_->adopt(K(9), kFp, kChunk, TierId::kDisk, *dup, ++now_)) << "a key is adopted once";
+  uint32_t tier = 0;
+  EXPECT_EQ(hits(9, &tier), 1u);
+  EXPECT_EQ(tier, tier_index(TierId::kDisk));
+  Entry* e = nullptr;
+  ASSERT_EQ(store_->acquire(K(9), kChunk, 1, &e, ++now_), TieredStore::Acquired::kPromoting);
+  settle_until([](auto& ev) { return !ev.empty(); });
+  ASSERT_EQ(store_->acquire(K(9), kChunk, 1, &e, ++now_), TieredStore::Acquired::kLeased);
+  EXPECT_TRUE(host_bytes_are(e, 9));
+  store_->unpin(e);
+  EXPECT_EQ(store_->counters().recovered_chunks, 1u);
+}
+
+TEST_F(TieredStoreTest, DemoteAllAndWriteDownMoveChunksBelow) {
+  build(4, true);
+  put(1);
+  put(2);
+  put(3);
+  Entry* leased = nullptr;
+  ASSERT_EQ(store_->acquire(K(3), kChunk, 1, &leased, ++now_), TieredStore::Acquired::kLeased);
+  // write_down: copies, keeping the host copy.
+  EXPECT_EQ(store_->write_down(1), 1u);
+  settle_until([&](auto&) { return disk_->in_flight() == 0; });
+  EXPECT_EQ(store_->write_down(100), 2u);
+  settle_until([&](auto&) { return disk_->in_flight() == 0; });
+  EXPECT_EQ(store_->write_down(100), 0u) << "everything has a copy below";
+  for (uint64_t i : {1, 2, 3}) EXPECT_TRUE(store_->index().find(K(i))->in_tier(TierId::kHost));
+  // demote_all: chunks with a copy below just leave the host tier; leased ones stay.
+  put(4);
+  const auto [dropped, demoting] = store_->demote_all(55);
+  EXPECT_EQ(dropped, 2u);
+  EXPECT_EQ(demoting, 1u);
+  auto ev = settle_until([](auto& e) { return !e.empty(); });
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].waiter, 55u);
+  for (uint64_t i : {1, 2, 4}) {
+    const Entry* e = store_->index().find(K(i));
+    EXPECT_FALSE(e->in_tier(TierId::kHost)) << i;
+    EXPECT_TRUE(e->in_tier(TierId::kDisk)) << i;
+  }
+  EXPECT_TRUE(leased->in_tier(TierId::kHost));
+  store_->unpin(leased);
 }
 
 TEST_F(TieredStoreTest, AbortAndAdminEvictFreeEverything) {

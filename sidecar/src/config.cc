@@ -52,6 +52,9 @@ constexpr KeyDef kConfigKeys[] = {
     {.key = "slice_us", .field = &Config::slice_us, .default_text = "200",
      .help = "one request's slice of work before other sessions get a turn", .min = 10,
      .max = 100000},
+    {.key = "room_wait_ms", .field = &Config::room_wait_ms, .default_text = "1000",
+     .help = "a RESERVE or LEASE that needs room a demotion in flight will free waits this long, "
+             "then gets what fits", .max = 600000},
     {.key = "handshake_timeout_ms", .field = &Config::handshake_timeout_ms,
      .default_text = "2000", .help = "a connection that sends no hello in this time is closed",
      .min = 1},
@@ -121,6 +124,55 @@ constexpr KeyDef kConfigKeys[] = {
     {.key = "tier.host.copy_threads", .field = &HostTierConfig::copy_threads,
      .default_text = "min(4, CPUs)", .help = "workers copying staging areas into the arena",
      .computed = true},
+    {.key = "tier.host.max_demotions", .field = &HostTierConfig::max_demotions, .default_text = "32",
+     .help = "demotions to the disk tier in flight at once to make room in the arena", .min = 1,
+     .max = 65536},
+    // ---- [tier.disk]
+    {.key = "tier.disk.dirs", .field = &DiskTierConfig::dirs, .default_text = "",
+     .help = "one directory per NVMe device, each on a file system with O_DIRECT; empty: no disk "
+             "tier"},
+    {.key = "tier.disk.bytes", .field = &DiskTierConfig::bytes, .default_text = "16G",
+     .help = "slab file of each directory, per declared namespace (preallocated and written once "
+             "at creation)", .min = kMiB},
+    {.key = "tier.disk.slab_bytes", .field = &DiskTierConfig::slab_bytes, .default_text = "64M",
+     .help = "slab of the slab files; a chunk larger than a slab spans several", .min = kMiB},
+    {.key = "tier.disk.queue_depth", .field = &DiskTierConfig::queue_depth, .default_text = "32",
+     .help = "chunk reads and writes in flight per directory and namespace (io_uring queue depth; "
+             "a chunk's 4 KiB header write and slab table writes have as many slots again)",
+     .min = 1, .max = 4096},
+    {.key = "tier.disk.policy", .field = &DiskTierConfig::policy, .default_text = "write_back",
+     .help = "write_back: chunks go to disk when the arena evicts them; write_through: also as "
+             "they are committed (a COMMIT completes once on disk)",
+     .choices = "write_back|write_through"},
+    {.key = "tier.disk.eviction", .field = &DiskTierConfig::eviction, .default_text = "lru",
+     .help = "which chunk leaves the disk tier when it is full", .choices = "lru|s3fifo"},
+    {.key = "tier.disk.fsync", .field = &DiskTierConfig::fsync, .default_text = "none",
+     .help = "none: writes survive a kdnd crash; batch: fdatasync after writes, one in flight per "
+             "file, so they survive a power loss too", .choices = "none|batch"},
+    {.key = "tier.disk.register_buffers", .field = &DiskTierConfig::register_buffers,
+     .default_text = "true",
+     .help = "register the arena with io_uring as fixed buffers (needs RLIMIT_MEMLOCK or "
+             "CAP_IPC_LOCK; without, kdnd says so once and runs unregistered)"},
+    {.key = "tier.disk.workers", .field = &DiskTierConfig::workers, .default_text = "min(4, CPUs)",
+     .help = "threads encoding and decoding compressed disk chunks (checksums run on the event loop, "
+             "in slices)", .computed = true, .max = 256},
+    {.key = "tier.disk.read_ahead", .field = &DiskTierConfig::read_ahead, .default_text = "16",
+     .help = "chunks of a prefix promoted ahead of a LEASE or LOOKUP that meets the disk tier",
+     .max = 65536},
+    {.key = "tier.disk.prefetch_max_chunks", .field = &DiskTierConfig::prefetch_max_chunks,
+     .default_text = "4096", .help = "chunks one PREFETCH (kdn_prefetch) may promote", .min = 1,
+     .max = 65536},
+    {.key = "tier.disk.encode_queue", .field = &DiskTierConfig::encode_queue, .default_text = "8",
+     .help = "chunks waiting for an encoder beyond which demotions are written raw (and "
+             "re-encoded when the disk is idle)", .max = 65536},
+    {.key = "tier.disk.reencode", .field = &DiskTierConfig::reencode, .default_text = "true",
+     .help = "re-encode chunks written raw while the disk tier is idle"},
+    {.key = "tier.disk.write_error", .field = &DiskTierConfig::write_error, .default_text = "drop",
+     .help = "a demotion that fails drops the arena copy it made room for (drop) or keeps it "
+             "(keep)", .choices = "drop|keep"},
+    {.key = "tier.disk.flush_on_stop", .field = &DiskTierConfig::flush_on_stop,
+     .default_text = "true",
+     .help = "on SIGTERM, write every chunk held only in the arena to disk before exiting"},
     // ---- [namespace.NAME]
     {.key = "namespace.*.allow_uids", .field = &NamespaceConfig::allow_uids,
      .default_text = "the daemon's uid", .help = "uids that may connect (root always may)",
@@ -136,6 +188,11 @@ constexpr KeyDef kConfigKeys[] = {
      .help = "host arena of this namespace; 0: tier.host.bytes"},
     {.key = "namespace.*.max_sessions", .field = &NamespaceConfig::max_sessions,
      .default_text = "0", .help = "sessions in this namespace; 0: only max_sessions applies"},
+    {.key = "namespace.*.disk_codec", .field = &NamespaceConfig::disk_codec, .default_text = "none",
+     .help = "chunks at rest in the disk tier: none, lossless (bit-exact) or lossy int8, kivi4",
+     .choices = "none|lossless|int8|kivi4"},
+    {.key = "namespace.*.disk_bytes", .field = &NamespaceConfig::disk_bytes, .default_text = "0",
+     .help = "this namespace's slab file per disk directory; 0: tier.disk.bytes"},
 };
 // clang-format on
 
@@ -179,13 +236,16 @@ bool resolve_tier_key(std::string_view key, ResolvedKey* out, std::string* why) 
   const std::string_view rest = key.substr(std::string_view("tier.").size());
   const size_t dot = rest.find('.');
   const std::string_view tier = rest.substr(0, dot);
-  if (tier != config_table::kHostTierName) {
-    *why = "unknown tier '" + std::string(tier) + "' (this kdnd has: host)";
+  Section section;
+  if (tier == config_table::kHostTierName) section = Section::kTierHost;
+  else if (tier == config_table::kDiskTierName) section = Section::kTierDisk;
+  else {
+    *why = "unknown tier '" + std::string(tier) + "' (this kdnd has: " + config_table::kTierNames + ")";
     return false;
   }
   const std::string_view name = dot == std::string_view::npos ? "" : rest.substr(dot + 1);
-  out->def = config_table::find_key(Section::kTierHost, name);
-  if (!out->def) *why = unknown_key(key, Section::kTierHost, name, "");
+  out->def = config_table::find_key(section, name);
+  if (!out->def) *why = unknown_key(key, section, name, "");
   return out->def != nullptr;
 }
 
@@ -277,6 +337,28 @@ std::string check_arenas(const Config& c) {
     if (ns.max_bytes != 0 && ns.max_bytes < c.host.slab_bytes)
       return key_and_value(&NamespaceConfig::max_bytes, c, &ns) + ": smaller than " +
              key_and_value(&HostTierConfig::slab_bytes, c) + " (an arena holds whole slabs)";
+  return "";
+}
+
+std::string check_disk(const Config& c) {
+  const DiskTierConfig& d = c.disk;
+  if (d.dirs.empty()) return "";
+  if (d.slab_bytes % 4096 != 0)
+    return key_and_value(&DiskTierConfig::slab_bytes, c) + ": not a multiple of 4K (direct I/O)";
+  if (d.bytes < d.slab_bytes)
+    return key_and_value(&DiskTierConfig::bytes, c) + ": smaller than " +
+           key_and_value(&DiskTierConfig::slab_bytes, c) + " (a slab file holds whole slabs)";
+  for (size_t i = 0; i < d.dirs.size(); ++i) {
+    if (d.dirs[i].empty() || d.dirs[i][0] != '/')
+      return key_and_value(&DiskTierConfig::dirs, c) + ": '" + d.dirs[i] + "' is not an absolute path";
+    for (size_t j = 0; j < i; ++j)
+      if (d.dirs[j] == d.dirs[i])
+        return key_and_value(&DiskTierConfig::dirs, c) + ": '" + d.dirs[i] + "' is listed twice";
+  }
+  for (const NamespaceConfig& ns : c.namespaces)
+    if (ns.disk_bytes != 0 && ns.disk_bytes < d.slab_bytes)
+      return key_and_value(&NamespaceConfig::disk_bytes, c, &ns) + ": smaller than " +
+             key_and_value(&DiskTierConfig::slab_bytes, c);
   return "";
 }
 
@@ -427,6 +509,7 @@ void Config::fill_defaults() {
   if (host.bytes == 0) host.bytes = std::min<uint64_t>(4ull << 30, total_ram_bytes() / 4);
   if (host.copy_threads == 0)
     host.copy_threads = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
+  if (disk.workers == 0) disk.workers = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
   const uint32_t me = getuid();
   const UidList me_and_root = me == 0 ? UidList{0} : UidList{me, 0};
   if (admin_uids.empty()) admin_uids = me_and_root;
@@ -437,7 +520,7 @@ void Config::fill_defaults() {
 }
 
 Status Config::validate(std::string* error) const {
-  for (auto check : {check_bounds, check_arenas, check_daemon, check_namespaces}) {
+  for (auto check : {check_bounds, check_arenas, check_disk, check_daemon, check_namespaces}) {
     if (std::string problem = check(*this); !problem.empty())
       return config_table::config_error(error, std::move(problem), "config: invalid configuration");
   }
@@ -449,6 +532,8 @@ std::string Config::to_toml() const {
   append_section(&out, Section::kDaemon, *this, nullptr);
   out += "\n[tier.host]\n";
   append_section(&out, Section::kTierHost, *this, nullptr);
+  out += "\n[tier.disk]\n";
+  append_section(&out, Section::kTierDisk, *this, nullptr);
   for (const NamespaceConfig& ns : namespaces) {
     out += "\n[namespace." + toml_key(ns.name) + "]\n";
     append_section(&out, Section::kNamespace, *this, &ns);

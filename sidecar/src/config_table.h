@@ -7,6 +7,7 @@
 //
 //   std::string -> string    bool -> bool    uint32_t -> u32
 //   uint64_t    -> size (bytes; "64M" and friends)    UidList -> list of u32
+//   PathList    -> list of strings
 #pragma once
 
 #include <kdn/sidecar/config.h>
@@ -23,15 +24,19 @@
 namespace kdn::sidecar::config_table {
 
 using UidList = std::vector<uint32_t>;
+using PathList = std::vector<std::string>;
 
-// Where a key lives in a file: at the top, in [tier.host], or in every [namespace.NAME].
-enum class Section { kDaemon, kTierHost, kNamespace };
+// Where a key lives in a file: at the top, in [tier.host], [tier.disk], or in every
+// [namespace.NAME].
+enum class Section { kDaemon, kTierHost, kTierDisk, kNamespace };
 
 // The member a key reads and writes.
 using Field =
     std::variant<std::string Config::*, bool Config::*, uint32_t Config::*, uint64_t Config::*,
                  UidList Config::*, std::string HostTierConfig::*, bool HostTierConfig::*,
                  uint32_t HostTierConfig::*, uint64_t HostTierConfig::*,
+                 std::string DiskTierConfig::*, bool DiskTierConfig::*, uint32_t DiskTierConfig::*,
+                 uint64_t DiskTierConfig::*, PathList DiskTierConfig::*,
                  std::string NamespaceConfig::*, UidList NamespaceConfig::*,
                  uint32_t NamespaceConfig::*, uint64_t NamespaceConfig::*>;
 
@@ -68,7 +73,7 @@ const KeyDef& row_of(const Field& member);
 // of `name`, else "". Keys of `section` win ties; `ns` fills in a namespace key.
 std::string did_you_mean(Section section, std::string_view name, std::string_view ns);
 
-// "string", "bool", "u32", "size" or "list of u32".
+// "string", "bool", "u32", "size", "list of u32" or "list of strings".
 const char* type_name(const KeyDef& k);
 
 template <class M>
@@ -88,6 +93,7 @@ void with_value(const KeyDef& k, C& c, N* ns, Fn&& fn) {
         using Owner = typename MemberTraits<decltype(member)>::Owner;
         if constexpr (std::is_same_v<Owner, Config>) fn(c.*member);
         else if constexpr (std::is_same_v<Owner, HostTierConfig>) fn(c.host.*member);
+        else if constexpr (std::is_same_v<Owner, DiskTierConfig>) fn(c.disk.*member);
         else fn(ns->*member);
       },
       k.field);
@@ -99,6 +105,7 @@ bool parse_text(std::string_view s, bool* out, std::string* why);
 bool parse_text(std::string_view s, uint32_t* out, std::string* why);
 bool parse_text(std::string_view s, uint64_t* out, std::string* why);  // a size
 bool parse_text(std::string_view s, UidList* out, std::string* why);
+bool parse_text(std::string_view s, PathList* out, std::string* why);  // comma-separated
 
 // A whole number from a file into a u32: false and `why` if negative or too large.
 bool u32_from(int64_t v, uint32_t* out, std::string* why);
@@ -109,6 +116,7 @@ std::string toml_text(bool v);
 std::string toml_text(uint32_t v);
 std::string toml_text(uint64_t v);
 std::string toml_text(const UidList& v);
+std::string toml_text(const PathList& v);
 
 // A size without quotes: "64M" when a suffix divides it, else the plain number.
 std::string size_text(uint64_t v);
@@ -123,8 +131,10 @@ bool assign_text(const KeyDef& k, std::string_view text, Config& c, NamespaceCon
 // The namespace `name` of `c`, appended (with `line`) if it is not there yet.
 NamespaceConfig& namespace_entry(Config& c, const std::string& name, int line);
 
-// The one tier this build has, for "unknown tier" messages.
+// The tiers this build configures, for sections and "unknown tier" messages.
 inline constexpr const char* kHostTierName = "host";
+inline constexpr const char* kDiskTierName = "disk";
+inline constexpr const char* kTierNames = "host, disk";
 // What valid_namespace_name() accepts, for messages.
 inline constexpr const char* kNamespaceNameRule =
     "a namespace name is 1 to 63 bytes of A-Z a-z 0-9 . _ - and does not start with '.'";

@@ -70,6 +70,9 @@ TEST(ConfigTable, KeysSitInTheirSections) {
       case Section::kTierHost:
         EXPECT_EQ(key.rfind("tier.host.", 0), 0u) << key;
         break;
+      case Section::kTierDisk:
+        EXPECT_EQ(key.rfind("tier.disk.", 0), 0u) << key;
+        break;
       case Section::kNamespace:
         EXPECT_EQ(key.rfind("namespace.*.", 0), 0u) << key;
         break;
@@ -259,8 +262,8 @@ TEST_F(ConfigFiles, UnknownKeysSectionsAndTiersAreErrors) {
   EXPECT_THAT(load("[server]\nport = 5\n"), HasSubstr("kdnd.toml:1: unknown section '[server]'"));
   EXPECT_THAT(load("[tier.host.extra]\n"),
               HasSubstr("kdnd.toml:1: unknown section '[tier.host.extra]'"));
-  EXPECT_THAT(load("[tier.host]\nbytes = 5\n[tier.disk]\nbytes = 5\n"),
-              HasSubstr("kdnd.toml:3: unknown tier 'disk' (this kdnd has: host)"));
+  EXPECT_THAT(load("[tier.host]\nbytes = 5\n[tier.gpu]\nbytes = 5\n"),
+              HasSubstr("kdnd.toml:3: unknown tier 'gpu' (this kdnd has: host, disk)"));
   EXPECT_THAT(load("[namespace.team.a]\n"),
               AllOf(HasSubstr("kdnd.toml:1: unknown section '[namespace.team.a]'"),
                     HasSubstr("[namespace.\"team.a\"]")));
@@ -389,8 +392,8 @@ TEST(ConfigSet, ErrorsNameTheFlagKeyAndValue) {
       {"tier.host.populate", "maybe", "--set tier.host.populate=maybe: not a bool"},
       {"max_sesions", "1",
        "--set max_sesions=1: unknown key 'max_sesions' (did you mean 'max_sessions'?)"},
-      {"tier.disk.bytes", "1G",
-       "--set tier.disk.bytes=1G: unknown tier 'disk' (this kdnd has: host)"},
+      {"tier.gpu.bytes", "1G",
+       "--set tier.gpu.bytes=1G: unknown tier 'gpu' (this kdnd has: host, disk)"},
       {"tier.host", "1G", "--set tier.host=1G: unknown key 'tier.host'"},
       {"namespace.a.max_byte", "1",
        "--set namespace.a.max_byte=1: unknown key 'namespace.a.max_byte' (did you "
@@ -540,6 +543,7 @@ TEST_F(ConfigFiles, PrintedConfigLoadsBackTheSame) {
       std::string key = k.key;
       if (key.rfind("namespace.*.", 0) == 0) key = "[namespace.b]";
       else if (key.rfind("tier.host.", 0) == 0) key = key.substr(10);
+      else if (key.rfind("tier.disk.", 0) == 0) key = key.substr(10);
       EXPECT_THAT(printed, HasSubstr(key)) << "missing from --print-config";
     }
   }

@@ -90,14 +90,21 @@ void walk_tiers(const toml::key& k, const toml::node& v, std::vector<Step>* step
     return;
   }
   for (auto&& [name, tier] : *tiers) {
-    if (name.str() != config_table::kHostTierName) {
+    const std::string tier_name(name.str());
+    Section section;
+    if (tier_name == config_table::kHostTierName) section = Section::kTierHost;
+    else if (tier_name == config_table::kDiskTierName) section = Section::kTierDisk;
+    else {
       add_error(steps, name,
-                "unknown tier '" + std::string(name.str()) + "' (this kdnd has: host)");
-    } else if (const toml::table* t = tier.as_table()) {
-      walk_section(Section::kTierHost, "tier.host.", "", *t, steps);
+                "unknown tier '" + tier_name + "' (this kdnd has: " + config_table::kTierNames + ")");
+      continue;
+    }
+    if (const toml::table* t = tier.as_table()) {
+      walk_section(section, "tier." + tier_name + ".", "", *t, steps);
     } else {
       add_error(steps, name,
-                "tier.host = " + as_written(tier) + ": expected a section [tier.host]");
+                "tier." + tier_name + " = " + as_written(tier) + ": expected a section [tier." +
+                    tier_name + "]");
     }
   }
 }
@@ -184,6 +191,26 @@ bool from_node(const toml::node& n, UidList* out, std::string* why) {
       return false;
     }
     list.push_back(v);
+  }
+  *out = std::move(list);
+  return true;
+}
+
+bool from_node(const toml::node& n, config_table::PathList* out, std::string* why) {
+  const toml::array* a = n.as_array();
+  if (!a) {
+    *why = "expected a list of strings, like [\"/nvme0/kdn\", \"/nvme1/kdn\"]";
+    return false;
+  }
+  config_table::PathList list;
+  for (const toml::node& e : *a) {
+    std::string v;
+    if (!from_node(e, &v, why) || v.empty()) {
+      *why = "element " + std::to_string(list.size() + 1) + " (" + as_written(e) + "): " +
+             (v.empty() && why->empty() ? std::string("empty") : *why);
+      return false;
+    }
+    list.push_back(std::move(v));
   }
   *out = std::move(list);
   return true;

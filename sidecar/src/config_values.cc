@@ -69,6 +69,7 @@ Section section_of(const KeyDef& k) {
         using Owner = typename MemberTraits<decltype(member)>::Owner;
         if constexpr (std::is_same_v<Owner, Config>) return Section::kDaemon;
         else if constexpr (std::is_same_v<Owner, HostTierConfig>) return Section::kTierHost;
+        else if constexpr (std::is_same_v<Owner, DiskTierConfig>) return Section::kTierDisk;
         else return Section::kNamespace;
       },
       k.field);
@@ -116,6 +117,7 @@ const char* type_name(const KeyDef& k) {
         else if constexpr (std::is_same_v<T, bool>) return "bool";
         else if constexpr (std::is_same_v<T, uint32_t>) return "u32";
         else if constexpr (std::is_same_v<T, uint64_t>) return "size";
+        else if constexpr (std::is_same_v<T, PathList>) return "list of strings";
         else return "list of u32";
       },
       k.field);
@@ -213,6 +215,25 @@ bool parse_text(std::string_view s, UidList* out, std::string* why) {
   return true;
 }
 
+bool parse_text(std::string_view s, PathList* out, std::string* why) {
+  s = trim(s);
+  if (s.starts_with('[') && s.ends_with(']')) s = trim(s.substr(1, s.size() - 2));  // as printed
+  PathList list;
+  for (size_t start = 0; !s.empty() && start <= s.size();) {
+    const size_t comma = std::min(s.find(',', start), s.size());
+    std::string_view item = trim(s.substr(start, comma - start));
+    if (item.size() >= 2 && item.front() == '"' && item.back() == '"') item = item.substr(1, item.size() - 2);
+    if (item.empty()) {
+      *why = "element " + std::to_string(list.size() + 1) + " is empty";
+      return false;
+    }
+    list.emplace_back(item);
+    start = comma + 1;
+  }
+  *out = std::move(list);
+  return true;
+}
+
 bool u32_from(int64_t v, uint32_t* out, std::string* why) {
   if (v < 0) *why = "must not be negative";
   else if (v > int64_t{UINT32_MAX}) *why = "too large (at most 4294967295)";
@@ -252,6 +273,12 @@ std::string toml_text(uint64_t v) {
 std::string toml_text(const UidList& v) {
   std::string out = "[";
   for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + "]";
+}
+
+std::string toml_text(const PathList& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + toml_text(v[i]);
   return out + "]";
 }
 

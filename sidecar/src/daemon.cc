@@ -83,13 +83,17 @@ ipc::ListenOptions listen_options(const Config& c) {
   o.socket_mode = others ? 0666 : 0600;
   return o;
 }
+// A tier wake fd's epoll id: the namespace's region id and which of its tiers.
+constexpr uint64_t wake_id(uint32_t region, bool disk) { return (uint64_t(region) << 1) | (disk ? 1u : 0u); }
 
 }  // namespace
 
 class DaemonImpl {
  public:
   explicit DaemonImpl(Config c)
-      : cfg_(std::move(c)), models_(cfg_.max_models_total), handler_(models_, counters_, cfg_) {}
+      : cfg_(std::move(c)), models_(cfg_.max_models_total), handler_(models_, counters_, cfg_) {
+    handler_.set_metrics_renderer([this] { return prometheus_text(counters_, metrics_namespaces()); });
+  }
 
   Status start();
   Status run();
@@ -140,6 +144,9 @@ class DaemonImpl {
   // An arena for `name`, mapped but not pre-faulted (the Prefaulter does that for declared
   // namespaces after kdnd listens).
   Result<Namespace*> open_namespace(const std::string& name, const NamespaceConfig& policy, bool configured);
+  Status open_disk_tier(Namespace& ns, std::array<Tier*, kTierCount>& tiers, std::array<TierRules, kTierCount>& rules,
+                        std::vector<RecoveredChunk>* recovered);
+  void write_down_on_stop();
   void release_namespaces(uint64_t now);
   void close_session(Session* s, const char* why);
   void destroy_session(Session* s);
@@ -275,8 +282,13 @@ Result<Namespace*> DaemonImpl::open_namespace(const std::string& name, const Nam
   std::array<TierRules, kTierCount> rules{};
   rules[tier_index(TierId::kHost)] = TierRules{EvictAction::kDrop, ev};
   auto ns = std::make_unique<Namespace>();
+  std::vector<RecoveredChunk> recovered;
   ns->name = name;
   ns->policy = policy;
+  ns->host = std::move(*host);
+  // T2 for declared namespaces: a client-created namespace is released with its memory after
+  // namespace_grace_s, and a persistent copy of it would outlive the namespace.
+  if (configured && !cfg_.disk.dirs.empty()) KDN_RETURN_IF_ERROR(open_disk_tier(*ns, tiers, rules, &recovered));
   ns->token = token;
   ns->configured = configured;
   auto& region = regions_[name];
@@ -284,16 +296,58 @@ Result<Namespace*> DaemonImpl::open_namespace(const std::string& name, const Nam
   ++region.second;  // memory under this id is new: references to the old arena are stale
   ns->region_id = region.first;
   ns->region_generation = region.second;
-  ns->host = std::move(*host);
-  ns->store = std::make_unique<TieredStore>(TierPolicy(tiers, rules));
+  StoreOptions so;
+  so.max_demotions = cfg_.host.max_demotions;
+  so.write_through = ns->disk && cfg_.disk.policy == "write_through";
+  so.drop_on_failed_demotion = cfg_.disk.write_error != "keep";
+  ns->store = std::make_unique<TieredStore>(TierPolicy(tiers, rules), so);
   ns->empty_since_ns = now_ns();
-  KDN_RETURN_IF_ERROR(poller_.add(ns->host->wake_fd(), tag(kTierWake, ns->region_id)));
+  for (const RecoveredChunk& rc : recovered)
+    (void)ns->store->adopt(rc.key, rc.fingerprint, rc.raw_bytes, TierId::kDisk, rc.placement, ns->empty_since_ns);
+  KDN_RETURN_IF_ERROR(poller_.add(ns->host->wake_fd(), tag(kTierWake, wake_id(ns->region_id, false))));
+  if (ns->disk) KDN_RETURN_IF_ERROR(poller_.add(ns->disk->wake_fd(), tag(kTierWake, wake_id(ns->region_id, true))));
   spdlog::info("namespace '{}': host arena {} MiB mapped in {:.0f} ms{}", name, ns->host->arena().size() >> 20,
                (now_ns() - t0) / 1e6, configured ? "" : " (created by a client)");
   Namespace* raw = ns.get();
   namespaces_.emplace(name, std::move(ns));
   counters_.namespaces = namespaces_.size();
   return raw;
+}
+
+Status DaemonImpl::open_disk_tier(Namespace& ns, std::array<Tier*, kTierCount>& tiers,
+                                  std::array<TierRules, kTierCount>& rules, std::vector<RecoveredChunk>* recovered) {
+  DiskTierOptions o;
+  o.dirs = cfg_.disk.dirs;
+  o.name_space = ns.name;
+  o.bytes_per_dir = ns.policy.disk_bytes ? ns.policy.disk_bytes : cfg_.disk.bytes;
+  o.slab_bytes = cfg_.disk.slab_bytes;
+  o.queue_depth = cfg_.disk.queue_depth;
+  o.register_buffers = cfg_.disk.register_buffers;
+  o.workers = cfg_.disk.workers;
+  (void)disk::parse_disk_codec(ns.policy.disk_codec, &o.codec);
+  o.encode_queue = cfg_.disk.encode_queue;
+  o.reencode = cfg_.disk.reencode;
+  o.fsync_batch = cfg_.disk.fsync == "batch";
+  o.arena = std::span(ns.host->arena().data(), ns.host->arena().size());
+  spdlog::info("namespace '{}': opening the disk tier ({} dir(s), {} MiB each, codec {}, {})", ns.name, o.dirs.size(),
+               o.bytes_per_dir >> 20, disk::disk_codec_name(o.codec), cfg_.disk.policy);
+  RecoveryReport report;
+  auto disk = DiskTier::open(o, DiskIo::system(), recovered, &report);
+  if (!disk.ok()) {
+    spdlog::error("namespace '{}': the disk tier did not open: {}", ns.name, disk.status().what());
+    return disk.status();
+  }
+  ns.disk = std::move(disk.value());
+  spdlog::info("namespace '{}': disk tier ready: {} chunks ({} MiB) recovered from {} slot headers in {} slabs in "
+               "{:.3f} s ({} older copies, {} empty or invalid slots){}",
+               ns.name, report.chunks, report.bytes >> 20, report.headers_read, report.slabs_scanned, report.seconds,
+               report.stale, report.invalid, report.created ? "; new slab file(s) created" : "");
+  EvictionKind ev = EvictionKind::kLru;
+  (void)parse_eviction_kind(cfg_.disk.eviction, &ev);
+  tiers[tier_index(TierId::kDisk)] = ns.disk.get();
+  rules[tier_index(TierId::kHost)].on_evict = EvictAction::kDemote;
+  rules[tier_index(TierId::kDisk)] = TierRules{EvictAction::kDrop, ev};
+  return OkStatus();
 }
 
 // Client-created namespaces without sessions for namespace_grace_s are released with their
@@ -311,6 +365,7 @@ void DaemonImpl::release_namespaces(uint64_t now) {
     spdlog::info("namespace '{}' released after {} s without sessions ({} chunks dropped)", ns.name,
                  cfg_.namespace_grace_s, ns.store->index().size());
     (void)poller_.remove(ns.host->wake_fd());
+    if (ns.disk) (void)poller_.remove(ns.disk->wake_fd());
     it = namespaces_.erase(it);
   }
   counters_.namespaces = namespaces_.size();
@@ -656,6 +711,11 @@ bool DaemonImpl::run_slice() {
 bool DaemonImpl::poll_tiers() {
   bool any = false;
   for (auto& [name, ns] : namespaces_) {
+    // Work of the disk tier nobody waits for (slab table writes, re-encoding, fdatasync)
+    // moves on here; transfers are reaped by the store below.
+    if (ns->disk && ns->disk->background_busy() && ns->store->transfers_in_flight() == 0) ns->disk->service();
+    // Checksums the disk tier computes on the loop, in slices: not a reason to sleep.
+    if (ns->disk && ns->disk->has_loop_work()) any = true;
     if (ns->store->transfers_in_flight() == 0) continue;
     events_.clear();
     bool room = false;
@@ -692,6 +752,8 @@ void DaemonImpl::housekeeping(uint64_t now) {
       make_runnable(op.get());
     }
   }
+  for (auto& [name, ns] : namespaces_)
+    if (ns->disk) ns->disk->housekeeping(now);
   release_namespaces(now);
 }
 
@@ -702,7 +764,10 @@ int DaemonImpl::next_timeout_ms() const {
   auto at_most = [&](int ms) { t = t < 0 ? ms : std::min(t, ms); };
   if (!cfg_.metrics_file.empty()) at_most(1000);
   bool timed = !ops_.empty();
-  for (auto& [name, ns] : namespaces_) timed |= !ns->configured && ns->sessions == 0;
+  for (auto& [name, ns] : namespaces_) {
+    timed |= !ns->configured && ns->sessions == 0;
+    timed |= ns->disk && (ns->disk->pending_reencode() > 0 || ns->disk->background_busy());
+  }
   for (const Session* s : active_) timed |= !s->reservations.empty();
   if (timed) at_most(int(kHousekeepingNs / 1000000));
   const uint64_t now = now_ns();
@@ -751,9 +816,10 @@ Status DaemonImpl::service_control(int timeout_ms) {
         // together with an earlier one and leave the eventfd readable with nothing to reap,
         // which would otherwise wake every epoll_wait at once (an idle daemon at 100% CPU).
         for (auto& [name, ns] : namespaces_) {
-          if (ns->region_id != id) continue;
+          if (wake_id(ns->region_id, false) != id && wake_id(ns->region_id, true) != id) continue;
+          const int fd = (id & 1) && ns->disk ? ns->disk->wake_fd() : ns->host->wake_fd();
           uint64_t count;
-          (void)!::read(ns->host->wake_fd(), &count, sizeof count);
+          (void)!::read(fd, &count, sizeof count);
         }
         break;
       }
@@ -829,9 +895,49 @@ Status DaemonImpl::run() {
     (void)poll_tiers();
     (void)run_slice();
   }
+  write_down_on_stop();
   listen_.reset();
   ::unlink(cfg_.socket_path.c_str());
   return OkStatus();
+}
+
+// SIGTERM: chunks held only in the arena are written to the disk tier, so a restart serves them.
+void DaemonImpl::write_down_on_stop() {
+  for (auto& [name, ns] : namespaces_) {
+    if (!ns->disk) continue;
+    const uint64_t t0 = now_ns();
+    uint64_t started = 0, last_log = t0;
+    if (cfg_.disk.flush_on_stop) {
+      const uint64_t written_before = ns->store->counters().written_through_chunks;
+      // Each chunk is tried once: a disk that fails them all must not keep kdnd from exiting.
+      const uint64_t budget = ns->store->host_only_chunks();
+      if (budget > 0)
+        spdlog::info("namespace '{}': writing {} chunks held only in the arena to the disk tier before exiting",
+                     name, budget);
+      for (;;) {
+        // Keep the device's queue full, not the whole arena in flight at once.
+        const uint64_t room = 4ull * cfg_.disk.queue_depth * ns->disk->devices();
+        const uint64_t in_flight = ns->store->transfers_in_flight();
+        if (in_flight < room) {
+          const uint64_t n = started < budget ? ns->store->write_down(std::min(room - in_flight, budget - started)) : 0;
+          started += n;
+          if (n == 0 && in_flight == 0) break;
+        }
+        events_.clear();
+        bool room_freed = false;
+        if (ns->store->poll(events_, &room_freed) == 0 && ns->store->transfers_in_flight() > 0) ns->disk->service();
+        if (now_ns() - last_log > 1'000'000'000) {
+          spdlog::info("namespace '{}': writing the arena down before exiting: {} chunks so far", name,
+                       ns->store->counters().written_through_chunks - written_before);
+          last_log = now_ns();
+        }
+      }
+      if (started > 0)
+        spdlog::info("namespace '{}': wrote {} arena chunks to the disk tier in {:.2f} s before exiting", name,
+                     ns->store->counters().written_through_chunks - written_before, (now_ns() - t0) / 1e9);
+    }
+    ns->disk->drain();
+  }
 }
 
 std::vector<NamespaceMetrics> DaemonImpl::metrics_namespaces() const {

@@ -59,6 +59,28 @@ std::string prometheus_text(const DaemonCounters& d, const std::vector<Namespace
     metric(c.name, c.type, c.help);
     for (const NamespaceMetrics& n : ns) o << c.name << "{namespace=\"" << n.name << "\"} " << c.get(*n.ns) << '\n';
   }
+  // The disk tier's own counters, for namespaces that have one.
+  using DiskGet = uint64_t (*)(const Namespace&);
+  struct DiskCol { const char* name; const char* type; const char* help; DiskGet get; };
+  static const DiskCol disk_cols[] = {
+      {"kdn_disk_reads_total", "counter", "Chunk payloads read from the disk tier.", [](const Namespace& n) { return n.disk->counters().reads; }},
+      {"kdn_disk_read_bytes_total", "counter", "Bytes read from the disk tier.", [](const Namespace& n) { return n.disk->counters().read_bytes; }},
+      {"kdn_disk_writes_total", "counter", "Chunks written to the disk tier.", [](const Namespace& n) { return n.disk->counters().writes; }},
+      {"kdn_disk_write_bytes_total", "counter", "Bytes written to the disk tier (headers included).", [](const Namespace& n) { return n.disk->counters().write_bytes; }},
+      {"kdn_disk_raw_bytes_written_total", "counter", "Canonical bytes of the chunks written (codec ratio: raw / stored).", [](const Namespace& n) { return n.disk->counters().raw_bytes_written; }},
+      {"kdn_disk_stored_bytes_written_total", "counter", "Stored bytes of the chunks written.", [](const Namespace& n) { return n.disk->counters().stored_bytes_written; }},
+      {"kdn_disk_recovered_chunks", "gauge", "Chunks found on disk at start.", [](const Namespace& n) { return n.store->counters().recovered_chunks; }},
+      {"kdn_disk_faults_io_total", "counter", "Disk I/O errors (EIO and others).", [](const Namespace& n) { return n.disk->counters().io_errors; }},
+      {"kdn_disk_faults_no_space_total", "counter", "Disk writes refused with ENOSPC.", [](const Namespace& n) { return n.disk->counters().no_space; }},
+      {"kdn_disk_faults_end_of_file_total", "counter", "Reads past the end of a slab file.", [](const Namespace& n) { return n.disk->counters().end_of_file; }},
+      {"kdn_disk_faults_crc_total", "counter", "Disk chunks that failed their CRC32C.", [](const Namespace& n) { return n.disk->counters().crc_mismatch; }},
+      {"kdn_disk_faults_decode_total", "counter", "Compressed disk chunks that did not decode.", [](const Namespace& n) { return n.disk->counters().decode_errors; }},
+  };
+  for (const DiskCol& c : disk_cols) {
+    metric(c.name, c.type, c.help);
+    for (const NamespaceMetrics& n : ns)
+      if (n.ns->disk) o << c.name << "{namespace=\"" << n.name << "\"} " << c.get(*n.ns) << '\n';
+  }
   struct TierCol { const char* name; const char* help; bool capacity; bool bytes; };
   static const TierCol tier_cols[] = {
       {"kdn_resident_chunks", "Chunks with a copy in the tier.", false, false},

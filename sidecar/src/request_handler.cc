@@ -28,9 +28,8 @@ const char* refusal_name(Refusal r) noexcept {
 namespace {
 
 constexpr uint32_t kBatch = 64;                        // records copied in per step of a loop
-constexpr uint64_t kRoomWaitNs = 1'000'000'000;        // a RESERVE waits this long for demotions
-constexpr uint32_t kReadAhead = 16;                    // promotions started behind a lease's miss
 constexpr uint64_t kStagingAlign = StagingArea::kAlign;
+constexpr uint32_t kDisk = tier_index(TierId::kDisk);
 
 bool past(uint64_t deadline_ns) { return now_ns() >= deadline_ns; }
 
@@ -60,7 +59,7 @@ bool settle_backwards(Op& op, const std::vector<T>& items, uint64_t deadline_ns,
 
 bool needs_model(uint8_t opcode) {
   return opcode == uint8_t(Opcode::kLookup) || opcode == uint8_t(Opcode::kReserve) ||
-         opcode == uint8_t(Opcode::kLease);
+         opcode == uint8_t(Opcode::kLease) || opcode == uint8_t(Opcode::kPrefetch);
 }
 
 }  // namespace
@@ -125,6 +124,9 @@ Step RequestHandler::dispatch(Op& op, uint64_t deadline_ns) {
     case Opcode::kStats: return stats(op);
     case Opcode::kList: return list(op);
     case Opcode::kEvict: return evict(op, deadline_ns);
+    case Opcode::kPrefetch: return prefetch(op, deadline_ns);
+    case Opcode::kTierStats: return tier_stats(op);
+    case Opcode::kMetrics: return metrics(op);
   }
   return finish(op, Status(Code::kUnsupported, "unknown opcode"));
 }
@@ -164,6 +166,8 @@ void RequestHandler::on_event(Op& op, const StoreEvent& ev) noexcept {
     else if (op.first_error.ok()) op.first_error = Status(Code::kIo, "copying a chunk into the arena failed");
   } else if (op.sqe.opcode == uint8_t(Opcode::kLease) && !ev.status.ok()) {
     op.stop_at = op.cursor;  // the promotion of the chunk at the cursor failed: a miss there
+  } else if (op.sqe.opcode == uint8_t(Opcode::kEvict) && ev.status.ok()) {
+    ++op.done;  // EVICT kHost: a demotion landed
   }
 }
 
@@ -245,6 +249,7 @@ Step RequestHandler::register_model(Op& op) {
     id = *got;
     s.models.push_back(id);
   }
+  if (s.ns->disk) s.ns->disk->learn_model(*info);  // its demotions can be encoded now
   ipc::RegisterModelOp::put({id, info->chunk_bytes, info->chunk_tokens, info->fingerprint}, op.cqe);
   return finish(op, OkStatus());
 }
@@ -264,6 +269,10 @@ Step RequestHandler::lookup(Op& op, uint64_t deadline_ns) {
     uint32_t tiers[kTierCount] = {};
     const uint32_t hits = store.lookup(std::span(keys, m), op.model->chunk_bytes, tiers);
     for (uint32_t t = 0; t < kTierCount; ++t) op.cqe.res[1 + t] += tiers[t];
+    // Read-ahead: a lease usually follows a lookup; chunks it will need from the disk tier
+    // start their way into the arena now.
+    if (tiers[kDisk] > 0 && op.read_ahead < config_.disk.read_ahead)
+      op.read_ahead += store.prefetch(std::span(keys, hits), op.model->chunk_bytes, config_.disk.read_ahead - op.read_ahead);
     op.done += hits;
     op.cursor += m;
     stopped = hits < m;
@@ -345,7 +354,7 @@ Step RequestHandler::reserve(Op& op, uint64_t deadline_ns) {
     op.cursor = first + filled;
     if (!stop.ok()) {
       if (stop.code() == Code::kInProgress) {  // room comes when demotions land
-        if (op.room_deadline_ns == 0) op.room_deadline_ns = now + kRoomWaitNs;
+        if (op.room_deadline_ns == 0) op.room_deadline_ns = now + uint64_t(config_.room_wait_ms) * 1'000'000;
         if (now < op.room_deadline_ns) {
           op.wants_room = true;
           return Step::kWait;
@@ -492,7 +501,7 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
         switch (store.acquire(keys[filled], bytes, op.token, &e, now)) {
           case TieredStore::Acquired::kMiss: stopped = true; break;
           case TieredStore::Acquired::kNoRoomYet:
-            if (op.room_deadline_ns == 0) op.room_deadline_ns = now + kRoomWaitNs;
+            if (op.room_deadline_ns == 0) op.room_deadline_ns = now + uint64_t(config_.room_wait_ms) * 1'000'000;
             if (now >= op.room_deadline_ns) {
               stopped = true;  // no room came in time: the prefix ends here
               break;
@@ -507,7 +516,7 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
             }
             op.waited_at = first + filled;
             ++op.waiting;
-            store.prefetch(std::span(keys + filled + 1, m - filled - 1), bytes, kReadAhead);
+            store.prefetch(std::span(keys + filled + 1, m - filled - 1), bytes, config_.disk.read_ahead);
             wait = true;
             break;
           case TieredStore::Acquired::kLeased:
@@ -532,7 +541,8 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
         if (stopped || wait) break;
       }
       op.taken.push_back(id);
-      out[filled] = ipc::LeaseRecord{arena_ref(s, e), id, uint32_t(TierId::kHost), 0};
+      const bool promoted = op.waited_at == first + filled;  // it was brought up for this request
+      out[filled] = ipc::LeaseRecord{arena_ref(s, e), id, promoted ? kDisk : uint32_t(TierId::kHost), 0};
     }
     Status wrote = s.shm.payload().copy_out_slice(op.sqe, first, std::span<const ipc::LeaseRecord>(out, filled));
     if (!wrote.ok()) {
@@ -662,6 +672,17 @@ Step RequestHandler::evict(Op& op, uint64_t deadline_ns) {
     ipc::EvictOp::put({evicted, store.index().size()}, op.cqe);
     return finish(op, OkStatus());
   }
+  if (ipc::EvictOp::args(op.sqe).mode == ipc::EvictMode::kHost) {
+    if (!op.finishing) {
+      op.finishing = true;
+      const auto [dropped, demoting] = store.demote_all(op.token);
+      op.done = dropped;
+      op.waiting = uint32_t(demoting);  // an event per demotion as it lands
+      if (op.waiting > 0) return Step::kWait;
+    }
+    ipc::EvictOp::put({op.done, store.counters().resident_chunks[tier_index(TierId::kHost)]}, op.cqe);
+    return finish(op, OkStatus());
+  }
   const uint32_t n = op.shape.in_records;
   kdn_key keys[kBatch];
   while (op.cursor < n) {
@@ -677,6 +698,108 @@ Step RequestHandler::evict(Op& op, uint64_t deadline_ns) {
     if (op.cursor < n && past(deadline_ns)) return Step::kMore;
   }
   ipc::EvictOp::put({op.done, op.cqe.res[1]}, op.cqe);
+  return finish(op, OkStatus());
+}
+
+// ---- PREFETCH, TIER_STATS -------------------------------------------------------------------------
+
+Step RequestHandler::prefetch(Op& op, uint64_t deadline_ns) {
+  Session& s = *op.session;
+  TieredStore& store = *s.ns->store;
+  const uint32_t n = op.shape.in_records;
+  const uint64_t bytes = op.model->chunk_bytes;
+  kdn_key keys[kBatch];
+  bool stopped = false;
+  while (op.cursor < n && !stopped) {
+    const uint32_t m = std::min(kBatch, n - op.cursor);
+    Status in = s.shm.payload().copy_in_slice(op.sqe, op.cursor, std::span(keys, m));
+    if (!in.ok()) return finish(op, in);
+    const uint32_t hits = store.cached_prefix(std::span(keys, m), bytes);
+    if (op.read_ahead < config_.disk.prefetch_max_chunks)
+      op.read_ahead += store.prefetch(std::span(keys, hits), bytes, config_.disk.prefetch_max_chunks - op.read_ahead);
+    op.done += hits;
+    op.cursor += m;
+    stopped = hits < m;
+    if (!stopped && op.cursor < n && past(deadline_ns)) return Step::kMore;
+  }
+  ipc::PrefetchOp::put({uint32_t(op.done), op.read_ahead}, op.cqe);
+  return finish(op, OkStatus());
+}
+
+std::array<ipc::TierStatsRecord, kTierCount> RequestHandler::tier_stats(const Namespace& ns) const noexcept {
+  std::array<ipc::TierStatsRecord, kTierCount> out{};
+  const TieredStore& store = *ns.store;
+  const StoreCounters& k = store.counters();
+  for (uint32_t t = 0; t < kTierCount; ++t) {
+    ipc::TierStatsRecord& r = out[t];
+    r.tier = t;
+    const Tier* tier = store.policy().tier(TierId(t));
+    if (tier == nullptr) continue;
+    r.present = 1;
+    r.capacity_bytes = tier->capacity_bytes();
+    r.used_bytes = tier->used_bytes();
+    r.resident_chunks = k.resident_chunks[t];
+    r.resident_bytes = k.resident_bytes[t];
+    r.lookup_hit_chunks = k.lookup_tier_chunks[t];
+    r.in_flight = tier->in_flight();
+  }
+  if (const DiskTier* d = ns.disk.get()) {
+    ipc::TierStatsRecord& r = out[kDisk];
+    const DiskCounters& c = d->counters();
+    const RingCounters rc = d->ring_counters();
+    r.promoted_chunks = k.promoted_chunks;
+    r.promoted_bytes = k.promoted_bytes;
+    r.demoted_chunks = k.demoted_chunks;
+    r.demoted_bytes = k.demoted_bytes;
+    r.written_through_chunks = k.written_through_chunks;
+    r.reads = c.reads;
+    r.read_bytes = c.read_bytes;
+    r.writes = c.writes;
+    r.write_bytes = c.write_bytes;
+    r.raw_bytes_written = c.raw_bytes_written;
+    r.stored_bytes_written = c.stored_bytes_written;
+    r.reencoded_chunks = c.reencoded;
+    r.pending_reencode = d->pending_reencode();
+    r.fault_io = c.io_errors;
+    r.fault_no_space = c.no_space;
+    r.fault_eof = c.end_of_file;
+    r.fault_crc = c.crc_mismatch;
+    r.fault_decode = c.decode_errors;
+    r.retries = rc.retries;
+    r.short_transfers = rc.short_transfers;
+    r.recovered_chunks = k.recovered_chunks;
+    r.queue_depth = config_.disk.queue_depth;
+    r.codec = uint64_t(d->codec());
+    r.flags = (d->buffers_registered() ? ipc::kTierStatsFixedBuffers : 0) |
+              (d->degraded() ? ipc::kTierStatsDegraded : 0);
+  }
+  return out;
+}
+
+Step RequestHandler::metrics(Op& op) {
+  Session& s = *op.session;
+  if (!render_metrics_) return finish(op, Status(Code::kUnsupported, "this kdnd renders no metrics page"));
+  const std::string page = render_metrics_();  // bad_alloc ends this request alone (step catches it)
+  ipc::MetricsOp::Result r;
+  r.needed = page.size();
+  if (page.size() > op.shape.out_capacity) {
+    ipc::MetricsOp::put(r, op.cqe);
+    return finish(op, Status(Code::kNoSpace, "the metrics page is larger than the output area"));
+  }
+  Status out = s.shm.payload().copy_out(op.sqe.out_off, std::as_bytes(std::span(page.data(), page.size())));
+  if (!out.ok()) return finish(op, out);
+  r.written = uint32_t(page.size());
+  ipc::MetricsOp::put(r, op.cqe);
+  return finish(op, OkStatus());
+}
+
+Step RequestHandler::tier_stats(Op& op) {
+  Session& s = *op.session;
+  const auto records = tier_stats(*s.ns);
+  const uint32_t n = std::min<uint32_t>(op.shape.out_capacity, kTierCount);
+  Status out = s.shm.payload().copy_out_records(op.sqe, std::span<const ipc::TierStatsRecord>(records.data(), n));
+  if (!out.ok()) return finish(op, out);
+  ipc::TierStatsOp::put({n}, op.cqe);
   return finish(op, OkStatus());
 }
 

@@ -23,7 +23,9 @@
 #include <kdn/ipc/protocol.h>
 #include <kdn/sidecar/config.h>
 
+#include <functional>
 #include <iterator>
+#include <array>
 #include <vector>
 
 namespace kdn::sidecar {
@@ -90,6 +92,7 @@ struct Op {
   uint64_t room_deadline_ns = 0;
   uint32_t stop_at = UINT32_MAX;  // a record that must be treated as a miss (failed promotion)
   uint32_t waited_at = UINT32_MAX; // the record a promotion was last awaited for
+  uint32_t read_ahead = 0;     // promotions this request started ahead of its records
   const ModelInfo* model = nullptr;
   Status first_error;          // kept to answer with once the op ends
   bool unknown_handle = false; // an id in COMMIT/ABORT/RELEASE was not this session's
@@ -125,8 +128,13 @@ class RequestHandler {
   ipc::SessionLimits limits() const noexcept;
   // STATS of a namespace (daemon-wide fields only for admins).
   ipc::StatsRecord stats(const Namespace& ns, bool admin) const noexcept;
+  // METRICS renders kdnd's Prometheus page with this (the daemon's, which knows every namespace).
+  void set_metrics_renderer(std::function<std::string()> render) { render_metrics_ = std::move(render); }
+  // TIER_STATS of a namespace: one record per tier.
+  std::array<ipc::TierStatsRecord, kTierCount> tier_stats(const Namespace& ns) const noexcept;
 
  private:
+  std::function<std::string()> render_metrics_;
   Step dispatch(Op& op, uint64_t deadline_ns);
   Status check(Op& op);
   void rollback(Op& op) noexcept;
@@ -143,6 +151,9 @@ class RequestHandler {
   Step stats(Op& op);
   Step list(Op& op);
   Step evict(Op& op, uint64_t deadline_ns);
+  Step prefetch(Op& op, uint64_t deadline_ns);
+  Step tier_stats(Op& op);
+  Step metrics(Op& op);
 
   template <class Holds, class FinishOne>
   Step finish_handles(Op& op, uint64_t deadline_ns, Holds holds, FinishOne finish_one, const char* unknown);

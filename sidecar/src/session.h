@@ -11,6 +11,7 @@
 // Everything here is owned by the daemon's event loop thread.
 #pragma once
 
+#include "disk_tier.h"
 #include "host_arena_tier.h"
 #include "staging.h"
 #include "tiered_store.h"
@@ -42,6 +43,7 @@ struct Namespace {
   uint32_t region_id = 0;          // its arena's region, and the generation of that memory
   uint32_t region_generation = 0;
   std::unique_ptr<HostArenaTier> host;
+  std::unique_ptr<DiskTier> disk;  // T2, for namespaces declared in the configuration; may be null
   std::unique_ptr<TieredStore> store;
   uint32_t sessions = 0;           // open sessions
   uint32_t attached = 0;           // Session objects, closed ones whose copies are in flight too

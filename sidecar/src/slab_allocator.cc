@@ -109,6 +109,45 @@ std::optional<uint64_t> SlabAllocator::alloc(uint16_t cls) {
   return uint64_t{s} * slab_bytes_ + uint64_t{slot} * c.slot_bytes;
 }
 
+bool SlabAllocator::adopt_slab(uint16_t cls, uint32_t slab, std::span<const uint32_t> used) {
+  if (cls >= classes_.size() || used.empty()) return false;
+  SizeClass& c = classes_[cls];
+  const uint32_t n = c.slots_per_slab == 0 ? c.slabs_per_slot : 1;
+  if (uint64_t{slab} + n > slabs_.size()) return false;
+  for (uint32_t s = slab; s < slab + n; ++s)
+    if (slabs_[s].in_use) return false;
+  if (c.slots_per_slab == 0) {
+    if (used.size() != 1 || used[0] != 0) return false;
+  } else {
+    for (uint32_t i : used)
+      if (i >= c.slots_per_slab) return false;
+  }
+  for (uint32_t s = slab; s < slab + n; ++s) {
+    list_remove(free_head_, s);
+    slabs_[s].in_use = true;
+    slabs_[s].continuation = s != slab;
+  }
+  free_slab_count_ -= n;
+  Slab& sl = slabs_[slab];
+  sl.cls = cls;
+  if (c.slots_per_slab == 0) {
+    sl.used = 1;
+    used_bytes_ += c.slot_bytes;
+    return true;
+  }
+  std::vector<bool> taken(c.slots_per_slab, false);
+  for (uint32_t i : used) taken[i] = true;
+  sl.free_slots.clear();
+  sl.used = 0;
+  for (uint32_t i = c.slots_per_slab; i-- > 0;) {  // descending: low slots are handed out first
+    if (taken[i]) ++sl.used;
+    else sl.free_slots.push_back(i);
+  }
+  used_bytes_ += uint64_t{sl.used} * c.slot_bytes;
+  if (!sl.free_slots.empty()) list_push(c.partial_head, slab);
+  return true;
+}
+
 void SlabAllocator::release_slab(uint32_t s) {
   Slab& sl = slabs_[s];
   sl.in_use = false;

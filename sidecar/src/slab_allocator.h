@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
 
 namespace kdn::sidecar {
@@ -33,6 +34,11 @@ class SlabAllocator {
   std::optional<uint64_t> alloc(uint16_t cls);
   // Returns a slot obtained from alloc(cls). Offsets not handed out are a caller bug.
   void free(uint16_t cls, uint64_t offset);
+  // Recovery: gives the free slab `slab` (and, for a class larger than a slab, the slabs after
+  // it) to class `cls` with the slots `used` (indexes within the slab; for a large class, {0})
+  // taken, as if alloc() had handed them out. False, changing nothing, if a slab is not free
+  // or an index is out of range.
+  bool adopt_slab(uint16_t cls, uint32_t slab, std::span<const uint32_t> used);
 
   uint64_t capacity() const { return slab_bytes_ * slabs_.size(); }
   uint64_t slab_bytes() const { return slab_bytes_; }

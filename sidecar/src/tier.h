@@ -22,6 +22,7 @@
 #pragma once
 
 #include <kdn/common/status.h>
+#include <kdn/kdn.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -50,7 +51,16 @@ struct TierCapabilities {
 
 using TransferId = uint64_t;
 
-// One transfer between a placement of this tier and host memory.
+// What a transfer's bytes are. A persistent tier records it beside the bytes, so a restart can
+// rebuild the index from what is on the device.
+struct ChunkIdentity {
+  kdn_key key{};
+  kdn_key fingerprint{};  // the model's
+};
+
+// One transfer between a placement of this tier and host memory. Host memory is 4 KiB-aligned
+// with room for `bytes` rounded up to 4 KiB (arena slots are), so a device doing direct I/O
+// moves whole blocks.
 struct Transfer {
   enum class Direction : uint8_t {
     kRead = 1,   // placement -> host
@@ -61,11 +71,14 @@ struct Transfer {
   std::byte* host = nullptr;  // destination of a read, source of a write
   uint64_t bytes = 0;         // <= placement.bytes
   TransferId id = 0;
+  ChunkIdentity chunk;        // for writes
 };
 
 struct TierCompletion {
   TransferId id = 0;
-  Status status;  // kIo: the device failed; kCorrupt: the bytes read failed the tier's check
+  // kIo: the device failed; kNoSpace: it is full; kCorrupt: the bytes read failed the tier's
+  // check, or are gone (a truncated file).
+  Status status;
 };
 
 class Tier {
@@ -84,6 +97,9 @@ class Tier {
   virtual Result<Placement> allocate(uint64_t bytes) noexcept = 0;
   // Frees a placement; no transfer may still touch it.
   virtual void free(const Placement& placement) noexcept = 0;
+  // Frees a placement whose copy must not come back: a persistent tier also erases what a
+  // restart would find of it (a chunk found damaged, or evicted by an operator).
+  virtual void discard(const Placement& placement) noexcept { free(placement); }
   // For host-addressable tiers, the bytes of a placement; null otherwise.
   virtual std::byte* address(const Placement& placement) const noexcept {
     (void)placement;

@@ -31,6 +31,17 @@ uint32_t TieredStore::lookup(std::span<const kdn_key> keys, uint64_t bytes,
     const Entry* e = index_.find(k);
     if (e == nullptr || !e->committed() || e->bytes != bytes || e->resident == 0) break;
     ++tier_chunks[e->fastest_tier()];
+    ++counters_.lookup_tier_chunks[e->fastest_tier()];
+    ++hits;
+  }
+  return hits;
+}
+
+uint32_t TieredStore::cached_prefix(std::span<const kdn_key> keys, uint64_t bytes) const noexcept {
+  uint32_t hits = 0;
+  for (const kdn_key& k : keys) {
+    const Entry* e = index_.find(k);
+    if (e == nullptr || !e->committed() || e->bytes != bytes || e->resident == 0) break;
     ++hits;
   }
   return hits;
@@ -49,10 +60,12 @@ void TieredStore::track_resident(TierId t, const Entry* e, int sign) noexcept {
   counters_.resident_bytes[tier_index(t)] += uint64_t(int64_t(sign) * int64_t(e->bytes));
 }
 
-void TieredStore::drop_copy(Entry* e, TierId t) noexcept {
+void TieredStore::drop_copy(Entry* e, TierId t, bool discard) noexcept {
   policy_.eviction(t).on_remove(e);  // before the placement goes: queues are per slot class
   track_resident(t, e, -1);
-  policy_.tier(t)->free(index_.drop_copy(e, t));
+  const Placement p = index_.drop_copy(e, t);
+  if (discard) policy_.tier(t)->discard(p);
+  else policy_.tier(t)->free(p);
 }
 
 void TieredStore::erase_if_empty(Entry* e) noexcept {
@@ -85,7 +98,7 @@ Result<Placement> TieredStore::allocate_with_room(TierId t, uint64_t bytes) {
   for (;;) {
     auto p = tier->allocate(bytes);
     if (p.ok() || p.status().code() != Code::kNoSpace) return p;
-    const Evicted e = demotions_[tier_index(t)] >= kMaxDemotions ? Evicted::kNone : evict_one(t, *cls);
+    const Evicted e = demotions_[tier_index(t)] >= options_.max_demotions ? Evicted::kNone : evict_one(t, *cls);
     if (e == Evicted::kFreed) continue;
     if (e == Evicted::kDemoting || demotions_in_flight(t)) return Status(Code::kInProgress, "room comes when demotions land");
     return Status(Code::kNoSpace, "tier full of leased, reserved or moving chunks");
@@ -112,25 +125,56 @@ TransferId TieredStore::start(const Record& r, Transfer t) noexcept {
   return t.id;
 }
 
-bool TieredStore::start_demotion(Entry* e, TierId from, TierId to) {
+Result<Placement> TieredStore::allocate_below(TierId to, uint64_t bytes) {
+  Tier* tier = policy_.tier(to);
+  auto p = tier->allocate(bytes);
+  // A full lower tier makes room by its own rule; if that fails too, nothing is written.
+  if (!p.ok() && p.status().code() == Code::kNoSpace) {
+    auto cls = tier->slot_class(bytes);
+    while (cls.ok() && !p.ok() && p.status().code() == Code::kNoSpace && evict_one(to, *cls) == Evicted::kFreed)
+      p = tier->allocate(bytes);
+  }
+  return p;
+}
+
+std::optional<TierId> TieredStore::tier_below_host() const noexcept {
+  for (uint32_t t = tier_index(kHost) + 1; t < kTierCount; ++t)
+    if (policy_.tier(TierId(t))) return TierId(t);
+  return std::nullopt;
+}
+
+bool TieredStore::start_demotion(Entry* e, TierId from, TierId to, uint64_t waiter) {
   Tier* source = policy_.tier(from);
   std::byte* host = source->address(e->placement[tier_index(from)]);
-  if (host == nullptr) return false;  // only host-addressable tiers demote by themselves
-  auto p = policy_.tier(to)->allocate(e->bytes);
-  // A full lower tier makes room by its own rule; if that fails too, the copy is dropped.
-  if (!p.ok() && p.status().code() == Code::kNoSpace) {
-    auto cls = policy_.tier(to)->slot_class(e->bytes);
-    while (cls.ok() && !p.ok() && evict_one(to, *cls) == Evicted::kFreed) p = policy_.tier(to)->allocate(e->bytes);
-  }
+  if (host == nullptr || e->moving_to(to)) return false;  // only host-addressable tiers demote by themselves
+  auto p = allocate_below(to, e->bytes);
   if (!p.ok()) return false;
   index_.begin_move(e, to, *p);
   Record r{Kind::kDemote, e, e->generation, to, from, to, {}, 0};
-  if (start(r, Transfer{Transfer::Direction::kWrite, *p, host, e->bytes, 0}) == 0) {
+  if (waiter) r.waiters.push_back(waiter);
+  Transfer t{Transfer::Direction::kWrite, *p, host, e->bytes, 0, ChunkIdentity{e->key, e->fingerprint}};
+  if (start(r, t) == 0) {
     policy_.tier(to)->free(index_.end_move(e, to, false));
     return false;
   }
   e->evicting |= bit(from);
   ++demotions_[tier_index(from)];
+  return true;
+}
+
+bool TieredStore::start_copy_down(Entry* e, std::vector<uint64_t> waiters, uint64_t cookie) {
+  const auto to = tier_below_host();
+  if (!to || !e->in_tier(kHost) || e->in_tier(*to) || e->moving_to(*to)) return false;
+  auto p = allocate_below(*to, e->bytes);
+  if (!p.ok()) return false;
+  index_.begin_move(e, *to, *p);
+  Record r{Kind::kCopyDown, e, e->generation, *to, kHost, *to, std::move(waiters), cookie};
+  Transfer t{Transfer::Direction::kWrite, *p, host()->address(e->placement[tier_index(kHost)]), e->bytes, 0,
+             ChunkIdentity{e->key, e->fingerprint}};
+  if (start(r, t) == 0) {
+    policy_.tier(*to)->free(index_.end_move(e, *to, false));
+    return false;
+  }
   return true;
 }
 
@@ -262,6 +306,7 @@ uint32_t TieredStore::prefetch(std::span<const kdn_key> keys, uint64_t bytes, ui
     }
     if (!ok) break;
     ++started;
+    ++counters_.prefetched_chunks;
   }
   return started;
 }
@@ -284,7 +329,7 @@ bool TieredStore::evict(const kdn_key& key) noexcept {
   Entry* e = index_.find(key);
   if (e == nullptr || !e->committed() || e->leases != 0 || e->io != 0 || e->moving != 0) return false;
   for (uint32_t t = 0; t < kTierCount; ++t)
-    if (e->in_tier(TierId(t))) drop_copy(e, TierId(t));
+    if (e->in_tier(TierId(t))) drop_copy(e, TierId(t), true);
   ++counters_.evicted_chunks;
   erase_if_empty(e);
   return true;
@@ -302,6 +347,92 @@ uint64_t TieredStore::evict_all() noexcept {
   }
   uint64_t n = 0;
   for (const kdn_key& k : keys) n += evict(k);
+  return n;
+}
+
+std::pair<uint64_t, uint64_t> TieredStore::demote_all(uint64_t waiter) noexcept {
+  const auto below = tier_below_host();
+  if (!below) return {0, 0};
+  std::vector<Entry*> hosted;
+  try {
+    index_.for_each([&](Entry& e) {
+      if (e.committed() && e.in_tier(kHost) && e.leases == 0) hosted.push_back(&e);
+      return true;
+    });
+  } catch (const std::bad_alloc&) {
+  }
+  uint64_t dropped = 0, demoting = 0;
+  for (Entry* e : hosted) {
+    if (!e->evictable_from(kHost)) continue;
+    if (e->in_tier(*below)) {
+      drop_copy(e, kHost);
+      ++dropped;
+      continue;
+    }
+    try {
+      if (start_demotion(e, kHost, *below, waiter)) ++demoting;
+    } catch (const std::bad_alloc&) {
+      break;
+    }
+  }
+  counters_.evicted_chunks += dropped;
+  return {dropped, demoting};
+}
+
+bool TieredStore::adopt(const kdn_key& key, const kdn_key& fingerprint, uint64_t bytes, TierId t,
+                        const Placement& placement, uint64_t now_ns) noexcept {
+  Tier* tier = policy_.tier(t);
+  if (index_.find(key) != nullptr) {
+    tier->free(placement);
+    return false;
+  }
+  Entry* e = nullptr;
+  try {
+    e = index_.create(key, fingerprint, bytes, 0, now_ns);
+  } catch (const std::bad_alloc&) {
+    tier->free(placement);
+    return false;
+  }
+  index_.begin_write(e);
+  index_.publish(e, now_ns);
+  index_.add_copy(e, t, placement);
+  policy_.eviction(t).on_insert(e);
+  track_resident(t, e, +1);
+  ++counters_.recovered_chunks;
+  return true;
+}
+
+uint64_t TieredStore::write_down(uint64_t limit) noexcept {
+  const auto below = tier_below_host();
+  if (!below || limit == 0) return 0;
+  std::vector<Entry*> todo;
+  try {
+    index_.for_each([&](Entry& e) {
+      if (e.committed() && e.in_tier(kHost) && !e.in_tier(*below) && e.moving == 0 && e.io == 0) todo.push_back(&e);
+      return todo.size() < limit;
+    });
+  } catch (const std::bad_alloc&) {
+  }
+  uint64_t started = 0;
+  for (Entry* e : todo) {
+    try {
+      if (!start_copy_down(e, {}, 0)) break;  // the tier below is full of pinned copies, or failing
+    } catch (const std::bad_alloc&) {
+      break;
+    }
+    ++started;
+  }
+  return started;
+}
+
+uint64_t TieredStore::host_only_chunks() noexcept {
+  const auto below = tier_below_host();
+  if (!below) return 0;
+  uint64_t n = 0;
+  index_.for_each([&](Entry& e) {
+    n += e.committed() && e.in_tier(kHost) && !e.in_tier(*below);
+    return true;
+  });
   return n;
 }
 
@@ -341,6 +472,16 @@ void TieredStore::apply(const Record& r, const Status& status, std::vector<Store
         track_resident(kHost, e, +1);  // queued for eviction at settle()
         ++counters_.stored_chunks;
         counters_.stored_bytes += e->bytes;
+        // write_through: the COMMIT completes once the copy below landed too (its waiters move
+        // to that transfer); if it cannot start, the chunk is committed in the host tier alone.
+        if (options_.write_through && !r.waiters.empty()) {
+          bool moved = false;
+          try {
+            moved = start_copy_down(e, r.waiters, r.cookie);
+          } catch (const std::bad_alloc&) {
+          }
+          if (moved) return;
+        }
       } else {
         ++counters_.transfer_errors;
         host()->free(index_.end_move(e, kHost, false));
@@ -354,11 +495,12 @@ void TieredStore::apply(const Record& r, const Status& status, std::vector<Store
         policy_.eviction(kHost).on_insert(e);
         track_resident(kHost, e, +1);
         ++counters_.promoted_chunks;
+        counters_.promoted_bytes += e->bytes;
       } else {
         host()->free(index_.end_move(e, kHost, false));
         if (status.code() == Code::kCorrupt) {
           ++counters_.corrupt_chunks;  // the lower copy is damaged: never serve it
-          drop_copy(e, r.tier);
+          if (e->in_tier(r.tier)) drop_copy(e, r.tier, true);
           erase_if_empty(e);
         } else {
           ++counters_.transfer_errors;
@@ -375,14 +517,38 @@ void TieredStore::apply(const Record& r, const Status& status, std::vector<Store
         policy_.eviction(r.to).on_insert(e);
         track_resident(r.to, e, +1);
         ++counters_.demoted_chunks;
+        counters_.demoted_bytes += e->bytes;
         if (leave && e->evictable_from(r.from)) drop_copy(e, r.from);
       } else {
-        ++counters_.transfer_errors;  // the chunk stays where it was
+        ++counters_.transfer_errors;
         policy_.tier(r.to)->free(index_.end_move(e, r.to, false));
+        // The copy it made room for: dropped (the node keeps taking chunks while the device
+        // fails), or kept where it was.
+        if (leave && options_.drop_on_failed_demotion && e->evictable_from(r.from)) {
+          ++counters_.failed_demotions;
+          drop_copy(e, r.from);
+          for (uint64_t w : r.waiters) events.push_back(StoreEvent{w, r.cookie, key, status});
+          erase_if_empty(e);
+          *room = true;
+          return;
+        }
       }
       *room = true;
       break;
     }
+    case Kind::kCopyDown:
+      if (status.ok()) {
+        index_.end_move(e, r.to, true);
+        policy_.eviction(r.to).on_insert(e);
+        track_resident(r.to, e, +1);
+        ++counters_.written_through_chunks;
+      } else {
+        ++counters_.transfer_errors;  // the chunk is committed in the host tier alone
+        policy_.tier(r.to)->free(index_.end_move(e, r.to, false));
+      }
+      // The waiters are a COMMIT's: it succeeded whatever became of the copy below.
+      for (uint64_t w : r.waiters) events.push_back(StoreEvent{w, r.cookie, key, OkStatus()});
+      return;
   }
   for (uint64_t w : r.waiters) events.push_back(StoreEvent{w, r.cookie, key, status});
 }

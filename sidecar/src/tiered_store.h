@@ -13,6 +13,11 @@
 // and the caller keeps the host memory of a commit (a session's staging slot) mapped until
 // its event arrives.
 //
+// Write policies with a tier below the host (T2): write_back writes a chunk down when the host
+// tier evicts it (a demotion); write_through also writes it down as it is committed, and the
+// COMMIT completes only once that write did, so a kdnd killed afterwards loses no committed
+// chunk. Either way the host copy stays readable until the write lands.
+//
 // Not thread-safe: the daemon's event loop owns every TieredStore.
 #pragma once
 
@@ -22,6 +27,8 @@
 #include <kdn/common/model.h>
 
 #include <cstdint>
+#include <optional>
+#include <utility>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -35,6 +42,17 @@ struct StoreEvent {
   Status status;
 };
 
+struct StoreOptions {
+  // At most this many demotions out of one tier at once: making room never turns into
+  // demoting the whole tier at once.
+  uint32_t max_demotions = 32;
+  // Commits are written down to the tier below the host too, and complete once that write did.
+  bool write_through = false;
+  // A demotion that fails (EIO, ENOSPC) drops the host copy it was making room for (the chunk
+  // leaves the node, as without a lower tier), instead of keeping it.
+  bool drop_on_failed_demotion = true;
+};
+
 struct StoreCounters {
   uint64_t lookups = 0, lookup_hit_chunks = 0, lookup_miss_chunks = 0;
   uint64_t stored_chunks = 0, stored_bytes = 0;
@@ -42,6 +60,12 @@ struct StoreCounters {
   uint64_t evicted_chunks = 0;    // copies that left a tier to make room
   uint64_t dropped_chunks = 0;    // chunks that left the namespace (no copy kept anywhere)
   uint64_t demoted_chunks = 0, promoted_chunks = 0;
+  uint64_t demoted_bytes = 0, promoted_bytes = 0;
+  uint64_t written_through_chunks = 0;   // copies written down at commit (write_through) or at stop
+  uint64_t failed_demotions = 0;         // of which the host copy was dropped (drop_on_failed_demotion)
+  uint64_t prefetched_chunks = 0;        // promotions started with nobody waiting (prefetch, read-ahead)
+  uint64_t recovered_chunks = 0;         // adopted from a persistent tier at start
+  uint64_t lookup_tier_chunks[kTierCount] = {};  // lookup hits by the tier of their fastest copy
   uint64_t corrupt_chunks = 0;    // copies that failed their check: dropped, never served
   uint64_t transfer_errors = 0;   // transfers a tier failed (the data stayed where it was)
   uint64_t aborted_chunks = 0;
@@ -50,7 +74,8 @@ struct StoreCounters {
 
 class TieredStore {
  public:
-  explicit TieredStore(TierPolicy policy) : policy_(std::move(policy)) {}
+  explicit TieredStore(TierPolicy policy, StoreOptions options = {})
+      : policy_(std::move(policy)), options_(options) {}
   TieredStore(const TieredStore&) = delete;
   TieredStore& operator=(const TieredStore&) = delete;
 
@@ -58,6 +83,8 @@ class TieredStore {
   // fastest copy is in tier t. (A request looked up in slices counts once: note_lookup.)
   uint32_t lookup(std::span<const kdn_key> keys, uint64_t bytes, uint32_t tier_chunks[kTierCount]) noexcept;
   void note_lookup(uint64_t hits, uint64_t misses) noexcept;
+  // The same prefix count, counting nothing (PREFETCH).
+  uint32_t cached_prefix(std::span<const kdn_key> keys, uint64_t bytes) const noexcept;
 
   // ---- RESERVE one key. kNoSpace: the host tier is full of leased, reserved or moving
   // chunks; kInProgress: it will have room once demotions in flight land (try again after
@@ -94,8 +121,24 @@ class TieredStore {
   void unpin(Entry* e) noexcept;
 
   // ---- admin: drops every copy of unpinned committed chunks; returns how many chunks went.
+  // Their copies in persistent tiers are discarded: a restart does not bring them back.
   bool evict(const kdn_key& key) noexcept;
   uint64_t evict_all() noexcept;
+  // Makes every unleased committed chunk leave the host tier for the tier below: dropped at
+  // once where a copy below exists, demoted otherwise (an event for `waiter` per demotion
+  // when it lands). Returns {dropped now, demotions started}.
+  std::pair<uint64_t, uint64_t> demote_all(uint64_t waiter) noexcept;
+
+  // ---- persistence
+  // A chunk a persistent tier found at start: committed, its only copy in tier t.
+  // False (the placement is freed) when the key is already present.
+  bool adopt(const kdn_key& key, const kdn_key& fingerprint, uint64_t bytes, TierId t,
+             const Placement& placement, uint64_t now_ns) noexcept;
+  // Starts writing down, to the tier below the host, committed chunks that have no copy there
+  // (shutdown: nothing committed is lost to a restart); at most `limit`. Returns how many.
+  uint64_t write_down(uint64_t limit) noexcept;
+  // Committed chunks with a host copy and none below (what write_down has to write).
+  uint64_t host_only_chunks() noexcept;
 
   // ---- transfers: applies every tier's completions; appends events; returns how many.
   // *room is set when copies left a tier (requests waiting for space may retry).
@@ -112,7 +155,12 @@ class TieredStore {
   uint64_t active_leases() const noexcept { return active_leases_; }
 
  private:
-  enum class Kind : uint8_t { kCommit, kPromote, kDemote };
+  enum class Kind : uint8_t {
+    kCommit,    // staging -> host slot
+    kPromote,   // lower tier -> host
+    kDemote,    // host -> lower tier, for eviction (the host copy may leave when it lands)
+    kCopyDown,  // host -> lower tier, keeping the host copy (write_through, shutdown)
+  };
   struct Record {
     Kind kind;
     Entry* entry;
@@ -129,9 +177,16 @@ class TieredStore {
   // Makes one copy of class `cls` (any class if none of it) leave tier t: freed at once
   // (dropped, or a copy below already exists), or demoting (freed when the write lands).
   Evicted evict_one(TierId t, uint16_t cls);
-  void drop_copy(Entry* e, TierId t) noexcept;
+  // discard: the copy must not come back after a restart (damaged, or evicted by an operator).
+  void drop_copy(Entry* e, TierId t, bool discard = false) noexcept;
   void erase_if_empty(Entry* e) noexcept;
-  bool start_demotion(Entry* e, TierId from, TierId to);
+  bool start_demotion(Entry* e, TierId from, TierId to, uint64_t waiter = 0);
+  // Writes the host copy of `e` down to the tier below, keeping it; the record carries the
+  // waiters given. False when it could not start (no tier below, no room there).
+  bool start_copy_down(Entry* e, std::vector<uint64_t> waiters, uint64_t cookie);
+  // Allocates in a lower tier, evicting there by its own rule when it is full.
+  Result<Placement> allocate_below(TierId to, uint64_t bytes);
+  std::optional<TierId> tier_below_host() const noexcept;
   // kOk, kInProgress (no room yet) or another error (no promotion).
   Status start_promotion(Entry* e, TierId from, uint64_t waiter);
   // Submits a transfer under a new id (0: not started, nothing changed).
@@ -140,6 +195,7 @@ class TieredStore {
   void track_resident(TierId t, const Entry* e, int sign) noexcept;
 
   TierPolicy policy_;
+  StoreOptions options_;
   ChunkIndex index_;
   std::unordered_map<TransferId, Record> transfers_;
   std::unordered_map<const Entry*, TransferId> promoting_;  // entry -> its promotion
@@ -147,10 +203,6 @@ class TieredStore {
   StoreCounters counters_;
   uint64_t open_reservations_ = 0, active_leases_ = 0;
   uint32_t demotions_[kTierCount] = {};  // demotions in flight out of each tier
-  // At most this many demotions out of one tier at once: making room never turns into
-  // demoting the whole tier at once.
-  static constexpr uint32_t kMaxDemotions = 32;
-  std::vector<TierCompletion> reaped_;
 };
 
 }  // namespace kdn::sidecar

@@ -4,12 +4,15 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #ifndef KDN_KDND_PATH
@@ -28,30 +31,58 @@ KdndProcess::KdndProcess(std::vector<std::string> extra, const std::string& tag)
     if (extra[i] == "--token" && i + 1 < extra.size()) token_ = extra[i + 1];
     args.push_back(extra[i]);
   }
+  args_ = std::move(args);
+  if (!launch()) ADD_FAILURE() << "kdnd did not come up on " << socket_ << "\n" << log();
+}
+
+bool KdndProcess::launch() {
+  const std::string log_path = dir_ + "/kdnd.log";
   pid_ = fork();
   if (pid_ == 0) {
+    const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+    }
     std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
+    for (auto& a : args_) argv.push_back(a.data());
     argv.push_back(nullptr);
     execv(argv[0], argv.data());
     _exit(127);
   }
   kdn_connect_opts o = opts();
   o.timeout_ms = 200;
-  for (int i = 0; i < 200; ++i) {
+  for (int i = 0; i < 500; ++i) {
     kdn_client* c = nullptr;
     if (kdn_connect(&o, &c) == KDN_OK) {
       EXPECT_EQ(kdn_ping(c), KDN_OK);
       kdn_disconnect(c);
-      return;
+      return true;
+    }
+    if (waitpid(pid_, nullptr, WNOHANG) == pid_) {  // it exited: no point waiting
+      pid_ = -1;
+      return false;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  ADD_FAILURE() << "kdnd did not come up on " << socket_;
+  return false;
+}
+
+bool KdndProcess::restart() {
+  if (alive()) stop();
+  return launch();
+}
+
+std::string KdndProcess::log() const {
+  std::ifstream in(dir_ + "/kdnd.log");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 KdndProcess::~KdndProcess() {
   if (alive()) stop();
+  if (::testing::Test::HasFailure()) std::fprintf(stderr, "---- kdnd log (%s) ----\n%s", dir_.c_str(), log().c_str());
   std::string cmd = "rm -rf " + dir_;
   (void)!std::system(cmd.c_str());
 }

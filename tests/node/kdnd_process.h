@@ -28,8 +28,15 @@ class KdndProcess {
   int stop();
   void kill9();
   bool alive() const;
+  // Starts kdnd again with the same flags, socket and directory (after stop() or kill9()) and
+  // waits until it answers a ping; false if it does not.
+  bool restart();
+  // What kdnd wrote to stderr so far (every start appends; printed if the test failed).
+  std::string log() const;
 
  private:
+  bool launch();
+  std::vector<std::string> args_;
   std::string dir_, socket_, token_;
   pid_t pid_ = -1;
 };

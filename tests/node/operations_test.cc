@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -337,12 +338,41 @@ TEST_F(Operations, TheMetricsEndpointServesValidExpositionWithTheMetricsFilesNam
   EXPECT_EQ(check_exposition(read_file(metrics), &file_families), "");
   EXPECT_EQ(file_families, families);
 
+  // kdnctl prints the same page (METRICS).
+  std::string kdnctl = KDN_KDND_PATH;
+  kdnctl.replace(kdnctl.rfind("kdnd"), 4, "kdnctl");
+  const std::string printed = dir_ + "/kdnctl.prom";
+  ASSERT_EQ(std::system((kdnctl + " --socket " + d.socket() + " stats --prometheus > " + printed).c_str()), 0);
+  std::map<std::string, std::string> printed_families;
+  EXPECT_EQ(check_exposition(read_file(printed), &printed_families), "") << read_file(printed);
+  EXPECT_EQ(printed_families, families);
+  EXPECT_NE(read_file(printed).find("kdn_request_duration_seconds_count{op=\"metrics\"} 0\n"), std::string::npos)
+      << "the page is rendered before its own request is counted";
+
+  // The example dashboard asks only for families kdnd exports.
+  const std::string dashboard = read_file(std::string(KDN_SOURCE_DIR) + "/docs/grafana/kdn-dashboard.json");
+  ASSERT_FALSE(dashboard.empty());
+  static const std::regex kName("kdn_[a-z_]+");
+  int used = 0;
+  for (auto it = std::sregex_iterator(dashboard.begin(), dashboard.end(), kName); it != std::sregex_iterator(); ++it) {
+    std::string name = it->str();
+    for (const char* suffix : {"_bucket", "_count", "_sum"})
+      if (name.size() > std::strlen(suffix) && name.ends_with(suffix) && !families.count(name))
+        name.resize(name.size() - std::strlen(suffix));
+    EXPECT_TRUE(families.count(name)) << "the dashboard uses " << it->str() << ", which kdnd does not export";
+    ++used;
+  }
+  EXPECT_GT(used, 10);
+
   // And promtool's own check, where scripts/test.sh unpacked it.
   const std::string promtool = promtool_path();
   if (::access(promtool.c_str(), X_OK) != 0) {
     if (std::getenv("KDN_REQUIRE_PROMTOOL") != nullptr) FAIL() << "no promtool at " << promtool;
     return;
   }
+  const std::string config = std::string(KDN_SOURCE_DIR) + "/docs/grafana/prometheus-scrape.yml";
+  EXPECT_EQ(std::system((promtool + " check config " + config + " > " + dir_ + "/promtool.out 2>&1").c_str()), 0)
+      << read_file(dir_ + "/promtool.out");
   const std::string saved = dir_ + "/scrape.txt";
   std::ofstream(saved) << body;
   const int rc = std::system((promtool + " check metrics < " + saved + " > " + dir_ + "/promtool.out 2>&1").c_str());

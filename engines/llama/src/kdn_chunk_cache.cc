@@ -114,6 +114,10 @@ Result<std::unique_ptr<ChunkReservation>> KdnChunkCache::reserve(std::span<const
 
 uint32_t KdnChunkCache::max_reserve_chunks() const noexcept { return kdn_store_max_chunks(client_, model_); }
 
+Status KdnChunkCache::prefetch(std::span<const int32_t> tokens) noexcept {
+  return from_kdn(kdn_prefetch(client_, model_, tokens.data(), tokens.size()), "kdn_prefetch failed");
+}
+
 Result<kdn_stats> KdnChunkCache::stats() noexcept {
   kdn_stats s{};
   s.struct_size = sizeof s;

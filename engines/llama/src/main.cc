@@ -3,8 +3,14 @@
 //
 //   kdn-llama --model M.gguf --prompt-file doc.txt --question "..." [--n-predict 32]
 //             [--context-tokens 4096] [--no-cache] [--socket PATH] [--json] [--dump-kv DIR]
+//   kdn-llama --serve --prompt-file doc.txt [...]     questions on stdin, one per line
 //
-// Prints the time to first token, the tokens reused and computed, and the answer.
+// Prints the time to first token, the tokens reused and computed, and the answer (--serve:
+// one answer per question, one JSON line each with --json). The document's prefix is
+// prefetched from kdnd before the question is tokenized, so a document kdnd holds on disk is
+// on its way into the arena while the prompt is built. A server keeps serving when kdnd
+// restarts: questions are answered by prefilling while it is away, and libkdn reconnects by
+// itself once it is back (and if it was not there at the start, the engine connects later).
 #include <kdn/llama/engine.h>
 #include <kdn/llama/kdn_chunk_cache.h>
 #include <kdn/llama/kv_dump.h>
@@ -12,8 +18,11 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <kdn/common/clock.h>
+
 #include <cstdio>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <sstream>
 #include <string>
@@ -30,13 +39,15 @@ struct CliOptions {
   std::string socket;
   std::string dump_kv;
   bool json = false;
+  bool serve = false;
 };
 
 void add_flags(CLI::App& app, CliOptions& o) {
   o.engine.model_path = kdn::llama::default_model_path();
   app.add_option("--model", o.engine.model_path, "GGUF model file (default: the one setup-llama.sh unpacked)");
   app.add_option("--prompt-file", o.prompt_file, "document to answer questions about")->required();
-  app.add_option("--question", o.question, "question about the document")->required();
+  app.add_option("--question", o.question, "question about the document (required unless --serve)");
+  app.add_flag("--serve", o.serve, "answer questions read from stdin, one per line, with one engine");
   app.add_option("--n-predict", o.n_predict, "tokens to generate (greedy)")->check(CLI::Range(1u, 4096u));
   app.add_option("--context-tokens", o.context_tokens,
                  "cut the document so the prompt up to its end is exactly this many tokens (0: whole)");
@@ -107,9 +118,11 @@ void print_text(const kdn::llama::Engine& e, size_t prompt_tokens,
 }
 
 void print_json(const kdn::llama::Engine& e, size_t prompt_tokens, const std::string& cache_state,
-                const kdn::llama::Generation& g, const std::string& answer) {
+                const kdn::llama::Generation& g, const std::string& answer, double request_ttft_s,
+                const std::string& question) {
   const kdn::llama::RequestStats& s = g.stats;
   nlohmann::json j = {
+      {"question", question},               {"request_ttft_s", request_ttft_s},
       {"model", e.identity().desc.name},    {"cache", cache_state},
       {"prompt_tokens", prompt_tokens},     {"ttft_s", s.ttft_s},
       {"retrieve_s", s.retrieve_s},         {"load_s", s.load_s},
@@ -123,9 +136,48 @@ void print_json(const kdn::llama::Engine& e, size_t prompt_tokens, const std::st
       {"answer_tokens", g.tokens},          {"answer", answer},
   };
   std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  std::fflush(stdout);
+}
+
+// One question: prefetch the document's prefix, build the prompt, generate, print.
+// request_ttft_s counts from the question's arrival: prefetch and tokenization included.
+int answer(const CliOptions& o, kdn::llama::Engine& e, kdn::llama::ChunkCache* store, const std::string& cache_state,
+           const std::string& doc, const std::vector<int32_t>& prefix, const std::string& question) {
+  const uint64_t t0 = kdn::now_ns();
+  if (store) (void)store->prefetch(prefix);  // a hint: a failure only means it did not start
+  auto prompt = e.chat_prompt(doc, question, o.context_tokens);
+  if (!prompt.ok()) {
+    std::fprintf(stderr, "kdn-llama: %s\n", prompt.status().what());
+    return 1;
+  }
+  const uint64_t t1 = kdn::now_ns();
+  auto gen = e.generate(prompt.value(), o.n_predict, store);
+  if (!gen.ok()) {
+    std::fprintf(stderr, "kdn-llama: %s\n", gen.status().what());
+    return 1;
+  }
+  const double request_ttft_s = double(t1 - t0) * 1e-9 + gen->stats.ttft_s;
+  const std::string text = e.detokenize(gen->tokens);
+  if (o.json)
+    print_json(e, prompt->size(), cache_state, gen.value(), text, request_ttft_s, question);
+  else
+    print_text(e, prompt->size(), cache_state, gen.value(), text);
+  if (!o.dump_kv.empty()) {
+    const uint32_t whole = static_cast<uint32_t>(prompt->size() / e.identity().geometry.chunk_tokens);
+    const kdn::Status st = kdn::llama::dump_kv_chunks(e, whole, o.dump_kv);
+    if (!st.ok()) {
+      std::fprintf(stderr, "kdn-llama: --dump-kv: %s\n", st.what());
+      return 1;
+    }
+  }
+  return 0;
 }
 
 int run(const CliOptions& o) {
+  if (!o.serve && o.question.empty()) {
+    std::fprintf(stderr, "kdn-llama: --question is required (or --serve)\n");
+    return 2;
+  }
   std::string doc;
   if (!read_file(o.prompt_file, doc)) {
     std::fprintf(stderr, "kdn-llama: cannot read %s\n", o.prompt_file.c_str());
@@ -137,30 +189,25 @@ int run(const CliOptions& o) {
     return 1;
   }
   kdn::llama::Engine& e = *engine.value();
-  auto prompt = e.chat_prompt(doc, o.question, o.context_tokens);
-  if (!prompt.ok()) {
-    std::fprintf(stderr, "kdn-llama: %s\n", prompt.status().what());
+  // The part of every prompt that no question changes: prefetched before each question.
+  auto prefix = e.document_prefix(doc, o.context_tokens);
+  if (!prefix.ok()) {
+    std::fprintf(stderr, "kdn-llama: %s\n", prefix.status().what());
     return 1;
   }
   std::string cache_state;
   std::unique_ptr<kdn::llama::ChunkCache> store = open_store(o, e, cache_state);
-  auto gen = e.generate(prompt.value(), o.n_predict, store.get());
-  if (!gen.ok()) {
-    std::fprintf(stderr, "kdn-llama: %s\n", gen.status().what());
-    return 1;
-  }
-  const std::string answer = e.detokenize(gen->tokens);
-  if (o.json)
-    print_json(e, prompt->size(), cache_state, gen.value(), answer);
-  else
-    print_text(e, prompt->size(), cache_state, gen.value(), answer);
-  if (!o.dump_kv.empty()) {
-    const uint32_t whole = static_cast<uint32_t>(prompt->size() / e.identity().geometry.chunk_tokens);
-    const kdn::Status st = kdn::llama::dump_kv_chunks(e, whole, o.dump_kv);
-    if (!st.ok()) {
-      std::fprintf(stderr, "kdn-llama: --dump-kv: %s\n", st.what());
-      return 1;
+  if (!o.serve) return answer(o, e, store.get(), cache_state, doc, prefix.value(), o.question);
+  std::string question;
+  uint64_t last_try = kdn::now_ns();
+  while (std::getline(std::cin, question)) {
+    if (question.empty()) continue;
+    // kdnd was not there at the start: try again, at most once a second.
+    if (!store && !o.no_cache && kdn::now_ns() - last_try > 1'000'000'000) {
+      store = open_store(o, e, cache_state);
+      last_try = kdn::now_ns();
     }
+    if (int rc = answer(o, e, store.get(), cache_state, doc, prefix.value(), question); rc != 0) return rc;
   }
   return 0;
 }

@@ -36,8 +36,17 @@ std::string Engine::detokenize(std::span<const int32_t> tokens) const {
   return text;
 }
 
+Result<std::vector<int32_t>> Engine::document_prefix(std::string_view document, uint32_t context_tokens) const {
+  return prompt_parts(document, "", context_tokens, /*with_tail=*/false);
+}
+
 Result<std::vector<int32_t>> Engine::chat_prompt(std::string_view document, std::string_view question,
                                                  uint32_t context_tokens) const {
+  return prompt_parts(document, question, context_tokens, /*with_tail=*/true);
+}
+
+Result<std::vector<int32_t>> Engine::prompt_parts(std::string_view document, std::string_view question,
+                                                  uint32_t context_tokens, bool with_tail) const {
   const std::string message = std::string(document) + "\n\n" + std::string(question);
   const char* tmpl = llama_model_chat_template(model_, nullptr);
   const llama_chat_message msg{"user", message.c_str()};
@@ -57,7 +66,8 @@ Result<std::vector<int32_t>> Engine::chat_prompt(std::string_view document, std:
   const bool add_bos = llama_vocab_get_add_bos(llama_model_get_vocab(model_));
   Result<std::vector<int32_t>> head = tokenize(std::string_view(chat).substr(0, at), add_bos, true);
   Result<std::vector<int32_t>> doc = tokenize(document, false, false);
-  Result<std::vector<int32_t>> tail = tokenize(std::string_view(chat).substr(at + document.size()), false, true);
+  Result<std::vector<int32_t>> tail =
+      with_tail ? tokenize(std::string_view(chat).substr(at + document.size()), false, true) : std::vector<int32_t>{};
   if (!head.ok() || !doc.ok() || !tail.ok()) return Status(Code::kInternal, "tokenization failed");
   if (context_tokens > 0) {
     if (context_tokens < head->size() || context_tokens - head->size() > doc->size())

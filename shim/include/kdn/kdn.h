@@ -160,6 +160,12 @@ typedef struct kdn_connect_opts {
 } kdn_connect_opts;
 
 /* Connects to kdnd. opts may be NULL (all defaults). On success *out owns the connection.
+ * If kdnd goes away (a restart), calls fail with KDN_ERR_UNAVAILABLE at once, and a later
+ * call connects again by itself once kdnd is back (at most one attempt per 200 ms), with the
+ * same namespace, token and flags, registering every model of the client again: kdn_model
+ * handles stay valid. Leases, reservations and ops of the lost connection are gone with it:
+ * releasing them is still required and sends nothing (a lease's bytes stay readable until
+ * then; a commit of a lost reservation fails with KDN_ERR_UNAVAILABLE).
  * KDN_ERR_VERSION: kdnd speaks another protocol version; KDN_ERR_NOT_FOUND: no such
  * namespace (and none was to be created); KDN_ERR_PERMISSION: this uid, group or token may
  * not open it; KDN_ERR_LIMIT: too many sessions, or more staging than kdnd allows. */
@@ -198,7 +204,7 @@ KDN_API uint32_t kdn_store_max_chunks(kdn_client* client, const kdn_model* model
 typedef struct kdn_lookup_result {
   uint32_t hit_chunks;                  /* leading whole chunks present in some tier */
   uint64_t hit_tokens;                  /* hit_chunks * chunk_tokens */
-  uint32_t tier_chunks[KDN_TIER_COUNT]; /* of those, how many sit in each tier */
+  uint32_t tier_chunks[KDN_TIER_COUNT]; /* of those, how many have their fastest copy in each tier */
 } kdn_lookup_result;
 
 KDN_API int kdn_lookup(kdn_client* client, const kdn_model* model, const int32_t* tokens,
@@ -207,6 +213,14 @@ KDN_API int kdn_lookup(kdn_client* client, const kdn_model* model, const int32_t
  * hash a request's tokens once and use the keys for lookup, lease and store. */
 KDN_API int kdn_lookup_keys(kdn_client* client, const kdn_model* model, const kdn_key* keys,
                             size_t n_keys, kdn_lookup_result* out);
+
+/* Starts bringing the cached prefix of tokens[0, n_tokens) into the host tier — its chunks
+ * that sit only in a slower tier (disk) — and returns at once without waiting for kdnd. A
+ * later kdn_retrieve_lease finds them there, or waits for the reads still in flight. Call it
+ * as early as the prefix is known (before tokenizing the rest of a prompt, before a prefill):
+ * the reads then overlap the engine's own work. KDN_ERR_UNSUPPORTED from a kdnd that predates
+ * it (protocol minor 0); KDN_ERR_BUSY when the rings are full. */
+KDN_API int kdn_prefetch(kdn_client* client, const kdn_model* model, const int32_t* tokens, size_t n_tokens);
 
 /* ---- zero-copy retrieve: leases ---------------------------------------------------------- */
 typedef struct kdn_lease kdn_lease;

@@ -250,6 +250,9 @@ struct ListOp {
 };
 
 // ---- EVICT (admin): drop unleased chunks of the namespace from every tier --------------------------
+// kHost (minor 1) instead moves every unleased chunk out of the host tier into the tier below
+// and completes once the writes that needed are done: `evicted` counts chunks that left the
+// host tier, `skipped` those that could not (leased, moving, or the tier below refused them).
 struct EvictOp {
   static constexpr Opcode kOpcode = Opcode::kEvict;
   static constexpr const char* kName = "EVICT";
@@ -267,6 +270,75 @@ struct EvictOp {
     c.res[1] = r.skipped;
   }
   static kdn::Result<Result> result(const Cqe& c) noexcept { return Result{c.res[0], c.res[1]}; }
+};
+
+// ---- PREFETCH (minor 1): keys in; promotions of the cached prefix start, nothing waits -------------
+// The leading committed chunks among the keys (the prefix LOOKUP would count) whose copies sit
+// only below the host tier start their promotion into it, at most the daemon's
+// prefetch_max_chunks and as far as the host tier has room; the request completes at once. A
+// later LEASE finds them in the host tier, or waits for the promotions in flight.
+struct PrefetchOp {
+  static constexpr Opcode kOpcode = Opcode::kPrefetch;
+  static constexpr const char* kName = "PREFETCH";
+  static constexpr OpShape kShape{sizeof(kdn_key)};
+  using InRecord = kdn_key;
+  struct Args { uint32_t model_id = 0; };
+  struct Result {
+    uint32_t hit_chunks = 0;  // the cached prefix
+    uint32_t started = 0;     // promotions started by this request
+  };
+  static void put(const Args& a, Sqe& q) noexcept { q.model_id = a.model_id; }
+  static Args args(const Sqe& q) noexcept { return {q.model_id}; }
+  static void put(const Result& r, Cqe& c) noexcept {
+    c.res[0] = r.hit_chunks;
+    c.res[1] = r.started;
+  }
+  static kdn::Result<Result> result(const Cqe& c, uint32_t keys_sent) noexcept {
+    if (c.res[0] > keys_sent || c.res[1] > c.res[0]) return Status(Code::kProtocol, "PREFETCH answered impossible counts");
+    return Result{uint32_t(c.res[0]), uint32_t(c.res[1])};
+  }
+};
+
+// ---- TIER_STATS (minor 1): one TierStatsRecord per tier out -----------------------------------------
+struct TierStatsOp {
+  static constexpr Opcode kOpcode = Opcode::kTierStats;
+  static constexpr const char* kName = "TIER_STATS";
+  static constexpr OpShape kShape{0, false, sizeof(TierStatsRecord), OpShape::Out::kAtLeastOne};
+  using OutRecord = TierStatsRecord;
+  struct Args {};
+  struct Result { uint32_t written = 0; };
+  static void put(const Args&, Sqe&) noexcept {}
+  static Args args(const Sqe&) noexcept { return {}; }
+  static void put(const Result& r, Cqe& c) noexcept { c.res[0] = r.written; }
+  static kdn::Result<Result> result(const Cqe& c, uint32_t room) noexcept {
+    if (c.res[0] > room || c.res[0] > kTierCount) return Status(Code::kProtocol, "TIER_STATS wrote more records than fit");
+    return Result{uint32_t(c.res[0])};
+  }
+};
+
+// ---- METRICS (minor 1, admin): kdnd's Prometheus page, as text, out ------------------------------
+// The whole page or nothing: a page larger than the output area is KDN_ERR_NO_SPACE with
+// res1 = its size, so the client can ask again with room for it.
+struct MetricsOp {
+  static constexpr Opcode kOpcode = Opcode::kMetrics;
+  static constexpr const char* kName = "METRICS";
+  static constexpr OpShape kShape{0, false, 1, OpShape::Out::kAtLeastOne, /*admin=*/true};
+  using OutRecord = char;
+  struct Args {};
+  struct Result {
+    uint32_t written = 0;  // bytes of the page
+    uint64_t needed = 0;   // the page's size (also on KDN_ERR_NO_SPACE)
+  };
+  static void put(const Args&, Sqe&) noexcept {}
+  static Args args(const Sqe&) noexcept { return {}; }
+  static void put(const Result& r, Cqe& c) noexcept {
+    c.res[0] = r.written;
+    c.res[1] = r.needed;
+  }
+  static kdn::Result<Result> result(const Cqe& c, uint32_t room) noexcept {
+    if (c.res[0] > room || c.res[0] != c.res[1]) return Status(Code::kProtocol, "METRICS answered impossible sizes");
+    return Result{uint32_t(c.res[0]), c.res[1]};
+  }
 };
 
 // The shape of `opcode`, or null for an unknown opcode (table built from the structs above).

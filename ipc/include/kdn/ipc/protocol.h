@@ -39,7 +39,9 @@ constexpr uint32_t kHelloMagic = fourcc('K', 'D', 'N', 'H');
 constexpr uint32_t kWelcomeMagic = fourcc('K', 'D', 'N', 'W');
 constexpr uint32_t kSessionMagic = fourcc('K', 'D', 'N', 'S');
 constexpr uint16_t kProtocolMajor = KDN_PROTOCOL_VERSION;
-constexpr uint16_t kProtocolMinor = 0;
+// Minor 1: PREFETCH (16), TIER_STATS (17), EVICT mode kHost (the disk tier), STATS word 36
+// (host_prefault_left_bytes), METRICS (20).
+constexpr uint16_t kProtocolMinor = 1;
 
 // ---- limits ------------------------------------------------------------------------------
 constexpr uint32_t kMinRingEntries = 16;
@@ -223,8 +225,13 @@ enum class Opcode : uint8_t {
   kStats = 9,
   kList = 10,
   kEvict = 11,
+  // 12..15 are reserved for the blending opcodes.
+  kPrefetch = 16,    // minor 1
+  kTierStats = 17,   // minor 1
+  // 18..19 are reserved for the disk tier.
+  kMetrics = 20,     // minor 1
 };
-constexpr uint8_t kMaxOpcode = 11;
+constexpr uint8_t kMaxOpcode = 20;
 
 // SQE flags: none defined in 2.0; nonzero bits are a protocol error.
 constexpr uint8_t kSqeKnownFlags = 0;
@@ -342,7 +349,40 @@ struct StatsRecord {
 };
 static_assert(sizeof(StatsRecord) == 8 * 37 && std::is_trivially_copyable_v<StatsRecord>);
 
-enum class EvictMode : uint64_t { kAll = 0, kByKeys = 1 };
+enum class EvictMode : uint64_t {
+  kAll = 0,     // every unleased chunk, from every tier
+  kByKeys = 1,  // the keys given, from every tier
+  kHost = 2,    // minor 1: every unleased chunk leaves the host tier for the tier below (written
+                // down first where it has no copy there); nothing leaves the node
+};
+
+// TIER_STATS's output: one record per tier, in tier order (ChunkTier), for the session's
+// namespace. A tier the namespace does not have reads present = 0 and zeros elsewhere.
+// Device counters (reads..short_transfers) count operations on the device: a chunk write is
+// a payload and a header. New counters replace `reserved` words in later minors.
+struct TierStatsRecord {
+  uint32_t tier;                                 // ChunkTier
+  uint32_t present;                              // 1: the namespace has this tier
+  uint64_t capacity_bytes, used_bytes;           // the tier's own accounting (slots held)
+  uint64_t resident_chunks, resident_bytes;      // chunks with a copy here (canonical bytes)
+  uint64_t lookup_hit_chunks;                    // lookup hits whose fastest copy was here
+  uint64_t promoted_chunks, promoted_bytes;      // copies read from here into the host tier
+  uint64_t demoted_chunks, demoted_bytes;        // copies written here as the tier above evicted them
+  uint64_t written_through_chunks;               // copies written here at commit (write_through) or stop
+  uint64_t reads, read_bytes, writes, write_bytes;
+  uint64_t raw_bytes_written, stored_bytes_written;  // the codec's ratio is raw / stored
+  uint64_t reencoded_chunks, pending_reencode;   // re-encoded by the background pass / waiting for it
+  uint64_t fault_io, fault_no_space, fault_eof, fault_crc, fault_decode;  // faults by kind
+  uint64_t retries, short_transfers;             // -EAGAIN resubmissions, short I/O continued
+  uint64_t recovered_chunks;                     // found on the device at start
+  uint64_t in_flight, queue_depth;               // transfers in flight; the device queue depth
+  uint64_t codec;                                // the disk codec (0 none, 1 lossless, 2 int8, 3 kivi4)
+  uint64_t flags;                                // kTierStats* bits
+  uint64_t reserved[1];
+};
+static_assert(sizeof(TierStatsRecord) == 256 && std::is_trivially_copyable_v<TierStatsRecord>);
+constexpr uint64_t kTierStatsFixedBuffers = 1u << 0;  // io_uring fixed buffers registered
+constexpr uint64_t kTierStatsDegraded = 1u << 1;      // refusing writes after repeated failures
 
 static_assert(sizeof(kdn_key) == 16 && std::is_trivially_copyable_v<kdn_key>);
 

@@ -12,6 +12,8 @@
 //   [tier.host]                          # one section per tier: sizes, eviction, workers
 //   bytes = "8G"
 //   eviction = "s3fifo"
+//   [tier.disk]
+//   dirs = ["/nvme0/kdn", "/nvme1/kdn"]
 //   [namespace.team-a]                   # one section per configured namespace (tenant)
 //   allow_uids = [1001, 1002]
 //   token_file = "/etc/kdn/team-a.token"
@@ -40,6 +42,27 @@ struct HostTierConfig {
   bool populate = true;            // pre-fault the configured namespaces' arenas at start
   bool hugepages = true;           // madvise(MADV_HUGEPAGE) on arenas
   uint32_t copy_threads = 0;       // workers copying staging into the arena; 0 = min(4, CPUs)
+  uint32_t max_demotions = 32;     // demotions to the disk tier in flight at once, making room
+};
+
+// The disk tier (T2): one slab file per directory (device) and configured namespace, read and
+// written with io_uring. No directories: no disk tier. docs/disk-format.md has the bytes.
+struct DiskTierConfig {
+  std::vector<std::string> dirs;          // one per device; chunks are striped over them
+  uint64_t bytes = 16ull << 30;           // slab file of each directory, per namespace
+  uint64_t slab_bytes = 64ull << 20;
+  uint32_t queue_depth = 32;              // io_uring requests in flight per directory
+  std::string policy = "write_back";      // write_back | write_through
+  std::string eviction = "lru";           // lru | s3fifo
+  std::string fsync = "none";             // none | batch
+  bool register_buffers = true;           // the arena as io_uring fixed buffers
+  uint32_t workers = 0;                   // checksum and codec threads; 0 = min(4, CPUs)
+  uint32_t read_ahead = 16;               // chunks promoted ahead of a lease or lookup
+  uint32_t prefetch_max_chunks = 4096;    // chunks one PREFETCH may promote
+  uint32_t encode_queue = 8;              // chunks waiting for an encoder before demotions go raw
+  bool reencode = true;                   // re-encode raw chunks when the disk is idle
+  std::string write_error = "drop";       // drop | keep: the host copy a failed demotion made room for
+  bool flush_on_stop = true;              // SIGTERM writes every host-only chunk down first
 };
 
 // A namespace (tenant) declared in the file. Namespaces not declared here exist only when an
@@ -52,6 +75,8 @@ struct NamespaceConfig {
   std::string token_file;            // file holding this namespace's token; "" = Config::token
   uint64_t max_bytes = 0;            // host arena of this namespace; 0 = tier.host.bytes
   uint32_t max_sessions = 0;         // 0 = no per-namespace cap beyond Config::max_sessions
+  std::string disk_codec = "none";   // none | lossless | int8 | kivi4: chunks at rest in T2
+  uint64_t disk_bytes = 0;           // slab file per disk directory; 0 = tier.disk.bytes
   int line = 0;                      // where the section starts (for messages); 0 = built in
 };
 
@@ -63,6 +88,7 @@ struct Config {
   std::string metrics_listen;       // if set, a loopback HOST:PORT serving GET /metrics
   uint32_t spin_us = 200;           // busy-poll this long after the last request before sleeping
   uint32_t slice_us = 200;          // one request's slice of work before others get a turn
+  uint32_t room_wait_ms = 1000;     // a RESERVE or LEASE waits this long for room in a full tier
   uint32_t handshake_timeout_ms = 2000;
   uint32_t max_pending_handshakes = 128;        // connections accepted, hello not yet read
   uint32_t max_pending_handshakes_per_uid = 16; // of those, from one uid
@@ -91,6 +117,7 @@ struct Config {
 
   // ---- tiers and namespaces
   HostTierConfig host;
+  DiskTierConfig disk;
   std::vector<NamespaceConfig> namespaces;  // in file order; "default" is added if absent
 
   // Applies the embedded defaults that depend on the machine (RAM, uid, $XDG_RUNTIME_DIR)
@@ -129,7 +156,7 @@ Status load_namespace_token(const NamespaceConfig& ns, const Config& c, std::str
 
 // One row of the key table, for flags, help and docs: the dotted key ("tier.host.bytes";
 // namespace keys as "namespace.*.max_bytes"), its type ("string", "bool", "u32", "size",
-// "list of u32", or the accepted values: "lru|s3fifo"), its default as --help shows it, and
+// "list of u32", "list of strings", or the accepted values: "lru|s3fifo"), its default as --help shows it, and
 // its help with the bounds validate() applies. Rows are in table order and live forever.
 struct ConfigKeyInfo {
   const char* key;

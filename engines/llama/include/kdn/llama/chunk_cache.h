@@ -57,6 +57,13 @@ class ChunkCache {
                                                              uint32_t n_chunks) noexcept = 0;
   // The most chunks one reservation may hold (kdnd: what the session's staging area holds).
   virtual uint32_t max_reserve_chunks() const noexcept { return UINT32_MAX; }
+  // Starts bringing the cached prefix of `tokens` close (kdnd: from its disk tier into the
+  // host arena) and returns at once; a later retrieve finds it there. A hint: stores without
+  // slower tiers do nothing, and an error only means it did not start.
+  virtual Status prefetch(std::span<const int32_t> tokens) noexcept {
+    (void)tokens;
+    return OkStatus();
+  }
 };
 
 // The chunks of one "node": shared by every MemoryChunkCache opened on it, whatever their

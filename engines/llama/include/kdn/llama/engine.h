@@ -122,6 +122,9 @@ class Engine {
   // or an error if the document is too short.
   Result<std::vector<int32_t>> chat_prompt(std::string_view document, std::string_view question,
                                            uint32_t context_tokens) const;
+  // The tokens of chat_prompt() up to the end of the document: what no question changes, and
+  // so what a cache can bring close (ChunkCache::prefetch) before the question is tokenized.
+  Result<std::vector<int32_t>> document_prefix(std::string_view document, uint32_t context_tokens) const;
 
   // One request from an empty cache: load the cached prefix from `store` (null: no cache),
   // prefill the rest, choose n_predict tokens greedily, then store the prompt's new whole
@@ -158,6 +161,8 @@ class Engine {
   Engine() = default;
   Status init(const EngineOptions& opts) noexcept;
   Status probe_state_format() noexcept;
+  Result<std::vector<int32_t>> prompt_parts(std::string_view document, std::string_view question,
+                                            uint32_t context_tokens, bool with_tail) const;
   Status size_blob(uint64_t bytes) noexcept;  // blob_ resized to `bytes`; kNoMemory if it cannot be
   // Loads the cached prefix; `lease` keeps the chunks pinned until the caller drops it (after
   // the first token, so the release round trip is not part of the time to first token).

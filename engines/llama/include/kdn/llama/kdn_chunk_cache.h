@@ -38,6 +38,8 @@ class KdnChunkCache final : public ChunkCache {
                                                     uint32_t first_chunk,
                                                     uint32_t n_chunks) noexcept override;
   uint32_t max_reserve_chunks() const noexcept override;
+  // kdn_prefetch: promotions from kdnd's disk tier start, nothing waits.
+  Status prefetch(std::span<const int32_t> tokens) noexcept override;
   // kdnd's counters for this client's namespace.
   Result<kdn_stats> stats() noexcept;
 

@@ -1,0 +1,149 @@
+// DiskTier's private parts, shared by disk_tier.cc (transfers, space, background work) and
+// disk_tier_open.cc (files and recovery). Not for use outside those two files.
+#pragma once
+
+#include "disk_tier.h"
+
+#include <kdn/kernels/codec.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+namespace kdn::sidecar {
+
+// Block-aligned heap memory for O_DIRECT.
+class AlignedBuffer {
+ public:
+  AlignedBuffer() = default;
+  // Null on allocation failure (check data()).
+  explicit AlignedBuffer(uint64_t bytes) noexcept
+      : p_(bytes ? static_cast<std::byte*>(std::aligned_alloc(disk::kBlock, round(bytes))) : nullptr),
+        n_(p_ ? round(bytes) : 0) {}
+  AlignedBuffer(AlignedBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  AlignedBuffer& operator=(AlignedBuffer&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  ~AlignedBuffer() { std::free(p_); }
+  std::byte* data() const noexcept { return p_; }
+  uint64_t size() const noexcept { return n_; }
+  void reset() noexcept { *this = AlignedBuffer(); }
+  static uint64_t round(uint64_t v) noexcept { return (v + disk::kBlock - 1) / disk::kBlock * disk::kBlock; }
+
+ private:
+  std::byte* p_ = nullptr;
+  uint64_t n_ = 0;
+};
+
+struct DiskTier::Device {
+  uint32_t index = 0;
+  std::string dir;   // <disk dir>/<namespace>
+  std::string path;  // the slab file
+  ipc::UniqueFd fd;
+  disk::Superblock super;
+  std::unique_ptr<SlabAllocator> alloc;  // over the data area: offsets are data-relative
+  AlignedBuffer table;                    // the slab table as on disk
+  std::vector<uint8_t> table_writing;     // per table block: a write in flight
+  std::vector<uint8_t> table_dirty;       // ... and a newer state waits for it
+  std::unique_ptr<DiskRing> ring;
+  bool dirty = false;    // writes completed since the last fdatasync was submitted
+  bool syncing = false;  // an fdatasync in flight
+};
+
+struct DiskTier::Slot {
+  bool live = false;               // a placement the index holds
+  bool placed = false;             // a physical slot is held
+  bool written = false;            // payload and header are on the device
+  bool pending_reencode = false;   // written raw under a codec: the background pass re-encodes it
+  bool release_when_idle = false;  // the index let go while an operation still touched it
+  bool clear_when_idle = false;    // ... and its header must be erased first
+  uint32_t device = 0;
+  uint16_t dev_class = 0;          // the device allocator's class
+  uint16_t tier_class = 0;         // the tier's class (by raw size; eviction queues)
+  uint64_t offset = 0;             // in the device's data area
+  uint64_t slot_bytes = 0;
+  uint64_t raw_bytes = 0, stored_bytes = 0;
+  uint32_t crc = 0;
+  disk::DiskCodec codec = disk::DiskCodec::kNone;
+  kdn_key raw_hash{}, key{}, fingerprint{};
+  uint64_t sequence = 0;
+  uint32_t busy = 0;               // operations reading its physical slot
+};
+
+struct DiskTier::Op {
+  enum Kind : int { kRead, kWrite, kTable, kClear, kSync, kReencode };
+  int kind = kRead;
+  bool transfer = false;      // one of the index's transfers (completes through reap)
+  TransferId id = 0;
+  uint32_t handle = 0;
+  uint32_t device = 0;
+  int stage = 0;              // write: 0 payload, 1 header; re-encode: 0 reading, 1 encoding,
+                              // 2 payload, 3 header
+  std::byte* host = nullptr;  // transfer: arena memory
+  uint64_t bytes = 0;         // raw bytes
+  ChunkIdentity chunk;
+  IoRequest io[2];
+  uint32_t pending = 0;       // I/Os outstanding
+  int32_t error = 0;          // the first I/O error (-errno)
+  AlignedBuffer payload;      // encoded bytes, a table block, or a zero block
+  std::byte* header = nullptr;
+  bool header_pooled = false;
+  // What a worker found or made.
+  Status status;
+  bool encode_job = false;    // a write went to an encoder (counted in encoding_)
+  bool payload_done = false;  // a write's payload landed (its header goes only after it)
+  bool crc_done = false;      // ... and its CRC is known
+  bool encoded = false;       // a write's payload is `payload` (KVC1), not the host bytes
+  bool mark_pending = false;  // written raw under a codec: re-encode later
+  disk::DiskCodec codec = disk::DiskCodec::kNone;
+  uint64_t stored = 0;
+  uint32_t crc = 0;
+  uint64_t crc_done_bytes = 0;  // of a checksum computed on the loop in slices
+  kdn_key raw_hash{};
+  kernels::ChunkGeometry geometry;
+  bool has_geometry = false;
+  // What a worker checks a read against (copied from the slot: workers never touch slots_).
+  uint32_t want_crc = 0;
+  disk::DiskCodec want_codec = disk::DiskCodec::kNone;
+  kdn_key want_hash{}, want_fingerprint{};
+  // Re-encode: the new physical slot.
+  Slot target;
+  uint64_t sequence_at_start = 0;
+  uint32_t table_block = 0;
+};
+
+// The tier's worker threads: dedicated threads rather than oneTBB's pool, for the reason the
+// host tier's copy workers give (TBB caps a process at cores - 1 workers, one on a 2-core node,
+// and a checksum waiting behind that cap holds a promotion hostage). Jobs are few and large.
+struct DiskTier::Workers {
+  Workers(uint32_t threads, int wake_fd);
+  ~Workers();  // finishes every queued job first
+  void post(std::function<void()> job);  // may throw std::bad_alloc
+  // A job's last act: hand its operation back to the loop.
+  void done(Op* op) noexcept;
+  void take_done(std::vector<Op*>& out) noexcept;
+  bool idle() noexcept;
+
+ private:
+  void run();
+  int wake_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;  // guarded by mu_
+  std::vector<Op*> done_;                   // guarded by mu_
+  uint32_t running_ = 0;                    // guarded by mu_
+  bool stopping_ = false;                   // guarded by mu_
+  std::vector<std::thread> pool_;
+};
+
+namespace disk_detail {
+kernels::CodecConfig codec_config(disk::DiskCodec codec) noexcept;
+uint64_t now_unix_ns() noexcept;
+}  // namespace disk_detail
+
+}  // namespace kdn::sidecar
