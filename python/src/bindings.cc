@@ -562,7 +562,7 @@ NB_MODULE(_kdn, m) {
             PyLease& l = nb::cast<PyLease&>(self);
             const Model& model = l.get().model();
             const auto shape = chunk_shape(model.desc(), model.chunk_tokens(), 1);
-            return nb::ndarray<nb::ro>(l.get().chunk(i), 5, shape.data() + 1, self, nullptr,
+            return nb::ndarray<nb::array_api, nb::ro>(l.get().chunk(i), 5, shape.data() + 1, self, nullptr,
                                        dlpack_dtype(model.desc().dtype), nb::device::cpu::value);
           },
           "i"_a,
@@ -600,7 +600,7 @@ NB_MODULE(_kdn, m) {
             if (p == nullptr) return nb::none();
             const Model& model = r.get().model();
             const auto shape = chunk_shape(model.desc(), model.chunk_tokens(), 1);
-            return nb::cast(nb::ndarray<>(p, 5, shape.data() + 1, self, nullptr, dlpack_dtype(model.desc().dtype),
+            return nb::cast(nb::ndarray<nb::array_api>(p, 5, shape.data() + 1, self, nullptr, dlpack_dtype(model.desc().dtype),
                                           nb::device::cpu::value));
           },
           "i"_a, "Writable slot of chunk i, or None when kdnd needs no write (already cached or in flight).")

@@ -15,6 +15,9 @@ void check_ranges(const Model& model, const PagedKV& kv, std::span<const int32_t
     throw Error(KDN_ERR_INVALID_ARGUMENT, "fewer tokens than the chunks named");
   if (end_chunk * kv.blocks_per_chunk() > blocks.size())
     throw Error(KDN_ERR_INVALID_ARGUMENT, "fewer block ids than the chunks named");
+  for (size_t j = 0; j < end_chunk * kv.blocks_per_chunk(); ++j)
+    if (blocks[j] < 0 || uint64_t(blocks[j]) >= g.num_blocks)
+      throw Error(KDN_ERR_INVALID_ARGUMENT, "block id outside the KV cache");
 }
 
 std::span<const int64_t> chunk_blocks(const PagedKV& kv, std::span<const int64_t> blocks, uint32_t c) {

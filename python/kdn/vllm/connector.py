@@ -43,6 +43,12 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 logger = init_logger("vllm.kdn")  # under "vllm" so vLLM's log settings apply
+_last_desc = None  # the descriptor of the last connector made in this process
+
+
+def last_descriptor():
+    """The kdn.ModelDesc the last KdnConnector of this process registers (None if inactive)."""
+    return _last_desc
 
 
 class KdnConnector(KVConnectorBase_V1):
@@ -72,6 +78,8 @@ class KdnConnector(KVConnectorBase_V1):
             desc = describe.describe(vllm_config, geo, isa_layout(isa), self._cfg.chunk_tokens,
                                      self._cfg.model_identity, tp_rank, tp_size)
             link = KdnLink(self._cfg, desc, self.stats, logger, read_only=role == KVConnectorRole.SCHEDULER)
+            global _last_desc
+            _last_desc = desc
             logger.info("kdn: %s side ready: %d layers, %d KV heads x %d, %s, %d-token chunks over %d-token blocks "
                         "(%s layout), fingerprint %s", role.name.lower(), desc.num_layers, desc.num_kv_heads,
                         desc.head_dim, geo.torch_dtype, self._cfg.chunk_tokens, block_tokens, isa,

@@ -104,6 +104,9 @@ class SchedulerSide:
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         rid = request.request_id
+        if rid in self._tracked:  # preempted and scheduled again: plan afresh
+            self._stats.rescheduled += 1
+            self._stats.reloads += num_external_tokens > 0
         hit, local = self._lookups.pop(rid, (0, 0))
         _, no_save = request_opted_out(request)
         tokens = self._prompt(request)

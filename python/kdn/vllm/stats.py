@@ -11,6 +11,8 @@ class ConnectorStats:
     lookups: int = 0               # scheduler: kdnd lookups
     lookup_hit_tokens: int = 0     # scheduler: tokens kdnd offered beyond vLLM's own prefix hit
     lookup_errors: int = 0         # scheduler: lookups that failed (kdnd unreachable, ...)
+    rescheduled: int = 0           # scheduler: requests allocated again after a preemption
+    reloads: int = 0               # scheduler: of those, requests that load from kdnd again
     loads: int = 0                 # worker: requests that loaded from kdnd
     loaded_chunks: int = 0
     loaded_bytes: int = 0
