@@ -14,3 +14,4 @@ int run_node_bench(int argc, char** argv);       // kdnd end to end with engine 
 // Subcommands other components provide (global names, so their files need no kdn header).
 int run_kernels_bench(int argc, char** argv);
 int run_llama_bench(int argc, char** argv);
+int run_vllm_bench(int argc, char** argv);  // execs python/tools/vllm_bench.py

@@ -10,11 +10,17 @@
 #   5. engine process B, a separate process, answers question B: it loads A's chunks from
 #      kdnd and prefills only its question;
 #   6. engine process C answers question B without kdn (the cost of a miss), for comparison;
-#   7. prints the TTFTs side by side with kdnd's counters, and stops kdnd.
+#   7. prints the TTFTs side by side with kdnd's counters, and stops kdnd;
+#   8. the same with two vLLM replicas (python/tools/vllm_demo.py, real vLLM on the CPU
+#      backend, KdnConnector): A answers about the document and stores it, B (another
+#      process) loads it from kdnd; B's TTFT and answer are shown beside B's without kdn.
+#      Skipped, with the reason, when the vLLM environment (scripts/setup-vllm.sh) cannot be
+#      set up on this machine, or with KDN_SKIP_VLLM=1.
 #
 #   KDN_BUILD_DIR=dir     build folder (default build/)
 #   KDN_DEMO_TOKENS=n     document tokens (multiple of 256; default 4096)
 #   KDN_DEMO_THREADS=n    llama.cpp threads per engine (default: every core)
+#   KDN_SKIP_VLLM=1       leave out the vLLM part
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -107,3 +113,25 @@ EOF
 echo "kdnd counters:"
 sed 's/^/  /' "$work/stats.txt"
 echo "demo: stopping kdnd"
+kill "$kdnd_pid" 2>/dev/null || true
+wait "$kdnd_pid" 2>/dev/null || true
+kdnd_pid=
+
+# ---- 8. two vLLM replicas ------------------------------------------------------------------
+vllm_skip() { echo "demo: vLLM part skipped: $*"; exit 0; }
+[[ -n "${KDN_SKIP_VLLM:-}" ]] && vllm_skip "KDN_SKIP_VLLM is set"
+echo
+echo "demo: now two vLLM replicas (SmolLM2-135M-Instruct on vLLM's CPU backend, KdnConnector)"
+vllm_dir=${KDN_VLLM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kdn/vllm}
+if ! KDN_VLLM_DIR=$vllm_dir scripts/setup-vllm.sh >"$work/setup-vllm.log" 2>&1; then
+  vllm_skip "the vLLM environment could not be set up ($(tail -1 "$work/setup-vllm.log"))"
+fi
+if ! grep -qs '^KDN_PYTHON:FILEPATH=..*' "$build/CMakeCache.txt"; then
+  cmake -S . -B "$build" -DKDN_VLLM_DIR="$vllm_dir" >/dev/null
+fi
+cmake --build "$build" --target kdn_python >/dev/null
+vllm_python=$(sed -n 's/^KDN_PYTHON:FILEPATH=//p' "$build/CMakeCache.txt")
+vllm_model=$(sed -n 's/^KDN_VLLM_MODEL:PATH=//p' "$build/CMakeCache.txt")
+[[ -x "$vllm_python" && -f "$vllm_model/config.json" ]] || vllm_skip "the build has no vLLM venv or model"
+KDN_PYTHON=$vllm_python KDN_VLLM_MODEL=$vllm_model KDN_BUILD_DIR=$build PYTHONPATH=$build/python \
+  "$vllm_python" python/tools/vllm_demo.py "$doc" "$question_a" "$question_b" --tokens "$tokens"

@@ -2,7 +2,8 @@
 tests, benchmark and demo: start, send a command, read its reply, stop or kill.
 
 Environment: KDN_PYTHON (the venv's interpreter, default this one), KDN_BUILD_DIR (where
-bin/kdnd and python/ are, default build/ of this tree), KDN_VLLM_MODEL (the converted model).
+bin/kdnd and python/ are, default build/ of this tree), KDN_VLLM_MODEL (the converted model),
+KDN_VLLM_OMP_THREADS (OpenMP threads per engine, default 1; "auto": vLLM's own binding).
 """
 
 from __future__ import annotations
@@ -97,6 +98,14 @@ class Replica:
         e["PYTHONPATH"] = os.pathsep.join([str(build_dir() / "python"), e.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         e.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         e.setdefault("TOKENIZERS_PARALLELISM", "false")
+        # vLLM's CPU backend binds one OpenMP thread per core and spins at every barrier: with
+        # several engines (and anything else) on few cores, a barrier waits for a descheduled
+        # thread and a step takes minutes instead of milliseconds. KDN_VLLM_OMP_THREADS=n runs
+        # each engine on n unbound threads (default 1); "auto" keeps vLLM's binding.
+        threads = os.environ.get("KDN_VLLM_OMP_THREADS", "1")
+        if threads != "auto":
+            e.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            e.setdefault("OMP_NUM_THREADS", threads)
         e.update(env or {})
         self._env = e
         self.proc: subprocess.Popen | None = None

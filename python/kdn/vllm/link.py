@@ -63,12 +63,24 @@ class KdnLink:
         self._client, self._model = client, model
         return model
 
-    def failed(self, code: int) -> None:
-        """A call failed with `code`: drop the connection if it is broken."""
-        if int(code) in _BROKEN:
-            if int(code) == int(kdn.Status.UNAVAILABLE):
-                self._stats.unavailable += 1
-            self.close()
+    def failed(self, code: int) -> bool:
+        """A call failed with `code`: drops the connection if it is broken, and then answers
+        True when the caller may retry the call once on a new connection at once.
+
+        An engine that was idle while kdnd restarted still holds a session of the old kdnd;
+        its first call finds it closed. Retrying once on a fresh session keeps that call (a
+        save, say) from being lost; the next attempt after a failed retry waits for
+        reconnect_interval_s as usual.
+        """
+        if int(code) not in _BROKEN:
+            return False
+        had_session = self._model is not None
+        if had_session and int(code) == int(kdn.Status.UNAVAILABLE):
+            self._stats.unavailable += 1
+        self.close()
+        if had_session:
+            self._next_try = 0.0
+        return had_session
 
     def close(self) -> None:
         if self._client is not None:

@@ -85,14 +85,8 @@ class SchedulerSide:
         usable = (len(tokens) - 1) // self._T
         if usable <= 0 or usable * self._T <= num_computed_tokens:
             return 0, False
-        model = self._link.model()
-        if model is None:
-            return 0, False
-        try:
-            hit = model.lookup(tokens[: usable * self._T]).hit_chunks
-        except kdn.KdnError as e:
-            self._stats.lookup_errors += 1
-            self._link.failed(e.code)
+        hit = self._lookup(tokens[: usable * self._T])
+        if hit is None:
             return 0, False
         self._stats.lookups += 1
         self._lookups[rid] = (hit, num_computed_tokens)
@@ -101,6 +95,20 @@ class SchedulerSide:
             return 0, False
         self._stats.lookup_hit_tokens += new
         return new, False
+
+    def _lookup(self, tokens: np.ndarray) -> int | None:
+        """Whole chunks kdnd holds, retried once on a new session if the old one broke."""
+        for _ in range(2):
+            model = self._link.model()
+            if model is None:
+                return None
+            try:
+                return model.lookup(tokens).hit_chunks
+            except kdn.KdnError as e:
+                self._stats.lookup_errors += 1
+                if not self._link.failed(e.code):
+                    return None
+        return None
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         rid = request.request_id

@@ -75,6 +75,11 @@ class WorkerSide:
         t0 = time.perf_counter()
         try:
             out = self._kv.load(model, spec.tokens, spec.blocks, spec.first_chunk, spec.end_chunk, spec.first_block)
+            if out.status != 0 and out.loaded == 0 and self._link.failed(out.status):
+                model = self._link.model()  # the session was stale (kdnd restarted): once more
+                if model is not None:
+                    out = self._kv.load(model, spec.tokens, spec.blocks, spec.first_chunk, spec.end_chunk,
+                                        spec.first_block)
         except kdn.KdnError as e:  # invalid arguments: a bug, but never the engine's failure
             self._log.error("kdn: load of %s refused: %s", spec.req_id, e)
             self._fail(spec, spec.first_block)
@@ -120,6 +125,10 @@ class WorkerSide:
         t0 = time.perf_counter()
         try:
             out = self._kv.save(model, spec.tokens, spec.blocks, spec.first_chunk, spec.n_chunks)
+            if out.status != 0 and out.stored == 0 and self._link.failed(out.status):
+                model = self._link.model()  # the session was stale (kdnd restarted): once more
+                if model is not None:
+                    out = self._kv.save(model, spec.tokens, spec.blocks, spec.first_chunk, spec.n_chunks)
         except kdn.KdnError as e:
             self._log.error("kdn: save of %s refused: %s", spec.req_id, e)
             self._stats.save_failures += 1
