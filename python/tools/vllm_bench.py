@@ -19,7 +19,8 @@ SmolLM2-135M-Instruct in vLLM engines that each run in their own process:
   kdn_hit_bytes_loaded    bytes one hit copied from kdnd into B's KV cache.
 
 Each TTFT is the median of --reps wall times of generate(max_tokens=1) after B answered an
-unrelated prompt. Every figure comes from this run; a figure that could not be measured is
+unrelated prompt. Engines run on KDN_VLLM_OMP_THREADS unbound OpenMP threads each (default 1,
+see replicas.py; "auto" keeps vLLM's one bound thread per core). Every figure comes from this run; a figure that could not be measured is
 null with its reason under errors.<name>. Bars: miss/kdn hit >= 20 at 4K; kdn hit <= own
 prefix hit + 0.03 s at every size; tokens identical at every size.
 
@@ -191,17 +192,22 @@ class Bench:
 
     # ---- vLLM's own offloading connector ---------------------------------------------------
     def run_offload(self) -> None:
-        extra = json.dumps({"cpu_bytes_to_use": 1 << 30})
         try:
-            o1 = self.replica("offload-1", "--offload", "--extra", extra)
+            self.measure_offload()
         except Exception as e:  # noqa: BLE001 - reported, not raised: the rest of the run stands
-            reason = str(e).strip().splitlines()
-            why = next((line for line in reversed(reason) if "Error" in line), reason[0] if reason else "")
+            lines = str(e).strip().splitlines()
+            why = next((line for line in reversed(lines) if "Error" in line), lines[0] if lines else "")
             for size in self.a.sizes:
                 for f in ("ttft_offload_hit_s", "ttft_offload_cross_process_s"):
-                    self.report[f"prompt_{size}"][f] = None
-                    self.report["errors"][f"prompt_{size}.{f}"] = f"vLLM's OffloadingConnector did not start: {why}"
-            return
+                    if self.report[f"prompt_{size}"].get(f) is None:
+                        self.report[f"prompt_{size}"][f] = None
+                        self.report["errors"][f"prompt_{size}.{f}"] = f"vLLM's OffloadingConnector failed: {why}"
+            for r in [r for r in self.engines if r.name.startswith("offload")]:
+                self.stop(r)
+
+    def measure_offload(self) -> None:
+        extra = json.dumps({"cpu_bytes_to_use": 1 << 30})
+        o1 = self.replica("offload-1", "--offload", "--extra", extra)
         o1.generate([self.unrelated], max_tokens=4)
         o2 = self.replica("offload-2", "--offload", "--extra", extra)
         o2.generate([self.unrelated], max_tokens=4)
@@ -247,7 +253,9 @@ def config(a: argparse.Namespace) -> dict[str, Any]:
             "vllm": vllm.__version__, "model": os.path.basename(replicas.model_dir()), "dtype": "bfloat16",
             "sizes": a.sizes, "reps": a.reps, "question_tokens": a.question_tokens,
             "chunk_tokens": a.chunk_tokens, "max_num_batched_tokens": a.max_num_batched_tokens,
-            "kdnd_arena": a.kdnd_arena, "engines": "one process each, VLLM_ENABLE_V1_MULTIPROCESSING=0"}
+            "kdnd_arena": a.kdnd_arena, "engines": "one process each, VLLM_ENABLE_V1_MULTIPROCESSING=0",
+            "omp_threads_per_engine": os.environ.get("KDN_VLLM_OMP_THREADS", "1"),
+            "load_average_at_start": list(os.getloadavg())}
 
 
 def print_table(report: dict[str, Any], sizes: list[int]) -> None:

@@ -10,8 +10,9 @@ One scenario, in order (module-scoped engines, so each engine starts once):
      B's cache: B recomputes, answers as ref does, and counts it;
   6. kdnd is SIGKILLed while B works through a batch; B keeps answering correctly, with kdnd
      gone and after it is back (A stores, B loads again);
-  7. B's cache is small: a batch of four requests that load from kdnd gets preempted and the
-     preempted requests plan their loads again; every answer is still ref's;
+  7. B's cache is small: in a batch of four requests that load from kdnd, a decoding request
+     runs out of blocks and is preempted, and its load is planned afresh when it is admitted
+     again (from what vLLM's prefix cache still holds, then kdnd); every answer is still ref's;
   8. engines of another dtype (float32) or another model (other weights) never load these
      chunks.
 Every engine runs chunk-aligned prefill steps (max_num_batched_tokens = chunk_tokens, as the
@@ -38,6 +39,7 @@ import kdn  # noqa: E402
 
 CHUNK = 256
 OUT = 16
+COUNT_OUT = 128  # long enough for the preemption of test 6
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +82,7 @@ class Prompts:
         for i, p in enumerate(self.batch):
             d[f"batch{i}"] = (p, 48)
         for i, p in enumerate(self.counting):
-            d[f"count{i}"] = (p, 40)
+            d[f"count{i}"] = (p, COUNT_OUT)
         return d
 
 
@@ -207,15 +209,20 @@ def test_6_preempted_loading_requests(refs, engines):
     prompts, want = refs
     _, e = engines
     a, b = e["A"], e["B"]
-    for i, p in enumerate(prompts.counting):
-        assert a.generate([p], max_tokens=40)[0] == want[f"count{i}"]
+    for p in prompts.counting:
+        a.generate([p], max_tokens=1)  # stores every whole chunk of the prompt
+    # The first two requests (1194 and 1562 tokens) load and take 23 of B's 24 blocks; the
+    # others wait. Decoding, the first takes the last free block after 86 tokens and the
+    # second needs one after 102: it is preempted, and planned afresh when admitted again.
     before = counters(b)
-    outs = b.generate(prompts.counting, max_tokens=40, batch=True)
+    outs = b.generate(prompts.counting, max_tokens=COUNT_OUT, batch=True)
     after = counters(b)
     assert outs == [want[f"count{i}"] for i in range(len(prompts.counting))]
     assert after["loaded_chunks"] > before["loaded_chunks"]
     assert after["rescheduled"] > before["rescheduled"], "no request was preempted"
-    assert after["reloads"] > before["reloads"], "no preempted request loaded again"
+    # Admitted again, a preempted request loads only what vLLM's own prefix cache no longer
+    # holds (its freed blocks usually still do: then it loads nothing); no load may fail.
+    assert after["load_failures"] == before["load_failures"]
 
 
 def test_7_other_dtype_or_model_never_shares(refs, engines, workdir):
