@@ -86,8 +86,9 @@ def main(argv: list[str]) -> int:
               f"{0.0:>12.1f}")
         print(f"\n  B's time to first token: {tb:.3f} s with kdn vs {tc:.3f} s without ({tc / tb:.1f}x faster)")
         print(f"  B's answer with kdn equals its answer without kdn, token for token: {tok_b == tok_c}")
-        print(f"\n  Q (A): {a.question_a}\n  A: {ans_a.strip()}\n")
-        print(f"  Q (B): {a.question_b}\n  A: {ans_b.strip()}\n")
+        first = lambda text: text.strip().split("\n\n")[0]  # noqa: E731 - the answer's first paragraph
+        print(f"\n  Q (A): {a.question_a}\n  A: {first(ans_a)}\n")
+        print(f"  Q (B): {a.question_b}\n  A: {first(ans_b)}\n")
         return 0 if tok_b == tok_c and mb["loaded_bytes"] > 0 else 1
     finally:
         for r in engines:
