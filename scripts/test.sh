@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole kdn test suite: builds (via setup.sh), runs every ctest test (unit,
-# multi-process, fault, llama.cpp end-to-end), then the fuzzers (KVC1 decoder, handshake,
+# multi-process, fault, llama.cpp end-to-end, and the Python package and vLLM connector
+# against real vLLM when scripts/setup-vllm.sh could prepare its venv), then the fuzzers (KVC1 decoder, handshake,
 # configuration, wire records) for a bounded time each. Exits non-zero if anything fails.
 # Idempotent.
 #
