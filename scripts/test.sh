@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole kdn test suite: builds (via setup.sh), runs every ctest test (unit,
 # multi-process, fault, llama.cpp end-to-end, and the Python package and vLLM connector
-# against real vLLM when scripts/setup-vllm.sh could prepare its venv), then the fuzzers (KVC1 decoder, handshake,
-# configuration, wire records) for a bounded time each. Exits non-zero if anything fails.
+# against real vLLM when scripts/setup-vllm.sh prepared its venv), then the fuzzers (KVC1
+# decoder, handshake, configuration, wire records) for a bounded time each. Exits non-zero if anything fails.
 # Idempotent.
 #
 #   KDN_FUZZ_SECONDS=60 scripts/test.sh   # time per fuzzer (default 60 s; 0 skips building them)
