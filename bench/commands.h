@@ -15,3 +15,4 @@ int run_disk_bench(int argc, char** argv);       // T2 against fio on the same d
 // Subcommands other components provide (global names, so their files need no kdn header).
 int run_kernels_bench(int argc, char** argv);
 int run_llama_bench(int argc, char** argv);
+int run_vllm_bench(int argc, char** argv);  // execs python/tools/vllm_bench.py

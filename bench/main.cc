@@ -38,6 +38,11 @@ constexpr auto kLlama = &run_llama_bench;
 #else
 constexpr int (*kLlama)(int, char**) = nullptr;
 #endif
+#if KDN_BENCH_HAVE_VLLM
+constexpr auto kVllm = &run_vllm_bench;
+#else
+constexpr int (*kVllm)(int, char**) = nullptr;
+#endif
 
 const Subcommand kSubcommands[] = {
     {"node",
@@ -54,6 +59,8 @@ const Subcommand kSubcommands[] = {
      "this kdn-bench was built without the kernels (target kdn_kernels)"},
     {"llama", "llama.cpp prefill with and without kdn", kLlama,
      "this kdn-bench was built without KDN_BUILD_LLAMA=ON"},
+    {"vllm", "vLLM replicas (real vLLM, CPU): TTFT miss, kdn hit, own prefix hit, offload", kVllm,
+     "this kdn-bench was built without the vLLM venv (scripts/setup-vllm.sh, then KDN_VLLM_DIR)"},
 };
 
 void print_usage(FILE* out) {

@@ -13,11 +13,17 @@
 #   7. prints the TTFTs side by side with kdnd's counters;
 #   8. a serving engine S (kdn-llama --serve) answers through a kdnd restart: from the arena,
 #      then by prefilling while kdnd is away, then — kdnd back, its disk tier recovered —
-#      from the disk tier, having reconnected by itself; then stops kdnd.
+#      from the disk tier, having reconnected by itself; then stops kdnd;
+#   9. the same with two vLLM replicas (python/tools/vllm_demo.py, real vLLM on the CPU
+#      backend, KdnConnector): A answers about the document and stores it, B (another
+#      process) loads it from kdnd; B's TTFT and answer are shown beside B's without kdn.
+#      Skipped, with the reason, when the vLLM environment (scripts/setup-vllm.sh) cannot be
+#      set up on this machine, or with KDN_SKIP_VLLM=1.
 #
 #   KDN_BUILD_DIR=dir     build folder (default build/)
 #   KDN_DEMO_TOKENS=n     document tokens (multiple of 256; default 4096)
 #   KDN_DEMO_THREADS=n    llama.cpp threads per engine (default: every core)
+#   KDN_SKIP_VLLM=1       leave out the vLLM part
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -154,3 +160,25 @@ EOF2
 echo "kdnd counters after the restart (tier.disk.*: what came back from disk):"
 grep -E "^(promoted_chunks|tier\.disk\.(promoted_chunks|recovered_chunks|resident_chunks|reads|faults))" "$work/stats2.txt" | sed 's/^/  /'
 echo "demo: stopping kdnd"
+kill "$kdnd_pid" 2>/dev/null || true
+wait "$kdnd_pid" 2>/dev/null || true
+kdnd_pid=
+
+# ---- 9. two vLLM replicas ------------------------------------------------------------------
+vllm_skip() { echo "demo: vLLM part skipped: $*"; exit 0; }
+[[ -n "${KDN_SKIP_VLLM:-}" ]] && vllm_skip "KDN_SKIP_VLLM is set"
+echo
+echo "demo: now two vLLM replicas (SmolLM2-135M-Instruct on vLLM's CPU backend, KdnConnector)"
+vllm_dir=${KDN_VLLM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kdn/vllm}
+if ! KDN_VLLM_DIR=$vllm_dir scripts/setup-vllm.sh >"$work/setup-vllm.log" 2>&1; then
+  vllm_skip "the vLLM environment could not be set up ($(tail -1 "$work/setup-vllm.log"))"
+fi
+if ! grep -qs '^KDN_PYTHON:FILEPATH=..*' "$build/CMakeCache.txt"; then
+  cmake -S . -B "$build" -DKDN_VLLM_DIR="$vllm_dir" >/dev/null
+fi
+cmake --build "$build" --target kdn_python >/dev/null
+vllm_python=$(sed -n 's/^KDN_PYTHON:FILEPATH=//p' "$build/CMakeCache.txt")
+vllm_model=$(sed -n 's/^KDN_VLLM_MODEL:PATH=//p' "$build/CMakeCache.txt")
+[[ -x "$vllm_python" && -f "$vllm_model/config.json" ]] || vllm_skip "the build has no vLLM venv or model"
+KDN_PYTHON=$vllm_python KDN_VLLM_MODEL=$vllm_model KDN_BUILD_DIR=$build PYTHONPATH=$build/python \
+  "$vllm_python" python/tools/vllm_demo.py "$doc" "$question_a" "$question_b" --tokens "$tokens"

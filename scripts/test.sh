@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs the whole kdn test suite: builds (via setup.sh), runs every ctest test (unit,
-# multi-process, fault, llama.cpp end-to-end), then the fuzzers (KVC1 decoder, handshake,
-# configuration, wire records) for a bounded time each, then the rings, index, request and
-# contract tests under ASan+UBSan and TSan. Exits non-zero if anything fails. Idempotent.
+# multi-process, fault, llama.cpp end-to-end, and the Python package and vLLM connector
+# against real vLLM when scripts/setup-vllm.sh prepared its venv), then the fuzzers (KVC1
+# decoder, handshake, configuration, wire records) for a bounded time each, then the rings,
+# index, request and contract tests under ASan+UBSan and TSan. Exits non-zero if anything
+# fails. Idempotent.
 #
 #   KDN_FUZZ_SECONDS=60 scripts/test.sh   # time per fuzzer (default 60 s; 0 skips building them)
 set -euo pipefail

@@ -1,0 +1,257 @@
+"""vLLM replicas sharing KV through kdnd: real vLLM (CPU), real kdnd, separate processes.
+
+One scenario, in order (module-scoped engines, so each engine starts once):
+  1. ref, an engine without kdn and without prefix caching, answers every prompt below;
+  2. B starts while kdnd is down and still answers (correctly: as ref does);
+  3. kdnd starts; A answers doc1 + q1 and stores doc1's chunks;
+  4. B (another process, its own prefix cache empty) answers doc1 + q2: it reconnects to
+     kdnd and loads A's chunks; a prompt shorter than a chunk is simply computed;
+  5. a damaged chunk (NaN bytes stored under doc3's keys) fails its check on the way into
+     B's cache: B recomputes, answers as ref does, and counts it;
+  6. kdnd is SIGKILLed while B works through a batch; B keeps answering correctly, with kdnd
+     gone and after it is back (A stores, B loads again);
+  7. B's cache is small: in a batch of four requests that load from kdnd, a decoding request
+     runs out of blocks and is preempted, and its load is planned afresh when it is admitted
+     again (from what vLLM's prefix cache still holds, then kdnd); every answer is still ref's;
+  8. engines of another dtype (float32) or another model (other weights) never load these
+     chunks.
+Every engine runs chunk-aligned prefill steps (max_num_batched_tokens = chunk_tokens, as the
+docs recommend), so a hit computes exactly what a miss computes and tokens compare equal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python" / "tools"))
+import replicas  # noqa: E402
+
+import kdn  # noqa: E402
+
+CHUNK = 256
+OUT = 16
+COUNT_OUT = 128  # long enough for the preemption of test 6
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("kdn-vllm")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def kdnd(workdir):
+    k = replicas.Kdnd(str(workdir / "kdnd.sock"), arena="512M")
+    yield k
+    k.stop()
+
+
+class Prompts:
+    """Token-id prompts: documents cut from kdn's docs, questions, counting sequences."""
+
+    def __init__(self, encode) -> None:
+        corpus = encode(replicas.corpus())
+        q1 = encode("\n\nQuestion: What is this text about? Answer in one sentence.\nAnswer:")
+        q2 = encode("\n\nQuestion: Which component does this text describe first?\nAnswer:")
+        doc = lambda at, n: corpus[at:at + n]  # noqa: E731
+        self.doc1 = doc(0, 3 * CHUNK)
+        self.p1, self.p2 = self.doc1 + q1, self.doc1 + q2
+        self.short = doc(9000, 100) + q1
+        self.doc3 = doc(12000, 2 * CHUNK)
+        self.p3 = self.doc3 + q2
+        self.batch = [doc(15000 + i * 1000, 2 * CHUNK) + q1 for i in range(3)]
+        self.p5 = doc(19000, 2 * CHUNK) + q2
+        self.p6a, self.p6b = doc(21000, 2 * CHUNK) + q1, doc(21000, 2 * CHUNK) + q2
+        # Counting: the continuation is unambiguous, so a wrong KV byte shows at once.
+        self.counting = [encode("Count: " + ", ".join(str(start + i) for i in range(260)) + ",")
+                         for start in (1, 1001, 5001, 20001)]
+
+    def all(self) -> dict[str, tuple[list[int], int]]:
+        d = {"p1": (self.p1, OUT), "p2": (self.p2, OUT), "short": (self.short, OUT), "p3": (self.p3, OUT),
+             "p5": (self.p5, OUT), "p6a": (self.p6a, OUT), "p6b": (self.p6b, OUT)}
+        for i, p in enumerate(self.batch):
+            d[f"batch{i}"] = (p, 48)
+        for i, p in enumerate(self.counting):
+            d[f"count{i}"] = (p, COUNT_OUT)
+        return d
+
+
+@pytest.fixture(scope="module")
+def refs(workdir):
+    """Every prompt's answer from an engine without kdn (and without prefix caching)."""
+    ref = replicas.Replica("ref", "--no-prefix-caching", log_dir=str(workdir)).start()
+    try:
+        prompts = Prompts(lambda text: ref.send("encode", text=text)["token_ids"])
+        answers = {}
+        for name, (p, n) in prompts.all().items():
+            answers[name] = ref.generate([p], max_tokens=n)[0]
+    finally:
+        ref.stop()
+    return prompts, answers
+
+
+@pytest.fixture(scope="module")
+def engines(workdir, kdnd, refs):
+    sock = kdnd.socket
+    started: dict[str, replicas.Replica] = {}
+
+    def start(name: str, *args: str) -> replicas.Replica:
+        r = replicas.Replica(name, "--kdn-socket", sock, "--extra", json.dumps({"reconnect_interval_s": 0.2}),
+                             *args, log_dir=str(workdir)).start()
+        started[name] = r
+        return r
+
+    yield start, started
+    for r in started.values():
+        r.stop()
+
+
+def counters(r: replicas.Replica) -> dict:
+    return r.stats()
+
+
+def test_1_kdnd_down_at_start(refs, engines, kdnd):
+    prompts, want = refs
+    start, _ = engines
+    # B: small cache (24 blocks of 128 tokens) so that step 7 preempts.
+    b = start("B", "--num-blocks", "24", "--max-model-len", "2048")
+    assert b.generate([prompts.p5])[0] == want["p5"]
+    c = counters(b)
+    assert c["unavailable"] >= 1 and c["loaded_chunks"] == 0
+
+
+def test_2_cross_process_share(refs, engines, kdnd):
+    prompts, want = refs
+    start, e = engines
+    kdnd.start()
+    a = start("A")
+    assert a.generate([prompts.p1])[0] == want["p1"]
+    assert counters(a)["saved_chunks"] == 3
+    time.sleep(0.3)  # B's next connection attempt is due
+    b = e["B"]
+    before = counters(b)
+    assert b.generate([prompts.p2])[0] == want["p2"]
+    after = counters(b)
+    assert after["loaded_chunks"] - before["loaded_chunks"] == 3, after
+    assert after["reconnects"] == 0 and after["lookups"] >= 1  # first connection since start
+    assert after["load_failures"] == before["load_failures"]
+
+
+def test_3_prompt_shorter_than_a_chunk(refs, engines):
+    prompts, want = refs
+    _, e = engines
+    before = counters(e["B"])
+    assert e["B"].generate([prompts.short])[0] == want["short"]
+    after = counters(e["B"])
+    assert after["loaded_chunks"] == before["loaded_chunks"]
+    assert after["saved_chunks"] == before["saved_chunks"]  # no whole chunk to store
+
+
+def test_4_damaged_chunk_is_recomputed_and_counted(refs, engines, kdnd):
+    prompts, want = refs
+    _, e = engines
+    desc_fields = e["B"].send("desc")["desc"]
+    desc = kdn.ModelDesc()
+    for k, v in desc_fields.items():
+        setattr(desc, k, bytes.fromhex(v) if k == "engine_salt" else (tuple(v) if isinstance(v, list) else v))
+    with kdn.Client(kdnd.socket) as client:
+        model = client.register_model(desc)
+        tokens = np.asarray(prompts.doc3, dtype=np.int32)
+        res = model.reserve(tokens, 0, 2)
+        for i in range(2):
+            torch.from_dlpack(res.slot(i)).view(torch.int16).fill_(0x7FC0)  # bf16 NaN
+        res.commit()
+        assert model.lookup(tokens).hit_chunks == 2
+    before = counters(e["B"])
+    assert e["B"].generate([prompts.p3])[0] == want["p3"]
+    after = counters(e["B"])
+    assert after["corrupt_chunks"] - before["corrupt_chunks"] >= 1
+    assert after["load_failures"] - before["load_failures"] == 1
+    assert after["loaded_chunks"] == before["loaded_chunks"]
+
+
+def test_5_kdnd_killed_mid_run(refs, engines, kdnd):
+    prompts, want = refs
+    _, e = engines
+    a, b = e["A"], e["B"]
+    # A stores the batch's documents, so B's requests load while kdnd dies.
+    for i, p in enumerate(prompts.batch):
+        assert a.generate([p], max_tokens=48)[0] == want[f"batch{i}"]
+    b.post("generate", prompts=prompts.batch, max_tokens=48)
+    time.sleep(1.0)
+    kdnd.kill()
+    outs = b.wait()["outputs"]
+    assert outs == [want[f"batch{i}"] for i in range(len(prompts.batch))]
+    # kdnd gone: still served, correctly.
+    assert b.generate([prompts.p5])[0] == want["p5"]
+    # kdnd back (empty): A stores, B reconnects and loads.
+    kdnd.start()
+    time.sleep(0.3)
+    assert a.generate([prompts.p6a])[0] == want["p6a"]
+    before = counters(b)
+    assert b.generate([prompts.p6b])[0] == want["p6b"]
+    after = counters(b)
+    assert after["loaded_chunks"] - before["loaded_chunks"] == 2
+    assert after["reconnects"] >= 1
+
+
+def test_6_preempted_loading_requests(refs, engines):
+    prompts, want = refs
+    _, e = engines
+    a, b = e["A"], e["B"]
+    for p in prompts.counting:
+        a.generate([p], max_tokens=1)  # stores every whole chunk of the prompt
+    # The first two requests (1194 and 1562 tokens) load and take 23 of B's 24 blocks; the
+    # others wait. Decoding, the first takes the last free block after 86 tokens and the
+    # second needs one after 102: it is preempted, and planned afresh when admitted again.
+    before = counters(b)
+    outs = b.generate(prompts.counting, max_tokens=COUNT_OUT, batch=True)
+    after = counters(b)
+    assert outs == [want[f"count{i}"] for i in range(len(prompts.counting))]
+    assert after["loaded_chunks"] > before["loaded_chunks"]
+    assert after["rescheduled"] > before["rescheduled"], "no request was preempted"
+    # Admitted again, a preempted request loads only what vLLM's own prefix cache no longer
+    # holds (its freed blocks usually still do: then it loads nothing); no load may fail.
+    assert after["load_failures"] == before["load_failures"]
+
+
+def test_7_other_dtype_or_model_never_shares(refs, engines, workdir):
+    prompts, _ = refs
+    start, e = engines
+    e.pop("A").stop()
+    d = start("F32", "--dtype", "float32")
+    d.generate([prompts.p2])
+    c = counters(d)
+    assert c["lookups"] >= 1 and c["lookup_hit_tokens"] == 0 and c["loaded_chunks"] == 0
+    assert c["saved_chunks"] == 3  # its own chunks, under its own fingerprint
+    e.pop("F32").stop()
+
+    other = workdir / "other-model"
+    other.mkdir()
+    src = Path(replicas.model_dir())
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            (other / f.name).symlink_to(f)
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(src / "model.safetensors"))
+    name = sorted(weights)[-1]
+    weights[name] = weights[name] * 1.01  # another fine-tune of the same architecture
+    save_file(weights, str(other / "model.safetensors"), metadata={"format": "pt"})
+    m = replicas.Replica("other-model", "--kdn-socket", str(Path(workdir) / "kdnd.sock"), log_dir=str(workdir),
+                         model=str(other))
+    e["other"] = m
+    m.start()
+    m.generate([prompts.p2])
+    c = counters(m)
+    assert c["lookups"] >= 1 and c["lookup_hit_tokens"] == 0 and c["loaded_chunks"] == 0
