@@ -20,7 +20,7 @@ TEST(DiskBenchSmokeTest, MeasuresEveryFigureAgainstARealKdnd) {
                            " --data-mib 16 --doc-chunks 4 --codec-mib 8 --fio-seconds 1 --read-passes 2"
                            " --recovery-chunks 300 --lookup-samples 300 --prefetch-docs 1");
   std::filesystem::remove_all(dir);
-  ASSERT_EQ(run.exit_code, 0) << run.stdout_text;
+  ASSERT_EQ(run.exit_code, 0) << run.said();
   nlohmann::json j = nlohmann::json::parse(run.stdout_text, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(j.is_discarded()) << run.stdout_text;
   for (const char* key :

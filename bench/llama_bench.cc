@@ -461,7 +461,9 @@ Json run_disk_side(const Side& s) {
     if (!gen.ok()) return failure("disk generate", gen.status());
     const auto& st = gen->stats;
     if (st.tokens_reused != s.size)
-      return Json{{"error", std::string("disk hit incomplete: ") + st.cache_status.what()}};
+      return Json{{"error", std::string(k == kArena ? "arena" : k == kDisk ? "disk" : "disk without prefetch") +
+                                " hit incomplete: " + std::to_string(st.tokens_reused) + " of " +
+                                std::to_string(s.size) + " tokens reused (" + st.cache_status.what() + ")"}};
     identical &= gen->tokens == miss->tokens;
     runs[k].push_back(static_cast<double>(t1 - t0) * 1e-9 + st.ttft_s);
     engine_ttft[k].push_back(st.ttft_s);
@@ -761,7 +763,8 @@ int run_llama_bench(int argc, char** argv) {
 
   auto tmp = kdn::bench::TempDir::create("kdn-llama-bench");
   if (!tmp.ok()) return 1;
-  const uint32_t largest = *std::max_element(o.sizes.begin(), o.sizes.end());
+  // The disk-hit prompt is stored in the arena first, like the others.
+  const uint32_t largest = std::max(*std::max_element(o.sizes.begin(), o.sizes.end()), o.disk_size);
   kdn::bench::KdndOptions ko;
   ko.binary = o.kdnd;
   ko.socket_path = tmp->path() + "/kdnd.sock";

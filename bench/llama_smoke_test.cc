@@ -18,8 +18,8 @@ using kdn::bench::smoke::run_bench;
 using kdn::bench::median;
 
 TEST(LlamaBenchSmokeTest, ReportsWhatItsRunsMeasured) {
-  BenchRun run = run_bench("llama --json --sizes 256 --reps 4 --pair-seconds 0 --warmup 1 --eval-tokens 16 --n-predict 8 --no-calibrate");
-  ASSERT_EQ(run.exit_code, 0) << run.stdout_text;
+  BenchRun run = run_bench("llama --json --sizes 256 --reps 4 --pair-seconds 0 --warmup 1 --eval-tokens 16 --n-predict 8 --no-calibrate --disk-size 512 --disk-reps 2");
+  ASSERT_EQ(run.exit_code, 0) << run.said();
   nlohmann::json j = nlohmann::json::parse(run.stdout_text, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(j.is_discarded()) << run.stdout_text;
 
@@ -79,6 +79,17 @@ TEST(LlamaBenchSmokeTest, ReportsWhatItsRunsMeasured) {
   EXPECT_LT(at(j, p + "codec_f16.floor_kl").get<double>(), at(j, p + "codec.floor_kl").get<double>());
   EXPECT_DOUBLE_EQ(at(j, "bars.codec_top1_agreement.value").get<double>(),
                    at(j, "codec_f16.top1_agreement").get<double>());
+
+  // The disk-tier hits (a prompt larger than the others: the arena must hold it too).
+  const std::string d = "prompt_512.";
+  const auto disk = at(j, d + "ttft_disk_hit_runs_s").get<std::vector<double>>();
+  const auto arena = at(j, d + "ttft_arena_hit_request_runs_s").get<std::vector<double>>();
+  ASSERT_EQ(disk.size(), 2u);
+  ASSERT_EQ(arena.size(), 2u);
+  EXPECT_DOUBLE_EQ(at(j, d + "ttft_disk_hit_s").get<double>(), median(disk));
+  EXPECT_DOUBLE_EQ(at(j, d + "disk_hit_vs_hit").get<double>(), median({disk[0] / arena[0], disk[1] / arena[1]}));
+  EXPECT_GT(at(j, d + "disk_promoted_chunks").get<uint64_t>(), 0u);
+  EXPECT_TRUE(at(j, d + "disk_tokens_identical").get<bool>());
 }
 
 TEST(LlamaBenchSmokeTest, SizesOffTheChunkGridAreAUsageError) {

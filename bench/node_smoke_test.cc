@@ -14,7 +14,7 @@ TEST(NodeBenchSmokeTest, MeasuresEveryFigureAgainstARealKdnd) {
       "node --json --model smollm2-135m --processes 2 --docs 4 --requests 8 --arena-gib 1 "
       "--idle-seconds 1 --lookup-samples 2000 --retrieve-passes 1 --memcpy-mib 16 "
       "--integrity-chunks 2 --no-redis");
-  ASSERT_EQ(run.exit_code, 0) << run.stdout_text;
+  ASSERT_EQ(run.exit_code, 0) << run.said();
   nlohmann::json j = nlohmann::json::parse(run.stdout_text, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(j.is_discarded()) << run.stdout_text;
 

@@ -5,8 +5,12 @@
 #include <nlohmann/json.hpp>
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <fstream>
+#include <sstream>
 #include <string>
 
 namespace kdn::bench::smoke {
@@ -14,19 +18,34 @@ namespace kdn::bench::smoke {
 struct BenchRun {
   int exit_code = -1;
   std::string stdout_text;
+  std::string stderr_tail;  // the last lines of its progress and errors
+
+  // For a failed assertion: what the bench said, then what it printed.
+  std::string said() const { return "stderr:\n" + stderr_tail + "\nstdout:\n" + stdout_text; }
 };
 
-// KDN_BENCH_BINARY with `args`; stderr (progress) is dropped.
+// KDN_BENCH_BINARY with `args`; stderr (progress) goes to a temporary file, its tail kept.
 inline BenchRun run_bench(const std::string& args) {
   BenchRun run;
-  std::string command = std::string(KDN_BENCH_BINARY) + " " + args + " 2>/dev/null";
+  char log[] = "/tmp/kdn-bench-smoke-XXXXXX";
+  const int fd = mkstemp(log);
+  if (fd < 0) return run;
+  close(fd);
+  std::string command = std::string(KDN_BENCH_BINARY) + " " + args + " 2>" + log;
   FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return run;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) run.stdout_text.append(buf, n);
-  int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (pipe != nullptr) {
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) run.stdout_text.append(buf, n);
+    int status = pclose(pipe);
+    run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  std::ifstream err(log, std::ios::binary);
+  std::stringstream ss;
+  ss << err.rdbuf();
+  const std::string text = ss.str();
+  run.stderr_tail = text.size() > 4096 ? text.substr(text.size() - 4096) : text;
+  unlink(log);
   return run;
 }
 

@@ -5,12 +5,14 @@
 #include "overlapped_load.h"
 
 #include <llama.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
 #include <new>
+#include <string>
 #include <thread>
 
 namespace kdn::llama {
@@ -72,7 +74,9 @@ Result<std::string> f16_weights_model(const std::string& model_path) noexcept {
     llama_model_quantize_params p = llama_model_quantize_default_params();
     p.ftype = LLAMA_FTYPE_MOSTLY_F16;
     p.allow_requantize = true;  // quantized tensors are dequantized, then stored as f16
-    const std::filesystem::path tmp = out.string() + ".tmp";
+    // A temporary of this process's own: processes that need the copy at the same time each
+    // write theirs, and each rename puts a whole, identical file in place.
+    const std::filesystem::path tmp = out.string() + ".tmp." + std::to_string(getpid());
     if (llama_model_quantize(in.c_str(), tmp.c_str(), &p) != 0) {
       std::filesystem::remove(tmp, ec);
       return Status(Code::kIo, "llama.cpp could not write the f16 model");
