@@ -7,27 +7,26 @@ namespace {
 
 struct OpEntry {
   OpShape shape;
-  const char* name;  // null: no opcode of this number
+  const char* name = nullptr;  // null: no op has this number
 };
 
-template <class Op>
-constexpr OpEntry entry() noexcept {
-  return {Op::kShape, Op::kName};
-}
-constexpr OpEntry kNoOp{{}, nullptr};
+using OpTable = std::array<OpEntry, kMaxOpcode>;
 
 // Indexed by opcode - 1; built from the op structs of ops.h, so the shapes live in one place.
-constexpr std::array<OpEntry, kMaxOpcode> kOps = {{
-    entry<PingOp>(), entry<RegisterModelOp>(), entry<LookupOp>(), entry<ReserveOp>(),
-    entry<CommitOp>(), entry<AbortOp>(), entry<LeaseOp>(), entry<ReleaseOp>(), entry<StatsOp>(),
-    entry<ListOp>(), entry<EvictOp>(),
-    kNoOp, kNoOp, kNoOp, kNoOp,  // 12..15: reserved
-    entry<PrefetchOp>(), entry<TierStatsOp>(),
-    kNoOp, kNoOp,  // 18..19: reserved
-    entry<MetricsOp>(),
-}};
+// Each op lands at its own number, so features that number their ops apart leave gaps.
+template <class... Ops>
+constexpr OpTable make_table() noexcept {
+  OpTable t{};
+  ((t[size_t(Ops::kOpcode) - 1] = OpEntry{Ops::kShape, Ops::kName}), ...);
+  return t;
+}
+
+constexpr OpTable kOps = make_table<PingOp, RegisterModelOp, LookupOp, ReserveOp, CommitOp, AbortOp,
+                                    LeaseOp, ReleaseOp, StatsOp, ListOp, EvictOp, LookupEachOp,
+                                    LeaseEachOp, PrefetchOp, TierStatsOp, MetricsOp>();
 static_assert(PingOp::kOpcode == Opcode(1) && MetricsOp::kOpcode == Opcode(kMaxOpcode));
 static_assert(LeaseOp::kOpcode == Opcode(7) && StatsOp::kOpcode == Opcode(9) && EvictOp::kOpcode == Opcode(11));
+static_assert(LookupEachOp::kOpcode == Opcode(12) && LeaseEachOp::kOpcode == Opcode(13));
 static_assert(PrefetchOp::kOpcode == Opcode(16));
 
 Status check_header_fields(const Sqe& sqe) noexcept {

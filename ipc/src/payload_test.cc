@@ -36,7 +36,7 @@ TEST(PayloadRef, OverflowSafeBounds) {
 }
 
 TEST(CheckSqe, UnknownOpcodesAreUnsupported) {
-  for (uint8_t op : {uint8_t{0}, uint8_t{12}, uint8_t{15}, uint8_t{kMaxOpcode + 1}, uint8_t{200}, uint8_t{255}}) {
+  for (uint8_t op : {uint8_t{0}, uint8_t{14}, uint8_t{15}, uint8_t{18}, uint8_t{kMaxOpcode + 1}, uint8_t{200}, uint8_t{255}}) {
     Sqe s{};
     s.opcode = op;
     EXPECT_EQ(check(s), Code::kUnsupported) << int(op);
@@ -122,6 +122,49 @@ TEST(CheckSqe, OutputMustHoldTheAnswer) {
   auto shape = check_sqe(s, kArea, false);
   ASSERT_TRUE(shape.ok());
   EXPECT_EQ(shape->out_capacity, (sizeof(StatsRecord) + 100) / 8) << "counted in u64 words";
+}
+
+TEST(CheckSqe, SegmentOpsNeedARecordPerKey) {
+  EXPECT_STREQ(opcode_name(static_cast<uint8_t>(Opcode::kLookupEach)), "LOOKUP_EACH");
+  EXPECT_STREQ(opcode_name(static_cast<uint8_t>(Opcode::kLeaseEach)), "LEASE_EACH");
+  Sqe s = sqe_of(Opcode::kLookupEach);
+  s.in_len = 16 * 5;
+  s.out_off = 4096;
+  s.out_len = 5;  // one byte per key
+  auto shape = check_sqe(s, kArea, false);
+  ASSERT_TRUE(shape.ok());
+  EXPECT_EQ(shape->in_records, 5u);
+  EXPECT_EQ(shape->out_capacity, 5u);
+  s.out_len = 4;
+  EXPECT_EQ(check(s), Code::kInvalidArgument);
+  s = sqe_of(Opcode::kLeaseEach);
+  s.in_len = 16 * 8;
+  s.out_off = 4096;
+  s.out_len = sizeof(LeaseRecord) * 7;
+  s.arg[0] = 3;  // LEASE_EACH has no cap: arg0 changes nothing
+  EXPECT_EQ(check(s), Code::kInvalidArgument);
+  s.out_len = sizeof(LeaseRecord) * 8;
+  EXPECT_EQ(check(s), Code::kOk);
+}
+
+TEST(OpResults, LookupEachCountsMustMatchItsRecords) {
+  const uint8_t rec[4] = {1, kTierMiss, 2, 1};
+  Cqe c{};
+  c.res[0] = 3;
+  c.res[2] = 2;  // host
+  c.res[3] = 1;  // disk
+  auto r = LookupEachOp::result(c, rec, 4);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->hit_chunks, 3u);
+  EXPECT_EQ(r->tier_chunks[1], 2u);
+  c.res[0] = 4;
+  EXPECT_EQ(LookupEachOp::result(c, rec, 4).status().code(), Code::kProtocol);
+  c.res[0] = 3;
+  const uint8_t bad[4] = {1, 7, 2, 1};
+  EXPECT_EQ(LookupEachOp::result(c, bad, 4).status().code(), Code::kProtocol);
+  Cqe l{};
+  l.res[0] = 5;
+  EXPECT_EQ(LeaseEachOp::result(l, 4).status().code(), Code::kProtocol);
 }
 
 TEST(CheckSqe, RegisterModelTakesExactlyOneDescriptor) {

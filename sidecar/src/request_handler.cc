@@ -59,7 +59,13 @@ bool settle_backwards(Op& op, const std::vector<T>& items, uint64_t deadline_ns,
 
 bool needs_model(uint8_t opcode) {
   return opcode == uint8_t(Opcode::kLookup) || opcode == uint8_t(Opcode::kReserve) ||
-         opcode == uint8_t(Opcode::kLease) || opcode == uint8_t(Opcode::kPrefetch);
+         opcode == uint8_t(Opcode::kLease) || opcode == uint8_t(Opcode::kLookupEach) ||
+         opcode == uint8_t(Opcode::kLeaseEach) || opcode == uint8_t(Opcode::kPrefetch);
+}
+
+// LEASE serves the longest cached prefix of a chain; LEASE_EACH every key on its own.
+bool is_lease(uint8_t opcode) {
+  return opcode == uint8_t(Opcode::kLease) || opcode == uint8_t(Opcode::kLeaseEach);
 }
 
 }  // namespace
@@ -127,6 +133,8 @@ Step RequestHandler::dispatch(Op& op, uint64_t deadline_ns) {
     case Opcode::kPrefetch: return prefetch(op, deadline_ns);
     case Opcode::kTierStats: return tier_stats(op);
     case Opcode::kMetrics: return metrics(op);
+    case Opcode::kLookupEach: return lookup_each(op, deadline_ns);
+    case Opcode::kLeaseEach: return lease(op, deadline_ns);
   }
   return finish(op, Status(Code::kUnsupported, "unknown opcode"));
 }
@@ -150,7 +158,7 @@ void RequestHandler::rollback(Op& op) noexcept {
   Session& s = *op.session;
   if (op.sqe.opcode == uint8_t(Opcode::kReserve)) {
     for (uint64_t id : op.taken) abort_reservation(s, id);
-  } else if (op.sqe.opcode == uint8_t(Opcode::kLease)) {
+  } else if (is_lease(op.sqe.opcode)) {
     for (uint64_t id : op.taken) release_lease(s, id, 1);
   }
   op.taken.clear();
@@ -164,7 +172,7 @@ void RequestHandler::on_event(Op& op, const StoreEvent& ev) noexcept {
     s.staging.free(ev.cookie);  // the copy has read the slot: it is the session's again
     if (ev.status.ok()) ++op.done;
     else if (op.first_error.ok()) op.first_error = Status(Code::kIo, "copying a chunk into the arena failed");
-  } else if (op.sqe.opcode == uint8_t(Opcode::kLease) && !ev.status.ok()) {
+  } else if (is_lease(op.sqe.opcode) && !ev.status.ok()) {
     op.stop_at = op.cursor;  // the promotion of the chunk at the cursor failed: a miss there
   } else if (op.sqe.opcode == uint8_t(Opcode::kEvict) && ev.status.ok()) {
     ++op.done;  // EVICT kHost: a demotion landed
@@ -283,6 +291,39 @@ Step RequestHandler::lookup(Op& op, uint64_t deadline_ns) {
   r.hit_chunks = uint32_t(op.done);
   for (uint32_t t = 0; t < kTierCount; ++t) r.tier_chunks[t] = uint32_t(op.cqe.res[1 + t]);
   ipc::LookupOp::put(r, op.cqe);
+  return finish(op, OkStatus());
+}
+
+// ---- LOOKUP_EACH --------------------------------------------------------------------------------
+
+Step RequestHandler::lookup_each(Op& op, uint64_t deadline_ns) {
+  Session& s = *op.session;
+  TieredStore& store = *s.ns->store;
+  const uint32_t n = op.shape.in_records;
+  kdn_key keys[kBatch];
+  uint8_t out[kBatch];
+  while (op.cursor < n) {
+    const uint32_t first = op.cursor, m = std::min(kBatch, n - first);
+    Status in = s.shm.payload().copy_in_slice(op.sqe, first, std::span(keys, m));
+    if (!in.ok()) return finish(op, in);
+    for (uint32_t i = 0; i < m; ++i) {
+      const uint32_t t = store.probe(keys[i], op.model->chunk_bytes);
+      out[i] = t < kTierCount ? uint8_t(t) : ipc::kTierMiss;
+      if (t < kTierCount) {
+        ++op.cqe.res[1 + t];
+        ++op.done;
+      }
+    }
+    Status wrote = s.shm.payload().copy_out_slice(op.sqe, first, std::span<const uint8_t>(out, m));
+    if (!wrote.ok()) return finish(op, wrote);
+    op.cursor += m;
+    if (op.cursor < n && past(deadline_ns)) return Step::kMore;
+  }
+  store.note_lookup(op.done, n - op.done);
+  ipc::LookupEachOp::Result r;
+  r.hit_chunks = uint32_t(op.done);
+  for (uint32_t t = 0; t < kTierCount; ++t) r.tier_chunks[t] = uint32_t(op.cqe.res[1 + t]);
+  ipc::LookupEachOp::put(r, op.cqe);
   return finish(op, OkStatus());
 }
 
@@ -462,10 +503,15 @@ Step RequestHandler::abort(Op& op, uint64_t deadline_ns) {
 
 // ---- LEASE, RELEASE -----------------------------------------------------------------------------
 
+// LEASE stops at the first miss (the prefix ends there); LEASE_EACH (`each`) writes a zero
+// record for a miss and goes on. Every lease taken goes to op.taken (rollback, touch order);
+// a miss takes nothing.
 Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
   Session& s = *op.session;
   TieredStore& store = *s.ns->store;
-  const uint32_t wanted = ipc::LeaseOp::wanted(ipc::LeaseOp::args(op.sqe), op.shape.in_records);
+  const bool each = op.sqe.opcode == uint8_t(Opcode::kLeaseEach);
+  const uint32_t wanted =
+      each ? op.shape.in_records : ipc::LeaseOp::wanted(ipc::LeaseOp::args(op.sqe), op.shape.in_records);
   const uint64_t bytes = op.model->chunk_bytes;
   kdn_key keys[kBatch];
   ipc::LeaseRecord out[kBatch];
@@ -483,6 +529,11 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
     bool wait = false;
     for (; filled < m; ++filled) {
       if (first + filled == op.stop_at) {
+        if (each) {  // its promotion failed: a miss here, go on with the next key
+          out[filled] = ipc::LeaseRecord{};
+          op.stop_at = UINT32_MAX;
+          continue;
+        }
         stopped = true;
         break;
       }
@@ -498,12 +549,13 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
         ++h.count;
         id = held->second;
       } else {
+        bool miss = false;
         switch (store.acquire(keys[filled], bytes, op.token, &e, now)) {
-          case TieredStore::Acquired::kMiss: stopped = true; break;
+          case TieredStore::Acquired::kMiss: miss = true; break;
           case TieredStore::Acquired::kNoRoomYet:
             if (op.room_deadline_ns == 0) op.room_deadline_ns = now + uint64_t(config_.room_wait_ms) * 1'000'000;
             if (now >= op.room_deadline_ns) {
-              stopped = true;  // no room came in time: the prefix ends here
+              miss = true;  // no room came in time: the prefix ends here (LEASE_EACH: a miss)
               break;
             }
             op.wants_room = true;
@@ -511,7 +563,7 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
             break;
           case TieredStore::Acquired::kPromoting:
             if (op.waited_at == first + filled) {  // promoted once and gone again: a miss now
-              stopped = true;
+              miss = true;
               break;
             }
             op.waited_at = first + filled;
@@ -538,6 +590,11 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
             }
             break;
         }
+        if (miss && each) {
+          out[filled] = ipc::LeaseRecord{};
+          continue;
+        }
+        stopped = miss;
         if (stopped || wait) break;
       }
       op.taken.push_back(id);
@@ -564,7 +621,8 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
     rollback(op);
     return finish(op, z);
   }
-  ipc::LeaseOp::put({uint32_t(op.taken.size())}, op.cqe);
+  if (each) ipc::LeaseEachOp::put({uint32_t(op.taken.size())}, op.cqe);
+  else ipc::LeaseOp::put({uint32_t(op.taken.size())}, op.cqe);
   return finish(op, OkStatus());
 }
 

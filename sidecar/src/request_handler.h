@@ -146,6 +146,7 @@ class RequestHandler {
   Step reserve(Op& op, uint64_t deadline_ns);
   Step commit(Op& op, uint64_t deadline_ns);
   Step abort(Op& op, uint64_t deadline_ns);
+  Step lookup_each(Op& op, uint64_t deadline_ns);
   Step lease(Op& op, uint64_t deadline_ns);
   Step release(Op& op, uint64_t deadline_ns);
   Step stats(Op& op);

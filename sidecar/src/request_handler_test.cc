@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <new>
 #include <memory>
@@ -495,6 +496,95 @@ TEST_F(HandlerTest, LeaseWaitsForAPromotionFromALowerTier) {
     EXPECT_EQ(p[chunk - 1], std::byte(i));
   }
   EXPECT_GT(ns_.store->counters().promoted_chunks, 0u);
+}
+
+// Segment lookups and leases: every key on its own, a miss in the middle stops nothing.
+TEST_F(HandlerTest, LookupEachAndLeaseEachServeEveryKeyOnItsOwn) {
+  build();
+  auto s = open_session();
+  const uint32_t m = register_model(*s);
+  const uint64_t chunk = ModelInfo::from_desc(small_model())->chunk_bytes;
+  store(*s, m, 0, 4, chunk);
+  store(*s, m, 6, 2, chunk);  // keys 4 and 5 (and 8, 9) are missing
+  Op look = keyed(*s, Opcode::kLookupEach, m, 0, 10, 1);
+  std::memset(payload(*s) + look.sqe.out_off, 0x77, 10);
+  run(look);
+  ASSERT_EQ(look.cqe.status, KDN_OK);
+  auto map = records<uint8_t>(*s, look, 10);
+  const uint8_t host = uint8_t(tier_index(TierId::kHost)), miss = ipc::kTierMiss;
+  EXPECT_EQ(map, (std::vector<uint8_t>{host, host, host, host, miss, miss, host, host, miss, miss}));
+  auto hits = ipc::LookupEachOp::result(look.cqe, map.data(), 10);
+  ASSERT_TRUE(hits.ok());
+  EXPECT_EQ(hits->hit_chunks, 6u);
+  // The plain LOOKUP stops at the first miss.
+  Op prefix = keyed(*s, Opcode::kLookup, m, 0, 10);
+  run(prefix);
+  EXPECT_EQ(prefix.cqe.res[0], 4u);
+
+  auto reader = open_session(0);
+  const uint32_t m2 = register_model(*reader);
+  Op lease = keyed(*reader, Opcode::kLeaseEach, m2, 0, 10, sizeof(ipc::LeaseRecord));
+  std::memset(payload(*reader) + lease.sqe.out_off, 0xEE, 10 * sizeof(ipc::LeaseRecord));
+  run(lease);
+  ASSERT_EQ(lease.cqe.status, KDN_OK);
+  auto got = ipc::LeaseEachOp::result(lease.cqe, 10);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->leased, 6u);
+  auto recs = records<ipc::LeaseRecord>(*reader, lease, 10);
+  const ipc::LeaseRecord zero{};
+  std::vector<uint64_t> ids;
+  for (uint32_t i = 0; i < 10; ++i) {
+    const bool cached = i < 4 || i == 6 || i == 7;
+    if (!cached) {
+      EXPECT_EQ(std::memcmp(&recs[i], &zero, sizeof zero), 0) << "a miss is a zero record: " << i;
+      continue;
+    }
+    ASSERT_NE(recs[i].lease_id, 0u) << i;
+    EXPECT_EQ(ns_.host->arena().data()[recs[i].slot.offset], std::byte(i));
+    ids.push_back(recs[i].lease_id);
+  }
+  EXPECT_EQ(ns_.store->active_leases(), 6u);
+  Op rel = ids_op(*reader, Opcode::kRelease, ids);
+  run(rel);
+  EXPECT_EQ(rel.cqe.status, KDN_OK);
+  EXPECT_EQ(ns_.store->active_leases(), 0u);
+  // The same key twice (two segments sharing a chunk): one lease, counted twice.
+  Op twice = keyed(*reader, Opcode::kLeaseEach, m2, 0, 1, sizeof(ipc::LeaseRecord));
+  const kdn_key k0 = K(0);
+  std::memcpy(payload(*reader) + sizeof k0, &k0, sizeof k0);
+  twice.sqe.in_len = 2 * sizeof k0;
+  twice.sqe.out_len = 2 * sizeof(ipc::LeaseRecord);
+  run(twice);
+  ASSERT_EQ(twice.cqe.status, KDN_OK);
+  auto two = records<ipc::LeaseRecord>(*reader, twice, 2);
+  EXPECT_EQ(two[0].lease_id, two[1].lease_id);
+  EXPECT_EQ(reader->leases.at(two[0].lease_id).count, 2u);
+}
+
+TEST_F(HandlerTest, LeaseEachPromotesFromALowerTierAndKeepsItsLimits) {
+  config_.max_leases = 6;
+  build(4 * kMiB, true);
+  auto s = open_session(64 * kMiB);
+  const kdn_model_desc big = small_model(256, 128);
+  const uint32_t m = register_model(*s, big);
+  const uint64_t chunk = ModelInfo::from_desc(big)->chunk_bytes;
+  store(*s, m, 0, 8, chunk);
+  store(*s, m, 100, 8, chunk);  // pushes the first ones down to the disk tier
+  Op look = keyed(*s, Opcode::kLookupEach, m, 0, 8, 1);
+  run(look);
+  auto map = records<uint8_t>(*s, look, 8);
+  EXPECT_GT(std::count(map.begin(), map.end(), uint8_t(tier_index(TierId::kDisk))), 0);
+  Op lease = keyed(*s, Opcode::kLeaseEach, m, 0, 4, sizeof(ipc::LeaseRecord));
+  run(lease);
+  ASSERT_EQ(lease.cqe.status, KDN_OK);
+  EXPECT_EQ(lease.cqe.res[0], 4u);
+  auto recs = records<ipc::LeaseRecord>(*s, lease, 4);
+  for (uint32_t i = 0; i < 4; ++i) EXPECT_EQ(ns_.host->arena().data()[recs[i].slot.offset], std::byte(i));
+  // Over max_leases: the whole request is refused and takes nothing.
+  Op over = keyed(*s, Opcode::kLeaseEach, m, 100, 4, sizeof(ipc::LeaseRecord));
+  run(over);
+  EXPECT_EQ(over.cqe.status, KDN_ERR_LIMIT);
+  EXPECT_EQ(ns_.store->active_leases(), 4u);
 }
 
 }  // namespace

@@ -47,6 +47,12 @@ uint32_t TieredStore::cached_prefix(std::span<const kdn_key> keys, uint64_t byte
   return hits;
 }
 
+uint32_t TieredStore::probe(const kdn_key& key, uint64_t bytes) const noexcept {
+  const Entry* e = index_.find(key);
+  if (e == nullptr || !e->committed() || e->bytes != bytes || e->resident == 0) return kTierCount;
+  return e->fastest_tier();
+}
+
 void TieredStore::note_lookup(uint64_t hits, uint64_t misses) noexcept {
   ++counters_.lookups;
   counters_.lookup_hit_chunks += hits;

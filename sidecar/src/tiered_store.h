@@ -85,6 +85,9 @@ class TieredStore {
   void note_lookup(uint64_t hits, uint64_t misses) noexcept;
   // The same prefix count, counting nothing (PREFETCH).
   uint32_t cached_prefix(std::span<const kdn_key> keys, uint64_t bytes) const noexcept;
+  // LOOKUP_EACH: the fastest tier holding a committed copy of `key` with `bytes` bytes, or
+  // kTierCount if none.
+  uint32_t probe(const kdn_key& key, uint64_t bytes) const noexcept;
 
   // ---- RESERVE one key. kNoSpace: the host tier is full of leased, reserved or moving
   // chunks; kInProgress: it will have room once demotions in flight land (try again after

@@ -272,6 +272,68 @@ struct EvictOp {
   static kdn::Result<Result> result(const Cqe& c) noexcept { return Result{c.res[0], c.res[1]}; }
 };
 
+// ---- LOOKUP_EACH (minor 2): keys in; for every key, the tier of its fastest copy --------------------
+// Unlike LOOKUP it does not stop at the first miss: a segment lookup asks for the chunks of
+// several segments at once and gets a per-chunk hit map. Output record i is the ChunkTier of
+// key i's fastest committed copy of the model's chunk size, or kTierMiss.
+struct LookupEachOp {
+  static constexpr Opcode kOpcode = Opcode::kLookupEach;
+  static constexpr const char* kName = "LOOKUP_EACH";
+  static constexpr OpShape kShape{sizeof(kdn_key), false, sizeof(uint8_t), OpShape::Out::kPerInput};
+  using InRecord = kdn_key;
+  using OutRecord = uint8_t;
+  struct Args { uint32_t model_id = 0; };
+  struct Result {
+    uint32_t hit_chunks = 0;                // keys with a copy somewhere
+    uint32_t tier_chunks[kTierCount] = {};  // of those, how many have their fastest copy in tier t
+  };
+  static void put(const Args& a, Sqe& q) noexcept { q.model_id = a.model_id; }
+  static Args args(const Sqe& q) noexcept { return {q.model_id}; }
+  static void put(const Result& r, Cqe& c) noexcept {
+    c.res[0] = r.hit_chunks;
+    for (uint32_t t = 0; t < kTierCount; ++t) c.res[1 + t] = r.tier_chunks[t];
+  }
+  // Checks the counts against the records (the client's copy of the output) as well.
+  static kdn::Result<Result> result(const Cqe& c, const uint8_t* records, uint32_t keys_sent) noexcept {
+    Result r;
+    uint64_t per_tier[kTierCount] = {}, hits = 0;
+    for (uint32_t i = 0; i < keys_sent; ++i) {
+      if (records[i] == kTierMiss) continue;
+      if (records[i] >= kTierCount) return Status(Code::kProtocol, "LOOKUP_EACH answered an unknown tier");
+      ++per_tier[records[i]];
+      ++hits;
+    }
+    if (c.res[0] != hits) return Status(Code::kProtocol, "LOOKUP_EACH hit count does not match its records");
+    for (uint32_t t = 0; t < kTierCount; ++t) {
+      if (c.res[1 + t] != per_tier[t]) return Status(Code::kProtocol, "LOOKUP_EACH tier counts do not match its records");
+      r.tier_chunks[t] = uint32_t(per_tier[t]);
+    }
+    r.hit_chunks = uint32_t(hits);
+    return r;
+  }
+};
+
+// ---- LEASE_EACH (minor 2): keys in; one LeaseRecord per key, a zero record for a miss ---------------
+// LEASE for keys that are not a chain: every key is served on its own (promoted from a slower
+// tier like LEASE does), a miss does not stop the request, and its record is zero (lease_id
+// 0). Limits as for LEASE; a limit refuses the whole request and leases nothing.
+struct LeaseEachOp {
+  static constexpr Opcode kOpcode = Opcode::kLeaseEach;
+  static constexpr const char* kName = "LEASE_EACH";
+  static constexpr OpShape kShape{sizeof(kdn_key), false, sizeof(LeaseRecord), OpShape::Out::kPerInput};
+  using InRecord = kdn_key;
+  using OutRecord = LeaseRecord;
+  struct Args { uint32_t model_id = 0; };
+  struct Result { uint32_t leased = 0; };  // records with a lease (nonzero lease_id)
+  static void put(const Args& a, Sqe& q) noexcept { q.model_id = a.model_id; }
+  static Args args(const Sqe& q) noexcept { return {q.model_id}; }
+  static void put(const Result& r, Cqe& c) noexcept { c.res[0] = r.leased; }
+  static kdn::Result<Result> result(const Cqe& c, uint32_t keys_sent) noexcept {
+    if (c.res[0] > keys_sent) return Status(Code::kProtocol, "LEASE_EACH answered more leases than keys");
+    return Result{uint32_t(c.res[0])};
+  }
+};
+
 // ---- PREFETCH (minor 1): keys in; promotions of the cached prefix start, nothing waits -------------
 // The leading committed chunks among the keys (the prefix LOOKUP would count) whose copies sit
 // only below the host tier start their promotion into it, at most the daemon's

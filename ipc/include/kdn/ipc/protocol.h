@@ -40,8 +40,9 @@ constexpr uint32_t kWelcomeMagic = fourcc('K', 'D', 'N', 'W');
 constexpr uint32_t kSessionMagic = fourcc('K', 'D', 'N', 'S');
 constexpr uint16_t kProtocolMajor = KDN_PROTOCOL_VERSION;
 // Minor 1: PREFETCH (16), TIER_STATS (17), EVICT mode kHost (the disk tier), STATS word 36
-// (host_prefault_left_bytes), METRICS (20).
-constexpr uint16_t kProtocolMinor = 1;
+// (host_prefault_left_bytes), METRICS (20). Minor 2: LOOKUP_EACH (12) and LEASE_EACH (13)
+// (segments, docs/blend.md).
+constexpr uint16_t kProtocolMinor = 2;
 
 // ---- limits ------------------------------------------------------------------------------
 constexpr uint32_t kMinRingEntries = 16;
@@ -225,12 +226,16 @@ enum class Opcode : uint8_t {
   kStats = 9,
   kList = 10,
   kEvict = 11,
-  // 12..15 are reserved for the blending opcodes.
+  kLookupEach = 12,  // minor 2: per-key presence (segment lookups)
+  kLeaseEach = 13,   // minor 2: per-key leases that do not stop at a miss (segment retrieves)
+  // 14..15 are reserved for blending.
   kPrefetch = 16,    // minor 1
   kTierStats = 17,   // minor 1
   // 18..19 are reserved for the disk tier.
   kMetrics = 20,     // minor 1
 };
+// Opcodes are numbered per feature; a number without an op is answered with
+// KDN_ERR_UNSUPPORTED like any unknown one.
 constexpr uint8_t kMaxOpcode = 20;
 
 // SQE flags: none defined in 2.0; nonzero bits are a protocol error.
@@ -313,6 +318,8 @@ static_assert(sizeof(LeaseRecord) == 32 && std::is_trivially_copyable_v<LeaseRec
 
 enum class ChunkTier : uint8_t { kGpu = 0, kHost = 1, kDisk = 2, kRemote = 3 };
 constexpr uint32_t kTierCount = 4;
+// LOOKUP_EACH's output record for a key with no committed chunk of the model's size.
+constexpr uint8_t kTierMiss = 0xFF;
 enum class ChunkState : uint8_t { kReserved = 1, kCommitted = 2, kMoving = 3, kWriting = 4 };
 
 struct ListRecord {
