@@ -3,6 +3,7 @@
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack: no allocation per key
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace kdn {
@@ -11,6 +12,9 @@ namespace {
 // Domain separators keep fingerprints and chunk keys in different hash spaces.
 constexpr uint64_t kFingerprintDomain = 0x6b646e2d66707631ull;  // "kdn-fpv1"
 constexpr uint64_t kChunkKeyDomain = 0x6b646e2d6b657931ull;     // "kdn-key1"
+constexpr uint64_t kContextDomain = 0x6b646e2d63747831ull;      // "kdn-ctx1"
+constexpr uint64_t kSegmentSeedDomain = 0x6b646e2d73676231ull;  // "kdn-sgb1"
+constexpr uint64_t kSegmentKeyDomain = 0x6b646e2d73676b31ull;   // "kdn-sgk1"
 
 kdn_key to_key(XXH128_hash_t h) noexcept { return kdn_key{h.low64, h.high64}; }
 
@@ -96,6 +100,53 @@ kdn_key chain_key(const kdn_key* prev, const kdn_key& fingerprint,
   XXH3_128bits_update(&st, &fingerprint, sizeof fingerprint);
   XXH3_128bits_update(&st, chunk_tokens.data(), chunk_tokens.size_bytes());
   return to_key(XXH3_128bits_digest(&st));
+}
+
+namespace {
+
+// H(domain; parts...) over fixed-width fields, on a stack state (no allocation).
+class KeyHasher {
+ public:
+  explicit KeyHasher(uint64_t domain) noexcept {
+    XXH3_INITSTATE(&st_);
+    XXH3_128bits_reset_withSeed(&st_, domain);
+  }
+  KeyHasher& add(const void* p, size_t n) noexcept {
+    XXH3_128bits_update(&st_, p, n);
+    return *this;
+  }
+  KeyHasher& add(const kdn_key& k) noexcept { return add(&k, sizeof k); }
+  kdn_key digest() noexcept { return to_key(XXH3_128bits_digest(&st_)); }
+
+ private:
+  XXH3_state_t st_;
+};
+
+}  // namespace
+
+kdn_key context_key(const ModelInfo& model, std::span<const int32_t> tokens) noexcept {
+  const uint64_t n = tokens.size();
+  return KeyHasher(kContextDomain).add(model.fingerprint).add(&n, sizeof n).add(tokens.data(), tokens.size_bytes()).digest();
+}
+
+uint64_t segment_chunks(const ModelInfo& model, uint64_t n_tokens) noexcept {
+  return (n_tokens + model.chunk_tokens - 1) / model.chunk_tokens;
+}
+
+size_t segment_keys(const ModelInfo& model, const kdn_key& base_key, int64_t base_pos,
+                    std::span<const int32_t> tokens, std::span<kdn_key> keys) noexcept {
+  const size_t t = model.chunk_tokens;
+  size_t n = static_cast<size_t>(segment_chunks(model, tokens.size()));
+  if (n > keys.size()) n = keys.size();
+  kdn_key prev = KeyHasher(kSegmentSeedDomain).add(model.fingerprint).add(base_key).add(&base_pos, sizeof base_pos).digest();
+  for (size_t i = 0; i < n; ++i) {
+    const std::span<const int32_t> chunk = tokens.subspan(i * t, std::min(t, tokens.size() - i * t));
+    const uint32_t count = static_cast<uint32_t>(chunk.size());
+    keys[i] = KeyHasher(kSegmentKeyDomain).add(prev).add(model.fingerprint).add(&count, sizeof count)
+                  .add(chunk.data(), chunk.size_bytes()).digest();
+    prev = keys[i];
+  }
+  return n;
 }
 
 size_t prefix_keys(const ModelInfo& model, std::span<const int32_t> tokens,

@@ -14,7 +14,8 @@
  * layers of one model, laid out canonically as [layer][K|V][token][kv_head][head_dim] in the
  * model's dtype. Chunks are addressed by 128-bit prefix keys:
  *     key_0 = H(fingerprint, tokens[0, T)),  key_i = H(key_{i-1}, fingerprint, tokens[iT, (i+1)T))
- * so a chunk's key names the whole prefix up to and including it. Only whole chunks are stored.
+ * so a chunk's key names the whole prefix up to and including it. Only whole chunks of a prefix
+ * are stored. Segments (see below) are keyed independently of their position instead.
  *
  * Ownership. Every handle returned by this library is owned by the caller and released with
  * the matching kdn_*_release / kdn_disconnect call. Pointers inside a lease stay valid until
@@ -293,6 +294,73 @@ KDN_API int kdn_store_from(kdn_client* client, const kdn_model* model, const int
 KDN_API int kdn_retrieve_to(kdn_client* client, const kdn_model* model, const int32_t* tokens,
                             size_t n_tokens, uint32_t max_chunks, const kdn_engine_layout* dst,
                             uint32_t* loaded_chunks);
+
+/* ---- segments: non-prefix reuse (docs/blend.md) ---------------------------------------------
+ * A segment is a span of tokens (a document, tokenized alone) whose KV was computed at
+ * positions base_pos, base_pos + 1, ... right after a fixed base context (for example BOS and
+ * the system prompt), so its first token is not an attention sink by accident. Its KV can be
+ * loaded at any other position of a later prompt: K is re-rotated by
+ * delta = target_pos - base_pos in the same pass that scatters it into the engine's buffer.
+ * Keys (position-independent; see kdn_segment_keys):
+ *     s   = H(fingerprint, base_key, base_pos)
+ *     k_0 = H(s, fingerprint, tokens[0, T)),  k_i = H(k_{i-1}, fingerprint, tokens[iT, min((i+1)T, n)))
+ * A segment is stored as ceil(n / T) chunks; the last one may be partial (its rows past the
+ * segment's end are zero). Segment chunks are chunks like any other in kdnd: same tiers,
+ * eviction, leases and namespaces. Added in ABI 2 (protocol minor 2; an older kdnd answers the
+ * calls that reach it with KDN_ERR_UNSUPPORTED). */
+#define KDN_SEGMENT_MAX_TOKENS (1ull << 24)  /* tokens of one segment */
+#define KDN_MAX_POSITION (1ll << 40)         /* |base_pos|, |target_pos| + n_tokens */
+#define KDN_SEGMENT_MISS 0xFFu               /* hit map entry of a chunk that is not cached */
+
+typedef struct kdn_segment {
+  uint32_t struct_size;     /* sizeof(kdn_segment) */
+  uint32_t reserved;        /* zero */
+  const int32_t* tokens;    /* the segment's tokens */
+  uint64_t n_tokens;        /* 1 .. KDN_SEGMENT_MAX_TOKENS */
+  kdn_key base_key;         /* kdn_context_key of the base context ({0, 0}: none) */
+  int64_t base_pos;         /* position of tokens[0] when its KV was computed: 0 .. KDN_MAX_POSITION */
+} kdn_segment;
+
+/* The key of a base context (tokens[0, n_tokens), n_tokens may be 0). */
+KDN_API int kdn_context_key(const kdn_model_desc* desc, const int32_t* tokens, size_t n_tokens, kdn_key* out);
+/* A segment's chunk keys: writes min(ceil(n_tokens / T), max_keys) keys, their count to
+ * *n_keys. keys[ceil(n_tokens / T) - 1] is the segment's key. */
+KDN_API int kdn_segment_keys(const kdn_model_desc* desc, const kdn_segment* seg, kdn_key* keys,
+                             size_t max_keys, size_t* n_keys);
+
+typedef struct kdn_segment_hits {
+  uint32_t chunks;          /* ceil(n_tokens / chunk_tokens) */
+  uint32_t cached_chunks;   /* of those, cached in some tier */
+  uint32_t leading_chunks;  /* cached chunks before the first one that is not */
+  uint32_t map_offset;      /* the segment's entries in the hit map: map[map_offset + i] */
+  uint64_t cached_tokens;   /* tokens of the leading cached chunks (n_tokens when all are) */
+} kdn_segment_hits;
+
+/* Looks up several segments in one round trip. hits[s] describes segs[s]; hit_map gets one
+ * entry per chunk, the segments' chunks in order (hits[s].map_offset): the tier of its fastest
+ * copy (0 GPU, 1 host, 2 disk, 3 remote) or KDN_SEGMENT_MISS. hit_map_len must hold the
+ * chunks of every segment (at most 65,536 in one call); KDN_ERR_INVALID_ARGUMENT otherwise. */
+KDN_API int kdn_segment_lookup(kdn_client* client, const kdn_model* model, const kdn_segment* segs,
+                               size_t n_segs, kdn_segment_hits* hits, uint8_t* hit_map, size_t hit_map_len);
+
+/* Gathers a segment's KV from the engine buffer and stores its chunks (those not cached yet):
+ * token t of the segment is engine token t of src's mapping, its KV as computed at
+ * base_pos + t. *stored_chunks (may be NULL) receives the chunks written. */
+KDN_API int kdn_segment_store_from(kdn_client* client, const kdn_model* model, const kdn_segment* seg,
+                                   const kdn_engine_layout* src, uint32_t* stored_chunks);
+
+/* Loads segments into the engine buffer at target positions: segment s goes to engine tokens
+ * off_s .. off_s + n_tokens_s - 1 of dst's mapping, off_s = the n_tokens of the segments
+ * before it, with K rotated by target_pos[s] - segs[s].base_pos (fused into the scatter).
+ * Every chunk is leased through kdnd (promoted from slower tiers as needed) in one round trip.
+ * loaded_tokens[s] (an array of n_segs, may be NULL) receives the tokens written: the
+ * segment's leading cached chunks. KDN_OK if every segment was loaded whole;
+ * KDN_ERR_NOT_FOUND if one was not (loaded_tokens says how far each got);
+ * KDN_ERR_INVALID_ARGUMENT for a target position that is negative or whose segment would end
+ * past KDN_MAX_POSITION, or a bad layout. */
+KDN_API int kdn_segment_retrieve_to(kdn_client* client, const kdn_model* model, const kdn_segment* segs,
+                                    size_t n_segs, const int64_t* target_pos, const kdn_engine_layout* dst,
+                                    uint64_t* loaded_tokens);
 
 /* ---- async operations: post -> poll/wait -> release ------------------------------------------ */
 typedef struct kdn_op kdn_op;  /* an asynchronous lookup or commit */

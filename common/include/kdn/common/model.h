@@ -53,4 +53,29 @@ size_t prefix_keys(const ModelInfo& model, std::span<const int32_t> tokens,
 kdn_key chain_key(const kdn_key* prev, const kdn_key& fingerprint,
                   std::span<const int32_t> chunk_tokens) noexcept;
 
+// ---- segments (non-prefix reuse; docs/blend.md) ---------------------------------------------
+// A segment is a span of tokens whose KV was computed at positions base_pos, base_pos + 1, ...
+// right after a fixed context (the base: e.g. BOS and a system prompt), and which may be loaded
+// at any other position with K re-rotated. Its chunks are keyed independently of where it is
+// used:
+//     context key   c   = H(fingerprint, tokens of the base context)            ("kdn-ctx1")
+//     segment seed  s   = H(fingerprint, c, base_pos)                           ("kdn-sgb1")
+//     chunk keys    k_0 = H(s, fingerprint, tokens[0, T)),
+//                   k_i = H(k_{i-1}, fingerprint, tokens[iT, min((i+1)T, n)))    ("kdn-sgk1")
+// The last chunk may be partial (n not a multiple of T): its key hashes fewer tokens, so it
+// never equals a whole chunk's key. The segment's key is its last chunk's key. Every step
+// carries the fingerprint, and each kind of key has its own hash domain, so segment keys never
+// meet prefix keys or another model's keys.
+constexpr uint64_t kMaxSegmentTokens = uint64_t{1} << 24;  // 16 Mi tokens
+constexpr int64_t kMaxPosition = int64_t{1} << 40;         // |positions| and |deltas| (RoPE tables)
+
+// The key of a base context (any length, including 0).
+kdn_key context_key(const ModelInfo& model, std::span<const int32_t> tokens) noexcept;
+// Chunks of a segment of n tokens: ceil(n / chunk_tokens).
+uint64_t segment_chunks(const ModelInfo& model, uint64_t n_tokens) noexcept;
+// The chunk keys of a segment, at most keys.size() of them; returns how many were written.
+// base_key is a context_key (or {0, 0} for none); base_pos must be in [0, kMaxPosition].
+size_t segment_keys(const ModelInfo& model, const kdn_key& base_key, int64_t base_pos,
+                    std::span<const int32_t> tokens, std::span<kdn_key> keys) noexcept;
+
 }  // namespace kdn
