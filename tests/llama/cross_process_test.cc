@@ -1,7 +1,8 @@
 // kdn-llama processes sharing KV through a real kdnd: a process reuses another's chunks for
 // every hit length and answers exactly as without a cache; with kdnd down, or with garbage
 // chunks stored under the prompt's keys by a faulty engine, it falls back to a full prefill
-// with the same answer.
+// with the same answer. In RAG mode a process reuses the passages another one stored, in
+// another order.
 #include "llama_test_util.h"
 
 #include <kdn/llama/kdn_chunk_cache.h>
@@ -18,6 +19,7 @@
 #include <filesystem>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace kdn::llama {
 namespace {
@@ -99,10 +101,58 @@ class CrossProcess : public ::testing::Test {
     return j.is_discarded() ? Json::object() : j;
   }
 
+  // kdn-llama in RAG mode on three passages of the document, in the given order.
+  Json ask_rag(const std::vector<int>& order, const std::string& extra = "") {
+    const std::string doc = read_document();
+    std::string cmd = std::string(KDN_LLAMA_TEST_CLI) + " --json --threads 1 --n-predict 16 --ctx 2048" +
+                      " --chunk-tokens " + std::to_string(kTestChunk) + " --model " + KDN_LLAMA_TEST_MODEL +
+                      " --socket " + socket_ + " --question 'Who may copy the program?' " + extra;
+    for (int i : order) {
+      const std::filesystem::path f = dir_ / ("passage-" + std::to_string(i) + ".txt");
+      if (!std::filesystem::exists(f)) {
+        FILE* out = std::fopen(f.c_str(), "w");
+        const std::string part = doc.substr(2000 + size_t(i) * 1500, 900 + size_t(i) * 100);
+        std::fwrite(part.data(), 1, part.size(), out);
+        std::fclose(out);
+      }
+      cmd += " --segment " + f.string();
+    }
+    Json j = Json::parse(run_command(cmd), nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << cmd;
+    return j.is_discarded() ? Json::object() : j;
+  }
+
   std::filesystem::path dir_;
   std::string socket_;
   pid_t kdnd_ = -1;
 };
+
+// RAG mode across processes: the first process stores the passages, a second one asked the same
+// passages in another order loads all three at their new positions; recomputing everything
+// answers as a full prefill does; without kdnd it falls back to one.
+TEST_F(CrossProcess, RagModeReusesPassagesInAnotherOrderFromAnotherProcess) {
+  const Json first = ask_rag({0, 1, 2});
+  EXPECT_EQ(first["cache"], "kdnd");
+  EXPECT_EQ(first["blend"]["segments_computed"], 3);
+  EXPECT_GT(first["blend"]["chunks_stored"].get<int>(), 3);
+  const Json again = ask_rag({2, 0, 1});
+  EXPECT_EQ(again["blend"]["used"], true);
+  EXPECT_EQ(again["blend"]["segments_reused"], 3);
+  EXPECT_EQ(again["blend"]["segments_computed"], 0);
+  EXPECT_GT(again["tokens_reused"].get<int>(), 0);
+  const Json ref = ask_rag({2, 0, 1}, "--no-cache");
+  EXPECT_EQ(ref["tokens_reused"], 0);
+  const Json all = ask_rag({2, 0, 1}, "--blend all");
+  EXPECT_EQ(all["blend"]["used"], true);
+  EXPECT_EQ(all["answer_tokens"], ref["answer_tokens"]);
+  const Json prefix = ask_rag({2, 0, 1}, "--blend prefix");
+  EXPECT_EQ(prefix["cache"], "kdnd");
+  EXPECT_EQ(prefix["answer_tokens"], ref["answer_tokens"]) << "prefix reuse is exact";
+  stop_kdnd();
+  const Json down = ask_rag({2, 0, 1});
+  EXPECT_EQ(down["tokens_reused"], 0);
+  EXPECT_EQ(down["answer_tokens"], ref["answer_tokens"]);
+}
 
 TEST_F(CrossProcess, EveryHitLengthFromAnotherProcessMatchesNoCache) {
   const Json a = ask(kQuestionA, 4 * kTestChunk);

@@ -1,6 +1,9 @@
 #include <kdn/llama/engine.h>
 
 #include "engine_identity.h"
+#include "engine_internal.h"
+#include "eval_hooks.h"
+#include "kv_cells.h"
 #include "kv_restore.h"
 #include "overlapped_load.h"
 
@@ -22,9 +25,6 @@ static_assert(static_cast<int>(KvType::kF16) == GGML_TYPE_F16);
 static_assert(static_cast<int>(KvType::kF32) == GGML_TYPE_F32);
 static_assert(static_cast<int>(KvType::kBF16) == GGML_TYPE_BF16);
 
-constexpr llama_seq_id kSeq = 0;      // the request's sequence
-constexpr llama_seq_id kScratch = 1;  // staging: chunks pass through it on load and on extract
-
 void quiet_log(ggml_log_level level, const char* text, void*) {
   if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
 }
@@ -34,28 +34,6 @@ void init_backend_once() {
   static std::once_flag once;
   std::call_once(once, [] { llama_backend_init(); });
 }
-
-// A llama_batch of one sequence, freed with the object.
-class Batch {
- public:
-  explicit Batch(uint32_t capacity) : b_(llama_batch_init(static_cast<int32_t>(capacity), 0, 1)) {}
-  ~Batch() { llama_batch_free(b_); }
-  Batch(const Batch&) = delete;
-  Batch& operator=(const Batch&) = delete;
-  void clear() { b_.n_tokens = 0; }
-  void add(int32_t token, uint32_t pos, bool logits) {
-    const int32_t i = b_.n_tokens++;
-    b_.token[i] = token;
-    b_.pos[i] = static_cast<llama_pos>(pos);
-    b_.n_seq_id[i] = 1;
-    b_.seq_id[i][0] = kSeq;
-    b_.logits[i] = logits;
-  }
-  const llama_batch& get() const { return b_; }
-
- private:
-  llama_batch b_;
-};
 
 }  // namespace
 
@@ -116,7 +94,7 @@ Status Engine::init(const EngineOptions& opts) noexcept {
   cp.n_ctx = opts.n_ctx;
   cp.n_batch = opts.chunk_tokens;   // one chunk per llama_decode, one ubatch per chunk
   cp.n_ubatch = opts.chunk_tokens;
-  cp.n_seq_max = 2;                 // the request's sequence and the extraction scratch
+  cp.n_seq_max = kSeqMax;           // the request's sequence and the scratch
   cp.kv_unified = true;             // so seq_cp to the scratch sequence copies no data
   cp.flash_attn_type = opts.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
   cp.type_k = GGML_TYPE_F16;
@@ -133,9 +111,14 @@ Status Engine::init(const EngineOptions& opts) noexcept {
     overlap_.reset(new (std::nothrow) OverlappedLoad());
     if (!overlap_) return Status(Code::kNoMemory, "engine allocation failed");
     overlap_->set_test_delay_us(opts.overlap_test_delay_us);
-    cp.cb_eval = &OverlappedLoad::eval_callback;
-    cp.cb_eval_user_data = overlap_.get();
   }
+  // One eval callback for everything that needs it (eval_hooks.h); with nothing armed or
+  // pending it answers at once and the graph is computed as one range.
+  hooks_.reset(new (std::nothrow) EvalHooks());
+  if (!hooks_) return Status(Code::kNoMemory, "engine allocation failed");
+  hooks_->set_overlap(overlap_.get());
+  cp.cb_eval = &EvalHooks::callback;
+  cp.cb_eval_user_data = hooks_.get();
   ctx_ = llama_init_from_model(model_, cp);
   if (!ctx_) return Status(Code::kInternal, "llama.cpp could not create a context");
 
@@ -145,11 +128,29 @@ Status Engine::init(const EngineOptions& opts) noexcept {
     return OkStatus();
   }
   identity_ = std::move(id.value());
+  Result<ModelInfo> info = ModelInfo::from_desc(identity_.desc);
+  if (!info.ok()) {
+    cache_support_ = info.status();
+    return OkStatus();
+  }
+  model_info_ = info.value();
   cache_support_ = probe_state_format();
   // A load's buffers, allocated now rather than in the first request's load: for the whole
   // context with V rows (loaded as one blob), for one chunk with V transposed (chunk by chunk).
   if (!cache_support_.ok()) return OkStatus();
   const KvGeometry& g = identity_.geometry;
+  // The cache tensors, for blending (segments are scattered straight into them).
+  KvTensors kv;
+  blend_support_ = kv_tensors(ctx_, g.n_layer, &kv);
+  kv_k_ = std::move(kv.k);
+  kv_v_ = std::move(kv.v);
+  kv_cells_ = kv.cells;
+  try {
+    layout_k_.assign(g.n_layer, nullptr);
+    layout_v_.assign(g.n_layer, nullptr);
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "engine allocation failed");
+  }
   return pieces_.reserve(g, g.v_trans ? 1 : std::max<uint64_t>(1, opts.n_ctx / g.chunk_tokens));
 }
 
@@ -196,6 +197,8 @@ Status Engine::probe_state_format() noexcept {
   return st;
 }
 
+uint32_t Engine::context_size() const noexcept { return llama_n_ctx(ctx_); }
+
 uint32_t Engine::n_vocab() const noexcept {
   return static_cast<uint32_t>(llama_vocab_n_tokens(llama_model_get_vocab(model_)));
 }
@@ -221,6 +224,7 @@ Status Engine::decode_one(int32_t token, uint32_t pos) noexcept {
 
 Status Engine::prefill(std::span<const int32_t> tokens, uint32_t first_pos,
                        const LogitsSink& sink) noexcept {
+  if (!sink) return prefill_seq(tokens, first_pos, kSeq, true);
   const uint32_t t = opts_.chunk_tokens;
   if (uint64_t{first_pos} + tokens.size() > llama_n_ctx(ctx_))
     return Status(Code::kInvalidArgument, "prompt does not fit in the context");
@@ -231,12 +235,31 @@ Status Engine::prefill(std::span<const int32_t> tokens, uint32_t first_pos,
     const uint32_t pos = first_pos + static_cast<uint32_t>(done);
     const size_t n = std::min<size_t>(tokens.size() - done, t - pos % t);
     batch.clear();
-    for (size_t i = 0; i < n; ++i)
-      batch.add(tokens[done + i], pos + static_cast<uint32_t>(i), sink || done + i + 1 == tokens.size());
+    for (size_t i = 0; i < n; ++i) batch.add(tokens[done + i], pos + static_cast<uint32_t>(i), true);
     if (llama_decode(ctx_, batch.get()) != 0) return Status(Code::kInternal, "llama_decode failed");
     last_logits_index_ = static_cast<int32_t>(n) - 1;
-    for (size_t i = 0; sink && i < n; ++i)
+    for (size_t i = 0; i < n; ++i)
       sink(static_cast<uint32_t>(done + i), {llama_get_logits_ith(ctx_, static_cast<int32_t>(i)), vocab});
+    done += n;
+  }
+  return OkStatus();
+}
+
+Status Engine::prefill_seq(std::span<const int32_t> tokens, uint32_t first_pos, int32_t seq,
+                           bool logits_last) noexcept {
+  const uint32_t t = opts_.chunk_tokens;
+  if (uint64_t{first_pos} + tokens.size() > llama_n_ctx(ctx_))
+    return Status(Code::kInvalidArgument, "prompt does not fit in the context");
+  Batch batch(t);
+  for (size_t done = 0; done < tokens.size();) {
+    // Batches end on chunk boundaries, so a suffix after a hit is split like a miss.
+    const uint32_t pos = first_pos + static_cast<uint32_t>(done);
+    const size_t n = std::min<size_t>(tokens.size() - done, t - pos % t);
+    batch.clear();
+    for (size_t i = 0; i < n; ++i)
+      batch.add(tokens[done + i], pos + static_cast<uint32_t>(i), logits_last && done + i + 1 == tokens.size(), seq);
+    if (llama_decode(ctx_, batch.get()) != 0) return Status(Code::kInternal, "llama_decode failed");
+    last_logits_index_ = logits_last ? static_cast<int32_t>(n) - 1 : -1;
     done += n;
   }
   return OkStatus();

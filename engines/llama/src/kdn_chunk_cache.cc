@@ -1,6 +1,7 @@
 #include <kdn/llama/kdn_chunk_cache.h>
 
 #include <new>
+#include <vector>
 
 namespace kdn::llama {
 namespace {
@@ -116,6 +117,60 @@ uint32_t KdnChunkCache::max_reserve_chunks() const noexcept { return kdn_store_m
 
 Status KdnChunkCache::prefetch(std::span<const int32_t> tokens) noexcept {
   return from_kdn(kdn_prefetch(client_, model_, tokens.data(), tokens.size()), "kdn_prefetch failed");
+}
+
+namespace {
+
+std::vector<kdn_segment> to_abi(std::span<const SegmentRef> segs) {
+  std::vector<kdn_segment> out(segs.size());
+  for (size_t i = 0; i < segs.size(); ++i) {
+    out[i].struct_size = sizeof(kdn_segment);
+    out[i].tokens = segs[i].tokens.data();
+    out[i].n_tokens = segs[i].tokens.size();
+    out[i].base_key = segs[i].base_key;
+    out[i].base_pos = segs[i].base_pos;
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<std::vector<SegmentHits>> KdnChunkCache::lookup_segments(std::span<const SegmentRef> segs) noexcept {
+  try {
+    const std::vector<kdn_segment> abi = to_abi(segs);
+    std::vector<kdn_segment_hits> hits(abi.size());
+    size_t chunks = 0;
+    for (const SegmentRef& s : segs) chunks += (s.tokens.size() + kdn_model_chunk_tokens(model_) - 1) / kdn_model_chunk_tokens(model_);
+    std::vector<uint8_t> map(chunks);
+    KDN_RETURN_IF_ERROR(from_kdn(kdn_segment_lookup(client_, model_, abi.data(), abi.size(), hits.data(), map.data(), map.size()),
+                                 "kdn_segment_lookup failed"));
+    std::vector<SegmentHits> out(hits.size());
+    for (size_t i = 0; i < hits.size(); ++i)
+      out[i] = SegmentHits{hits[i].chunks, hits[i].cached_chunks, hits[i].leading_chunks, hits[i].cached_tokens};
+    return out;
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "segment lookup");
+  }
+}
+
+Result<uint32_t> KdnChunkCache::store_segment(const SegmentRef& seg, const kdn_engine_layout& src) noexcept {
+  const kdn_segment abi = to_abi({&seg, 1})[0];
+  uint32_t stored = 0;
+  KDN_RETURN_IF_ERROR(from_kdn(kdn_segment_store_from(client_, model_, &abi, &src, &stored), "kdn_segment_store_from failed"));
+  return stored;
+}
+
+Status KdnChunkCache::retrieve_segments(std::span<const SegmentRef> segs, std::span<const int64_t> target,
+                                        const kdn_engine_layout& dst, std::span<uint64_t> loaded) noexcept {
+  if (target.size() != segs.size() || loaded.size() != segs.size())
+    return Status(Code::kInvalidArgument, "segment: one target and one count per segment");
+  try {
+    const std::vector<kdn_segment> abi = to_abi(segs);
+    return from_kdn(kdn_segment_retrieve_to(client_, model_, abi.data(), abi.size(), target.data(), &dst, loaded.data()),
+                    "kdn_segment_retrieve_to failed");
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "segment retrieve");
+  }
 }
 
 Result<kdn_stats> KdnChunkCache::stats() noexcept {

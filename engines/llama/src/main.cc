@@ -11,6 +11,11 @@
 // on its way into the arena while the prompt is built. A server keeps serving when kdnd
 // restarts: questions are answered by prefilling while it is away, and libkdn reconnects by
 // itself once it is back (and if it was not there at the start, the engine connects later).
+//
+// RAG mode (docs/blend.md): documents in any order, each one's KV reused wherever it lands.
+//
+//   kdn-llama --segment a.txt --segment b.txt ... --question "..." [--blend hkvd|boundary|none|all|prefix]
+//             [--recompute-ratio 0.15] [--boundary-tokens 16] [--check-layer 1]
 #include <kdn/llama/engine.h>
 #include <kdn/llama/kdn_chunk_cache.h>
 #include <kdn/llama/kv_dump.h>
@@ -21,17 +26,23 @@
 #include <kdn/common/clock.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
 struct CliOptions {
   kdn::llama::EngineOptions engine;
   std::string prompt_file;
+  std::vector<std::string> segments;
+  std::string blend = "hkvd";  // a BlendPolicy name, or "prefix" (prefix caching only)
+  kdn::llama::BlendOptions blend_options;
+  std::string name_space;
   std::string question;
   uint32_t n_predict = 32;
   uint32_t context_tokens = 0;
@@ -45,9 +56,22 @@ struct CliOptions {
 void add_flags(CLI::App& app, CliOptions& o) {
   o.engine.model_path = kdn::llama::default_model_path();
   app.add_option("--model", o.engine.model_path, "GGUF model file (default: the one setup-llama.sh unpacked)");
-  app.add_option("--prompt-file", o.prompt_file, "document to answer questions about")->required();
-  app.add_option("--question", o.question, "question about the document (required unless --serve)");
-  app.add_flag("--serve", o.serve, "answer questions read from stdin, one per line, with one engine");
+  auto* doc = app.add_option("--prompt-file", o.prompt_file, "document to answer questions about");
+  auto* seg = app.add_option("--segment", o.segments,
+                             "RAG mode: a document, repeated in prompt order; each one's KV is reused at any position");
+  doc->excludes(seg);
+  app.add_option("--question", o.question, "question about the document(s) (required unless --serve)");
+  app.add_flag("--serve", o.serve, "answer questions read from stdin, one per line, with one engine")->excludes(seg);
+  app.add_option("--blend", o.blend,
+                 "RAG mode: hkvd (recompute the tokens whose K deviates most), boundary (the first tokens of "
+                 "each document after the first), none (re-rotate only), all (recompute everything), "
+                 "prefix (no blending: prefix caching only)")
+      ->check(CLI::IsMember({"hkvd", "boundary", "none", "all", "prefix"}));
+  app.add_option("--recompute-ratio", o.blend_options.recompute_ratio, "hkvd: share of document tokens recomputed")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--boundary-tokens", o.blend_options.boundary_tokens, "boundary: tokens recomputed per document");
+  app.add_option("--check-layer", o.blend_options.check_layer, "hkvd: the layer whose K deviation ranks tokens");
+  app.add_option("--namespace", o.name_space, "kdnd namespace, created if kdnd allows it (default: libkdn's)");
   app.add_option("--n-predict", o.n_predict, "tokens to generate (greedy)")->check(CLI::Range(1u, 4096u));
   app.add_option("--context-tokens", o.context_tokens,
                  "cut the document so the prompt up to its end is exactly this many tokens (0: whole)");
@@ -67,12 +91,31 @@ void add_flags(CLI::App& app, CliOptions& o) {
   app.add_flag("--verbose", o.engine.verbose, "show llama.cpp's log");
 }
 
-bool read_file(const std::string& path, std::string& out) {
+// A document: a regular file with some text in it (a directory or an empty file is an error,
+// not a 12-token prompt). False with the reason in *why.
+bool read_file(const std::string& path, std::string& out, std::string* why) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (ec) {
+    *why = path + ": " + ec.message();
+    return false;
+  }
+  if (std::filesystem::is_directory(st)) {
+    *why = path + " is a directory, not a document";
+    return false;
+  }
   std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
+  if (!in) {
+    *why = "cannot read " + path;
+    return false;
+  }
   std::stringstream ss;
   ss << in.rdbuf();
   out = ss.str();
+  if (out.find_first_not_of(" \t\r\n") == std::string::npos) {
+    *why = path + " is empty";
+    return false;
+  }
   return true;
 }
 
@@ -87,7 +130,7 @@ std::unique_ptr<kdn::llama::ChunkCache> open_store(const CliOptions& o, const kd
     cache_state = std::string("unsupported: ") + e.cache_support().what();
     return nullptr;
   }
-  auto s = kdn::llama::KdnChunkCache::connect(e.identity().desc, o.socket);
+  auto s = kdn::llama::KdnChunkCache::connect(e.identity().desc, o.socket, o.name_space, !o.name_space.empty());
   if (!s.ok()) {
     cache_state = std::string("unavailable (") + s.status().what() + "): prefilling everything";
     return nullptr;
@@ -113,8 +156,35 @@ void print_text(const kdn::llama::Engine& e, size_t prompt_tokens,
               s.bytes_loaded / 1e6);
   std::printf("computed: %u tokens; stored %u chunks (%.1f MB) in %.4f s\n", s.tokens_computed,
               s.chunks_stored, s.bytes_stored / 1e6, s.store_s);
+  if (s.blend.used || s.blend.segments > 0) {
+    const kdn::llama::BlendStats& b = s.blend;
+    std::printf("blend:   %u documents: %u reused, %u computed and stored (%u chunks); %llu of their tokens "
+                "loaded, %llu recomputed\n", b.segments, b.segments_reused, b.segments_computed, b.chunks_stored,
+                static_cast<unsigned long long>(b.tokens_loaded), static_cast<unsigned long long>(b.tokens_recomputed));
+    std::printf("         lookup %.4f s, document prefill %.3f s, store %.4f s, place %.3f s, load %.4f s, "
+                "select %.4f s, recompute %.3f s\n", b.lookup_s, b.segment_prefill_s, b.segment_store_s, b.place_s,
+                b.retrieve_s, b.select_s, b.recompute_s);
+  }
   if (!s.cache_status.ok()) std::printf("note:    cache not used: %s\n", s.cache_status.what());
   std::printf("answer:  %s\n", answer.c_str());
+}
+
+nlohmann::json blend_json(const kdn::llama::BlendStats& b) {
+  return {{"used", b.used},
+          {"segments", b.segments},
+          {"segments_reused", b.segments_reused},
+          {"segments_computed", b.segments_computed},
+          {"chunks_stored", b.chunks_stored},
+          {"tokens_loaded", b.tokens_loaded},
+          {"tokens_recomputed", b.tokens_recomputed},
+          {"tokens_checked", b.tokens_checked},
+          {"lookup_s", b.lookup_s},
+          {"segment_prefill_s", b.segment_prefill_s},
+          {"segment_store_s", b.segment_store_s},
+          {"place_s", b.place_s},
+          {"retrieve_s", b.retrieve_s},
+          {"select_s", b.select_s},
+          {"recompute_s", b.recompute_s}};
 }
 
 void print_json(const kdn::llama::Engine& e, size_t prompt_tokens, const std::string& cache_state,
@@ -135,6 +205,7 @@ void print_json(const kdn::llama::Engine& e, size_t prompt_tokens, const std::st
       {"cache_status", s.cache_status.ok() ? "ok" : s.cache_status.what()},
       {"answer_tokens", g.tokens},          {"answer", answer},
   };
+  if (s.blend.segments > 0) j["blend"] = blend_json(s.blend);
   std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   std::fflush(stdout);
 }
@@ -173,21 +244,71 @@ int answer(const CliOptions& o, kdn::llama::Engine& e, kdn::llama::ChunkCache* s
   return 0;
 }
 
+// RAG mode: the chat template around the documents and the question, blended from kdnd.
+int run_rag(const CliOptions& o, kdn::llama::Engine& e) {
+  std::vector<std::string> docs;
+  for (const std::string& path : o.segments) {
+    docs.emplace_back();
+    std::string why;
+    if (!read_file(path, docs.back(), &why)) {
+      std::fprintf(stderr, "kdn-llama: --segment %s\n", why.c_str());
+      return 2;
+    }
+  }
+  auto prompt = e.rag_prompt(docs, o.question);
+  if (!prompt.ok()) {
+    std::fprintf(stderr, "kdn-llama: %s\n", prompt.status().what());
+    return 1;
+  }
+  const std::vector<int32_t> tokens = prompt->tokens();
+  if (tokens.size() + o.n_predict > e.context_size()) {
+    std::fprintf(stderr, "kdn-llama: the prompt (%zu tokens) and the answer (%u) do not fit in the context (%u)\n",
+                 tokens.size(), o.n_predict, e.context_size());
+    return 1;
+  }
+  std::string cache_state;
+  std::unique_ptr<kdn::llama::ChunkCache> store = open_store(o, e, cache_state);
+  kdn::Result<kdn::llama::Generation> gen = kdn::Status(kdn::Code::kInternal, "not run");
+  if (o.blend == "prefix") {
+    gen = e.generate(tokens, o.n_predict, store.get());
+  } else {
+    kdn::llama::BlendOptions bo = o.blend_options;
+    (void)kdn::llama::parse_blend_policy(o.blend, &bo.policy);
+    gen = e.generate_blend(prompt.value(), o.n_predict, store.get(), bo);
+    if (gen.ok() && !gen->stats.blend.used) cache_state += ", blend fell back to a full prefill";
+  }
+  if (!gen.ok()) {
+    std::fprintf(stderr, "kdn-llama: %s\n", gen.status().what());
+    return 1;
+  }
+  const std::string answer = e.detokenize(gen->tokens);
+  if (o.json)
+    print_json(e, tokens.size(), cache_state, gen.value(), answer, gen->stats.ttft_s, o.question);
+  else
+    print_text(e, tokens.size(), cache_state, gen.value(), answer);
+  return 0;
+}
+
 int run(const CliOptions& o) {
   if (!o.serve && o.question.empty()) {
     std::fprintf(stderr, "kdn-llama: --question is required (or --serve)\n");
     return 2;
   }
-  std::string doc;
-  if (!read_file(o.prompt_file, doc)) {
-    std::fprintf(stderr, "kdn-llama: cannot read %s\n", o.prompt_file.c_str());
-    return 1;
+  if (o.prompt_file.empty() && o.segments.empty()) {
+    std::fprintf(stderr, "kdn-llama: give --prompt-file, or --segment (RAG mode)\n");
+    return 2;
+  }
+  std::string doc, why;
+  if (o.segments.empty() && !read_file(o.prompt_file, doc, &why)) {
+    std::fprintf(stderr, "kdn-llama: --prompt-file %s\n", why.c_str());
+    return 2;
   }
   auto engine = kdn::llama::Engine::open(o.engine);
   if (!engine.ok()) {
     std::fprintf(stderr, "kdn-llama: %s\n", engine.status().what());
     return 1;
   }
+  if (!o.segments.empty()) return run_rag(o, *engine.value());
   kdn::llama::Engine& e = *engine.value();
   // The part of every prompt that no question changes: prefetched before each question.
   auto prefix = e.document_prefix(doc, o.context_tokens);

@@ -43,9 +43,40 @@ class ChunkReservation {
   virtual Status commit() noexcept = 0;
 };
 
+// A segment (kdn/kdn.h, docs/blend.md): tokens whose KV was computed at positions base_pos..
+// after the base context named by base_key. Borrows its tokens.
+struct SegmentRef {
+  std::span<const int32_t> tokens;
+  kdn_key base_key{};
+  int64_t base_pos = 0;
+};
+
+// How much of a segment is cached (kdn_segment_hits without the map).
+struct SegmentHits {
+  uint32_t chunks = 0;          // ceil(tokens / chunk_tokens)
+  uint32_t cached_chunks = 0;   // cached in some tier
+  uint32_t leading_chunks = 0;  // cached before the first that is not
+  uint64_t cached_tokens = 0;   // tokens of the leading cached chunks
+  bool whole(const SegmentRef& s) const noexcept { return cached_tokens == s.tokens.size(); }
+};
+
 class ChunkCache {
  public:
   virtual ~ChunkCache() = default;
+
+  // ---- segments (kUnsupported unless the cache implements them) ------------------------------
+  // Per-segment hits, for all segments in one round trip.
+  virtual Result<std::vector<SegmentHits>> lookup_segments(std::span<const SegmentRef> segs) noexcept;
+  // Stores a segment's KV from an engine buffer (segment token t = engine token t of `src`);
+  // returns the chunks written (chunks already cached are skipped).
+  virtual Result<uint32_t> store_segment(const SegmentRef& seg, const kdn_engine_layout& src) noexcept;
+  // Loads segments into an engine buffer at target positions: segment s goes to engine tokens
+  // off_s .. off_s + its tokens - 1 (off_s = the tokens of the segments before it), K rotated
+  // by target[s] - base_pos. loaded[s] gets the tokens written (its leading cached chunks);
+  // kNotFound if a segment was not loaded whole. Bytes are written unchecked: the caller checks
+  // what it loaded before using it.
+  virtual Status retrieve_segments(std::span<const SegmentRef> segs, std::span<const int64_t> target,
+                                   const kdn_engine_layout& dst, std::span<uint64_t> loaded) noexcept;
   // Leases the longest cached prefix of whole chunks of `tokens`, at most max_chunks of them
   // (0 = no limit). A miss is a lease of zero chunks, not an error.
   virtual Result<std::unique_ptr<ChunkLease>> retrieve(std::span<const int32_t> tokens,
@@ -86,14 +117,22 @@ class MemoryChunkCache final : public ChunkCache {
                                                     uint32_t first_chunk,
                                                     uint32_t n_chunks) noexcept override;
 
+  Result<std::vector<SegmentHits>> lookup_segments(std::span<const SegmentRef> segs) noexcept override;
+  Result<uint32_t> store_segment(const SegmentRef& seg, const kdn_engine_layout& src) noexcept override;
+  Status retrieve_segments(std::span<const SegmentRef> segs, std::span<const int64_t> target,
+                           const kdn_engine_layout& dst, std::span<uint64_t> loaded) noexcept override;
+
   // Test access: the stored bytes of chunk i of `tokens`, or null if absent. Mutating them
   // (or resizing them) is how tests corrupt and truncate chunks.
   std::vector<uint8_t>* find(std::span<const int32_t> tokens, uint32_t i) noexcept;
+  // The same for chunk i of a segment.
+  std::vector<uint8_t>* find_segment(const SegmentRef& seg, uint32_t i) noexcept;
   const ModelInfo& model() const noexcept { return model_; }
 
  private:
   MemoryChunkCache(MemoryNode& node, const ModelInfo& model) noexcept : node_(node), model_(model) {}
   std::vector<kdn_key> keys(std::span<const int32_t> tokens, size_t max) const;
+  std::vector<kdn_key> segment_keys(const SegmentRef& seg) const;
 
   MemoryNode& node_;
   ModelInfo model_;

@@ -20,6 +20,7 @@
 
 #include <kdn/common/status.h>
 #include <kdn/kdn.h>
+#include <kdn/llama/blend.h>
 #include <kdn/llama/chunk_cache.h>
 #include <kdn/llama/state_blob.h>
 
@@ -37,6 +38,7 @@ struct llama_model;
 namespace kdn::llama {
 
 class OverlappedLoad;
+class EvalHooks;
 struct KvCopy;
 
 // The SmolLM2-135M-Instruct GGUF scripts/setup-llama.sh unpacked for this build.
@@ -88,6 +90,7 @@ struct RequestStats {
   uint64_t bytes_loaded = 0;
   uint64_t bytes_stored = 0;
   Status cache_status;    // why the cache was not (fully) used; ok if it was or was not needed
+  BlendStats blend;       // generate_blend / prefill_blend
 };
 
 struct Generation {
@@ -111,6 +114,7 @@ class Engine {
   // without a cache).
   const Status& cache_support() const noexcept { return cache_support_; }
   uint32_t n_vocab() const noexcept;
+  uint32_t context_size() const noexcept;  // KV cells: prompt + answer must fit
 
   // Text <-> tokens. `special` parses/prints control tokens such as <|im_start|>.
   Result<std::vector<int32_t>> tokenize(std::string_view text, bool add_bos, bool special) const;
@@ -125,6 +129,30 @@ class Engine {
   // The tokens of chat_prompt() up to the end of the document: what no question changes, and
   // so what a cache can bring close (ChunkCache::prefetch) before the question is tokenized.
   Result<std::vector<int32_t>> document_prefix(std::string_view document, uint32_t context_tokens) const;
+
+  // The chat prompt around `documents` (in prompt order, each followed by "\n\n") and
+  // `question`, as the spans blending needs (blend.h).
+  Result<RagPrompt> rag_prompt(std::span<const std::string> documents, std::string_view question) const;
+
+  // One RAG request, blended (docs/blend.md): each document's KV is loaded from `store` at its
+  // position in this prompt (prefilled after the head and stored first if it is not cached),
+  // the policy's tokens are recomputed, then the question is prefilled and n_predict tokens
+  // chosen greedily. Any failure falls back to a full prefill of the whole prompt (same output
+  // as without a cache; stats.cache_status says why, stats.blend.used is false).
+  Result<Generation> generate_blend(const RagPrompt& prompt, uint32_t n_predict, ChunkCache* store,
+                                    const BlendOptions& options) noexcept;
+  // The prefill part of generate_blend, without the fallback, from an empty cache (emptied
+  // first if it is not): on success the engine stands after the prompt (last_logits() predicts
+  // the first answer token); on failure the cache is left empty and the error says why. For
+  // quality measurements.
+  Status prefill_blend(const RagPrompt& prompt, ChunkCache& store, const BlendOptions& options,
+                       RequestStats& stats) noexcept;
+  // Graphs stopped early by the blend's partial decodes since the last one started (tests).
+  uint32_t partial_decodes() const noexcept;
+  // The quality measurements' control: flips the lowest bit of a fixed pseudo-random half of
+  // the K and V elements (every layer) of positions [first_pos, first_pos + n) of the sequence,
+  // a change of at most one unit in the last place.
+  Status perturb_kv_ulp(uint32_t first_pos, uint32_t n) noexcept;
 
   // One request from an empty cache: load the cached prefix from `store` (null: no cache),
   // prefill the rest, choose n_predict tokens greedily, then store the prompt's new whole
@@ -144,6 +172,8 @@ class Engine {
   // Prefills tokens at positions first_pos.. in chunk-aligned batches; `sink` (may be empty)
   // gets the logits of every token, otherwise only the last token's are computed.
   Status prefill(std::span<const int32_t> tokens, uint32_t first_pos, const LogitsSink& sink) noexcept;
+  // Decodes one token at `pos` after the sequence (last_logits() then predicts the next).
+  Status decode_one(int32_t token, uint32_t pos) noexcept;
   // Logits of the last prefilled or decoded token.
   std::span<const float> last_logits() const noexcept;
   // Continues greedily after a prefill: `tokens` holds the tokens chosen so far (at least the
@@ -170,7 +200,19 @@ class Engine {
                               std::unique_ptr<ChunkLease>& lease) noexcept;
   void store_new_chunks(std::span<const int32_t> prompt, uint32_t first_chunk, ChunkCache& store,
                         RequestStats& stats) noexcept;
-  Status decode_one(int32_t token, uint32_t pos) noexcept;
+  // prefill() into any sequence; `logits_last`: compute the last token's logits.
+  Status prefill_seq(std::span<const int32_t> tokens, uint32_t first_pos, int32_t seq, bool logits_last) noexcept;
+  // ---- blend steps (blend.cc) ----
+  Status blend_compute_segments(const RagPrompt& p, std::span<const SegmentRef> refs,
+                                std::span<const size_t> missing, ChunkCache& store, RequestStats& stats) noexcept;
+  Status blend_load(const RagPrompt& p, std::span<const SegmentRef> refs, ChunkCache& store,
+                    const BlendOptions& o, RequestStats& stats) noexcept;
+  Result<std::vector<uint32_t>> blend_select(const RagPrompt& p, const BlendOptions& o) noexcept;
+  Status blend_finish(const RagPrompt& p, std::span<const uint32_t> selected) noexcept;
+  // The engine layout (kdn_engine_layout) of the KV cache's cells `slots`; layers below
+  // `scratch_layers` point into scratch_ instead (the check layers' cached values land there).
+  kdn_engine_layout cache_layout(const int64_t* slots, uint32_t scratch_layers) noexcept;
+  Status check_loaded_finite(std::span<const int64_t> cells, uint32_t scratch_layers) const noexcept;
   // load_chunks; with `deferred`, the KV copies are left to the caller (restore_seq_pieces).
   Status load_chunks_into(std::span<const std::span<const uint8_t>> chunks, std::vector<KvCopy>* deferred) noexcept;
 
@@ -183,6 +225,16 @@ class Engine {
   std::vector<uint8_t> blob_;  // reused across requests: the state blob of a store
   SeqBlobPieces pieces_;       // reused across requests: the blob of a load, as pieces
   std::unique_ptr<OverlappedLoad> overlap_;  // null: loads copy synchronously
+  std::unique_ptr<EvalHooks> hooks_;         // the context's eval callback
+  Status blend_support_ = Status(Code::kUnsupported, "no KV cache support");
+  ModelInfo model_info_{};                   // identity_.desc validated: keys, chunk size
+  // Blend buffers, reused across requests: the cache tensors, the cell of each position, the
+  // check layers' cached K and V (per layer and plane, one row per cell), deviations.
+  std::vector<uint8_t*> kv_k_, kv_v_;
+  uint32_t kv_cells_ = 0;
+  std::vector<int64_t> cells_;
+  std::vector<std::vector<uint8_t>> scratch_;
+  std::vector<void*> layout_k_, layout_v_;
 };
 
 }  // namespace kdn::llama

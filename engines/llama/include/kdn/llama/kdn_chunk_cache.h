@@ -1,5 +1,8 @@
 // ChunkCache over libkdn: the engine's chunks live in kdnd, shared by every engine on the node.
 //
+// Segments go through kdn_segment_lookup / _store_from / _retrieve_to (libkdn re-rotates K
+// on the way into the engine's buffer).
+//
 // Retrieve leases chunks zero-copy from kdnd's host arena (kdn_retrieve_lease); store
 // reserves arena slots, the engine writes canonical chunks straight into them, and commit
 // publishes them (kdn_store_reserve / kdn_store_commit). A lease is held only while the
@@ -40,6 +43,10 @@ class KdnChunkCache final : public ChunkCache {
   uint32_t max_reserve_chunks() const noexcept override;
   // kdn_prefetch: promotions from kdnd's disk tier start, nothing waits.
   Status prefetch(std::span<const int32_t> tokens) noexcept override;
+  Result<std::vector<SegmentHits>> lookup_segments(std::span<const SegmentRef> segs) noexcept override;
+  Result<uint32_t> store_segment(const SegmentRef& seg, const kdn_engine_layout& src) noexcept override;
+  Status retrieve_segments(std::span<const SegmentRef> segs, std::span<const int64_t> target,
+                           const kdn_engine_layout& dst, std::span<uint64_t> loaded) noexcept override;
   // kdnd's counters for this client's namespace.
   Result<kdn_stats> stats() noexcept;
 
