@@ -16,3 +16,4 @@ int run_disk_bench(int argc, char** argv);       // T2 against fio on the same d
 int run_kernels_bench(int argc, char** argv);
 int run_llama_bench(int argc, char** argv);
 int run_vllm_bench(int argc, char** argv);  // execs python/tools/vllm_bench.py
+int run_blend_bench(int argc, char** argv);

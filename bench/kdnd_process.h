@@ -34,6 +34,8 @@ class KdndProcess {
   KdndProcess& operator=(KdndProcess&&) noexcept = default;
 
   pid_t pid() const noexcept { return process_.pid(); }
+  // False once the daemon has exited (reaped here).
+  bool running() noexcept { return process_.running(); }
   // SIGTERM, then waits; the daemon's wait status.
   Result<int> stop() noexcept;
   // SIGKILL (a crash), then reaps it.

@@ -1,4 +1,4 @@
-// `kdn-bench kernels`: throughput of the layout, RoPE and codec kernels against memcpy (and, on a
+// `kdn-bench kernels`: throughput of the layout, RoPE, blend and codec kernels against memcpy (and, on a
 // GPU, against device-to-device copy) measured in the same run. docs/kernels.md describes the
 // method and every field.
 //
@@ -11,6 +11,7 @@
 
 #include <kdn/common/median.h>
 #include <kdn/common/model_presets.h>
+#include <kdn/kernels/blend.h>
 #include <kdn/kernels/cpu_rows.h>
 #include <kdn/kernels/device.h>
 #include <kdn/kernels/kv_file.h>
@@ -537,6 +538,56 @@ void bench_gpu(Report& report, Workload& w, const ModelShape& m, const Options& 
   report.set_bar("bars.gpu_codec_decode_gbps", report.number("gpu.codec.decode.gbps"), BarOp::kAtLeast, 100.0);
 }
 
+// The blend kernels on one check layer's K of a 32K-token context (a long RAG prompt): per
+// token a row of kv_heads * head_dim f16 channels, fresh and cached. kv_deviation reads both
+// (GB/s of the two inputs, and million tokens a second); select_top_k ranks every token and
+// keeps 15% (LMCache's default ratio); merge_rows writes those rows into a context's rows.
+void bench_blend(Report& report, const ModelShape& m, const Options& o) {
+  constexpr uint32_t kTokens = 32768;
+  const uint32_t width = m.kv_heads * m.head_dim;
+  const uint64_t row_bytes = uint64_t{width} * 2;
+  std::vector<uint8_t> fresh(kTokens * row_bytes), cached(kTokens * row_bytes), dst(kTokens * row_bytes);
+  CounterRng rng(o.seed + 77);
+  for (uint64_t i = 0; i < uint64_t{kTokens} * width; ++i) {
+    store_f32(fresh.data(), int64_t(i), DType::kF16, float(rng.next_normal()), 1.0f);
+    store_f32(cached.data(), int64_t(i), DType::kF16, float(rng.next_normal()), 1.0f);
+  }
+  const TokenRows f{fresh.data(), DType::kF16, width, width}, c{cached.data(), DType::kF16, width, width};
+  std::vector<float> dev(kTokens);
+  report.set("blend.tokens", kTokens);
+  report.set("blend.row_channels", width);
+  for (unsigned threads : {1u, o.threads}) {
+    const Executor ex = Executor::cpu(int(threads));
+    const std::string suffix = threads == 1 ? "_1t" : "_pt";
+    auto gbps = median_gbps(2 * kTokens * row_bytes, o.reps,
+                            [&] { return kv_deviation(f, c, kTokens, nullptr, dev.data(), ex); });
+    record(report, "blend.kv_deviation.gbps" + suffix, gbps);
+    if (gbps.ok()) report.set("blend.kv_deviation.mtokens_per_s" + suffix, gbps.value() * 1e9 / double(2 * row_bytes) / 1e6);
+  }
+  // select_top_k and merge_rows run on the calling thread (the CPU path is one nth_element and
+  // one row copy per selected token).
+  const Executor cpu = Executor::cpu(1);
+  const uint32_t k = recompute_count(kTokens, 0.15);
+  auto scratch_bytes = top_k_scratch_bytes(kTokens, cpu);
+  std::vector<uint8_t> scratch(scratch_bytes.ok() ? scratch_bytes.value() : 0);
+  std::vector<int32_t> selected(k);
+  uint32_t n_selected = 0;
+  auto sel = median_gbps(uint64_t{kTokens} * sizeof(float), o.reps, [&] {
+    return select_top_k(dev.data(), nullptr, kTokens, k, selected.data(), &n_selected, scratch.data(), scratch.size(), cpu);
+  });
+  if (sel.ok()) {
+    report.set("blend.select_top_k.mtokens_per_s", sel.value() * 1e9 / sizeof(float) / 1e6);
+    report.set("blend.select_top_k.ms", double(kTokens) * sizeof(float) / (sel.value() * 1e9) * 1e3);
+  } else {
+    record(report, "blend.select_top_k.mtokens_per_s", sel);
+  }
+  report.set("blend.select_top_k.k", k);
+  const MutableTokenRows d{dst.data(), DType::kF16, width, width};
+  auto merge = median_gbps(uint64_t{n_selected} * row_bytes, o.reps,
+                           [&] { return merge_rows(f, selected.data(), n_selected, d, kTokens, cpu); });
+  record(report, "blend.merge_rows.gbps_1t", merge);
+}
+
 void add_ratios_and_bars(Report& report) {
   const auto memcpy_1t = report.number("baselines.memcpy_gbps_1t");
   const auto memcpy_pt = report.number("baselines.memcpy_gbps_pt");
@@ -598,6 +649,7 @@ int run_kernels_bench(int argc, char** argv) {
   add_memcpy_baseline(report, "baselines.memcpy_gbps_pt", o.threads, total, o.reps);
   bench_copy_ops(report, w, m, o);
   bench_layouts(report, m, o);
+  bench_blend(report, m, o);
 #if KDN_KERNELS_BENCH_CODEC
   bench_codec(report, w, o);
   if (!o.kv_dir.empty()) bench_real_kv(report, o);

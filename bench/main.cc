@@ -35,8 +35,10 @@ constexpr int (*kKernels)(int, char**) = nullptr;
 #endif
 #if KDN_BENCH_HAVE_LLAMA
 constexpr auto kLlama = &run_llama_bench;
+constexpr auto kBlend = &run_blend_bench;
 #else
 constexpr int (*kLlama)(int, char**) = nullptr;
+constexpr int (*kBlend)(int, char**) = nullptr;
 #endif
 #if KDN_BENCH_HAVE_VLLM
 constexpr auto kVllm = &run_vllm_bench;
@@ -61,6 +63,8 @@ const Subcommand kSubcommands[] = {
      "this kdn-bench was built without KDN_BUILD_LLAMA=ON"},
     {"vllm", "vLLM replicas (real vLLM, CPU): TTFT miss, kdn hit, own prefix hit, offload", kVllm,
      "this kdn-bench was built without the vLLM venv (scripts/setup-vllm.sh, then KDN_VLLM_DIR)"},
+    {"blend", "RAG prompts blended from cached documents vs full prefill and prefix caching", kBlend,
+     "this kdn-bench was built without KDN_BUILD_LLAMA=ON"},
 };
 
 void print_usage(FILE* out) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 
 namespace kdn::bench {
 
@@ -60,6 +61,30 @@ Interval proportion_interval(uint64_t hits, uint64_t n, double level) noexcept {
   const double centre = (p + z * z / (2 * nn)) / (1 + z * z / nn);
   const double half = z / (1 + z * z / nn) * std::sqrt(p * (1 - p) / nn + z * z / (4 * nn * nn));
   return {std::max(0.0, centre - half), std::min(1.0, centre + half)};
+}
+
+Interval bootstrap_mean_interval(const std::vector<double>& values, double level, uint32_t reps,
+                                 uint64_t seed) noexcept {
+  if (values.empty()) return {};
+  if (values.size() == 1 || reps == 0) return {values[0], values[0]};
+  try {
+    std::mt19937_64 rng(seed);
+    std::vector<double> means(reps);
+    for (double& m : means) {
+      double sum = 0;
+      for (size_t i = 0; i < values.size(); ++i) sum += values[rng() % values.size()];
+      m = sum / double(values.size());
+    }
+    std::sort(means.begin(), means.end());
+    const auto at = [&](double q) {
+      const double x = q * double(reps - 1);
+      const size_t i = size_t(x);
+      return i + 1 < reps ? means[i] + (x - double(i)) * (means[i + 1] - means[i]) : means[reps - 1];
+    };
+    return {at((1 - level) / 2), at((1 + level) / 2)};
+  } catch (...) {
+    return {};
+  }
 }
 
 }  // namespace kdn::bench

@@ -47,4 +47,11 @@ Interval median_interval(std::vector<double> values, double level = 0.95) noexce
 // {0, 0} for n = 0.
 Interval proportion_interval(uint64_t hits, uint64_t n, double level = 0.95) noexcept;
 
+// A percentile-bootstrap interval for the mean of `values` (independent draws, e.g. one figure
+// per prompt): the (1 - level) / 2 and (1 + level) / 2 quantiles of the means of `reps`
+// resamples with replacement, drawn from a fixed seed so a report is reproducible. {v, v} for
+// one value, {0, 0} for none.
+Interval bootstrap_mean_interval(const std::vector<double>& values, double level = 0.95, uint32_t reps = 2000,
+                                 uint64_t seed = 1) noexcept;
+
 }  // namespace kdn::bench

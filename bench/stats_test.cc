@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <numeric>
 
 namespace kdn::bench {
@@ -101,4 +103,29 @@ TEST(StatsTest, ProportionIntervalIsWilsons) {
 }
 
 }  // namespace
+TEST(StatsTest, BootstrapIntervalCoversTheMeanAndNarrowsWithMoreValues) {
+  EXPECT_EQ(bootstrap_mean_interval({}).lo, 0.0);
+  const Interval one = bootstrap_mean_interval({0.7});
+  EXPECT_EQ(one.lo, 0.7);
+  EXPECT_EQ(one.hi, 0.7);
+  std::vector<double> few, many;
+  for (int i = 0; i < 10; ++i) few.push_back(i % 2 ? 1.0 : 0.0);
+  for (int i = 0; i < 400; ++i) many.push_back(i % 2 ? 1.0 : 0.0);
+  const Interval a = bootstrap_mean_interval(few), b = bootstrap_mean_interval(many);
+  EXPECT_LT(a.lo, 0.5);
+  EXPECT_GT(a.hi, 0.5);
+  EXPECT_LT(b.lo, 0.5);
+  EXPECT_GT(b.hi, 0.5);
+  EXPECT_LT(b.hi - b.lo, a.hi - a.lo);
+  EXPECT_NEAR(b.hi - b.lo, 2 * 1.96 * 0.5 / std::sqrt(400.0), 0.02) << "close to the normal interval";
+  // Reproducible: same values, same seed, same interval.
+  const Interval again = bootstrap_mean_interval(few);
+  EXPECT_EQ(a.lo, again.lo);
+  EXPECT_EQ(a.hi, again.hi);
+  // Constant values: a point.
+  const Interval flat = bootstrap_mean_interval(std::vector<double>(20, 0.25));
+  EXPECT_DOUBLE_EQ(flat.lo, 0.25);
+  EXPECT_DOUBLE_EQ(flat.hi, 0.25);
+}
+
 }  // namespace kdn::bench

@@ -11,10 +11,16 @@
 #      kdnd and prefills only its question;
 #   6. engine process C answers question B without kdn (the cost of a miss), for comparison;
 #   7. prints the TTFTs side by side with kdnd's counters;
-#   8. a serving engine S (kdn-llama --serve) answers through a kdnd restart: from the arena,
+#   8. blending (docs/blend.md): engine D answers a question about four manual pages given as
+#      separate documents (RAG mode): their first use, each is prefilled and stored as a
+#      segment; engine E asks about the same pages in another order: every page's KV is
+#      loaded at its new position (K re-rotated) and 15% of their tokens recomputed (hkvd);
+#      engine F answers E's prompt without kdn and engine G with prefix caching only (which
+#      reuses nothing: the first page differs);
+#   9. a serving engine S (kdn-llama --serve) answers through a kdnd restart: from the arena,
 #      then by prefilling while kdnd is away, then — kdnd back, its disk tier recovered —
 #      from the disk tier, having reconnected by itself; then stops kdnd;
-#   9. the same with two vLLM replicas (python/tools/vllm_demo.py, real vLLM on the CPU
+#  10. the same with two vLLM replicas (python/tools/vllm_demo.py, real vLLM on the CPU
 #      backend, KdnConnector): A answers about the document and stores it, B (another
 #      process) loads it from kdnd; B's TTFT and answer are shown beside B's without kdn.
 #      Skipped, with the reason, when the vLLM environment (scripts/setup-vllm.sh) cannot be
@@ -121,7 +127,62 @@ EOF
 echo "kdnd counters:"
 sed 's/^/  /' "$work/stats.txt"
 
-# ---- 8. serving through a kdnd restart ------------------------------------------------------
+# ---- 8. blending: the same documents in another order ---------------------------------------
+pages=()
+for page in ls cp tar grep; do
+  f=$work/page-$page.txt
+  if command -v man >/dev/null && MANWIDTH=80 man -P cat 1 "$page" 2>/dev/null | col -bx | head -c 3200 >"$f" &&
+    [[ -s "$f" ]]; then
+    pages+=("$f")
+  fi
+done
+if ((${#pages[@]} < 4)); then  # no manual pages on this machine: license texts instead
+  pages=()
+  for lic in GPL-3 Apache-2.0 MPL-2.0 LGPL-2.1; do
+    f=$work/page-$lic.txt
+    head -c 3200 "/usr/share/common-licenses/$lic" >"$f"
+    pages+=("$f")
+  done
+fi
+rag_question="Which of these documents tells how to copy files, and how?"
+rag() {  # rag <out.json> <order of page indices> [flags...]
+  local out=$1 order=$2
+  shift 2
+  local args=()
+  for i in $order; do args+=(--segment "${pages[$i]}"); done
+  "$bin/kdn-llama" --json --threads "$threads" --socket "$socket" --question "$rag_question" "${args[@]}" "$@" >"$out"
+}
+echo
+echo "demo: blending. Engine D asks about 4 documents (first use: each is prefilled and stored as a segment)..."
+rag "$work/d.json" "0 1 2 3"
+echo "demo: engine E asks about the same documents in another order (each loaded at its new position)..."
+rag "$work/e.json" "3 2 0 1"
+echo "demo: engine F asks E's prompt without kdn; engine G with prefix caching only..."
+rag "$work/f.json" "3 2 0 1" --no-cache
+rag "$work/g.json" "3 2 0 1" --blend prefix
+python3 - "$work" "$rag_question" "${pages[@]}" <<'EOF'
+import json, os, sys
+work, q, pages = sys.argv[1], sys.argv[2], sys.argv[3:]
+d, e, f, g = (json.load(open(f"{work}/{n}.json")) for n in "defg")
+names = [os.path.basename(p)[5:-4] for p in pages]
+print()
+print(f"  D: {' + '.join(names[i] for i in (0, 1, 2, 3))}    E, F, G: {' + '.join(names[i] for i in (3, 2, 0, 1))}")
+print(f"  {'':30} {'D (first use)':>14} {'E (blended)':>14} {'F (no kdn)':>14} {'G (prefix)':>14}")
+rows = [("prompt tokens", lambda r: r["prompt_tokens"], "{:d}"), ("TTFT (s)", lambda r: r["ttft_s"], "{:.3f}"),
+        ("tokens reused from kdnd", lambda r: r["tokens_reused"], "{:d}"),
+        ("documents reused", lambda r: r.get("blend", {}).get("segments_reused", 0), "{:d}"),
+        ("document tokens recomputed", lambda r: r.get("blend", {}).get("tokens_recomputed", 0), "{:d}")]
+for label, get, fmt in rows:
+    print(f"  {label:30} " + " ".join(f"{fmt.format(get(r)):>14}" for r in (d, e, f, g)))
+print(f"\n  E's time to first token: {e['ttft_s']:.3f} s blended vs {f['ttft_s']:.3f} s without kdn "
+      f"({f['ttft_s'] / e['ttft_s']:.1f}x faster) and {g['ttft_s']:.3f} s with prefix caching")
+print(f"  E's answer equals F's (a full prefill), token for token: {e['answer_tokens'] == f['answer_tokens']}")
+print(f"\n  Q: {q}\n  E (blended): {e['answer'].strip()}\n  F (full):    {f['answer'].strip()}\n")
+EOF
+echo "kdnd counters after blending:"
+"$bin/kdnctl" --socket "$socket" stats 2>&1 | sed 's/^/  /' || true
+
+# ---- 9. serving through a kdnd restart ------------------------------------------------------
 echo
 echo "demo: engine S serves questions about the same document, one process throughout..."
 coproc SERVE { "$bin/kdn-llama" --serve --json --prompt-file "$doc" --context-tokens "$tokens" --threads "$threads" \
@@ -164,7 +225,7 @@ kill "$kdnd_pid" 2>/dev/null || true
 wait "$kdnd_pid" 2>/dev/null || true
 kdnd_pid=
 
-# ---- 9. two vLLM replicas ------------------------------------------------------------------
+# ---- 10. two vLLM replicas -----------------------------------------------------------------
 vllm_skip() { echo "demo: vLLM part skipped: $*"; exit 0; }
 [[ -n "${KDN_SKIP_VLLM:-}" ]] && vllm_skip "KDN_SKIP_VLLM is set"
 echo

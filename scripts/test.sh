@@ -32,6 +32,7 @@ fi
 # (through the contract tests) under AddressSanitizer + UndefinedBehaviorSanitizer, and the
 # threaded parts under ThreadSanitizer. KDN_SANITIZERS=0 skips them.
 if [[ "${KDN_SANITIZERS:-1}" != 0 ]]; then
+  export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1  # undefined behaviour fails the test
   declare -A sanitizer_tests=(
     [asan]="ipc_ring_test ipc_session_test ipc_doorbell_test ipc_payload_test ipc_handshake_test sidecar_core_test request_handler_test contract_test bad_input_test"
     [tsan]="ipc_ring_test ipc_session_test ipc_doorbell_test sidecar_core_test request_handler_test")
