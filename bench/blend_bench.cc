@@ -201,6 +201,45 @@ struct PolicyTotals {
   std::vector<double> ttft, ttft_full, ttft_prefix, agree, kl, ttft_warm, ttft_full_warm;
   uint64_t identical = 0, prompts = 0, fallbacks = 0, agree_pos = 0, positions = 0;
   uint64_t served = 0, recomputed = 0, loaded = 0, prompt_tokens = 0;
+
+  // One prompt's figures (ttft_prefix: 0 when the prefix cache was not run).
+  void add(const Scored& s, double ttft_full_s, double ttft_prefix_s, size_t tokens) {
+    ttft.push_back(s.ttft_s);
+    ttft_full.push_back(ttft_full_s);
+    if (ttft_prefix_s > 0) ttft_prefix.push_back(ttft_prefix_s);
+    if (s.blended && s.segments_computed == 0) {  // every document came from the cache
+      ttft_warm.push_back(s.ttft_s);
+      ttft_full_warm.push_back(ttft_full_s);
+    }
+    agree.push_back(double(s.agree) / double(s.positions));
+    kl.push_back(s.kl_mean);
+    identical += s.identical;
+    prompts += 1;
+    fallbacks += !s.blended;
+    agree_pos += s.agree;
+    positions += s.positions;
+    served += s.served;
+    recomputed += s.recomputed;
+    loaded += s.loaded;
+    prompt_tokens += tokens;
+  }
+
+  // Everything `t` gathered, after what this one holds.
+  void add(const PolicyTotals& t) {
+    for (auto [dst, src] : {std::pair{&ttft, &t.ttft}, {&ttft_full, &t.ttft_full}, {&ttft_prefix, &t.ttft_prefix},
+                            {&agree, &t.agree}, {&kl, &t.kl}, {&ttft_warm, &t.ttft_warm},
+                            {&ttft_full_warm, &t.ttft_full_warm}})
+      dst->insert(dst->end(), src->begin(), src->end());
+    identical += t.identical;
+    prompts += t.prompts;
+    fallbacks += t.fallbacks;
+    agree_pos += t.agree_pos;
+    positions += t.positions;
+    served += t.served;
+    recomputed += t.recomputed;
+    loaded += t.loaded;
+    prompt_tokens += t.prompt_tokens;
+  }
 };
 
 void report_policy(Report& r, const std::string& k, const PolicyTotals& t) {
@@ -245,7 +284,12 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--policies", o.policies, "blend policies: hkvd, boundary, none, all")->delimiter(',');
   app.add_option("--recompute-ratio", o.blend.recompute_ratio, "hkvd: share of document tokens recomputed")
       ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--check-layer", o.blend.check_layer, "hkvd: the layer whose K deviation ranks tokens");
+  app.add_option("--check-layer", o.blend.check_layer, "hkvd: the layer whose deviation ranks tokens");
+  app.add_option_function<std::string>(
+         "--deviation",
+         [&o](const std::string& v) { (void)kdn::llama::parse_blend_deviation(v, &o.blend.deviation); },
+         "hkvd: rows compared at the check layer: k, v or kv (default k)")
+      ->check(CLI::IsMember({"k", "v", "kv"}));
   app.add_option("--boundary-tokens", o.blend.boundary_tokens, "boundary: tokens recomputed per document");
   app.add_option("--answer-tokens", o.answer_tokens, "reference answer positions scored per prompt (>= 32)")
       ->check(CLI::Range(1u, 512u));
@@ -258,21 +302,75 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_flag("--json", o.json, "print JSON");
 }
 
-}  // namespace
+Json policy_row(const Scored& s) {
+  return {{"ttft_blend_s", s.ttft_s},
+          {"blended", s.blended},
+          {"fallback", s.fallback},
+          {"segments_computed", s.segments_computed},
+          {"tokens_served", s.served},
+          {"tokens_recomputed", s.recomputed},
+          {"top1_agreement", double(s.agree) / double(s.positions)},
+          {"kl_mean", s.kl_mean},
+          {"answer_identical", s.identical},
+          {"phases_s", {{"lookup", s.phases.lookup_s},
+                        {"segment_prefill", s.phases.segment_prefill_s},
+                        {"segment_store", s.phases.segment_store_s},
+                        {"place", s.phases.place_s},
+                        {"retrieve", s.phases.retrieve_s},
+                        {"select", s.phases.select_s},
+                        {"recompute", s.phases.recompute_s}}}};
+}
 
-int run_blend_bench(int argc, char** argv) {
-  CLI::App app("kdn-bench blend: blended RAG prompts vs full prefill and prefix caching (docs/blend.md)");
+// What the whole run shares: options, the engine, kdnd, the corpus and the report.
+struct Run {
   Options o;
-  add_flags(app, o);
-  CLI11_PARSE(app, argc, argv);
   std::vector<BlendPolicy> policies;
+  std::unique_ptr<Engine> engine;
+  std::optional<kdn::bench::TempDir> tmp;
+  kdn::bench::KdndOptions kdnd_options;
+  std::optional<kdn::bench::KdndProcess> kdnd;
+  std::vector<kdn::bench::RagDocument> corpus;
+  Report r;
+  std::map<BlendPolicy, PolicyTotals> all;  // over every size
+  PolicyTotals all_prefix, all_control;
+
+  uint32_t count_tokens(const std::string& text) const {
+    auto t = engine->tokenize(text, false, false);
+    return t.ok() ? uint32_t(t->size()) : 0u;
+  }
+};
+
+// One size class as it runs: its prompts' texts, its namespaces and what they gathered.
+struct SizeRun {
+  uint32_t size = 0;
+  std::vector<std::string> texts;  // the passages
+  std::map<BlendPolicy, std::unique_ptr<kdn::llama::KdnChunkCache>> caches;
+  std::unique_ptr<kdn::llama::KdnChunkCache> prefix_cache;
+  std::map<BlendPolicy, PolicyTotals> totals;
+  PolicyTotals prefix, control;
+  std::vector<double> full_ttfts;
+  uint64_t prompt_tokens = 0;
+  Json rows = Json::array();
+};
+
+// 0, or the exit code: 2 for a bad command line.
+int parse_options(int argc, char** argv, Run& run) {
+  CLI::App app("kdn-bench blend: blended RAG prompts vs full prefill and prefix caching (docs/blend.md)");
+  Options& o = run.o;
+  add_flags(app, o);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? -1 : 2;  // -1: --help was printed
+  }
   for (const std::string& name : o.policies) {
     BlendPolicy p;
     if (!kdn::llama::parse_blend_policy(name, &p)) {
       std::fprintf(stderr, "blend bench: unknown policy %s\n", name.c_str());
       return 2;
     }
-    policies.push_back(p);
+    run.policies.push_back(p);
   }
   if (!o.prompts.empty() && o.prompts.size() != o.sizes.size()) {
     std::fprintf(stderr, "blend bench: --prompts needs one count per size\n");
@@ -282,11 +380,18 @@ int run_blend_bench(int argc, char** argv) {
     std::fprintf(stderr, "blend bench: --pool needs one count per size\n");
     return 2;
   }
+  return 0;
+}
+
+// The engine (on the f16 copy of the weights if asked) and a kdnd whose arena holds every
+// passage of the largest class. Errors are printed.
+bool start(Run& run) {
+  Options& o = run.o;
   if (o.f16_weights) {
     const kdn::Result<std::string> f16 = kdn::llama::f16_weights_model(o.model);
     if (!f16.ok()) {
       std::fprintf(stderr, "blend bench: %s: %s\n", o.model.c_str(), f16.status().what());
-      return 1;
+      return false;
     }
     o.model = f16.value();
   }
@@ -298,27 +403,29 @@ int run_blend_bench(int argc, char** argv) {
   auto engine = Engine::open(eo);
   if (!engine.ok()) {
     std::fprintf(stderr, "blend bench: %s\n", engine.status().what());
-    return 1;
+    return false;
   }
-  Engine& e = *engine.value();
-  if (!e.cache_support().ok()) {
-    std::fprintf(stderr, "blend bench: no cache support: %s\n", e.cache_support().what());
-    return 1;
+  run.engine = std::move(engine.value());
+  if (!run.engine->cache_support().ok()) {
+    std::fprintf(stderr, "blend bench: no cache support: %s\n", run.engine->cache_support().what());
+    return false;
   }
   auto tmp = kdn::bench::TempDir::create("kdn-blend-bench");
-  if (!tmp.ok()) return 1;
-  kdn::bench::KdndOptions ko;
+  if (!tmp.ok()) return false;
+  run.tmp.emplace(std::move(tmp.value()));
+  kdn::bench::KdndOptions& ko = run.kdnd_options;
   ko.binary = o.kdnd;
-  ko.socket_path = tmp->path() + "/kdnd.sock";
-  ko.log_path = tmp->path() + "/kdnd.log";
+  ko.socket_path = run.tmp->path() + "/kdnd.sock";
+  ko.log_path = run.tmp->path() + "/kdnd.log";
   // Per namespace (libkdn maps each one's arena pre-faulted): every passage of every class asked
   // for fits (4K: 30 passages of at most 5 chunks, 885 MB); the prefix cache evicts beyond it.
   // A size's namespaces are released, with their memory, once it is done.
   uint64_t arena = 0;
-  const uint64_t chunk_bytes = e.identity().geometry.chunk_bytes(), t = e.identity().geometry.chunk_tokens;
+  const kdn::llama::KvGeometry& g = run.engine->identity().geometry;
   for (uint32_t size : o.sizes) {
     const kdn::bench::RagClass c = kdn::bench::rag_class(size);
-    arena = std::max<uint64_t>(arena, uint64_t{c.pool} * ((c.max_tokens + t - 1) / t + 1) * chunk_bytes);
+    arena = std::max<uint64_t>(arena, uint64_t{c.pool} * ((c.max_tokens + g.chunk_tokens - 1) / g.chunk_tokens + 1) *
+                                          g.chunk_bytes());
   }
   ko.host_arena_bytes = (arena + (64ull << 20) - 1) & ~((64ull << 20) - 1);
   ko.extra_args = {"--set", "namespace_grace_s=1", "--set", "tier.host.populate=false"};
@@ -326,232 +433,227 @@ int run_blend_bench(int argc, char** argv) {
   if (!kdnd.ok()) {
     std::fprintf(stderr, "blend bench: %s\n%s", kdn::bench::describe(kdnd.status()).c_str(),
                  kdn::bench::file_tail(ko.log_path).c_str());
-    return 1;
+    return false;
   }
+  run.kdnd.emplace(std::move(kdnd.value()));
+  run.corpus = kdn::bench::rag_corpus();
+  return true;
+}
 
-  const std::vector<kdn::bench::RagDocument> corpus = kdn::bench::rag_corpus();
-  const auto count = [&](const std::string& text) {
-    auto t = e.tokenize(text, false, false);
-    return t.ok() ? uint32_t(t->size()) : 0u;
-  };
-  Report r;
+void report_setup(Run& run) {
+  const Options& o = run.o;
+  Report& r = run.r;
   r.set("model", o.model.substr(o.model.find_last_of('/') + 1));
   r.set("threads", int64_t(o.threads));
-  r.set("chunk_tokens", int64_t(e.identity().geometry.chunk_tokens));
+  r.set("chunk_tokens", int64_t(run.engine->identity().geometry.chunk_tokens));
   r.set("answer_tokens", int64_t(o.answer_tokens));
   r.set("recompute_ratio", o.blend.recompute_ratio);
   r.set("check_layer", int64_t(o.blend.check_layer));
+  r.set("deviation", std::string(kdn::llama::blend_deviation_name(o.blend.deviation)));
   r.set("boundary_tokens", int64_t(o.blend.boundary_tokens));
-  r.set("corpus.documents", uint64_t(corpus.size()));
+  r.set("corpus.documents", uint64_t(run.corpus.size()));
   Json docs = Json::array();
-  for (const auto& d : corpus) docs.push_back({d.name, count(d.text)});
+  for (const auto& d : run.corpus) docs.push_back({d.name, run.count_tokens(d.text)});
   r.set_json("corpus.tokens_per_document", docs);
+}
 
-  std::map<BlendPolicy, PolicyTotals> all;
-  PolicyTotals all_prefix, all_control;
-  for (size_t si = 0; si < o.sizes.size(); ++si) {
-    const uint32_t size = o.sizes[si];
-    kdn::bench::RagClass c = kdn::bench::rag_class(size);
-    if (!o.prompts.empty()) c.prompts = o.prompts[si];
-    if (!o.pool.empty()) c.pool = o.pool[si];
-    const auto pool = kdn::bench::cut_passages(corpus, c, count, o.seed);
-    std::vector<std::string> texts;
-    for (const auto& p : pool) texts.push_back(p.text);
-    const auto prompt_of = [&](const kdn::bench::RagPromptSpec& spec) {
-      std::vector<std::string> d;
-      for (uint32_t i : spec.passages) d.push_back(texts[i]);
-      return e.rag_prompt(d, spec.question);
-    };
-    const uint32_t max_tokens = e.context_size() - o.answer_tokens - 1;
-    const auto specs = kdn::bench::draw_prompts(pool, c, o.seed, max_tokens, [&](const kdn::bench::RagPromptSpec& s) {
-      auto p = prompt_of(s);
-      return p.ok() ? uint32_t(p->size()) : UINT32_MAX;
-    });
-    const std::string sk = "sizes." + std::to_string(size) + ".";
-    r.set(sk + "passages", uint64_t(pool.size()));
-    r.set(sk + "passages_asked", uint64_t(c.pool));
-    r.set(sk + "passage_tokens", std::to_string(c.min_tokens) + "-" + std::to_string(c.max_tokens));
-    r.set(sk + "passages_per_prompt", std::to_string(c.min_k) + "-" + std::to_string(c.max_k));
-
-    // One namespace per (size, policy) and for the prefix cache: each starts empty.
-    std::map<BlendPolicy, std::unique_ptr<kdn::llama::KdnChunkCache>> caches;
-    for (BlendPolicy p : policies) {
-      auto cc = kdn::llama::KdnChunkCache::connect(e.identity().desc, ko.socket_path,
-                                                   "blend-" + std::to_string(size) + "-" + std::string(kdn::llama::blend_policy_name(p)), true);
-      if (!cc.ok()) {
-        std::fprintf(stderr, "blend bench: %s\n", cc.status().what());
-        return 1;
-      }
-      caches[p] = std::move(cc.value());
+// One namespace per (size, policy) and for the prefix cache: each starts empty.
+bool connect_caches(Run& run, SizeRun& sr) {
+  const kdn_model_desc& desc = run.engine->identity().desc;
+  const std::string& socket = run.kdnd_options.socket_path;
+  const std::string size = std::to_string(sr.size);
+  for (BlendPolicy p : run.policies) {
+    auto cc = kdn::llama::KdnChunkCache::connect(
+        desc, socket, "blend-" + size + "-" + std::string(kdn::llama::blend_policy_name(p)), true);
+    if (!cc.ok()) {
+      std::fprintf(stderr, "blend bench: %s\n", cc.status().what());
+      return false;
     }
-    std::unique_ptr<kdn::llama::KdnChunkCache> prefix_cache;
-    if (o.prefix) {
-      auto cc = kdn::llama::KdnChunkCache::connect(e.identity().desc, ko.socket_path, "prefix-" + std::to_string(size), true);
-      if (!cc.ok()) return 1;
-      prefix_cache = std::move(cc.value());
-    }
-
-    std::map<BlendPolicy, PolicyTotals> totals;
-    PolicyTotals prefix, control;
-    std::vector<double> full_ttfts;
-    uint64_t prompt_tokens = 0;
-    Json rows = Json::array();
-    for (size_t pi = 0; pi < specs.size(); ++pi) {
-      auto rp = prompt_of(specs[pi]);
-      if (!rp.ok()) return 1;
-      const std::vector<int32_t> tokens = rp->tokens();
-      std::fprintf(stderr, "blend bench: %u: prompt %zu/%zu, %zu tokens, %zu passages\n", size, pi + 1, specs.size(),
-                   tokens.size(), specs[pi].passages.size());
-      auto ref = reference(e, tokens, o.answer_tokens);
-      if (!ref.ok()) {
-        std::fprintf(stderr, "blend bench: full prefill: %s\n", ref.status().what());
-        return 1;
-      }
-      full_ttfts.push_back(ref->ttft_s);
-      prompt_tokens += tokens.size();
-      auto ctl = run_control(e, rp.value(), tokens, ref.value());
-      if (!ctl.ok()) {
-        std::fprintf(stderr, "blend bench: control: %s\n", ctl.status().what());
-        return 1;
-      }
-      control.agree.push_back(double(ctl->agree) / double(ctl->positions));
-      control.kl.push_back(ctl->kl_mean);
-      control.identical += ctl->identical;
-      control.prompts += 1;
-      Json row = {{"tokens", tokens.size()},
-                  {"passages", specs[pi].passages},
-                  {"question", specs[pi].question},
-                  {"ttft_full_prefill_s", ref->ttft_s},
-                  {"answer_end", ref->answer_end},
-                  {"floor_top1_agreement", double(ctl->agree) / double(ctl->positions)},
-                  {"floor_kl_mean", ctl->kl_mean}};
-      double prefix_ttft = 0;
-      if (prefix_cache) {
-        auto g = e.generate(tokens, 1, prefix_cache.get());
-        if (!g.ok()) return 1;
-        prefix_ttft = g->stats.ttft_s;
-        prefix.ttft.push_back(prefix_ttft);
-        prefix.served += g->stats.tokens_reused;
-        prefix.prompt_tokens += tokens.size();
-        row["ttft_prefix_cache_s"] = prefix_ttft;
-        row["prefix_tokens_reused"] = g->stats.tokens_reused;
-      }
-      for (BlendPolicy p : policies) {
-        kdn::llama::BlendOptions bo = o.blend;
-        bo.policy = p;
-        auto s = run_policy(e, *caches[p], rp.value(), tokens, bo, ref.value());
-        if (!s.ok()) {
-          std::fprintf(stderr, "blend bench: %s: %s\n", std::string(kdn::llama::blend_policy_name(p)).c_str(),
-                       s.status().what());
-          return 1;
-        }
-        PolicyTotals& t = totals[p];
-        t.ttft.push_back(s->ttft_s);
-        t.ttft_full.push_back(ref->ttft_s);
-        if (prefix_cache) t.ttft_prefix.push_back(prefix_ttft);
-        if (s->blended && s->segments_computed == 0) {
-          t.ttft_warm.push_back(s->ttft_s);
-          t.ttft_full_warm.push_back(ref->ttft_s);
-        }
-        t.agree.push_back(double(s->agree) / double(s->positions));
-        t.kl.push_back(s->kl_mean);
-        t.identical += s->identical;
-        t.prompts += 1;
-        t.fallbacks += !s->blended;
-        t.agree_pos += s->agree;
-        t.positions += s->positions;
-        t.served += s->served;
-        t.recomputed += s->recomputed;
-        t.loaded += s->loaded;
-        t.prompt_tokens += tokens.size();
-        row[std::string(kdn::llama::blend_policy_name(p))] = {
-            {"ttft_blend_s", s->ttft_s},          {"blended", s->blended},
-            {"fallback", s->fallback},            {"segments_computed", s->segments_computed},
-            {"tokens_served", s->served},          {"tokens_recomputed", s->recomputed},
-            {"top1_agreement", double(s->agree) / double(s->positions)},
-            {"kl_mean", s->kl_mean},               {"answer_identical", s->identical},
-            {"phases_s", {{"lookup", s->phases.lookup_s},
-                          {"segment_prefill", s->phases.segment_prefill_s},
-                          {"segment_store", s->phases.segment_store_s},
-                          {"place", s->phases.place_s},
-                          {"retrieve", s->phases.retrieve_s},
-                          {"select", s->phases.select_s},
-                          {"recompute", s->phases.recompute_s}}}};
-        std::fprintf(stderr, "  %-8s ttft %.2f s (full %.2f s), top-1 %.3f, KL %.4f%s\n",
-                     std::string(kdn::llama::blend_policy_name(p)).c_str(), s->ttft_s, ref->ttft_s,
-                     double(s->agree) / double(s->positions), s->kl_mean, s->blended ? "" : " (fell back)");
-      }
-      rows.push_back(row);
-      // A daemon that died would turn every later prompt into a fallback: not a measurement.
-      if (!kdnd.value().running()) {
-        std::fprintf(stderr, "blend bench: kdnd exited during the run\n%s", kdn::bench::file_tail(ko.log_path).c_str());
-        return 1;
-      }
-    }
-    r.set(sk + "prompts", uint64_t(specs.size()));
-    r.set(sk + "prompt_tokens_mean", specs.empty() ? 0.0 : double(prompt_tokens) / double(specs.size()));
-    r.set(sk + "ttft_full_prefill_s", mean(full_ttfts));
-    r.set(sk + "floor_top1_agreement", mean(control.agree));
-    r.set(sk + "floor_kl_mean", mean(control.kl));
-    r.set(sk + "floor_answers_identical_fraction", control.prompts ? double(control.identical) / double(control.prompts) : 0.0);
-    all_control.agree.insert(all_control.agree.end(), control.agree.begin(), control.agree.end());
-    all_control.kl.insert(all_control.kl.end(), control.kl.begin(), control.kl.end());
-    if (prefix_cache) {
-      r.set(sk + "ttft_prefix_cache_s", mean(prefix.ttft));
-      r.set(sk + "prefix_served_from_cache", prefix.prompt_tokens ? double(prefix.served) / double(prefix.prompt_tokens) : 0.0);
-      r.set(sk + "prefix_speedup_vs_full", kdn::bench::ratio(mean(full_ttfts), mean(prefix.ttft)));
-      all_prefix.ttft.insert(all_prefix.ttft.end(), prefix.ttft.begin(), prefix.ttft.end());
-      all_prefix.served += prefix.served;
-      all_prefix.prompt_tokens += prefix.prompt_tokens;
-    }
-    for (BlendPolicy p : policies) {
-      report_policy(r, sk + "policies." + std::string(kdn::llama::blend_policy_name(p)) + ".", totals[p]);
-      PolicyTotals& a = all[p];
-      const PolicyTotals& t = totals[p];
-      for (auto [dst, src] : {std::pair{&a.ttft, &t.ttft}, {&a.ttft_full, &t.ttft_full}, {&a.ttft_prefix, &t.ttft_prefix},
-                              {&a.agree, &t.agree}, {&a.kl, &t.kl}, {&a.ttft_warm, &t.ttft_warm},
-                              {&a.ttft_full_warm, &t.ttft_full_warm}})
-        dst->insert(dst->end(), src->begin(), src->end());
-      a.identical += t.identical;
-      a.prompts += t.prompts;
-      a.fallbacks += t.fallbacks;
-      a.agree_pos += t.agree_pos;
-      a.positions += t.positions;
-      a.served += t.served;
-      a.recomputed += t.recomputed;
-      a.loaded += t.loaded;
-      a.prompt_tokens += t.prompt_tokens;
-    }
-    r.set_json(sk + "per_prompt", rows);
+    sr.caches[p] = std::move(cc.value());
   }
-  (void)kdnd.value().stop();
+  if (run.o.prefix) {
+    auto cc = kdn::llama::KdnChunkCache::connect(desc, socket, "prefix-" + size, true);
+    if (!cc.ok()) {
+      std::fprintf(stderr, "blend bench: %s\n", cc.status().what());
+      return false;
+    }
+    sr.prefix_cache = std::move(cc.value());
+  }
+  return true;
+}
 
-  // Over every prompt of the run.
-  for (BlendPolicy p : policies) report_policy(r, "all." + std::string(kdn::llama::blend_policy_name(p)) + ".", all[p]);
-  r.set("all.floor_top1_agreement", mean(all_control.agree));
-  r.set("all.floor_kl_mean", mean(all_control.kl));
-  if (o.prefix) {
-    r.set("all.ttft_prefix_cache_s", mean(all_prefix.ttft));
+// One prompt, back to back: the full prefill (the reference), the control, the prefix cache and
+// every policy. Errors are printed.
+bool run_prompt(Run& run, SizeRun& sr, const kdn::bench::RagPromptSpec& spec, const kdn::llama::RagPrompt& rp) {
+  Engine& e = *run.engine;
+  const std::vector<int32_t> tokens = rp.tokens();
+  auto ref = reference(e, tokens, run.o.answer_tokens);
+  if (!ref.ok()) {
+    std::fprintf(stderr, "blend bench: full prefill: %s\n", ref.status().what());
+    return false;
+  }
+  sr.full_ttfts.push_back(ref->ttft_s);
+  sr.prompt_tokens += tokens.size();
+  auto ctl = run_control(e, rp, tokens, ref.value());
+  if (!ctl.ok()) {
+    std::fprintf(stderr, "blend bench: control: %s\n", ctl.status().what());
+    return false;
+  }
+  sr.control.add(ctl.value(), ref->ttft_s, 0, tokens.size());
+  Json row = {{"tokens", tokens.size()},
+              {"passages", spec.passages},
+              {"question", spec.question},
+              {"ttft_full_prefill_s", ref->ttft_s},
+              {"answer_end", ref->answer_end},
+              {"floor_top1_agreement", double(ctl->agree) / double(ctl->positions)},
+              {"floor_kl_mean", ctl->kl_mean}};
+  double prefix_ttft = 0;
+  if (sr.prefix_cache) {
+    auto g = e.generate(tokens, 1, sr.prefix_cache.get());
+    if (!g.ok()) {
+      std::fprintf(stderr, "blend bench: prefix cache: %s\n", g.status().what());
+      return false;
+    }
+    prefix_ttft = g->stats.ttft_s;
+    sr.prefix.ttft.push_back(prefix_ttft);
+    sr.prefix.served += g->stats.tokens_reused;
+    sr.prefix.prompt_tokens += tokens.size();
+    row["ttft_prefix_cache_s"] = prefix_ttft;
+    row["prefix_tokens_reused"] = g->stats.tokens_reused;
+  }
+  for (BlendPolicy p : run.policies) {
+    kdn::llama::BlendOptions bo = run.o.blend;
+    bo.policy = p;
+    const std::string name(kdn::llama::blend_policy_name(p));
+    auto s = run_policy(e, *sr.caches[p], rp, tokens, bo, ref.value());
+    if (!s.ok()) {
+      std::fprintf(stderr, "blend bench: %s: %s\n", name.c_str(), s.status().what());
+      return false;
+    }
+    sr.totals[p].add(s.value(), ref->ttft_s, prefix_ttft, tokens.size());
+    row[name] = policy_row(s.value());
+    std::fprintf(stderr, "  %-8s ttft %.2f s (full %.2f s), top-1 %.3f, KL %.4f%s\n", name.c_str(), s->ttft_s,
+                 ref->ttft_s, double(s->agree) / double(s->positions), s->kl_mean, s->blended ? "" : " (fell back)");
+  }
+  sr.rows.push_back(std::move(row));
+  return true;
+}
+
+// A size class's figures, and its share of the run's.
+void report_size(Run& run, const SizeRun& sr, const kdn::bench::RagClass& c, size_t passages, size_t prompts) {
+  Report& r = run.r;
+  const std::string sk = "sizes." + std::to_string(sr.size) + ".";
+  r.set(sk + "passages", uint64_t(passages));
+  r.set(sk + "passages_asked", uint64_t(c.pool));
+  r.set(sk + "passage_tokens", std::to_string(c.min_tokens) + "-" + std::to_string(c.max_tokens));
+  r.set(sk + "passages_per_prompt", std::to_string(c.min_k) + "-" + std::to_string(c.max_k));
+  r.set(sk + "prompts", uint64_t(prompts));
+  r.set(sk + "prompt_tokens_mean", prompts == 0 ? 0.0 : double(sr.prompt_tokens) / double(prompts));
+  r.set(sk + "ttft_full_prefill_s", mean(sr.full_ttfts));
+  r.set(sk + "floor_top1_agreement", mean(sr.control.agree));
+  r.set(sk + "floor_kl_mean", mean(sr.control.kl));
+  r.set(sk + "floor_answers_identical_fraction",
+        sr.control.prompts ? double(sr.control.identical) / double(sr.control.prompts) : 0.0);
+  run.all_control.add(sr.control);
+  if (sr.prefix_cache) {
+    r.set(sk + "ttft_prefix_cache_s", mean(sr.prefix.ttft));
+    r.set(sk + "prefix_served_from_cache",
+          sr.prefix.prompt_tokens ? double(sr.prefix.served) / double(sr.prefix.prompt_tokens) : 0.0);
+    r.set(sk + "prefix_speedup_vs_full", kdn::bench::ratio(mean(sr.full_ttfts), mean(sr.prefix.ttft)));
+    run.all_prefix.add(sr.prefix);
+  }
+  for (BlendPolicy p : run.policies) {
+    const PolicyTotals& t = sr.totals.at(p);
+    report_policy(r, sk + "policies." + std::string(kdn::llama::blend_policy_name(p)) + ".", t);
+    run.all[p].add(t);
+  }
+  r.set_json(sk + "per_prompt", sr.rows);
+}
+
+// One size class: its passages, its prompts, each prompt run. Errors are printed.
+bool run_size(Run& run, size_t si) {
+  const Options& o = run.o;
+  Engine& e = *run.engine;
+  SizeRun sr;
+  sr.size = o.sizes[si];
+  kdn::bench::RagClass c = kdn::bench::rag_class(sr.size);
+  if (!o.prompts.empty()) c.prompts = o.prompts[si];
+  if (!o.pool.empty()) c.pool = o.pool[si];
+  const auto pool = kdn::bench::cut_passages(run.corpus, c, [&](const std::string& t) { return run.count_tokens(t); },
+                                             o.seed);
+  for (const auto& p : pool) sr.texts.push_back(p.text);
+  const auto prompt_of = [&](const kdn::bench::RagPromptSpec& spec) {
+    std::vector<std::string> d;
+    for (uint32_t i : spec.passages) d.push_back(sr.texts[i]);
+    return e.rag_prompt(d, spec.question);
+  };
+  const uint32_t max_tokens = e.context_size() - o.answer_tokens - 1;
+  const auto specs = kdn::bench::draw_prompts(pool, c, o.seed, max_tokens, [&](const kdn::bench::RagPromptSpec& s) {
+    auto p = prompt_of(s);
+    return p.ok() ? uint32_t(p->size()) : UINT32_MAX;
+  });
+  if (!connect_caches(run, sr)) return false;
+  for (size_t pi = 0; pi < specs.size(); ++pi) {
+    auto rp = prompt_of(specs[pi]);
+    if (!rp.ok()) {
+      std::fprintf(stderr, "blend bench: building prompt %zu: %s\n", pi + 1, rp.status().what());
+      return false;
+    }
+    std::fprintf(stderr, "blend bench: %u: prompt %zu/%zu, %llu tokens, %zu passages\n", sr.size, pi + 1,
+                 specs.size(), static_cast<unsigned long long>(rp->size()), specs[pi].passages.size());
+    if (!run_prompt(run, sr, specs[pi], rp.value())) return false;
+    // A daemon that died would turn every later prompt into a fallback: not a measurement.
+    if (!run.kdnd->running()) {
+      std::fprintf(stderr, "blend bench: kdnd exited during the run\n%s",
+                   kdn::bench::file_tail(run.kdnd_options.log_path).c_str());
+      return false;
+    }
+  }
+  report_size(run, sr, c, pool.size(), specs.size());
+  return true;
+}
+
+// Over every prompt of the run, and the bars (docs/blend.md), read on hkvd at the ratio given
+// (the bars are stated for 0.15).
+void report_all(Run& run) {
+  Report& r = run.r;
+  for (BlendPolicy p : run.policies)
+    report_policy(r, "all." + std::string(kdn::llama::blend_policy_name(p)) + ".", run.all[p]);
+  r.set("all.floor_top1_agreement", mean(run.all_control.agree));
+  r.set("all.floor_kl_mean", mean(run.all_control.kl));
+  if (run.o.prefix) {
+    r.set("all.ttft_prefix_cache_s", mean(run.all_prefix.ttft));
     r.set("all.prefix_served_from_cache",
-          all_prefix.prompt_tokens ? double(all_prefix.served) / double(all_prefix.prompt_tokens) : 0.0);
+          run.all_prefix.prompt_tokens ? double(run.all_prefix.served) / double(run.all_prefix.prompt_tokens) : 0.0);
   }
-  // Bars (docs/blend.md): read on hkvd at the ratio given (the bars are stated for 0.15).
   using kdn::bench::BarOp;
-  if (all.count(BlendPolicy::kHkvd)) {
-    for (uint32_t size : o.sizes) {
-      const std::string k = "sizes." + std::to_string(size) + ".policies.hkvd.";
-      if (size == 4096) r.set_bar("bars.hkvd_speedup_4k", r.number(k + "speedup_vs_full"), BarOp::kAtLeast, 2.5);
-      if (size == 8192) r.set_bar("bars.hkvd_speedup_8k", r.number(k + "speedup_vs_full"), BarOp::kAtLeast, 3.0);
-      r.set_bar("bars.hkvd_top1_agreement_" + std::to_string(size), r.number(k + "top1_agreement"), BarOp::kAtLeast, 0.95);
-    }
-    if (all.count(BlendPolicy::kNone)) {
-      const auto h = r.number("all.hkvd.top1_agreement"), n = r.number("all.none.top1_agreement");
-      r.set_bar("bars.none_below_hkvd", h && n ? std::optional<double>(*h - *n) : std::nullopt, BarOp::kAtLeast, 0.05);
-    }
-    if (o.prefix)
-      r.set_bar("bars.hkvd_vs_prefix_cache_mean_ttft",
-                kdn::bench::ratio(mean(all[BlendPolicy::kHkvd].ttft), mean(all_prefix.ttft)), BarOp::kBelow, 1.0);
+  if (!run.all.count(BlendPolicy::kHkvd)) return;
+  for (uint32_t size : run.o.sizes) {
+    const std::string k = "sizes." + std::to_string(size) + ".policies.hkvd.";
+    if (size == 4096) r.set_bar("bars.hkvd_speedup_4k", r.number(k + "speedup_vs_full"), BarOp::kAtLeast, 2.5);
+    if (size == 8192) r.set_bar("bars.hkvd_speedup_8k", r.number(k + "speedup_vs_full"), BarOp::kAtLeast, 3.0);
+    r.set_bar("bars.hkvd_top1_agreement_" + std::to_string(size), r.number(k + "top1_agreement"), BarOp::kAtLeast, 0.95);
   }
-  std::printf("%s\n", o.json ? r.to_json().c_str() : r.to_table().c_str());
+  if (run.all.count(BlendPolicy::kNone)) {
+    const auto h = r.number("all.hkvd.top1_agreement"), n = r.number("all.none.top1_agreement");
+    r.set_bar("bars.none_below_hkvd", h && n ? std::optional<double>(*h - *n) : std::nullopt, BarOp::kAtLeast, 0.05);
+  }
+  if (run.o.prefix)
+    r.set_bar("bars.hkvd_vs_prefix_cache_mean_ttft",
+              kdn::bench::ratio(mean(run.all[BlendPolicy::kHkvd].ttft), mean(run.all_prefix.ttft)), BarOp::kBelow, 1.0);
+}
+
+}  // namespace
+
+int run_blend_bench(int argc, char** argv) {
+  Run run;
+  if (int code = parse_options(argc, argv, run); code != 0) return code < 0 ? 0 : code;
+  if (!start(run)) return 1;
+  report_setup(run);
+  for (size_t si = 0; si < run.o.sizes.size(); ++si)
+    if (!run_size(run, si)) return 1;
+  (void)run.kdnd->stop();
+  report_all(run);
+  std::printf("%s\n", run.o.json ? run.r.to_json().c_str() : run.r.to_table().c_str());
   return 0;
 }

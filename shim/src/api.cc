@@ -36,6 +36,7 @@ extern "C" {
 
 KDN_API const char* kdn_strerror(int status) { return kdn::code_name(static_cast<Code>(status)); }
 KDN_API uint32_t kdn_abi_version(void) { return KDN_ABI_VERSION; }
+KDN_API uint32_t kdn_abi_minor(void) { return KDN_ABI_MINOR; }
 
 KDN_API uint64_t kdn_chunk_bytes(const kdn_model_desc* desc) {
   if (!desc) return 0;

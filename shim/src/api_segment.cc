@@ -109,6 +109,7 @@ struct EachLease {
 
 int lease_each(Client& c, const kdn_model& m, const std::vector<kdn_key>& keys, EachLease& out) {
   using Op = kdn::ipc::LeaseEachOp;
+  if (c.welcome().proto_minor < 2) return int(KDN_ERR_UNSUPPORTED);  // a kdnd from before LEASE_EACH
   Request r;
   r.sqe.opcode = uint8_t(Op::kOpcode);
   if (Status st = key_request(c, m.id, keys, sizeof(Op::OutRecord), r); !st.ok()) return rc(st);
@@ -206,6 +207,7 @@ KDN_API int kdn_segment_lookup(kdn_client* client, const kdn_model* model, const
     if (hit_map_len < keys.size()) return int(KDN_ERR_INVALID_ARGUMENT);
     using Op = kdn::ipc::LookupEachOp;
     Client& c = client_of(client);
+    if (c.welcome().proto_minor < 2) return int(KDN_ERR_UNSUPPORTED);  // a kdnd from before LOOKUP_EACH
     Request r;
     r.sqe.opcode = uint8_t(Op::kOpcode);
     if (Status st = key_request(c, model->id, keys, sizeof(Op::OutRecord), r); !st.ok()) return rc(st);

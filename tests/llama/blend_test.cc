@@ -58,10 +58,12 @@ class Blend : public ::testing::Test {
     EXPECT_TRUE(g.ok()) << g.status().what();
     return g.ok() ? std::move(g.value()) : Generation{};
   }
-  Generation blend(const RagPrompt& p, BlendPolicy policy, double ratio = 0.15) {
+  Generation blend(const RagPrompt& p, BlendPolicy policy, double ratio = 0.15,
+                   BlendDeviation deviation = BlendDeviation::kK) {
     BlendOptions o;
     o.policy = policy;
     o.recompute_ratio = ratio;
+    o.deviation = deviation;
     Result<Generation> g = engine_->generate_blend(p, kPredict, store_.get(), o);
     EXPECT_TRUE(g.ok()) << g.status().what();
     return g.ok() ? std::move(g.value()) : Generation{};
@@ -178,7 +180,12 @@ TEST_F(Blend, PoliciesRecomputeWhatTheySay) {
   EXPECT_EQ(hkvd.stats.blend.tokens_recomputed, uint64_t(seg_tokens * 0.15));
   EXPECT_EQ(hkvd.stats.blend.tokens_checked, p.size() - p.tail.size());
   EXPECT_GT(engine_->partial_decodes(), 0u) << "the check pass stopped after the check layer";
-  for (const Generation* g : {&none, &boundary, &hkvd}) {
+  // The V and K+V deviations rank the same tokens' worth; what they pick may differ.
+  const Generation by_v = blend(p, BlendPolicy::kHkvd, 0.15, BlendDeviation::kV);
+  const Generation by_kv = blend(p, BlendPolicy::kHkvd, 0.15, BlendDeviation::kKV);
+  EXPECT_EQ(by_v.stats.blend.tokens_recomputed, hkvd.stats.blend.tokens_recomputed);
+  EXPECT_EQ(by_kv.stats.blend.tokens_recomputed, hkvd.stats.blend.tokens_recomputed);
+  for (const Generation* g : {&none, &boundary, &hkvd, &by_v, &by_kv}) {
     EXPECT_TRUE(g->stats.blend.used) << g->stats.cache_status.what();
     EXPECT_EQ(g->tokens.size(), size_t(kPredict));
   }
@@ -217,6 +224,13 @@ TEST_F(Blend, CorruptedOrMissingSegmentsFallBackToAFullPrefill) {
 }
 
 TEST_F(Blend, BadInputGetsAClearError) {
+  BlendDeviation d = BlendDeviation::kK;
+  for (BlendDeviation each : {BlendDeviation::kK, BlendDeviation::kV, BlendDeviation::kKV}) {
+    EXPECT_TRUE(parse_blend_deviation(blend_deviation_name(each), &d));
+    EXPECT_EQ(d, each);
+  }
+  EXPECT_FALSE(parse_blend_deviation("q", &d));
+  EXPECT_EQ(d, BlendDeviation::kKV) << "a refused name leaves the value alone";
   RagPrompt p = prompt({0, 1, 2});
   RequestStats stats;
   BlendOptions o;

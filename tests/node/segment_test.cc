@@ -258,6 +258,12 @@ TEST(Segments, NamespacesNeverMix) {
   EXPECT_EQ(r.hit_chunks, 2u);
 }
 
+TEST(Segments, TheLibrarySaysWhichAbiMinorBroughtThem) {
+  EXPECT_EQ(kdn_abi_version(), KDN_ABI_VERSION);
+  EXPECT_EQ(kdn_abi_minor(), KDN_ABI_MINOR);
+  EXPECT_GE(kdn_abi_minor(), 2u);  // the segment calls came with minor 2
+}
+
 TEST(Segments, BadInputGetsAClearError) {
   KdndProcess d;
   const kdn_model_desc desc = tiny_model(kT);

@@ -81,6 +81,24 @@ std::string_view blend_policy_name(BlendPolicy p) noexcept {
   return "unknown";
 }
 
+std::string_view blend_deviation_name(BlendDeviation d) noexcept {
+  switch (d) {
+    case BlendDeviation::kK: return "k";
+    case BlendDeviation::kV: return "v";
+    case BlendDeviation::kKV: return "kv";
+  }
+  return "unknown";
+}
+
+bool parse_blend_deviation(std::string_view name, BlendDeviation* out) noexcept {
+  for (BlendDeviation d : {BlendDeviation::kK, BlendDeviation::kV, BlendDeviation::kKV})
+    if (blend_deviation_name(d) == name) {
+      *out = d;
+      return true;
+    }
+  return false;
+}
+
 bool parse_blend_policy(std::string_view name, BlendPolicy* out) noexcept {
   for (BlendPolicy p : {BlendPolicy::kNone, BlendPolicy::kHkvd, BlendPolicy::kBoundary, BlendPolicy::kAll})
     if (blend_policy_name(p) == name) {
@@ -310,6 +328,41 @@ Status Engine::blend_load(const RagPrompt& p, std::span<const SegmentRef> refs, 
   return OkStatus();
 }
 
+// Adds to dev[t] the deviation of segment token t's K (or V) rows at `layer`: fresh (the check
+// pass, in the cache) against cached (re-rotated K, in scratch_), rows gathered by position.
+Status Engine::add_deviation(const RagPrompt& p, uint32_t layer, bool v, std::span<float> dev) noexcept {
+  const KvGeometry& g = identity_.geometry;
+  const uint64_t row = g.row_bytes(), elem = g.elem_bytes();
+  const uint32_t b = static_cast<uint32_t>(p.head.size());
+  const uint32_t n = static_cast<uint32_t>(dev.size());
+  const uint8_t* live = v ? kv_v_[layer] : kv_k_[layer];
+  const uint8_t* loaded = scratch_[2 * layer + (v ? 1 : 0)].data();
+  try {
+    std::vector<uint8_t> fresh(uint64_t{n} * row), cached(uint64_t{n} * row);
+    for (uint32_t t = 0; t < n; ++t) {
+      const uint64_t cell = static_cast<uint64_t>(cells_[b + t]);
+      if (!v || !g.v_trans) {
+        std::memcpy(fresh.data() + t * row, live + cell * row, row);
+        std::memcpy(cached.data() + t * row, loaded + cell * row, row);
+      } else {  // V transposed: channel c of a cell at c * cells + cell
+        for (uint64_t c = 0; c < row / elem; ++c) {
+          std::memcpy(fresh.data() + t * row + c * elem, live + (c * kv_cells_ + cell) * elem, elem);
+          std::memcpy(cached.data() + t * row + c * elem, loaded + (c * kv_cells_ + cell) * elem, elem);
+        }
+      }
+    }
+    const uint32_t width = g.n_kv_heads * g.head_dim;
+    const kernels::TokenRows f{fresh.data(), kernels::DType::kF16, width, width};
+    const kernels::TokenRows c{cached.data(), kernels::DType::kF16, width, width};
+    std::vector<float> d(n);
+    KDN_RETURN_IF_ERROR(kernels::kv_deviation(f, c, n, nullptr, d.data(), kernels::Executor::cpu()));
+    for (uint32_t t = 0; t < n; ++t) dev[t] += d[t];
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "blend selection");
+  }
+  return OkStatus();
+}
+
 Result<std::vector<uint32_t>> Engine::blend_select(const RagPrompt& p, const BlendOptions& o) noexcept {
   const uint32_t b = static_cast<uint32_t>(p.head.size());
   const uint32_t end = static_cast<uint32_t>(p.size() - p.tail.size());
@@ -329,23 +382,11 @@ Result<std::vector<uint32_t>> Engine::blend_select(const RagPrompt& p, const Ble
         }
         break;
       case BlendPolicy::kHkvd: {
-        // Deviation of each segment token's K at the check layer: fresh (the check pass, in
-        // the cache) against cached (re-rotated, in scratch_), rows gathered by position.
-        const KvGeometry& g = identity_.geometry;
-        const uint64_t row = g.row_bytes();
         const uint32_t n = end - b;
-        std::vector<uint8_t> fresh(uint64_t{n} * row), cached(uint64_t{n} * row);
-        for (uint32_t t = 0; t < n; ++t) {
-          const uint64_t cell = static_cast<uint64_t>(cells_[b + t]);
-          std::memcpy(fresh.data() + t * row, kv_k_[o.check_layer] + cell * row, row);
-          std::memcpy(cached.data() + t * row, scratch_[2 * o.check_layer].data() + cell * row, row);
-        }
-        const uint32_t width = g.n_kv_heads * g.head_dim;
-        const kernels::TokenRows f{fresh.data(), kernels::DType::kF16, width, width};
-        const kernels::TokenRows c{cached.data(), kernels::DType::kF16, width, width};
+        std::vector<float> dev(n, 0.0f);
+        if (o.deviation != BlendDeviation::kV) KDN_RETURN_IF_ERROR(add_deviation(p, o.check_layer, false, dev));
+        if (o.deviation != BlendDeviation::kK) KDN_RETURN_IF_ERROR(add_deviation(p, o.check_layer, true, dev));
         const kernels::Executor cpu = kernels::Executor::cpu();
-        std::vector<float> dev(n);
-        KDN_RETURN_IF_ERROR(kernels::kv_deviation(f, c, n, nullptr, dev.data(), cpu));
         const uint32_t k = kernels::recompute_count(n, o.recompute_ratio);
         Result<size_t> bytes = kernels::top_k_scratch_bytes(n, cpu);
         if (!bytes.ok()) return bytes.status();

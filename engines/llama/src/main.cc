@@ -70,7 +70,12 @@ void add_flags(CLI::App& app, CliOptions& o) {
   app.add_option("--recompute-ratio", o.blend_options.recompute_ratio, "hkvd: share of document tokens recomputed")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--boundary-tokens", o.blend_options.boundary_tokens, "boundary: tokens recomputed per document");
-  app.add_option("--check-layer", o.blend_options.check_layer, "hkvd: the layer whose K deviation ranks tokens");
+  app.add_option("--check-layer", o.blend_options.check_layer, "hkvd: the layer whose deviation ranks tokens");
+  app.add_option_function<std::string>(
+         "--deviation",
+         [&o](const std::string& v) { (void)kdn::llama::parse_blend_deviation(v, &o.blend_options.deviation); },
+         "hkvd: rows compared at the check layer: k, v or kv (default k)")
+      ->check(CLI::IsMember({"k", "v", "kv"}));
   app.add_option("--namespace", o.name_space, "kdnd namespace, created if kdnd allows it (default: libkdn's)");
   app.add_option("--n-predict", o.n_predict, "tokens to generate (greedy)")->check(CLI::Range(1u, 4096u));
   app.add_option("--context-tokens", o.context_tokens,

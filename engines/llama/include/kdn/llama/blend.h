@@ -29,10 +29,17 @@ enum class BlendPolicy : uint8_t {
 std::string_view blend_policy_name(BlendPolicy p) noexcept;
 bool parse_blend_policy(std::string_view name, BlendPolicy* out) noexcept;
 
+// What hkvd compares at the check layer: K rows, V rows, or both (their deviations summed).
+enum class BlendDeviation : uint8_t { kK, kV, kKV };
+
+std::string_view blend_deviation_name(BlendDeviation d) noexcept;
+bool parse_blend_deviation(std::string_view name, BlendDeviation* out) noexcept;
+
 struct BlendOptions {
   BlendPolicy policy = BlendPolicy::kHkvd;
   double recompute_ratio = 0.15;  // hkvd: share of segment tokens recomputed
-  uint32_t check_layer = 1;       // hkvd: the layer whose K deviation ranks the tokens
+  uint32_t check_layer = 1;       // hkvd: the layer whose deviation ranks the tokens
+  BlendDeviation deviation = BlendDeviation::kK;  // hkvd: which rows the deviation compares
   uint32_t boundary_tokens = 16;  // boundary: tokens recomputed at the start of each segment after the first
 };
 

@@ -208,6 +208,7 @@ class Engine {
   Status blend_load(const RagPrompt& p, std::span<const SegmentRef> refs, ChunkCache& store,
                     const BlendOptions& o, RequestStats& stats) noexcept;
   Result<std::vector<uint32_t>> blend_select(const RagPrompt& p, const BlendOptions& o) noexcept;
+  Status add_deviation(const RagPrompt& p, uint32_t layer, bool v, std::span<float> dev) noexcept;
   Status blend_finish(const RagPrompt& p, std::span<const uint32_t> selected) noexcept;
   // The engine layout (kdn_engine_layout) of the KV cache's cells `slots`; layers below
   // `scratch_layers` point into scratch_ instead (the check layers' cached values land there).
