@@ -12,11 +12,21 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 build=${KDN_BUILD_DIR:-build}
 
+# How long each phase took, printed at the end (CI's budget is kept from these).
+phases=()
+phase_start=$SECONDS
+phase_done() {
+  phases+=("$1 $((SECONDS - phase_start))s")
+  phase_start=$SECONDS
+}
+
 scripts/setup.sh
+phase_done setup
 
 echo "test: running ctest in $build/"
 export KDN_REQUIRE_PROMTOOL=1  # the metrics test runs promtool (setup.sh unpacked it)
 ctest --test-dir "$build" --output-on-failure -j "${KDN_TEST_JOBS:-2}" --timeout 900
+phase_done ctest
 
 fuzz_seconds=${KDN_FUZZ_SECONDS:-60}
 if [[ "$fuzz_seconds" != 0 ]] && [[ -f tests/fuzz/CMakeLists.txt ]]; then
@@ -27,6 +37,7 @@ if [[ "$fuzz_seconds" != 0 ]] && [[ -f tests/fuzz/CMakeLists.txt ]]; then
   cmake --build build-fuzz -j "${KDN_JOBS:-$(nproc)}" --target kdn_fuzz_targets
   KDN_FUZZ_SECONDS=$fuzz_seconds ctest --test-dir build-fuzz -L fuzz --output-on-failure \
     -j "${KDN_TEST_JOBS:-2}"
+  phase_done fuzz
 fi
 # The lock-free rings, the session protocol, the index, the request handler and kdnd itself
 # (through the contract tests) under AddressSanitizer + UndefinedBehaviorSanitizer, and the
@@ -45,6 +56,7 @@ if [[ "${KDN_SANITIZERS:-1}" != 0 ]]; then
       echo "test: ${preset}: $t"
       "build-$preset/bin/$t" --gtest_brief=1
     done
+    phase_done "$preset"
   done
 fi
-echo "test: all passed"
+echo "test: all passed in ${SECONDS}s ($(IFS=,; echo "${phases[*]}" | sed 's/,/, /g'))"
