@@ -605,7 +605,7 @@ void add_ratios_and_bars(Report& report) {
 }
 
 int parse_options(int argc, char** argv, Options* o) {
-  CLI::App app{"kdn-bench kernels: layout, RoPE and codec kernels against same-run memcpy"};
+  CLI::App app{"kdn-bench kernels: layout, RoPE, codec and blend (deviation, top-k, merge) kernels against same-run memcpy"};
   app.add_flag("--json", o->json, "print JSON");
   app.add_option("--model", o->model, "llama3-8b | smollm2-135m")->check(CLI::IsMember({"llama3-8b", "smollm2-135m"}));
   app.add_option("--chunks", o->chunks, "chunks in the working set (0: 256 MiB worth)")->check(CLI::Range(0, 4096));

@@ -185,8 +185,14 @@ TEST_F(Blend, PoliciesRecomputeWhatTheySay) {
   const Generation by_kv = blend(p, BlendPolicy::kHkvd, 0.15, BlendDeviation::kKV);
   EXPECT_EQ(by_v.stats.blend.tokens_recomputed, hkvd.stats.blend.tokens_recomputed);
   EXPECT_EQ(by_kv.stats.blend.tokens_recomputed, hkvd.stats.blend.tokens_recomputed);
+  EXPECT_GT(hkvd.stats.blend.select_s, 0.0) << "the deviation and top-k are timed";
   for (const Generation* g : {&none, &boundary, &hkvd, &by_v, &by_kv}) {
     EXPECT_TRUE(g->stats.blend.used) << g->stats.cache_status.what();
+    const BlendStats& b = g->stats.blend;
+    const double phases = b.lookup_s + b.segment_prefill_s + b.segment_store_s + b.place_s + b.retrieve_s +
+                          b.select_s + b.recompute_s;
+    EXPECT_LE(phases, g->stats.ttft_s) << "the phases are parts of the TTFT";
+    EXPECT_GT(phases, 0.5 * g->stats.ttft_s) << "the phases account for most of the TTFT";
     EXPECT_EQ(g->tokens.size(), size_t(kPredict));
   }
 }

@@ -487,7 +487,9 @@ Status Engine::prefill_blend(const RagPrompt& p, ChunkCache& store, const BlendO
       if (!(*hits)[i].whole(refs[i])) missing.push_back(i);
     if (!missing.empty()) st = blend_compute_segments(p, refs, missing, store, stats);
     if (st.ok()) st = blend_load(p, refs, store, o, stats);
+    const uint64_t ts = now_ns();
     Result<std::vector<uint32_t>> sel = st.ok() ? blend_select(p, o) : Result<std::vector<uint32_t>>(st);
+    bs.select_s = seconds_between(ts, now_ns());
     if (sel.ok()) {
       const uint64_t t1 = now_ns();
       st = blend_finish(p, *sel);
@@ -538,7 +540,7 @@ Result<Generation> Engine::generate_blend(const RagPrompt& prompt, uint32_t n_pr
   stats.tokens_reused = bs.used ? static_cast<uint32_t>(bs.tokens_loaded - bs.tokens_recomputed) : 0;
   stats.tokens_computed = static_cast<uint32_t>(tokens.size()) - stats.tokens_reused;
   stats.retrieve_s = bs.lookup_s + bs.retrieve_s;
-  stats.prefill_s = bs.used ? bs.segment_prefill_s + bs.place_s + bs.recompute_s : seconds_between(t0, t1);
+  stats.prefill_s = bs.used ? bs.segment_prefill_s + bs.place_s + bs.select_s + bs.recompute_s : seconds_between(t0, t1);
   gen.first_logits.assign(logits.begin(), logits.end());
   gen.tokens.push_back(token);
   KDN_RETURN_IF_ERROR(decode_greedy(gen.tokens, n_predict));
