@@ -9,6 +9,7 @@
 #include <ggml.h>
 #include <llama.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -165,6 +166,25 @@ TEST_P(BlendBothV, AMovedSegmentsFirstLayerEqualsItsKvComputedThere) {
   engine_->reset();
   ASSERT_TRUE(engine_->prefill(stored.tokens(), 0, {}).ok());
   EXPECT_EQ(same, layer0_k(b, n0));
+}
+
+// At the check layer the first document's fresh K and V equal the ones it was stored with (it
+// sits where it was computed, after the same head), so whichever rows hkvd compares, in either
+// V layout, it never picks that document's tokens while later documents deviate.
+TEST_P(BlendBothV, HkvdNeverPicksTheDocumentThatSitsWhereItWasComputed) {
+  const RagPrompt stored = prompt({0, 1, 2});
+  ASSERT_TRUE(blend(stored, BlendPolicy::kNone).stats.blend.used);  // stores every document
+  const RagPrompt p = prompt({2, 0, 1});
+  const uint32_t first_end = static_cast<uint32_t>(p.head.size() + p.segments[0].size());
+  for (BlendDeviation d : {BlendDeviation::kK, BlendDeviation::kV, BlendDeviation::kKV}) {
+    const Generation g = blend(p, BlendPolicy::kHkvd, 0.15, d);
+    ASSERT_TRUE(g.stats.blend.used) << blend_deviation_name(d) << ": " << g.stats.cache_status.what();
+    const std::vector<uint32_t>& sel = engine_->last_blend_selection();
+    ASSERT_EQ(sel.size(), g.stats.blend.tokens_recomputed);
+    ASSERT_FALSE(sel.empty());
+    EXPECT_GE(*std::min_element(sel.begin(), sel.end()), first_end) << blend_deviation_name(d);
+    EXPECT_LT(*std::max_element(sel.begin(), sel.end()), p.size() - p.tail.size()) << blend_deviation_name(d);
+  }
 }
 
 TEST_F(Blend, PoliciesRecomputeWhatTheySay) {

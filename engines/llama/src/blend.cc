@@ -495,6 +495,7 @@ Status Engine::prefill_blend(const RagPrompt& p, ChunkCache& store, const BlendO
       st = blend_finish(p, *sel);
       bs.recompute_s = seconds_between(t1, now_ns());
       bs.tokens_recomputed = sel->size();
+      last_selection_ = std::move(*sel);
     } else {
       st = sel.status();
     }

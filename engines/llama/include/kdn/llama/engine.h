@@ -149,6 +149,8 @@ class Engine {
                        RequestStats& stats) noexcept;
   // Graphs stopped early by the blend's partial decodes since the last one started (tests).
   uint32_t partial_decodes() const noexcept;
+  // The positions the last blended prefill recomputed, ascending within each policy's order (tests).
+  const std::vector<uint32_t>& last_blend_selection() const noexcept { return last_selection_; }
   // The quality measurements' control: flips the lowest bit of a fixed pseudo-random half of
   // the K and V elements (every layer) of positions [first_pos, first_pos + n) of the sequence,
   // a change of at most one unit in the last place.
@@ -234,6 +236,7 @@ class Engine {
   std::vector<uint8_t*> kv_k_, kv_v_;
   uint32_t kv_cells_ = 0;
   std::vector<int64_t> cells_;
+  std::vector<uint32_t> last_selection_;  // positions the last blended prefill recomputed
   std::vector<std::vector<uint8_t>> scratch_;
   std::vector<void*> layout_k_, layout_v_;
 };
