@@ -8,10 +8,13 @@
     with model.lease(tokens) as lease:         # or read them in place, zero-copy
         first = torch.from_dlpack(lease.chunk(0))
     model.store(tokens, kv)                    # publish whole chunks
+    model.prefetch(tokens)                     # start reading a disk-resident prefix into memory
 
 Every call releases the GIL. Failures raise kdn.KdnError, whose `code` is a kdn.Status.
 `kdn.vllm` holds the vLLM KV connector (KdnConnector).
 """
+
+import enum
 
 from ._kdn import (
     ABI_VERSION,
@@ -39,6 +42,16 @@ from ._kdn import (
 
 __version__ = "0.1.0"
 
+
+class Tier(enum.IntEnum):
+    """Index of LookupResult.tier_chunks: where each cached chunk's fastest copy is."""
+
+    GPU = 0
+    HOST = 1
+    DISK = 2
+    REMOTE = 3
+
+
 __all__ = [
     "ABI_VERSION",
     "PROTOCOL_VERSION",
@@ -58,6 +71,7 @@ __all__ = [
     "RopeStyle",
     "SaveOutcome",
     "Status",
+    "Tier",
     "abi_version",
     "file_digest",
     "strerror",

@@ -197,6 +197,19 @@ class PyModel {
     return {r.hit_chunks, r.hit_tokens, std::vector<uint32_t>(r.tier_chunks, r.tier_chunks + KDN_TIER_COUNT)};
   }
 
+  // Starts bringing the cached prefix of `tokens` from the disk tier into the arena; returns at
+  // once. A kdnd too old for it (protocol 2.0) is not an error: there is nothing to overlap.
+  bool prefetch(std::span<const int32_t> tokens) const {
+    int rc;
+    {
+      nb::gil_scoped_release nogil;
+      rc = m_->client().call([&](kdn_client* c) { return kdn_prefetch(c, m_->handle(), tokens.data(), tokens.size()); });
+    }
+    if (rc == KDN_ERR_UNSUPPORTED) return false;
+    check(rc, "kdn_prefetch");
+    return true;
+  }
+
   std::unique_ptr<PyLease> lease(std::span<const int32_t> tokens, uint32_t max_chunks) const {
     kdn_lease* l = nullptr;
     {
@@ -635,6 +648,10 @@ NB_MODULE(_kdn, m) {
       .def("lookup", [](const PyModel& p, const TokenArray& t) { return p.lookup(span_of(t)); }, "tokens"_a)
       .def("lookup", [](const PyModel& p, const std::vector<int32_t>& t) { return p.lookup(t); }, "tokens"_a,
            "How many leading whole chunks of `tokens` are cached on the node.")
+      .def("prefetch", [](const PyModel& p, const TokenArray& t) { return p.prefetch(span_of(t)); }, "tokens"_a)
+      .def("prefetch", [](const PyModel& p, const std::vector<int32_t>& t) { return p.prefetch(t); }, "tokens"_a,
+           "Starts reading the cached prefix of `tokens` from the disk tier into host memory and returns at "
+           "once (False from a kdnd without prefetch).")
       .def("lease", [](const PyModel& p, const TokenArray& t, uint32_t max) { return p.lease(span_of(t), max); },
            "tokens"_a, "max_chunks"_a = 0)
       .def("lease", [](const PyModel& p, const std::vector<int32_t>& t, uint32_t max) { return p.lease(t, max); },

@@ -41,9 +41,11 @@ def model_dir() -> str:
 class Kdnd:
     """kdnd on a private socket."""
 
-    def __init__(self, socket: str, arena: str = "512M", log: str | None = None) -> None:
+    def __init__(self, socket: str, arena: str = "512M", log: str | None = None,
+                 extra: list[str] | None = None) -> None:
         self.socket = socket
         self.arena = arena
+        self.extra = list(extra or [])
         self.log_path = log or socket + ".log"
         self.proc: subprocess.Popen | None = None
 
@@ -51,7 +53,7 @@ class Kdnd:
         Path(self.socket).parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([str(build_dir() / "bin" / "kdnd"), "--socket", self.socket,
-                                          "--host-arena-bytes", self.arena, "--log-level", "warn"],
+                                          "--host-arena-bytes", self.arena, "--log-level", "warn", *self.extra],
                                          stdout=log, stderr=log)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

@@ -225,6 +225,36 @@ void restart_keeps_every_chunk(const char* policy, bool kill9) {
 TEST(Disk, RestartAfterSigtermServesEvery10kChunk) { restart_keeps_every_chunk("write_back", false); }
 TEST(Disk, RestartAfterSigkillServesEveryWrittenThroughChunk) { restart_keeps_every_chunk("write_through", true); }
 
+// write_back and SIGKILL: what the arena had demoted (its disk write landed) survives the crash;
+// what was only in the arena is gone, a miss, never a wrong byte.
+TEST(Disk, RestartAfterSigkillServesEveryDemotedChunk) {
+  TempDir dir;
+  KdndProcess d(disk_flags(dir.path, "write_back"));
+  const auto desc = tiny_model(64);
+  constexpr uint32_t kChunks = 50;
+  {
+    Conn k(d, desc);
+    ASSERT_TRUE(k.ok());
+    for (uint32_t doc = 0; doc < 4; ++doc) ASSERT_EQ(store_doc(k, doc, kChunks), int(kChunks)) << doc;
+    demote_all(d);
+    // A chunk's fastest copy is on disk once its write landed and the arena let it go.
+    for (int i = 0; i < 1000 && lookup_doc(k, 3, kChunks).tier_chunks[kDisk] < kChunks; ++i) usleep(10000);
+    for (uint32_t doc = 0; doc < 4; ++doc) ASSERT_EQ(lookup_doc(k, doc, kChunks).tier_chunks[kDisk], kChunks) << doc;
+    // Two more documents only in the arena.
+    for (uint32_t doc = 4; doc < 6; ++doc) ASSERT_EQ(store_doc(k, doc, kChunks), int(kChunks)) << doc;
+  }
+  d.kill9();
+  ASSERT_TRUE(d.restart()) << d.log();
+  Conn k(d, desc);
+  ASSERT_TRUE(k.ok());
+  for (uint32_t doc = 0; doc < 4; ++doc) EXPECT_EQ(verify_doc(k, doc, kChunks), int(kChunks)) << doc;
+  for (uint32_t doc = 4; doc < 6; ++doc) {
+    EXPECT_EQ(lookup_doc(k, doc, kChunks).hit_chunks, 0u) << "never written down: lost with the arena";
+    EXPECT_EQ(verify_doc(k, doc, kChunks), 0) << doc;
+  }
+  EXPECT_EQ(stats_of(k).corrupt_chunks, 0u);
+}
+
 // The file offset of the slot header holding `key` (docs/disk-format.md: headers start with
 // "KDNSLOT1" at block boundaries, the key at byte 48), or -1.
 off_t find_slot(const std::string& file, const kdn_key& key) {

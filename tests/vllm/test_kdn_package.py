@@ -4,6 +4,7 @@ stats, errors and the GIL (no vLLM engine here)."""
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -53,6 +54,34 @@ def test_store_lookup_retrieve_torch(kdnd):
         assert lease.released
         other = TOKENS[:16] + [7] * 34  # same first chunk, then another prefix
         assert m.lookup(other).hit_chunks == 1
+
+
+def test_prefetch_brings_disk_chunks_into_the_arena(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    k = replicas.Kdnd(str(tmp_path / "kdnd.sock"), arena="64M",
+                      extra=["--set", f"tier.disk.dirs={disk}", "--set", "tier.disk.bytes=32M",
+                             "--set", "tier.disk.slab_bytes=16M"]).start()
+    try:
+        with kdn.Client(k.socket) as c:
+            m = c.register_model(desc(name="prefetch"))
+            kv = torch.randn(3, *m.chunk_shape, dtype=torch.bfloat16)
+            assert m.store(TOKENS, kv) == 3
+            # Every unleased chunk leaves the arena for the disk tier (the daemon's uid is admin).
+            subprocess.run([str(replicas.build_dir() / "bin" / "kdnctl"), "--socket", k.socket, "evict", "--all",
+                            "--tier", "host"], check=True, stdout=subprocess.DEVNULL)
+            assert m.lookup(TOKENS).tier_chunks[kdn.Tier.DISK] == 3
+            assert m.prefetch(TOKENS) is True
+            deadline = time.monotonic() + 10
+            while m.lookup(TOKENS).tier_chunks[kdn.Tier.HOST] < 3 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            hit = m.lookup(TOKENS)
+            assert hit.hit_chunks == 3 and hit.tier_chunks[kdn.Tier.HOST] == 3
+            out = torch.zeros(3, *m.chunk_shape, dtype=torch.bfloat16)
+            assert m.retrieve(TOKENS, out) == 3 and torch.equal(out, kv)
+            assert m.prefetch(list(range(5000, 5040))) is True  # nothing cached: not an error
+    finally:
+        k.stop()
 
 
 def test_numpy_and_reservations(kdnd):
