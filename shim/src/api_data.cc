@@ -38,6 +38,8 @@ Result<uint32_t> build_key_request(Client& c, const kdn_model& m, const int32_t*
     return out.status();
   }
   std::memcpy(c.payload_ptr(*in), keys.data() + first, k * sizeof(kdn_key));
+  if (r.sqe.opcode == uint8_t(ipc::Opcode::kReserve) && c.welcome().proto_minor >= 3 && total > 0)
+    ipc::ReserveOp::put(ipc::ReserveOp::Args{m.id, first + 1, keys[0]}, r.sqe);  // for kdnctl ls
   r.in = *in;
   r.out = *out;
   r.sqe.model_id = m.id;

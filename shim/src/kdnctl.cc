@@ -2,8 +2,9 @@
 //
 //   kdnctl ping [-c N] [-w N]        round trips through the rings: busy-poll and wake-up
 //   kdnctl stats [--json|--prometheus]   the namespace's counters, then one block per tier
+//   kdnctl stats --watch [S] [--count N] a live view: counters and rates every S seconds
 //   kdnctl ls [--limit N] [--tier T]     chunks: key, model, fastest tier, tiers holding a copy,
-//                                        state, leases, size
+//                                        state, leases, size, age, idle time, prefix chain/position
 //   kdnctl evict --all | --key HEX       evict unleased chunks from every tier
 //   kdnctl evict --all --tier host       move unleased chunks out of the arena into the disk tier
 //
@@ -21,6 +22,7 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -104,7 +106,9 @@ struct Field {
 std::vector<Field> stats_fields(const kdn::ipc::StatsRecord& s, bool admin) {
   std::vector<Field> f = {
       {"lookups", s.lookups}, {"lookup_hit_chunks", s.lookup_hit_chunks},
-      {"lookup_miss_chunks", s.lookup_miss_chunks}, {"stored_chunks", s.stored_chunks},
+      {"lookup_miss_chunks", s.lookup_miss_chunks}, {"leases", s.leases},
+      {"lease_hit_chunks", s.lease_hit_chunks}, {"lease_miss_chunks", s.lease_miss_chunks},
+      {"stored_chunks", s.stored_chunks},
       {"stored_bytes", s.stored_bytes}, {"retrieved_chunks", s.retrieved_chunks},
       {"retrieved_bytes", s.retrieved_bytes}, {"evicted_chunks", s.evicted_chunks},
       {"dropped_chunks", s.dropped_chunks}, {"demoted_chunks", s.demoted_chunks},
@@ -164,6 +168,7 @@ std::vector<Field> tier_fields(Client& c) {
     add("resident_chunks", t.resident_chunks);
     add("resident_bytes", t.resident_bytes);
     add("lookup_hit_chunks", t.lookup_hit_chunks);
+    if (c.welcome().proto_minor >= 3) add("lease_hit_chunks", t.lease_hit_chunks);
     add("in_flight", t.in_flight);
     if (t.tier != uint32_t(kdn::ipc::ChunkTier::kDisk)) continue;
     add("promoted_chunks", t.promoted_chunks);
@@ -222,8 +227,9 @@ int cmd_metrics(Client& c) {
   return fail("stats --prometheus", kdn::Status(kdn::Code::kNoSpace, "the metrics page does not fit the payload area"));
 }
 
-int cmd_stats(Client& c, bool json, bool prom) {
-  if (prom) return cmd_metrics(c);
+// STATS into *s (words a daemon of an older minor does not send stay zero); 0 or 1 after
+// printing the failure.
+int read_stats(Client& c, kdn::ipc::StatsRecord* s) {
   using Op = kdn::ipc::StatsOp;
   constexpr uint32_t kWords = sizeof(kdn::ipc::StatsRecord) / sizeof(uint64_t);
   auto o = c.alloc_payload(sizeof(kdn::ipc::StatsRecord));
@@ -233,12 +239,84 @@ int cmd_stats(Client& c, bool json, bool prom) {
   r.out = *o;
   r.sqe.out_len = sizeof(kdn::ipc::StatsRecord);
   auto cqe = c.call(r);
-  if (!cqe.ok()) return fail("stats", cqe.status());
-  if (cqe->status) return fail_code("stats", cqe->status);
+  if (!cqe.ok()) return c.free_payload(*o), fail("stats", cqe.status());
+  if (cqe->status) return c.free_payload(*o), fail_code("stats", cqe->status);
   auto got = Op::result(*cqe, kWords);
-  if (!got.ok()) return fail("stats", got.status());
+  if (!got.ok()) return c.free_payload(*o), fail("stats", got.status());
+  *s = kdn::ipc::StatsRecord{};
+  std::memcpy(s, c.payload_ptr(*o), got->words * sizeof(uint64_t));
+  c.free_payload(*o);
+  return 0;
+}
+
+volatile std::sig_atomic_t g_interrupted = 0;
+void on_sigint(int) { g_interrupted = 1; }
+
+// Sleeps `seconds`, waking early on SIGINT; false if interrupted.
+bool sleep_unless_interrupted(double seconds) {
+  const uint64_t until = kdn::now_ns() + uint64_t(seconds * 1e9);
+  while (!g_interrupted && kdn::now_ns() < until) ::usleep(20'000);
+  return !g_interrupted;
+}
+
+// What `stats --watch` shows each interval: totals and the rate since the previous refresh.
+struct WatchRow {
+  const char* name;
+  uint64_t (*get)(const kdn::ipc::StatsRecord&);
+};
+const WatchRow kWatchRows[] = {
+    {"hit_chunks", [](const kdn::ipc::StatsRecord& s) { return s.lookup_hit_chunks + s.lease_hit_chunks; }},
+    {"miss_chunks", [](const kdn::ipc::StatsRecord& s) { return s.lookup_miss_chunks + s.lease_miss_chunks; }},
+    {"lookups", [](const kdn::ipc::StatsRecord& s) { return s.lookups; }},
+    {"leases", [](const kdn::ipc::StatsRecord& s) { return s.leases; }},
+    {"stored_chunks", [](const kdn::ipc::StatsRecord& s) { return s.stored_chunks; }},
+    {"bytes_in", [](const kdn::ipc::StatsRecord& s) { return s.stored_bytes; }},
+    {"bytes_out", [](const kdn::ipc::StatsRecord& s) { return s.retrieved_bytes; }},
+    {"evicted_chunks", [](const kdn::ipc::StatsRecord& s) { return s.evicted_chunks; }},
+};
+
+void print_watch(const std::string& ns, int refresh, double dt, const kdn::ipc::StatsRecord& now,
+                 const kdn::ipc::StatsRecord& before, bool clear) {
+  if (clear) std::printf("\033[H\033[2J");
+  std::printf("kdnd namespace %s, refresh %d, over the last %.2f s (Ctrl-C to stop)\n", ns.c_str(), refresh, dt);
+  std::printf("%-16s %16s %14s\n", "counter", "total", "per_s");
+  for (const WatchRow& row : kWatchRows) {
+    const uint64_t v = row.get(now), was = row.get(before);
+    std::printf("%-16s %16" PRIu64 " %14.1f\n", row.name, v, dt > 0 && v >= was ? double(v - was) / dt : 0.0);
+  }
+  const uint64_t hits = kWatchRows[0].get(now) - kWatchRows[0].get(before);
+  const uint64_t asked = hits + kWatchRows[1].get(now) - kWatchRows[1].get(before);
+  if (asked) std::printf("%-16s %15.1f%%\n", "hit_ratio", 100.0 * double(hits) / double(asked));
+  else std::printf("%-16s %16s\n", "hit_ratio", "-");
+  std::printf("%-16s %16" PRIu64 "\n%-16s %16" PRIu64 "\n%-16s %16" PRIu64 "\n", "active_leases", now.active_leases,
+              "sessions", now.sessions, "resident.host", now.resident_chunks[uint32_t(kdn::ipc::ChunkTier::kHost)]);
+  std::fflush(stdout);
+}
+
+// A live view like top: the counters every `interval` s with their rates, until SIGINT (or
+// `count` refreshes, if not 0). On a terminal each refresh replaces the last.
+int cmd_watch(Client& c, const std::string& ns, double interval, int count) {
+  std::signal(SIGINT, on_sigint);
+  const bool clear = ::isatty(STDOUT_FILENO) != 0;
+  kdn::ipc::StatsRecord before{}, now{};
+  if (int e = read_stats(c, &before)) return e;
+  uint64_t then = kdn::now_ns();
+  for (int refresh = 1; count == 0 || refresh <= count; ++refresh) {
+    if (!sleep_unless_interrupted(interval)) break;
+    if (int e = read_stats(c, &now)) return e;
+    const uint64_t t = kdn::now_ns();
+    print_watch(ns, refresh, double(t - then) / 1e9, now, before, clear);
+    if (!clear) std::printf("\n");
+    before = now;
+    then = t;
+  }
+  return 0;
+}
+
+int cmd_stats(Client& c, bool json, bool prom) {
+  if (prom) return cmd_metrics(c);
   kdn::ipc::StatsRecord s{};
-  std::memcpy(&s, c.payload_ptr(*o), got->words * sizeof(uint64_t));
+  if (int e = read_stats(c, &s)) return e;
   const bool admin = (c.welcome().flags & kdn::ipc::kHelloFlagAdmin) != 0;
   std::vector<Field> f = stats_fields(s, admin);
   const std::vector<Field> tiers = tier_fields(c);
@@ -254,6 +332,8 @@ int cmd_stats(Client& c, bool json, bool prom) {
     }
     const uint64_t looked = s.lookup_hit_chunks + s.lookup_miss_chunks;
     if (looked) std::printf("%-34s %.1f%%\n", "hit_ratio", 100.0 * s.lookup_hit_chunks / looked);
+    const uint64_t leased = s.lease_hit_chunks + s.lease_miss_chunks;
+    if (leased) std::printf("%-34s %.1f%%\n", "lease_hit_ratio", 100.0 * s.lease_hit_chunks / leased);
     uint64_t raw = 0, stored = 0;
     for (auto& x : tiers) {
       if (x.name == "tier.disk.raw_bytes_written") raw = x.v;
@@ -288,9 +368,25 @@ std::string tiers_label(uint8_t mask) {
   return out.empty() ? "-" : out;
 }
 
+// "12.3": seconds between two daemon clock readings; "-" when unknown.
+std::string seconds_label(uint64_t since, uint64_t now) {
+  if (since == 0 || now < since) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", double(now - since) / 1e9);
+  return b;
+}
+
+// "3f2a9c01/4": the chain's first key (its top 32 bits) and the chunk's position in it.
+std::string chain_label(const kdn::ipc::ListRecordExt& x) {
+  if (x.chain_pos == 0) return "-";
+  char b[48];
+  std::snprintf(b, sizeof b, "%08" PRIx64 "/%u", x.chain_head.hi >> 32, x.chain_pos - 1);
+  return b;
+}
+
 int cmd_ls(Client& c, uint64_t limit, const std::string& tier) {
   using Op = kdn::ipc::ListOp;
-  const uint32_t cap = 1024;
+  const uint32_t cap = 1024;  // chunks per page
   int only = -1;  // show chunks with a copy in this tier only
   for (uint8_t t = 0; t < 4 && !tier.empty(); ++t)
     if (tier == tier_label(t)) only = t;
@@ -298,29 +394,35 @@ int cmd_ls(Client& c, uint64_t limit, const std::string& tier) {
     std::fprintf(stderr, "kdnctl ls: unknown tier '%s' (gpu, host, disk, remote)\n", tier.c_str());
     return 2;
   }
-  auto o = c.alloc_payload(cap * sizeof(Op::OutRecord));
+  // A kdnd of minor 3 or later also says each chunk's age and place in its prefix chain.
+  const bool extended = c.welcome().proto_minor >= 3;
+  const uint32_t record = extended ? sizeof(kdn::ipc::ListRecordExt) : sizeof(Op::OutRecord);
+  auto o = c.alloc_payload(cap * record);
   if (!o.ok()) return fail("ls", o.status());
-  std::printf("%-34s %10s %-6s %-10s %-9s %6s %12s\n", "key", "model", "tier", "copies", "state", "leases", "bytes");
+  std::printf("%-34s %10s %-6s %-10s %-9s %6s %12s %9s %9s %s\n", "key", "model", "tier", "copies", "state", "leases",
+              "bytes", "age_s", "idle_s", "chain/pos");
   uint64_t cursor = 0, shown = 0;
   do {
     Request r;
     r.sqe.opcode = uint8_t(Op::kOpcode);
-    Op::put(Op::Args{cursor}, r.sqe);
+    Op::put(Op::Args{cursor, extended}, r.sqe);
     r.out = *o;
-    r.sqe.out_len = cap * sizeof(Op::OutRecord);
+    r.sqe.out_len = cap * record;
     auto cqe = c.call(r);
     if (!cqe.ok()) return fail("ls", cqe.status());
     if (cqe->status) return fail_code("ls", cqe->status);
-    auto got = Op::result(*cqe, cap);
+    auto got = Op::result(*cqe, cap * record / sizeof(Op::OutRecord));
     if (!got.ok()) return fail("ls", got.status());
-    std::vector<Op::OutRecord> e(got->written);
-    std::memcpy(e.data(), c.payload_ptr(*o), e.size() * sizeof(e[0]));
-    for (auto& x : e) {
+    std::vector<kdn::ipc::ListRecordExt> e(extended ? got->written / 2 : got->written);
+    for (size_t i = 0; i < e.size(); ++i) std::memcpy(&e[i], c.payload_ptr(*o) + i * record, record);
+    for (auto& ext : e) {
+      const kdn::ipc::ListRecord& x = ext.base;
       if (limit && shown >= limit) return 0;
       if (only >= 0 && !(x.tier_mask & (1u << only))) continue;
-      std::printf("%016" PRIx64 "%016" PRIx64 "   %10u %-6s %-10s %-9s %6u %12" PRIu64 "\n", x.key.hi, x.key.lo,
+      std::printf("%016" PRIx64 "%016" PRIx64 "   %10u %-6s %-10s %-9s %6u %12" PRIu64 " %9s %9s %s\n", x.key.hi, x.key.lo,
                   x.model_id, tier_label(x.tier), tiers_label(x.tier_mask).c_str(), state_label(x.state), x.leases,
-                  x.bytes);
+                  x.bytes, seconds_label(ext.created, ext.now).c_str(), seconds_label(x.last_access, ext.now).c_str(),
+                  chain_label(ext).c_str());
       ++shown;
     }
     cursor = got->next_cursor;
@@ -406,6 +508,15 @@ int main(int argc, char** argv) {
   auto* stats = app.add_subcommand("stats", "counters of the namespace (and of the daemon, for admins)");
   stats->add_flag("--json", json, "one JSON object");
   stats->add_flag("--prometheus", prom, "kdnd's Prometheus page, as its endpoint serves it (admin)");
+  double watch = 0;
+  int watch_count = 0;
+  auto* watch_opt = stats->add_option("--watch", watch, "a live view: the counters and their rates every SECONDS, until Ctrl-C")
+                        ->expected(0, 1)
+                        ->default_str("1")
+                        ->check(CLI::Range(0.05, 3600.0));
+  stats->add_option("--count", watch_count, "with --watch: stop after N refreshes (0: never)")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
   uint64_t limit = 0;
   std::string ls_tier, evict_tier;
   auto* ls = app.add_subcommand("ls", "list chunks (admin)");
@@ -433,6 +544,7 @@ int main(int argc, char** argv) {
     return fail("connect", c.status());
   }
   if (ping->parsed()) return cmd_ping(**c, count, wakes);
+  if (stats->parsed() && watch_opt->count() > 0) return cmd_watch(**c, ns, watch, watch_count);
   if (stats->parsed()) return cmd_stats(**c, json, prom);
   if (ls->parsed()) return cmd_ls(**c, limit, ls_tier);
   if (!all && keys.empty()) {

@@ -49,6 +49,7 @@ Entry* ChunkIndex::create(const kdn_key& key, const kdn_key& fingerprint, uint64
   e->generation = next_generation_++;
   e->owner_session = owner;
   e->last_access_ns = now_ns;
+  e->created_ns = now_ns;
   e->state = EntryState::kReserved;
   Entry* raw = e.get();
   map_.emplace(key, std::move(e));

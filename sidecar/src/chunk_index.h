@@ -55,6 +55,9 @@ struct Entry {
   uint64_t generation = 0;
   uint64_t owner_session = 0;  // the writer while kReserved or kWriting
   uint64_t last_access_ns = 0;
+  uint64_t created_ns = 0;     // reserved (or adopted at start); kdnctl ls shows the age
+  kdn_key chain_head{};        // the first key of the prefix chain it was stored in (LIST)
+  uint32_t chain_pos = 0;      // its position there plus one; 0: not known (segments, old clients)
   uint32_t leases = 0;         // sessions leasing it; > 0 pins the host copy
   uint32_t io = 0;             // transfers in flight touching its placements
   EntryState state = EntryState::kReserved;

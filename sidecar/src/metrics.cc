@@ -9,6 +9,43 @@
 
 namespace kdn::sidecar {
 
+namespace {
+
+// Hits by operation and tier, misses by operation, bytes by tier and direction: every read
+// path counts (a lease-only engine shows its hit ratio too).
+template <class Metric>
+void read_path_families(std::ostream& o, const std::vector<NamespaceMetrics>& ns, Metric metric) {
+  auto tiers_of = [](const NamespaceMetrics& n, auto visit) {
+    for (uint32_t t = 0; t < kTierCount; ++t)
+      if (n.ns->store->policy().tier(TierId(t)) != nullptr) visit(t, tier_name(TierId(t)));
+  };
+  metric("kdn_hit_chunks_total", "counter",
+         "Chunks found, by operation and by the tier they were found in (lookups: the fastest copy; "
+         "leases: host, or the tier a promotion brought them from).");
+  for (const NamespaceMetrics& n : ns)
+    for (size_t op = 0; op < kReadOps; ++op)
+      tiers_of(n, [&](uint32_t t, const char* tier) {
+        o << "kdn_hit_chunks_total{namespace=\"" << n.name << "\",op=\"" << read_op_name(ReadOp(op))
+          << "\",tier=\"" << tier << "\"} " << n.ns->store->counters().hit_chunks[op][t] << '\n';
+      });
+  metric("kdn_miss_chunks_total", "counter", "Chunks asked for and not found in any tier, by operation.");
+  for (const NamespaceMetrics& n : ns)
+    for (size_t op = 0; op < kReadOps; ++op)
+      o << "kdn_miss_chunks_total{namespace=\"" << n.name << "\",op=\"" << read_op_name(ReadOp(op)) << "\"} "
+        << n.ns->store->counters().miss_chunks[op] << '\n';
+  metric("kdn_tier_bytes_total", "counter",
+         "Canonical bytes into a tier (commits, promotions, demotions, write-downs) and out of it "
+         "(leased to engines from the host tier, copied to another tier).");
+  for (const NamespaceMetrics& n : ns)
+    tiers_of(n, [&](uint32_t t, const char* tier) {
+      for (const Flow f : {Flow::kIn, Flow::kOut})
+        o << "kdn_tier_bytes_total{namespace=\"" << n.name << "\",tier=\"" << tier << "\",direction=\""
+          << (f == Flow::kIn ? "in" : "out") << "\"} " << n.ns->store->counters().tier_bytes[t][size_t(f)] << '\n';
+    });
+}
+
+}  // namespace
+
 std::string prometheus_text(const DaemonCounters& d, const std::vector<NamespaceMetrics>& ns) {
   std::ostringstream o;
   auto metric = [&](const char* name, const char* type, const char* help) {
@@ -35,9 +72,12 @@ std::string prometheus_text(const DaemonCounters& d, const std::vector<Namespace
   struct Col { const char* name; const char* type; const char* help; Get get; };
   static const Col cols[] = {
       {"kdn_namespace_sessions", "gauge", "Open sessions of the namespace.", [](const Namespace& n) -> uint64_t { return n.sessions; }},
-      {"kdn_lookups_total", "counter", "Lookups.", [](const Namespace& n) { return n.store->counters().lookups; }},
-      {"kdn_lookup_hit_chunks_total", "counter", "Chunks found by lookups.", [](const Namespace& n) { return n.store->counters().lookup_hit_chunks; }},
-      {"kdn_lookup_miss_chunks_total", "counter", "Chunks missed by lookups.", [](const Namespace& n) { return n.store->counters().lookup_miss_chunks; }},
+      {"kdn_lookups_total", "counter", "LOOKUP and LOOKUP_EACH requests.", [](const Namespace& n) { return n.store->counters().lookups; }},
+      {"kdn_lookup_hit_chunks_total", "counter", "Chunks found by LOOKUP and LOOKUP_EACH.", [](const Namespace& n) { return n.store->counters().lookup_hit_chunks; }},
+      {"kdn_lookup_miss_chunks_total", "counter", "Chunks missed by LOOKUP and LOOKUP_EACH.", [](const Namespace& n) { return n.store->counters().lookup_miss_chunks; }},
+      {"kdn_leases_total", "counter", "LEASE and LEASE_EACH requests.", [](const Namespace& n) { return n.store->counters().leases; }},
+      {"kdn_lease_hit_chunks_total", "counter", "Chunks leased by LEASE and LEASE_EACH.", [](const Namespace& n) { return n.store->counters().lease_hit_chunks; }},
+      {"kdn_lease_miss_chunks_total", "counter", "Chunks missed by LEASE and LEASE_EACH.", [](const Namespace& n) { return n.store->counters().lease_miss_chunks; }},
       {"kdn_stored_chunks_total", "counter", "Chunks committed.", [](const Namespace& n) { return n.store->counters().stored_chunks; }},
       {"kdn_stored_bytes_total", "counter", "Bytes committed.", [](const Namespace& n) { return n.store->counters().stored_bytes; }},
       {"kdn_retrieved_chunks_total", "counter", "Chunks leased to readers.", [](const Namespace& n) { return n.store->counters().retrieved_chunks; }},
@@ -81,6 +121,7 @@ std::string prometheus_text(const DaemonCounters& d, const std::vector<Namespace
     for (const NamespaceMetrics& n : ns)
       if (n.ns->disk) o << c.name << "{namespace=\"" << n.name << "\"} " << c.get(*n.ns) << '\n';
   }
+  read_path_families(o, ns, metric);
   struct TierCol { const char* name; const char* help; bool capacity; bool bytes; };
   static const TierCol tier_cols[] = {
       {"kdn_resident_chunks", "Chunks with a copy in the tier.", false, false},

@@ -286,7 +286,7 @@ Step RequestHandler::lookup(Op& op, uint64_t deadline_ns) {
     stopped = hits < m;
     if (!stopped && op.cursor < n && past(deadline_ns)) return Step::kMore;
   }
-  store.note_lookup(op.done, n - op.done);
+  store.note_read(ReadOp::kLookup, op.cqe.res + 1, n - op.done);
   ipc::LookupOp::Result r;
   r.hit_chunks = uint32_t(op.done);
   for (uint32_t t = 0; t < kTierCount; ++t) r.tier_chunks[t] = uint32_t(op.cqe.res[1 + t]);
@@ -319,7 +319,7 @@ Step RequestHandler::lookup_each(Op& op, uint64_t deadline_ns) {
     op.cursor += m;
     if (op.cursor < n && past(deadline_ns)) return Step::kMore;
   }
-  store.note_lookup(op.done, n - op.done);
+  store.note_read(ReadOp::kLookupEach, op.cqe.res + 1, n - op.done);
   ipc::LookupEachOp::Result r;
   r.hit_chunks = uint32_t(op.done);
   for (uint32_t t = 0; t < kTierCount; ++t) r.tier_chunks[t] = uint32_t(op.cqe.res[1 + t]);
@@ -365,6 +365,10 @@ Step RequestHandler::reserve(Op& op, uint64_t deadline_ns) {
       rec = ipc::ReserveRecord{};
       rec.state = uint32_t(r->outcome);
       if (r->outcome != TieredStore::ReserveOutcome::kReserved) continue;
+      if (const ipc::ReserveOp::Args a = ipc::ReserveOp::args(op.sqe); a.chain_pos != 0) {
+        r->entry->chain_head = a.chain_head;
+        r->entry->chain_pos = a.chain_pos + op.cursor + filled;
+      }
       std::optional<uint64_t> off;
       const uint64_t id = s.next_handle++;
       try {
@@ -599,7 +603,9 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
       }
       op.taken.push_back(id);
       const bool promoted = op.waited_at == first + filled;  // it was brought up for this request
-      out[filled] = ipc::LeaseRecord{arena_ref(s, e), id, promoted ? kDisk : uint32_t(TierId::kHost), 0};
+      const uint32_t from = promoted ? kDisk : uint32_t(TierId::kHost);
+      ++op.served_from[from];
+      out[filled] = ipc::LeaseRecord{arena_ref(s, e), id, from, 0};
     }
     Status wrote = s.shm.payload().copy_out_slice(op.sqe, first, std::span<const ipc::LeaseRecord>(out, filled));
     if (!wrote.ok()) {
@@ -621,6 +627,8 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
     rollback(op);
     return finish(op, z);
   }
+  // A prefix LEASE counts the keys past the one it stopped at as misses, as LOOKUP does.
+  store.note_read(each ? ReadOp::kLeaseEach : ReadOp::kLease, op.served_from, wanted - op.taken.size());
   if (each) ipc::LeaseEachOp::put({uint32_t(op.taken.size())}, op.cqe);
   else ipc::LeaseOp::put({uint32_t(op.taken.size())}, op.cqe);
   return finish(op, OkStatus());
@@ -642,6 +650,9 @@ ipc::StatsRecord RequestHandler::stats(const Namespace& ns, bool admin) const no
   r.lookups = k.lookups;
   r.lookup_hit_chunks = k.lookup_hit_chunks;
   r.lookup_miss_chunks = k.lookup_miss_chunks;
+  r.leases = k.leases;
+  r.lease_hit_chunks = k.lease_hit_chunks;
+  r.lease_miss_chunks = k.lease_miss_chunks;
   r.stored_chunks = k.stored_chunks;
   r.stored_bytes = k.stored_bytes;
   r.retrieved_chunks = k.retrieved_chunks;
@@ -687,9 +698,11 @@ Step RequestHandler::stats(Op& op) {
 
 Step RequestHandler::list(Op& op) {
   Session& s = *op.session;
-  const uint64_t cursor = ipc::ListOp::args(op.sqe).cursor;
-  const uint32_t cap = std::min<uint32_t>(op.shape.out_capacity, 4096);
-  std::vector<ipc::ListRecord> page;
+  const ipc::ListOp::Args args = ipc::ListOp::args(op.sqe);
+  const uint64_t cursor = args.cursor, now = now_ns();
+  const uint32_t cap = std::min<uint32_t>(op.shape.out_capacity / (args.extended ? 2 : 1), 4096);
+  if (cap == 0) return finish(op, Status(Code::kInvalidArgument, "LIST extended needs room for two records"));
+  std::vector<ipc::ListRecordExt> page;
   page.reserve(cap);
   uint64_t index = 0;
   bool more = false;
@@ -699,7 +712,12 @@ Step RequestHandler::list(Op& op) {
       more = true;
       return false;
     }
-    ipc::ListRecord o{};
+    ipc::ListRecordExt x{};
+    x.created = e.created_ns;
+    x.chain_head = e.chain_head;
+    x.chain_pos = e.chain_pos;
+    x.now = now;
+    ipc::ListRecord& o = x.base;
     o.key = e.key;
     o.fingerprint = e.fingerprint;
     o.model_id = models_.id_of(e.fingerprint);
@@ -713,12 +731,20 @@ Step RequestHandler::list(Op& op) {
     o.leases = e.leases;
     o.bytes = e.bytes;
     o.last_access = e.last_access_ns;
-    page.push_back(o);
+    page.push_back(x);
     return true;
   });
-  Status out = s.shm.payload().copy_out_records(op.sqe, std::span<const ipc::ListRecord>(page));
+  Status out;
+  if (args.extended) {
+    out = s.shm.payload().copy_out_records(op.sqe, std::span<const ipc::ListRecordExt>(page));
+  } else {
+    std::vector<ipc::ListRecord> base(page.size());
+    for (size_t i = 0; i < page.size(); ++i) base[i] = page[i].base;
+    out = s.shm.payload().copy_out_records(op.sqe, std::span<const ipc::ListRecord>(base));
+  }
   if (!out.ok()) return finish(op, out);
-  ipc::ListOp::put({uint32_t(page.size()), more ? cursor + page.size() : 0}, op.cqe);
+  const uint32_t written = uint32_t(page.size()) * (args.extended ? 2 : 1);
+  ipc::ListOp::put({written, more ? cursor + page.size() : 0}, op.cqe);
   return finish(op, OkStatus());
 }
 
@@ -798,7 +824,8 @@ std::array<ipc::TierStatsRecord, kTierCount> RequestHandler::tier_stats(const Na
     r.used_bytes = tier->used_bytes();
     r.resident_chunks = k.resident_chunks[t];
     r.resident_bytes = k.resident_bytes[t];
-    r.lookup_hit_chunks = k.lookup_tier_chunks[t];
+    r.lookup_hit_chunks = k.hit_chunks[size_t(ReadOp::kLookup)][t] + k.hit_chunks[size_t(ReadOp::kLookupEach)][t];
+    r.lease_hit_chunks = k.hit_chunks[size_t(ReadOp::kLease)][t] + k.hit_chunks[size_t(ReadOp::kLeaseEach)][t];
     r.in_flight = tier->in_flight();
   }
   if (const DiskTier* d = ns.disk.get()) {

@@ -93,6 +93,7 @@ struct Op {
   uint32_t stop_at = UINT32_MAX;  // a record that must be treated as a miss (failed promotion)
   uint32_t waited_at = UINT32_MAX; // the record a promotion was last awaited for
   uint32_t read_ahead = 0;     // promotions this request started ahead of its records
+  uint64_t served_from[kTierCount] = {};  // LEASE: records served, by the tier they came from
   const ModelInfo* model = nullptr;
   Status first_error;          // kept to answer with once the op ends
   bool unknown_handle = false; // an id in COMMIT/ABORT/RELEASE was not this session's

@@ -498,6 +498,75 @@ TEST_F(HandlerTest, LeaseWaitsForAPromotionFromALowerTier) {
   EXPECT_GT(ns_.store->counters().promoted_chunks, 0u);
 }
 
+// An engine that only leases (no LOOKUP first) still shows hits and misses, and they add up:
+// hits by tier sum to the hits, hits + misses to the chunks asked for, per operation.
+TEST_F(HandlerTest, LeaseOnlyTrafficCountsHitsAndMissesThatAddUp) {
+  build(4 * kMiB, true);
+  auto s = open_session(64 * kMiB);
+  const kdn_model_desc big = small_model(256, 128);
+  const uint32_t m = register_model(*s, big);
+  const uint64_t chunk = ModelInfo::from_desc(big)->chunk_bytes;
+  store(*s, m, 0, 8, chunk);    // fills the 4 MiB host arena
+  store(*s, m, 100, 8, chunk);  // pushes keys 0.. down to the disk tier
+  auto reader = open_session(0);
+  const uint32_t m2 = register_model(*reader, big);
+  // LEASE of 6 keys: 4 cached (promoted from disk), then two that are not (the prefix ends).
+  Op lease = keyed(*reader, Opcode::kLease, m2, 0, 6, sizeof(ipc::LeaseRecord));
+  const kdn_key gone[2] = {K(300), K(301)};
+  std::memcpy(payload(*reader) + 4 * sizeof(kdn_key), gone, sizeof gone);
+  run(lease);
+  ASSERT_EQ(lease.cqe.status, KDN_OK);
+  ASSERT_EQ(lease.cqe.res[0], 4u);
+  // LEASE_EACH of 4 keys: 100 and 101 are cached, 200 and 201 are not.
+  Op each = keyed(*reader, Opcode::kLeaseEach, m2, 100, 4, sizeof(ipc::LeaseRecord));
+  const kdn_key absent[2] = {K(200), K(201)};
+  std::memcpy(payload(*reader) + 2 * sizeof(kdn_key), absent, sizeof absent);
+  run(each);
+  ASSERT_EQ(each.cqe.status, KDN_OK);
+  const StoreCounters& k = ns_.store->counters();
+  EXPECT_EQ(k.lookups, 0u) << "nothing looked up";
+  EXPECT_EQ(k.leases, 2u);
+  EXPECT_EQ(k.lease_hit_chunks, 6u);
+  EXPECT_EQ(k.lease_miss_chunks, 4u);
+  EXPECT_EQ(k.lease_hit_chunks + k.lease_miss_chunks, 6u + 4u) << "every chunk asked for is a hit or a miss";
+  const auto sum = [&](ReadOp op) {
+    uint64_t n = 0;
+    for (uint32_t t = 0; t < kTierCount; ++t) n += k.hit_chunks[size_t(op)][t];
+    return n;
+  };
+  EXPECT_EQ(sum(ReadOp::kLease), 4u);
+  EXPECT_EQ(sum(ReadOp::kLeaseEach), 2u);
+  EXPECT_EQ(k.miss_chunks[size_t(ReadOp::kLease)], 2u);
+  EXPECT_EQ(k.miss_chunks[size_t(ReadOp::kLeaseEach)], 2u);
+  EXPECT_GT(k.hit_chunks[size_t(ReadOp::kLease)][tier_index(TierId::kDisk)], 0u) << "promoted chunks count for the disk tier";
+  // (Chunks a read-ahead brought up before the request reached them count for the host tier,
+  // as their lease records say.)
+  EXPECT_LE(k.hit_chunks[size_t(ReadOp::kLease)][tier_index(TierId::kDisk)] +
+                k.hit_chunks[size_t(ReadOp::kLeaseEach)][tier_index(TierId::kDisk)],
+            k.promoted_chunks);
+  // STATS and TIER_STATS say the same.
+  const ipc::StatsRecord st = handler_->stats(ns_, false);
+  EXPECT_EQ(st.leases, 2u);
+  EXPECT_EQ(st.lease_hit_chunks, 6u);
+  EXPECT_EQ(st.lease_miss_chunks, 4u);
+  const auto tiers = handler_->tier_stats(ns_);
+  uint64_t by_tier = 0;
+  for (const auto& t : tiers) by_tier += t.lease_hit_chunks;
+  EXPECT_EQ(by_tier, st.lease_hit_chunks);
+  // Bytes by tier and direction: what came into the host tier went in from commits and
+  // promotions; the disk tier gave out what it promoted.
+  EXPECT_EQ(k.tier_bytes[tier_index(TierId::kHost)][size_t(Flow::kIn)], k.stored_bytes + k.promoted_bytes);
+  EXPECT_EQ(k.tier_bytes[tier_index(TierId::kDisk)][size_t(Flow::kOut)], k.promoted_bytes);
+  EXPECT_EQ(k.tier_bytes[tier_index(TierId::kDisk)][size_t(Flow::kIn)], k.demoted_bytes);
+  EXPECT_GE(k.tier_bytes[tier_index(TierId::kHost)][size_t(Flow::kOut)], k.retrieved_bytes + k.demoted_bytes);
+  // A LOOKUP then counts as a lookup alone.
+  Op look = keyed(*reader, Opcode::kLookup, m2, 0, 10);
+  run(look);
+  EXPECT_EQ(k.lookups, 1u);
+  EXPECT_EQ(k.lookup_hit_chunks + k.lookup_miss_chunks, 10u);
+  EXPECT_EQ(k.leases, 2u);
+}
+
 // Segment lookups and leases: every key on its own, a miss in the middle stops nothing.
 TEST_F(HandlerTest, LookupEachAndLeaseEachServeEveryKeyOnItsOwn) {
   build();

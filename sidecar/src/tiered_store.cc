@@ -31,7 +31,6 @@ uint32_t TieredStore::lookup(std::span<const kdn_key> keys, uint64_t bytes,
     const Entry* e = index_.find(k);
     if (e == nullptr || !e->committed() || e->bytes != bytes || e->resident == 0) break;
     ++tier_chunks[e->fastest_tier()];
-    ++counters_.lookup_tier_chunks[e->fastest_tier()];
     ++hits;
   }
   return hits;
@@ -53,10 +52,33 @@ uint32_t TieredStore::probe(const kdn_key& key, uint64_t bytes) const noexcept {
   return e->fastest_tier();
 }
 
-void TieredStore::note_lookup(uint64_t hits, uint64_t misses) noexcept {
-  ++counters_.lookups;
-  counters_.lookup_hit_chunks += hits;
-  counters_.lookup_miss_chunks += misses;
+const char* read_op_name(ReadOp op) noexcept {
+  switch (op) {
+    case ReadOp::kLookup: return "lookup";
+    case ReadOp::kLookupEach: return "lookup_each";
+    case ReadOp::kLease: return "lease";
+    case ReadOp::kLeaseEach: return "lease_each";
+    case ReadOp::kCount: break;
+  }
+  return "?";
+}
+
+void TieredStore::note_read(ReadOp op, const uint64_t hits[kTierCount], uint64_t misses) noexcept {
+  uint64_t found = 0;
+  for (uint32_t t = 0; t < kTierCount; ++t) {
+    counters_.hit_chunks[size_t(op)][t] += hits[t];
+    found += hits[t];
+  }
+  counters_.miss_chunks[size_t(op)] += misses;
+  const bool lease = op == ReadOp::kLease || op == ReadOp::kLeaseEach;
+  ++(lease ? counters_.leases : counters_.lookups);
+  (lease ? counters_.lease_hit_chunks : counters_.lookup_hit_chunks) += found;
+  (lease ? counters_.lease_miss_chunks : counters_.lookup_miss_chunks) += misses;
+}
+
+void TieredStore::note_flow(TierId from, TierId to, uint64_t bytes, bool from_staging) noexcept {
+  if (!from_staging) counters_.tier_bytes[tier_index(from)][size_t(Flow::kOut)] += bytes;
+  counters_.tier_bytes[tier_index(to)][size_t(Flow::kIn)] += bytes;
 }
 
 // ---- room ------------------------------------------------------------------------------------
@@ -274,6 +296,7 @@ TieredStore::Acquired TieredStore::acquire(const kdn_key& key, uint64_t bytes, u
     e->last_access_ns = now_ns;
     ++counters_.retrieved_chunks;
     counters_.retrieved_bytes += e->bytes;
+    counters_.tier_bytes[tier_index(kHost)][size_t(Flow::kOut)] += e->bytes;
     *out = e;
     return Acquired::kLeased;
   }
@@ -478,6 +501,7 @@ void TieredStore::apply(const Record& r, const Status& status, std::vector<Store
         track_resident(kHost, e, +1);  // queued for eviction at settle()
         ++counters_.stored_chunks;
         counters_.stored_bytes += e->bytes;
+        note_flow(r.from, r.to, e->bytes, /*from_staging=*/true);
         // write_through: the COMMIT completes once the copy below landed too (its waiters move
         // to that transfer); if it cannot start, the chunk is committed in the host tier alone.
         if (options_.write_through && !r.waiters.empty()) {
@@ -502,6 +526,7 @@ void TieredStore::apply(const Record& r, const Status& status, std::vector<Store
         track_resident(kHost, e, +1);
         ++counters_.promoted_chunks;
         counters_.promoted_bytes += e->bytes;
+        note_flow(r.from, r.to, e->bytes);
       } else {
         host()->free(index_.end_move(e, kHost, false));
         if (status.code() == Code::kCorrupt) {
@@ -524,6 +549,7 @@ void TieredStore::apply(const Record& r, const Status& status, std::vector<Store
         track_resident(r.to, e, +1);
         ++counters_.demoted_chunks;
         counters_.demoted_bytes += e->bytes;
+        note_flow(r.from, r.to, e->bytes);
         if (leave && e->evictable_from(r.from)) drop_copy(e, r.from);
       } else {
         ++counters_.transfer_errors;
@@ -548,6 +574,7 @@ void TieredStore::apply(const Record& r, const Status& status, std::vector<Store
         policy_.eviction(r.to).on_insert(e);
         track_resident(r.to, e, +1);
         ++counters_.written_through_chunks;
+        note_flow(r.from, r.to, e->bytes);
       } else {
         ++counters_.transfer_errors;  // the chunk is committed in the host tier alone
         policy_.tier(r.to)->free(index_.end_move(e, r.to, false));

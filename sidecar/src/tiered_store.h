@@ -53,8 +53,28 @@ struct StoreOptions {
   bool drop_on_failed_demotion = true;
 };
 
+// The read paths that count hits and misses (kdn_hit_chunks_total{op}).
+enum class ReadOp : uint8_t { kLookup, kLookupEach, kLease, kLeaseEach, kCount };
+constexpr size_t kReadOps = size_t(ReadOp::kCount);
+const char* read_op_name(ReadOp op) noexcept;  // "lookup", "lookup_each", "lease", "lease_each"
+
+// Directions of tier_bytes: into a tier, and out of it.
+enum class Flow : uint8_t { kIn = 0, kOut = 1 };
+
 struct StoreCounters {
+  // LOOKUP and LOOKUP_EACH requests, and the chunks they found or missed.
   uint64_t lookups = 0, lookup_hit_chunks = 0, lookup_miss_chunks = 0;
+  // LEASE and LEASE_EACH requests that completed, the chunks they leased (a session's repeat
+  // lease of a chunk it holds included) and those they did not find.
+  uint64_t leases = 0, lease_hit_chunks = 0, lease_miss_chunks = 0;
+  // Every read path: hits by the tier the chunk was found in (LOOKUP*: its fastest copy;
+  // LEASE*: the host tier, or the tier its promotion came from) and misses, by operation.
+  uint64_t hit_chunks[kReadOps][kTierCount] = {};
+  uint64_t miss_chunks[kReadOps] = {};
+  // Canonical bytes of copies that landed in a tier (commits and promotions into the host tier,
+  // demotions and write-downs below it) and that left it (host: leased to engines, or copied
+  // down; below: promoted up), by [tier][Flow].
+  uint64_t tier_bytes[kTierCount][2] = {};
   uint64_t stored_chunks = 0, stored_bytes = 0;
   uint64_t retrieved_chunks = 0, retrieved_bytes = 0;
   uint64_t evicted_chunks = 0;    // copies that left a tier to make room
@@ -65,7 +85,6 @@ struct StoreCounters {
   uint64_t failed_demotions = 0;         // of which the host copy was dropped (drop_on_failed_demotion)
   uint64_t prefetched_chunks = 0;        // promotions started with nobody waiting (prefetch, read-ahead)
   uint64_t recovered_chunks = 0;         // adopted from a persistent tier at start
-  uint64_t lookup_tier_chunks[kTierCount] = {};  // lookup hits by the tier of their fastest copy
   uint64_t corrupt_chunks = 0;    // copies that failed their check: dropped, never served
   uint64_t transfer_errors = 0;   // transfers a tier failed (the data stayed where it was)
   uint64_t aborted_chunks = 0;
@@ -80,9 +99,11 @@ class TieredStore {
   TieredStore& operator=(const TieredStore&) = delete;
 
   // ---- LOOKUP: leading keys committed with `bytes` bytes; tier_chunks[t] counts those whose
-  // fastest copy is in tier t. (A request looked up in slices counts once: note_lookup.)
+  // fastest copy is in tier t. (Counting is note_read's, once per request.)
   uint32_t lookup(std::span<const kdn_key> keys, uint64_t bytes, uint32_t tier_chunks[kTierCount]) noexcept;
-  void note_lookup(uint64_t hits, uint64_t misses) noexcept;
+  // Counts one finished read request: its hits by tier and its misses (a request served in
+  // slices counts once, at its end).
+  void note_read(ReadOp op, const uint64_t hits[kTierCount], uint64_t misses) noexcept;
   // The same prefix count, counting nothing (PREFETCH).
   uint32_t cached_prefix(std::span<const kdn_key> keys, uint64_t bytes) const noexcept;
   // LOOKUP_EACH: the fastest tier holding a committed copy of `key` with `bytes` bytes, or
@@ -196,6 +217,8 @@ class TieredStore {
   TransferId start(const Record& r, Transfer t) noexcept;
   void apply(const Record& r, const Status& status, std::vector<StoreEvent>& events, bool* room);
   void track_resident(TierId t, const Entry* e, int sign) noexcept;
+  // A copy of `bytes` landed in `to` from `from` (from_staging: a commit, from no tier).
+  void note_flow(TierId from, TierId to, uint64_t bytes, bool from_staging = false) noexcept;
 
   TierPolicy policy_;
   StoreOptions options_;

@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -397,6 +398,165 @@ TEST_F(Operations, TheMetricsEndpointRefusesOtherAddressesAndNamesABusyPort) {
   EXPECT_NE(read_file(log_).find("cannot listen on " + busy + ": Address already in use"), std::string::npos)
       << read_file(log_);
   ::close(s);
+}
+
+// ---- the operator's view: kdnctl ------------------------------------------------------------
+
+std::string kdnctl_path() {
+  std::string path = KDN_KDND_PATH;
+  path.replace(path.rfind("kdnd"), 4, "kdnctl");
+  return path;
+}
+
+// Runs kdnctl with `args` against `d`; its exit code, its stdout in *out.
+int kdnctl(const KdndProcess& d, const std::string& args, std::string* out, const std::string& dir) {
+  const std::string file = dir + "/kdnctl.out";
+  const int rc = std::system((kdnctl_path() + " --socket " + d.socket() + " " + args + " > " + file + " 2>&1").c_str());
+  *out = read_file(file);
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+// "name": N in kdnctl stats --json's one object (-1 if absent).
+int64_t json_field(const std::string& json, const std::string& name) {
+  const size_t at = json.find("\"" + name + "\": ");
+  if (at == std::string::npos) return -1;
+  return std::strtoll(json.c_str() + at + name.size() + 4, nullptr, 10);
+}
+
+// An engine that only leases (kdn-llama's way) used to show lookups 0 and no hits at all.
+TEST_F(Operations, LeaseOnlyTrafficShowsHitsAndMissesThatAddUp) {
+  KdndProcess d;
+  {
+    const kdn_model_desc desc = tiny_model();
+    Conn k(d, desc);
+    ASSERT_TRUE(k.ok());
+    ASSERT_EQ(store_doc(k, 1, 4), 4);
+    ASSERT_EQ(verify_doc(k, 1, 4), 4);  // 4 hits
+    ASSERT_EQ(verify_doc(k, 2, 3), 0);  // a document never stored: 3 misses
+  }
+  std::string out;
+  ASSERT_EQ(kdnctl(d, "stats --json", &out, dir_), 0) << out;
+  EXPECT_EQ(json_field(out, "lookups"), 0) << out;
+  EXPECT_EQ(json_field(out, "leases"), 2) << out;
+  EXPECT_EQ(json_field(out, "lease_hit_chunks"), 4) << out;
+  EXPECT_EQ(json_field(out, "lease_miss_chunks"), 3) << out;
+  EXPECT_EQ(json_field(out, "retrieved_chunks"), 4) << out;
+  EXPECT_EQ(json_field(out, "tier.host.lease_hit_chunks"), 4) << out;
+  ASSERT_EQ(kdnctl(d, "stats", &out, dir_), 0) << out;
+  EXPECT_NE(out.find("lease_hit_ratio"), std::string::npos) << out;
+  EXPECT_NE(out.find("57.1%"), std::string::npos) << "4 of 7: " << out;
+
+  // The Prometheus page: by operation and tier, and bytes by tier and direction.
+  ASSERT_EQ(kdnctl(d, "stats --prometheus", &out, dir_), 0) << out;
+  std::map<std::string, std::string> families;
+  EXPECT_EQ(check_exposition(out, &families), "") << out;
+  EXPECT_NE(out.find("kdn_hit_chunks_total{namespace=\"default\",op=\"lease\",tier=\"host\"} 4\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("kdn_miss_chunks_total{namespace=\"default\",op=\"lease\"} 3\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("kdn_hit_chunks_total{namespace=\"default\",op=\"lookup\",tier=\"host\"} 0\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("kdn_lease_hit_chunks_total{namespace=\"default\"} 4\n"), std::string::npos) << out;
+  const uint64_t chunk = 2ull * 2 * 2 * 16 * 64 * 2;  // tiny_model(): layers x K|V x heads x tokens x dim x f16
+  EXPECT_NE(out.find("kdn_tier_bytes_total{namespace=\"default\",tier=\"host\",direction=\"in\"} " + std::to_string(4 * chunk) + "\n"),
+            std::string::npos) << out;
+  EXPECT_NE(out.find("kdn_tier_bytes_total{namespace=\"default\",tier=\"host\",direction=\"out\"} " + std::to_string(4 * chunk) + "\n"),
+            std::string::npos) << out;
+  EXPECT_EQ(families["kdn_hit_chunks_total"], "counter");
+  EXPECT_EQ(families["kdn_tier_bytes_total"], "counter");
+}
+
+// kdnctl stats --watch: a table per interval with rates, for --count refreshes or until SIGINT.
+TEST_F(Operations, StatsWatchPrintsRatesEveryInterval) {
+  KdndProcess d;
+  const kdn_model_desc desc = tiny_model();
+  Conn k(d, desc);
+  ASSERT_TRUE(k.ok());
+  ASSERT_EQ(store_doc(k, 1, 4), 4);
+  std::string out;
+  int rc = -1;
+  std::thread watcher([&] { rc = kdnctl(d, "stats --watch 0.3 --count 4", &out, dir_); });
+  const uint64_t until = now_ns() + 1'000'000'000;
+  int leased = 0;
+  while (now_ns() < until) {
+    ASSERT_EQ(verify_doc(k, 1, 4), 4);
+    ++leased;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  watcher.join();
+  ASSERT_EQ(rc, 0) << out;
+  for (int i = 1; i <= 4; ++i)
+    EXPECT_NE(out.find("refresh " + std::to_string(i) + ","), std::string::npos) << out;
+  EXPECT_EQ(out.find("refresh 5,"), std::string::npos) << out;
+  // Some interval saw leases: a positive hits/s and bytes-out/s figure.
+  static const std::regex kRate(R"(\nhit_chunks +(\d+) +([0-9.]+)\n)");
+  double best = 0;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), kRate); it != std::sregex_iterator(); ++it)
+    best = std::max(best, std::stod((*it)[2]));
+  EXPECT_GT(best, 0.0) << out;
+  for (const char* row : {"miss_chunks", "bytes_in", "bytes_out", "evicted_chunks", "hit_ratio"})
+    EXPECT_NE(out.find(std::string("\n") + row + " "), std::string::npos) << row << "\n" << out;
+  EXPECT_GT(leased, 0);
+
+  // Without --count it runs until SIGINT, and then exits 0.
+  const std::string log = dir_ + "/watch.log";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    ::dup2(fd, 1);
+    const std::string path = kdnctl_path(), sock = d.socket();
+    ::execl(path.c_str(), path.c_str(), "--socket", sock.c_str(), "stats", "--watch", "0.1", nullptr);
+    _exit(127);
+  }
+  ASSERT_TRUE(wait_for([&] { return read_file(log).find("refresh 2,") != std::string::npos; }, 5000)) << read_file(log);
+  ::kill(pid, SIGINT);
+  EXPECT_EQ(exit_code_within(pid, 5000), 0);
+}
+
+// kdnctl ls: each chunk's age, its last use, and its place in the prefix chain it was stored in.
+TEST_F(Operations, LsShowsAgeLastUseAndPrefixChain) {
+  KdndProcess d;
+  const kdn_model_desc desc = tiny_model();
+  Conn k(d, desc);
+  ASSERT_TRUE(k.ok());
+  ASSERT_EQ(store_doc(k, 1, 3), 3);
+  ASSERT_EQ(store_doc(k, 2, 2), 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_EQ(verify_doc(k, 1, 1), 1);  // uses chunk 0 of document 1 again
+  std::string out;
+  ASSERT_EQ(kdnctl(d, "ls", &out, dir_), 0) << out;
+  EXPECT_NE(out.find("age_s"), std::string::npos) << out;
+  EXPECT_NE(out.find("idle_s"), std::string::npos) << out;
+  EXPECT_NE(out.find("5 chunks"), std::string::npos) << out;
+  static const std::regex kRow(R"(\n[0-9a-f]{32} .* ([0-9.]+) +([0-9.]+) ([0-9a-f]{8})/(\d+))");
+  std::map<std::string, std::set<int>> chains;  // chain head -> positions
+  int rows = 0, used_recently = 0;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), kRow); it != std::sregex_iterator(); ++it) {
+    ++rows;
+    const double age = std::stod((*it)[1]), idle = std::stod((*it)[2]);
+    EXPECT_GE(age, 0.3) << out;
+    EXPECT_LE(idle, age) << out;
+    used_recently += idle < 0.3;
+    chains[(*it)[3]].insert(std::stoi((*it)[4]));
+  }
+  EXPECT_EQ(rows, 5) << out;
+  EXPECT_EQ(used_recently, 1) << "only the chunk leased again: " << out;
+  ASSERT_EQ(chains.size(), 2u) << out;
+  std::set<std::set<int>> positions;
+  for (auto& [head, pos] : chains) positions.insert(pos);
+  EXPECT_EQ(positions, (std::set<std::set<int>>{{0, 1, 2}, {0, 1}})) << out;
+}
+
+// kdnctl ping reports the two round trips an engine can see, each with its figures.
+TEST_F(Operations, PingShowsTheBusyPollAndTheWakeUpRoundTrips) {
+  KdndProcess d;
+  std::string out;
+  ASSERT_EQ(kdnctl(d, "ping -c 200 -w 3", &out, dir_), 0) << out;
+  EXPECT_NE(out.find("kdnd is alive:"), std::string::npos) << out;
+  static const std::regex kBusy(R"(busy-poll round trip +p50 +[0-9.]+ us +p99 +[0-9.]+ us +max +[0-9.]+ us +\(199 pings: )");
+  static const std::regex kWake(R"(wake-up round trip +p50 +[0-9.]+ us +p99 +[0-9.]+ us +max +[0-9.]+ us +\(3 pings: )");
+  EXPECT_TRUE(std::regex_search(out, kBusy)) << out;
+  EXPECT_TRUE(std::regex_search(out, kWake)) << out;
+  ASSERT_EQ(kdnctl(d, "ping -c 10 -w 0", &out, dir_), 0) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex("busy-poll round trip"))) << out;
+  EXPECT_EQ(out.find("wake-up round trip"), std::string::npos) << "no wake-up pings asked for: " << out;
 }
 
 }  // namespace

@@ -53,6 +53,8 @@ struct CliOptions {
   bool serve = false;
 };
 
+// --help in kdnd's style: choices as a plain "a|b|c" list (no CLI11 validator text) and every
+// default shown.
 void add_flags(CLI::App& app, CliOptions& o) {
   o.engine.model_path = kdn::llama::default_model_path();
   app.add_option("--model", o.engine.model_path, "GGUF model file (default: the one setup-llama.sh unpacked)");
@@ -66,31 +68,47 @@ void add_flags(CLI::App& app, CliOptions& o) {
                  "RAG mode: hkvd (recompute the tokens whose K deviates most), boundary (the first tokens of "
                  "each document after the first), none (re-rotate only), all (recompute everything), "
                  "prefix (no blending: prefix caching only)")
-      ->check(CLI::IsMember({"hkvd", "boundary", "none", "all", "prefix"}));
+      ->check(CLI::IsMember({"hkvd", "boundary", "none", "all", "prefix"}).description(""))
+      ->type_name("hkvd|boundary|none|all|prefix")
+      ->capture_default_str();
   app.add_option("--recompute-ratio", o.blend_options.recompute_ratio, "hkvd: share of document tokens recomputed")
-      ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--boundary-tokens", o.blend_options.boundary_tokens, "boundary: tokens recomputed per document");
-  app.add_option("--check-layer", o.blend_options.check_layer, "hkvd: the layer whose deviation ranks tokens");
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app.add_option("--boundary-tokens", o.blend_options.boundary_tokens, "boundary: tokens recomputed per document")
+      ->capture_default_str();
+  app.add_option("--check-layer", o.blend_options.check_layer, "hkvd: the layer whose deviation ranks tokens")
+      ->capture_default_str();
   app.add_option_function<std::string>(
          "--deviation",
          [&o](const std::string& v) { (void)kdn::llama::parse_blend_deviation(v, &o.blend_options.deviation); },
-         "hkvd: rows compared at the check layer: k, v or kv (default k)")
-      ->check(CLI::IsMember({"k", "v", "kv"}));
+         "hkvd: rows compared at the check layer: K, V or both")
+      ->check(CLI::IsMember({"k", "v", "kv"}).description(""))
+      ->type_name("k|v|kv")
+      ->default_str("k");
   app.add_option("--namespace", o.name_space, "kdnd namespace, created if kdnd allows it (default: libkdn's)");
-  app.add_option("--n-predict", o.n_predict, "tokens to generate (greedy)")->check(CLI::Range(1u, 4096u));
+  app.add_option("--n-predict", o.n_predict, "tokens to generate (greedy)")
+      ->check(CLI::Range(1u, 4096u))
+      ->capture_default_str();
   app.add_option("--context-tokens", o.context_tokens,
-                 "cut the document so the prompt up to its end is exactly this many tokens (0: whole)");
+                 "cut the document so the prompt up to its end is exactly this many tokens (0: whole)")
+      ->capture_default_str();
   app.add_flag("--no-cache", o.no_cache, "do not use kdnd: prefill everything");
   app.add_option("--socket", o.socket, "kdnd socket (default: libkdn's)");
-  app.add_option("--ctx", o.engine.n_ctx, "KV cache size in tokens");
-  app.add_option("--chunk-tokens", o.engine.chunk_tokens, "kdn chunk size and prefill batch");
-  app.add_option("--threads", o.engine.n_threads, "compute threads (0: all)");
+  app.add_option("--ctx", o.engine.n_ctx, "KV cache size in tokens")->capture_default_str();
+  app.add_option("--chunk-tokens", o.engine.chunk_tokens, "kdn chunk size and prefill batch")->capture_default_str();
+  app.add_option("--threads", o.engine.n_threads, "compute threads (0: all)")->capture_default_str();
   app.add_flag("!--no-flash-attn", o.engine.flash_attn, "run without flash attention (V transposed)");
   const std::map<std::string, kdn::llama::LoadOverlap> overlap = {
       {"auto", kdn::llama::LoadOverlap::kAuto}, {"on", kdn::llama::LoadOverlap::kOn}, {"off", kdn::llama::LoadOverlap::kOff}};
-  app.add_option("--load-overlap", o.engine.load_overlap,
-                 "copy a hit's KV beside the prefill, layer by layer: auto (when --threads leaves a core free), on, off")
-      ->transform(CLI::CheckedTransformer(overlap, CLI::ignore_case));
+  app.add_option_function<std::string>(
+         "--load-overlap",
+         [&o, overlap](const std::string& v) {
+           if (auto it = overlap.find(CLI::detail::to_lower(v)); it != overlap.end()) o.engine.load_overlap = it->second;
+         },
+         "copy a hit's KV beside the prefill, layer by layer: auto (when --threads leaves a core free), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}, CLI::ignore_case).description(""))
+      ->type_name("auto|on|off")
+      ->default_str("auto");
   app.add_option("--dump-kv", o.dump_kv, "write the prompt's canonical KV chunks here (.kv + .json)");
   app.add_flag("--json", o.json, "print one JSON object instead of text");
   app.add_flag("--verbose", o.engine.verbose, "show llama.cpp's log");

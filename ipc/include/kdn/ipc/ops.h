@@ -125,14 +125,27 @@ struct ReserveOp {
   static constexpr OpShape kShape{sizeof(kdn_key), false, sizeof(ReserveRecord), OpShape::Out::kPerInput};
   using InRecord = kdn_key;
   using OutRecord = ReserveRecord;
-  struct Args { uint32_t model_id = 0; };
+  // Minor 3: where the keys sit in their prefix chain, for LIST (kdnctl ls): the position of
+  // the first key plus one (0: not said; older clients, segments) and the chain's first key.
+  struct Args {
+    uint32_t model_id = 0;
+    uint32_t chain_pos = 0;
+    kdn_key chain_head{};
+  };
   struct Result {
     uint32_t reserved = 0;  // records in state kReserved
     uint32_t served = 0;    // records written; [served, keys) are zero
     int32_t stop = 0;       // why the rest was not served (a kdn_status), 0 if all were
   };
-  static void put(const Args& a, Sqe& q) noexcept { q.model_id = a.model_id; }
-  static Args args(const Sqe& q) noexcept { return {q.model_id}; }
+  static void put(const Args& a, Sqe& q) noexcept {
+    q.model_id = a.model_id;
+    q.arg[0] = a.chain_pos;
+    q.arg[1] = a.chain_head.lo;
+    q.arg[2] = a.chain_head.hi;
+  }
+  static Args args(const Sqe& q) noexcept {
+    return {q.model_id, q.arg[0] > UINT32_MAX ? 0 : uint32_t(q.arg[0]), kdn_key{q.arg[1], q.arg[2]}};
+  }
   static void put(const Result& r, Cqe& c) noexcept {
     c.res[0] = r.reserved;
     c.res[1] = r.served;
@@ -232,13 +245,19 @@ struct ListOp {
   static constexpr const char* kName = "LIST";
   static constexpr OpShape kShape{0, false, sizeof(ListRecord), OpShape::Out::kAtLeastOne, true};
   using OutRecord = ListRecord;
-  struct Args { uint64_t cursor = 0; };  // 0 = from the start
+  struct Args {
+    uint64_t cursor = 0;    // 0 = from the start
+    bool extended = false;  // minor 3: ListRecordExt, two output records each
+  };
   struct Result {
-    uint32_t written = 0;
+    uint32_t written = 0;      // output records (ListRecordExt: twice the chunks)
     uint64_t next_cursor = 0;  // 0 = done
   };
-  static void put(const Args& a, Sqe& q) noexcept { q.arg[0] = a.cursor; }
-  static Args args(const Sqe& q) noexcept { return {q.arg[0]}; }
+  static void put(const Args& a, Sqe& q) noexcept {
+    q.arg[0] = a.cursor;
+    q.arg[1] = a.extended ? 1 : 0;
+  }
+  static Args args(const Sqe& q) noexcept { return {q.arg[0], q.arg[1] == 1}; }
   static void put(const Result& r, Cqe& c) noexcept {
     c.res[0] = r.written;
     c.res[1] = r.next_cursor;

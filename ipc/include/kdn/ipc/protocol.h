@@ -41,8 +41,10 @@ constexpr uint32_t kSessionMagic = fourcc('K', 'D', 'N', 'S');
 constexpr uint16_t kProtocolMajor = KDN_PROTOCOL_VERSION;
 // Minor 1: PREFETCH (16), TIER_STATS (17), EVICT mode kHost (the disk tier), STATS word 36
 // (host_prefault_left_bytes), METRICS (20). Minor 2: LOOKUP_EACH (12) and LEASE_EACH (13)
-// (segments, docs/blend.md).
-constexpr uint16_t kProtocolMinor = 2;
+// (segments, docs/blend.md). Minor 3: STATS words 37-39 (leases and their hits and misses),
+// TierStatsRecord::lease_hit_chunks, LIST's ListRecordExt (arg1 = 1), RESERVE's chain
+// position and head (arg0..arg2).
+constexpr uint16_t kProtocolMinor = 3;
 
 // ---- limits ------------------------------------------------------------------------------
 constexpr uint32_t kMinRingEntries = 16;
@@ -337,6 +339,23 @@ struct ListRecord {
 };
 static_assert(sizeof(ListRecord) == 64 && std::is_trivially_copyable_v<ListRecord>);
 
+// Minor 3: LIST with ListOp::Args::extended writes these 128-byte records (two 64-byte output
+// records each, so a daemon of any minor checks the output area the same way): the minor-0
+// record, then the chunk's age and its place in a prefix chain. A daemon of an older minor
+// ignores the flag and writes ListRecords.
+struct ListRecordExt {
+  ListRecord base;
+  uint64_t created;      // daemon CLOCK_MONOTONIC ns when the key was reserved (or found on disk at start)
+  kdn_key chain_head;    // the first key of the prefix chain it was stored in (zero: not known)
+  uint32_t chain_pos;    // its position in that chain plus one (0: not known, e.g. a segment chunk)
+  uint32_t reserved0;    // zero
+  uint64_t now;          // daemon CLOCK_MONOTONIC ns when the page was made (ages: now - created)
+  uint64_t reserved[3];  // zero
+};
+static_assert(sizeof(ListRecordExt) == 128 && std::is_trivially_copyable_v<ListRecordExt>);
+static_assert(offsetof(ListRecordExt, created) == 64 && offsetof(ListRecordExt, chain_head) == 72 &&
+              offsetof(ListRecordExt, chain_pos) == 88 && offsetof(ListRecordExt, now) == 96);
+
 // STATS's output: the counters of the session's namespace; the daemon-wide ones only for
 // admin sessions (zero otherwise). New counters are appended in later minors: a daemon
 // writes min(sizeof(StatsRecord), out_len) bytes and says how many in res1.
@@ -353,8 +372,11 @@ struct StatsRecord {
   uint64_t daemon_sessions, daemon_requests, daemon_handshakes_refused, daemon_namespaces;
   // The namespace's host arena bytes kdnd has still to pre-fault (0 once it is done).
   uint64_t host_prefault_left_bytes;
+  // Minor 3: LEASE and LEASE_EACH requests that completed, the chunks they leased and those
+  // they missed (lookups count LOOKUP and LOOKUP_EACH alone).
+  uint64_t leases, lease_hit_chunks, lease_miss_chunks;
 };
-static_assert(sizeof(StatsRecord) == 8 * 37 && std::is_trivially_copyable_v<StatsRecord>);
+static_assert(sizeof(StatsRecord) == 8 * 40 && std::is_trivially_copyable_v<StatsRecord>);
 
 enum class EvictMode : uint64_t {
   kAll = 0,     // every unleased chunk, from every tier
@@ -385,7 +407,7 @@ struct TierStatsRecord {
   uint64_t in_flight, queue_depth;               // transfers in flight; the device queue depth
   uint64_t codec;                                // the disk codec (0 none, 1 lossless, 2 int8, 3 kivi4)
   uint64_t flags;                                // kTierStats* bits
-  uint64_t reserved[1];
+  uint64_t lease_hit_chunks;                     // minor 3: chunks leased from here (served, or promoted from)
 };
 static_assert(sizeof(TierStatsRecord) == 256 && std::is_trivially_copyable_v<TierStatsRecord>);
 constexpr uint64_t kTierStatsFixedBuffers = 1u << 0;  // io_uring fixed buffers registered
