@@ -13,6 +13,9 @@ constexpr char kSuperMagic[8] = {'K', 'D', 'N', 'S', 'L', 'A', 'B', 'F'};
 constexpr char kSlotMagic[8] = {'K', 'D', 'N', 'S', 'L', 'O', 'T', '1'};
 constexpr uint16_t kEntryMagic = 0x4553;  // "SE"
 constexpr size_t kCrcAt = kBlock - 4;      // every block's CRC32C covers [0, kCrcAt)
+// No slab file is larger (64 PiB): a superblock claiming more is damaged, and its offsets would
+// overflow.
+constexpr uint64_t kMaxFileBytes = uint64_t{1} << 56;
 
 template <class T>
 void put(std::byte* b, size_t at, T v) noexcept {
@@ -145,9 +148,11 @@ Status decode_superblock(const std::byte* b, Superblock* out) noexcept {
   s.dir_count = get<uint32_t>(b, 100);
   const uint64_t slab_bytes = get<uint64_t>(b, 104);
   const uint32_t slabs = get<uint32_t>(b, 112);
-  if (slab_bytes == 0 || slab_bytes % kBlock != 0 || slabs == 0 || slabs > kMaxSlabs || get<uint32_t>(b, 116) != 0)
+  uint64_t data_bytes = 0;
+  if (slab_bytes == 0 || slab_bytes % kBlock != 0 || slabs == 0 || slabs > kMaxSlabs || get<uint32_t>(b, 116) != 0 ||
+      __builtin_mul_overflow(uint64_t{slabs}, slab_bytes, &data_bytes) || data_bytes > kMaxFileBytes)
     return Status(Code::kCorrupt, "superblock slab geometry is impossible");
-  s.layout = FileLayout::for_data_bytes(uint64_t{slabs} * slab_bytes, slab_bytes);
+  s.layout = FileLayout::for_data_bytes(data_bytes, slab_bytes);
   if (s.layout.slab_count != slabs || get<uint64_t>(b, 120) != s.layout.table_offset ||
       get<uint64_t>(b, 128) != s.layout.data_offset || get<uint64_t>(b, 136) != s.layout.file_bytes)
     return Status(Code::kCorrupt, "superblock offsets disagree with its slab geometry");
