@@ -93,10 +93,11 @@ echo "demo: kdnd running (pid $kdnd_pid), its disk tier in $work/disk"
 ask() {  # ask <out.json> <question> [flags...]
   local out=$1 q=$2
   shift 2
-  "$bin/kdn-llama" --json --prompt-file "$doc" --context-tokens "$tokens" --threads "$threads" \
+  "$bin/kdn-llama" --json --progress --prompt-file "$doc" --context-tokens "$tokens" --threads "$threads" \
     --socket "$socket" --question "$q" "$@" >"$out"
 }
-echo "demo: engine A answers question A (cold: prefills the document, stores it in kdnd)..."
+echo "demo: engine A answers question A. Nothing is cached yet, so A prefills all $tokens tokens of the"
+echo "      document, which is what every engine pays for every request without kdn, and stores the KV in kdnd..."
 ask "$work/a.json" "$question_a"
 echo "demo: engine B, another process, answers question B (reuses A's KV from kdnd)..."
 ask "$work/b.json" "$question_b"
@@ -150,7 +151,7 @@ rag() {  # rag <out.json> <order of page indices> [flags...]
   shift 2
   local args=()
   for i in $order; do args+=(--segment "${pages[$i]}"); done
-  "$bin/kdn-llama" --json --threads "$threads" --socket "$socket" --question "$rag_question" "${args[@]}" "$@" >"$out"
+  "$bin/kdn-llama" --json --progress --threads "$threads" --socket "$socket" --question "$rag_question" "${args[@]}" "$@" >"$out"
 }
 echo
 echo "demo: blending. Engine D asks about 4 documents (first use: each is prefilled and stored as a segment)..."

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -206,4 +207,77 @@ TEST_F(CrossProcess, GarbageStoredByAFaultyEngineIsNeverLoaded) {
 }
 
 }  // namespace
+
+// kdn-llama's command line as a person meets it: what it refuses and why, its help, its progress.
+struct CliRun {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+CliRun run_cli(const std::string& args) {
+  CliRun r;
+  const std::string cmd = std::string(KDN_LLAMA_TEST_CLI) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(KdnLlamaCli, ADirectoryOrAnEmptyDocumentIsRefusedWithItsName) {
+  const auto dir = std::filesystem::temp_directory_path() / ("kdn-llama-cli-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string empty = (dir / "empty.txt").string();
+  std::fclose(std::fopen(empty.c_str(), "w"));
+  const std::string blank = (dir / "blank.txt").string();
+  FILE* f = std::fopen(blank.c_str(), "w");
+  std::fputs(" \n\t\n", f);
+  std::fclose(f);
+  const std::string model = std::string(" --model ") + KDN_LLAMA_TEST_MODEL + " --no-cache --question q";
+  CliRun r = run_cli("--prompt-file " + dir.string() + model);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(dir.string() + " is a directory"), std::string::npos) << r.output;
+  for (const std::string& file : {empty, blank}) {
+    r = run_cli("--prompt-file " + file + model);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(file + " is empty"), std::string::npos) << r.output;
+  }
+  r = run_cli("--prompt-file " + (dir / "missing.txt").string() + model);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("missing.txt"), std::string::npos) << r.output;
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+TEST(KdnLlamaCli, HelpShowsPlainChoicesAndDefaults) {
+  const CliRun r = run_cli("--help");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("->"), std::string::npos) << "CLI11 transformer text in --help:\n" << r.output;
+  EXPECT_EQ(r.output.find("ENUM"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("auto|on|off"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("hkvd|boundary|none|all|prefix"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--chunk-tokens UINT=256"), std::string::npos) << "the chunk size's default:\n" << r.output;
+  const CliRun bad = run_cli("--prompt-file x --load-overlap sometimes");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("sometimes"), std::string::npos) << bad.output;
+}
+
+TEST(KdnLlamaCli, ProgressCountsThePrefilledTokens) {
+  const std::string args = std::string("--json --threads 1 --n-predict 1 --ctx 1024 --chunk-tokens ") +
+                           std::to_string(kTestChunk) + " --model " + KDN_LLAMA_TEST_MODEL + " --prompt-file " +
+                           KDN_LLAMA_TEST_DOC + " --context-tokens " + std::to_string(2 * kTestChunk) +
+                           " --no-cache --question q --progress";
+  const CliRun r = run_cli(args);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto at = r.output.find("prefilling: " + std::to_string(kTestChunk) + " / ");
+  EXPECT_NE(at, std::string::npos) << "one line per batch:\n" << r.output;
+  // The last line of the prompt's prefill says every token is done.
+  const std::regex done(R"(prefilling: (\d+) / (\d+) tokens\n)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, done)) << r.output;
+  EXPECT_EQ(m[1].str(), m[2].str());
+  EXPECT_GE(std::stoul(m[2].str()), 2u * kTestChunk);
+}
+
 }  // namespace kdn::llama

@@ -241,6 +241,7 @@ Status Engine::prefill(std::span<const int32_t> tokens, uint32_t first_pos,
     for (size_t i = 0; i < n; ++i)
       sink(static_cast<uint32_t>(done + i), {llama_get_logits_ith(ctx_, static_cast<int32_t>(i)), vocab});
     done += n;
+    if (opts_.on_prefill_batch) opts_.on_prefill_batch(done, tokens.size());
   }
   return OkStatus();
 }
@@ -261,6 +262,7 @@ Status Engine::prefill_seq(std::span<const int32_t> tokens, uint32_t first_pos, 
     if (llama_decode(ctx_, batch.get()) != 0) return Status(Code::kInternal, "llama_decode failed");
     last_logits_index_ = logits_last ? static_cast<int32_t>(n) - 1 : -1;
     done += n;
+    if (opts_.on_prefill_batch) opts_.on_prefill_batch(done, tokens.size());
   }
   return OkStatus();
 }

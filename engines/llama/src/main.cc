@@ -51,6 +51,7 @@ struct CliOptions {
   std::string dump_kv;
   bool json = false;
   bool serve = false;
+  bool progress = false;
 };
 
 // --help in kdnd's style: choices as a plain "a|b|c" list (no CLI11 validator text) and every
@@ -112,6 +113,7 @@ void add_flags(CLI::App& app, CliOptions& o) {
   app.add_option("--dump-kv", o.dump_kv, "write the prompt's canonical KV chunks here (.kv + .json)");
   app.add_flag("--json", o.json, "print one JSON object instead of text");
   app.add_flag("--verbose", o.engine.verbose, "show llama.cpp's log");
+  app.add_flag("--progress", o.progress, "show prefill progress on stderr (tokens computed of the prompt's)");
 }
 
 // A document: a regular file with some text in it (a directory or an empty file is an error,
@@ -326,7 +328,17 @@ int run(const CliOptions& o) {
     std::fprintf(stderr, "kdn-llama: --prompt-file %s\n", why.c_str());
     return 2;
   }
-  auto engine = kdn::llama::Engine::open(o.engine);
+  kdn::llama::EngineOptions engine_options = o.engine;
+  if (o.progress) {
+    // One line, redrawn every batch (256 tokens); a long prefill is seconds to minutes on a CPU.
+    engine_options.on_prefill_batch = [](uint64_t done, uint64_t total) {
+      std::fprintf(stderr, "\r  prefilling: %llu / %llu tokens", static_cast<unsigned long long>(done),
+                   static_cast<unsigned long long>(total));
+      if (done == total) std::fputc('\n', stderr);
+      std::fflush(stderr);
+    };
+  }
+  auto engine = kdn::llama::Engine::open(engine_options);
   if (!engine.ok()) {
     std::fprintf(stderr, "kdn-llama: %s\n", engine.status().what());
     return 1;

@@ -66,6 +66,9 @@ struct EngineOptions {
   LoadOverlap load_overlap = LoadOverlap::kAuto;
   bool verbose = false;         // let llama.cpp log to stderr
   uint32_t overlap_test_delay_us = 0;  // tests: the load worker sleeps this long per tensor
+  // Called on the prefilling thread after every batch a prefill computes: tokens done and
+  // tokens in that prefill (a long prompt's progress; empty: not called).
+  std::function<void(uint64_t done, uint64_t total)> on_prefill_batch;
 };
 
 // What makes this engine's KV bytes interchangeable with another's.
