@@ -14,10 +14,12 @@
 // The first engine kill and the first kdnd kill come at a random time in the first half of
 // the run, so every run has at least one of each.
 //
-// Drift is measured within kdnd's last lifetime, between two quiesced samples: one after
-// --warmup seconds of it and one at the end. Quiesced: every engine has released its leases
-// and sits connected, and kdnd has as many sessions as there are clients, so two samples see
-// the same sessions and the fd counts are comparable.
+// Drift is measured within kdnd's last lifetime, between two quiesced samples: an early one
+// after its warm-up and one at the end. The warm-up lasts --warmup seconds and ends, halfway,
+// with the largest burst the run can ask of kdnd (the whole corpus stored, then every eviction
+// mode), so growth that is a high-water mark being reached is not read as drift. Quiesced:
+// every engine has released its leases and sits connected, and kdnd has as many sessions as
+// there are clients, so two samples see the same sessions and the fd counts are comparable.
 #include "admin_client.h"
 #include "commands.h"
 #include "kdnd_process.h"
@@ -76,7 +78,7 @@ struct SoakOptions {
   bool require_bars = false;
 };
 
-constexpr uint32_t kEvictSlot = SoakBoard::kMaxSlots - 1;
+constexpr uint32_t kBenchSlot = SoakBoard::kMaxSlots - 1;  // the bench's evictions and warm-up stores
 
 // The soak's model: 64 KiB chunks (2 layers, 2 KV heads of 64, 64 tokens, f16), so the disk
 // tier, evictions and kills get many chunks through them in a minute on a small machine.
@@ -101,14 +103,16 @@ struct KdndSample {
   uint32_t lifetime = 0;
   std::optional<uint64_t> rss_anon_kib;
   std::optional<uint64_t> fds;
+  std::optional<uint64_t> threads;
   std::optional<uint64_t> sessions;  // quiesced samples only
   bool settled = false;              // quiesced samples: sessions and fds were steady
 };
 
-std::optional<uint64_t> rss_anon_kib(pid_t pid) {
+// A numeric field of /proc/<pid>/status ("RssAnon:" in KiB, "Threads:").
+std::optional<uint64_t> status_field(pid_t pid, const std::string& field) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   for (std::string line; std::getline(in, line);)
-    if (line.rfind("RssAnon:", 0) == 0) return std::strtoull(line.c_str() + 8, nullptr, 10);
+    if (line.rfind(field, 0) == 0) return std::strtoull(line.c_str() + field.size(), nullptr, 10);
   return std::nullopt;
 }
 
@@ -152,7 +156,10 @@ class Soak {
   bool start_engine(uint32_t slot);
   void kill_engine();
   void reap_unexpected_exits();
-  void evict();
+  ipc::EvictMode random_evict_mode();
+  void evict(ipc::EvictMode mode);
+  void final_warm_up();
+  void fill_corpus();
   KdndSample sample();
   KdndSample quiesced_sample();
   bool wait_parked(uint32_t gen);
@@ -176,8 +183,10 @@ class Soak {
   std::vector<Lifetime> lifetimes_;
   std::vector<KdndSample> samples_;
   std::optional<KdndSample> early_, end_;
+  std::optional<kdn_stats> end_stats_;  // kdnd's counters at the end (its last lifetime's)
   std::string exit_after_sigterm_;
   uint32_t pause_gen_ = 0;
+  std::optional<double> warmed_up_s_;  // when the last lifetime's warm-up burst ended
   bool shut_ = false;
 };
 
@@ -295,19 +304,64 @@ void Soak::reap_unexpected_exits() {
 
 // What an operator does: evict one document's chunks (most often), move the whole arena to
 // disk, or evict everything.
-void Soak::evict() {
-  if (!admin_ || !admin_->ok()) admin_ = std::make_unique<AdminClient>(w_.socket_path, "default");
+ipc::EvictMode Soak::random_evict_mode() {
   const uint32_t pick = uint32_t(rng_() % 100);
+  return pick < 4 ? ipc::EvictMode::kAll : pick < 14 ? ipc::EvictMode::kHost : ipc::EvictMode::kByKeys;
+}
+
+void Soak::evict(ipc::EvictMode mode) {
+  if (!admin_ || !admin_->ok()) admin_ = std::make_unique<AdminClient>(w_.socket_path, "default");
   const auto& keys = doc_keys_[rng_() % doc_keys_.size()];
-  ipc::EvictMode mode = pick < 4 ? ipc::EvictMode::kAll : pick < 14 ? ipc::EvictMode::kHost : ipc::EvictMode::kByKeys;
   (mode == ipc::EvictMode::kAll ? evict_all_ : mode == ipc::EvictMode::kHost ? evict_host_ : evict_keys_)++;
   uint64_t evicted = 0;
   const uint64_t t0 = now_ns();
   const int st = admin_->evict(mode, keys.data(), keys.size(), &evicted);
   // kdnd is up (only this thread kills it): a disconnection here is not expected.
-  soak::record(board_->slots[kEvictSlot], Op::kEvict, st, st == KDN_ERR_NOT_FOUND || st == KDN_ERR_BUSY,
+  soak::record(board_->slots[kBenchSlot], Op::kEvict, st, st == KDN_ERR_NOT_FOUND || st == KDN_ERR_BUSY,
                now_ns() - t0);
   evicted_chunks_ += evicted;
+}
+
+// The warm-up of kdnd's last lifetime ends with the largest burst the run can ask of it: the
+// whole corpus stored (so the disk tier holds every chunk), then every eviction mode, the last
+// one `evict --all`. A path's first run, or a larger burst than before, raises the heap's
+// high-water mark (an `evict --all` frees a disk slot per chunk, with a 4 KiB header write
+// each, all at once): growth the warm-up must include, or it would read as drift.
+void Soak::final_warm_up() {
+  fill_corpus();
+  evict(ipc::EvictMode::kByKeys);
+  evict(ipc::EvictMode::kHost);
+  evict(ipc::EvictMode::kAll);
+}
+
+// Stores every chunk of every document (those not cached) through a client of the bench's own.
+void Soak::fill_corpus() {
+  kdn_connect_opts co{};
+  co.struct_size = sizeof co;
+  co.socket_path = w_.socket_path.c_str();
+  co.staging_bytes = 8ull << 20;
+  kdn_client* c = nullptr;
+  kdn_model* m = nullptr;
+  if (kdn_connect(&co, &c) != KDN_OK || kdn_register_model(c, &w_.desc, &m) != KDN_OK) {
+    std::fprintf(stderr, "kdn-bench soak: the warm-up's client could not connect\n");
+    soak::record(board_->slots[kBenchSlot], Op::kStore, KDN_ERR_UNAVAILABLE, false, 0);
+    kdn_disconnect(c);
+    return;
+  }
+  const uint64_t bytes = kdn_chunk_bytes(&w_.desc);
+  for (uint32_t d = 0; d < o_.docs; ++d) {
+    const auto tokens = soak::soak_document(w_, d);
+    const uint64_t t0 = now_ns();
+    kdn_store* st = nullptr;
+    int rc = kdn_store_reserve(c, m, tokens.data(), tokens.size(), 0, o_.doc_chunks, &st);
+    if (rc == KDN_OK) {
+      for (uint32_t i = 0; i < kdn_store_chunks(st); ++i)
+        if (void* p = kdn_store_chunk_data(st, i)) soak::fill_stamp(doc_keys_[d][i], p, bytes);
+      rc = kdn_store_commit(c, st);
+    }
+    soak::record(board_->slots[kBenchSlot], Op::kStore, rc, rc == KDN_ERR_NO_SPACE, now_ns() - t0);
+  }
+  kdn_disconnect(c);
 }
 
 KdndSample Soak::sample() {
@@ -315,7 +369,8 @@ KdndSample Soak::sample() {
   s.t_s = now_s();
   s.lifetime = uint32_t(lifetimes_.size() - 1);
   if (kdnd_) {
-    s.rss_anon_kib = rss_anon_kib(kdnd_->pid());
+    s.rss_anon_kib = status_field(kdnd_->pid(), "RssAnon:");
+    s.threads = status_field(kdnd_->pid(), "Threads:");
     s.fds = open_fds(kdnd_->pid());
   }
   return s;
@@ -408,7 +463,7 @@ void Soak::run() {
       next_sample = t + o_.sample_ms / 1000.0;
     }
     if (t >= next_evict) {
-      evict();
+      evict(random_evict_mode());
       next_evict = t + exp_interval(o_.evict_every_ms / 1000);
     }
     if (t >= next_engine_kill) {
@@ -420,14 +475,23 @@ void Soak::run() {
       (void)start_kdnd();
       next_kdnd_kill = now_s() + exp_interval(o_.kdnd_kill_every_s);
     }
-    if (!early_ && t >= kills_until && t >= lifetimes_.back().start_s + warmup) early_ = quiesced_sample();
+    if (!warmed_up_s_ && t >= kills_until && t >= lifetimes_.back().start_s + warmup / 2) {
+      final_warm_up();
+      warmed_up_s_ = now_s();
+    }
+    if (!early_ && warmed_up_s_ && t >= *warmed_up_s_ + warmup / 2) early_ = quiesced_sample();
     if (t >= next_progress) {
       progress();
       next_progress += 10;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  if (kdnd_) end_ = quiesced_sample();
+  if (kdnd_) {
+    end_ = quiesced_sample();
+    kdn_stats st{};
+    st.struct_size = sizeof st;
+    if (stats_ != nullptr && kdn_get_stats(stats_, &st) == KDN_OK) end_stats_ = st;
+  }
   duration_s_ = now_s();
   progress();
   shutdown();
@@ -436,9 +500,21 @@ void Soak::run() {
 void Soak::shutdown() {
   if (shut_) return;
   shut_ = true;
+  // Engines see the flag, release everything, disconnect and exit 0; one that does not is a
+  // failure like any other exit of its own.
   board_->stop.store(1, std::memory_order_release);
-  for (ChildProcess& e : engines_)
-    if (e.pid() > 0) (void)e.stop(SIGTERM, std::chrono::seconds(15));
+  for (ChildProcess& e : engines_) {
+    if (e.pid() <= 0) continue;
+    auto st = e.wait_for(std::chrono::seconds(20));
+    if (!st.ok()) {
+      std::fprintf(stderr, "kdn-bench soak: an engine did not stop when told to\n");
+      st = e.stop(SIGKILL, std::chrono::seconds(5));
+      ++engine_exits_;
+    } else if (*st != 0) {
+      std::fprintf(stderr, "kdn-bench soak: an engine stopped with %s\n", describe_wait_status(*st).c_str());
+      ++engine_exits_;
+    }
+  }
   kdn_disconnect(stats_);
   stats_ = nullptr;
   admin_.reset();
@@ -519,6 +595,7 @@ Report::Json sample_json(const KdndSample& s) {
   Report::Json j = {{"t_s", std::round(s.t_s * 10) / 10}, {"lifetime", s.lifetime}};
   j["rss_anon_kib"] = s.rss_anon_kib ? Report::Json(*s.rss_anon_kib) : Report::Json(nullptr);
   j["fds"] = s.fds ? Report::Json(*s.fds) : Report::Json(nullptr);
+  if (s.threads) j["threads"] = *s.threads;
   if (s.sessions) j["sessions"] = *s.sessions;
   return j;
 }
@@ -564,6 +641,20 @@ void Soak::report_kdnd(Report& r) const {
     r.set_null("kdnd.fd_drift_abs");
   }
   r.set("kdnd.exit_after_sigterm", exit_after_sigterm_);
+  if (end_stats_) {
+    const kdn_stats& k = *end_stats_;
+    const std::string p = "kdnd.last_lifetime.";
+    r.set(p + "stored_chunks", k.stored_chunks);
+    r.set(p + "retrieved_chunks", k.retrieved_chunks);
+    r.set(p + "evicted_chunks", k.evicted_chunks);
+    r.set(p + "dropped_chunks", k.dropped_chunks);
+    r.set(p + "demoted_chunks", k.demoted_chunks);
+    r.set(p + "promoted_chunks", k.promoted_chunks);
+    r.set(p + "corrupt_chunks", k.corrupt_chunks);
+    r.set(p + "protocol_errors", k.protocol_errors);
+    r.set(p + "limit_errors", k.limit_errors);
+    r.set(p + "expired_reservations", k.expired_reservations);
+  }
   r.set_json("kdnd.lifetimes", lives);
   Report::Json series = Report::Json::array();
   for (const KdndSample& s : samples_) series.push_back(sample_json(s));
@@ -617,37 +708,53 @@ Report Soak::report() const {
   return r;
 }
 
+// --help shows "--seconds N=60": the value's name and its default, no parser types.
+template <class T>
+void option(CLI::App& app, const char* name, T& value, const char* meta, const std::string& help) {
+  CLI::Option* opt = app.add_option(name, value, help)->capture_default_str();
+  opt->option_text(std::string(meta) + "=" + opt->get_default_str());
+}
+
 void add_options(CLI::App& app, SoakOptions& o) {
-  app.add_option("--seconds", o.seconds, "how long to run")->check(CLI::Range(5.0, 86400.0))->capture_default_str();
-  app.add_option("--processes", o.processes, "engine processes")->check(CLI::Range(1u, 64u))->capture_default_str();
-  app.add_flag("--json", o.json, "print JSON");
-  app.add_option("--seed", o.seed, "corpus, operation mix and kill schedule")->capture_default_str();
-  app.add_option("--disk-dir", o.disk_dir, "where the disk tier goes (a directory is made in it and removed after; "
-                                           "default: $TMPDIR or /tmp)");
-  app.add_option("--kdnd", o.kdnd, "kdnd binary (default: next to kdn-bench)");
-  app.add_option("--docs", o.docs, "documents of the corpus")->check(CLI::Range(1u, 1u << 20))->capture_default_str();
-  app.add_option("--doc-chunks", o.doc_chunks, "64 KiB chunks per document")->check(CLI::Range(1u, 64u))
-      ->capture_default_str();
-  app.add_option("--held-leases", o.held_leases, "leases an engine holds before releasing")
-      ->check(CLI::Range(0u, 64u))->capture_default_str();
-  app.add_option("--arena-mib", o.arena_mib, "kdnd's host arena (smaller than the corpus: evictions to disk)")
-      ->check(CLI::Range(uint64_t{8}, uint64_t{1} << 20))->capture_default_str();
-  app.add_option("--disk-mib", o.disk_mib, "kdnd's disk tier")->check(CLI::Range(uint64_t{64}, uint64_t{1} << 24))
-      ->capture_default_str();
-  app.add_option("--engine-kill-every", o.engine_kill_every_s, "mean seconds between engine SIGKILLs")
-      ->check(CLI::Range(0.1, 1e6))->capture_default_str();
-  app.add_option("--kdnd-kill-every", o.kdnd_kill_every_s, "mean seconds between kdnd SIGKILLs")
-      ->check(CLI::Range(0.5, 1e6))->capture_default_str();
-  app.add_option("--kdnd-kills-until", o.kdnd_kills_until, "kdnd is killed only in this fraction of the run")
-      ->check(CLI::Range(0.2, 0.9))->capture_default_str();
-  app.add_option("--evict-every-ms", o.evict_every_ms, "mean milliseconds between admin evictions")
-      ->check(CLI::Range(1.0, 1e9))->capture_default_str();
-  app.add_option("--warmup", o.warmup_s, "seconds of kdnd's last lifetime before the early drift sample "
-                                         "(at most a fifth of the run)")->check(CLI::Range(0.0, 3600.0))
-      ->capture_default_str();
-  app.add_option("--sample-ms", o.sample_ms, "kdnd RssAnon and fd sampling interval")
-      ->check(CLI::Range(10u, 600000u))->capture_default_str();
+  option(app, "--seconds", o.seconds, "N", "how long to run, 5 to 86400");
+  option(app, "--processes", o.processes, "P", "engine processes, 1 to 64");
+  app.add_flag("--json", o.json, "print JSON (default: a table)");
+  option(app, "--seed", o.seed, "S", "seeds the corpus, the operation mix and the kill schedule");
+  app.add_option("--disk-dir", o.disk_dir, "the disk tier goes into a new directory in DIR, removed at the end "
+                                           "(default: $TMPDIR, else /tmp)")->option_text("DIR");
+  app.add_option("--kdnd", o.kdnd, "kdnd binary (default: the one next to kdn-bench)")->option_text("PATH");
+  option(app, "--docs", o.docs, "D", "documents of the corpus");
+  option(app, "--doc-chunks", o.doc_chunks, "C", "64 KiB chunks per document, 1 to 64");
+  option(app, "--held-leases", o.held_leases, "L", "leases an engine keeps before releasing one, 0 to 64");
+  option(app, "--arena-mib", o.arena_mib, "MIB", "kdnd's host arena, at least 8 (below the corpus: chunks move to disk)");
+  option(app, "--disk-mib", o.disk_mib, "MIB", "kdnd's disk tier (write-through), at least 64");
+  option(app, "--engine-kill-every", o.engine_kill_every_s, "SECONDS", "mean time between engine SIGKILLs");
+  option(app, "--kdnd-kill-every", o.kdnd_kill_every_s, "SECONDS", "mean time between kdnd SIGKILLs");
+  option(app, "--kdnd-kills-until", o.kdnd_kills_until, "FRACTION",
+         "kdnd is killed only in this leading fraction of the run, 0.2 to 0.9 (the rest is its last lifetime)");
+  option(app, "--evict-every-ms", o.evict_every_ms, "MS", "mean time between admin evictions");
+  option(app, "--warmup", o.warmup_s, "SECONDS",
+         "of kdnd's last lifetime before the early drift sample (at most a fifth of the run)");
+  option(app, "--sample-ms", o.sample_ms, "MS", "kdnd RssAnon and fd sampling interval, at least 10");
   app.add_flag("--require-bars", o.require_bars, "exit 3 unless every bar passes");
+}
+
+// Ranges are checked here rather than by CLI11's validators, which would print their types in --help.
+bool valid(const SoakOptions& o) {
+  const auto bad = [](const char* what) {
+    std::fprintf(stderr, "kdn-bench soak: %s\n", what);
+    return false;
+  };
+  if (o.seconds < 5 || o.seconds > 86400) return bad("--seconds: 5 to 86400");
+  if (o.processes < 1 || o.processes + 1 > SoakBoard::kMaxSlots) return bad("--processes: 1 to 64");
+  if (o.docs < 1 || o.docs > (1u << 20)) return bad("--docs: 1 to 1048576");
+  if (o.doc_chunks < 1 || o.doc_chunks > 64) return bad("--doc-chunks: 1 to 64");
+  if (o.held_leases > 64) return bad("--held-leases: 0 to 64");
+  if (o.arena_mib < 8 || o.disk_mib < 64) return bad("--arena-mib: at least 8; --disk-mib: at least 64");
+  if (!(o.engine_kill_every_s >= 0.1) || !(o.kdnd_kill_every_s >= 0.5)) return bad("kill intervals: at least 0.1 s (engines) and 0.5 s (kdnd)");
+  if (!(o.kdnd_kills_until >= 0.2 && o.kdnd_kills_until <= 0.9)) return bad("--kdnd-kills-until: 0.2 to 0.9");
+  if (!(o.evict_every_ms >= 1) || !(o.warmup_s >= 0) || o.sample_ms < 10) return bad("--evict-every-ms >= 1, --warmup >= 0, --sample-ms >= 10");
+  return true;
 }
 
 }  // namespace
@@ -657,12 +764,16 @@ int run_soak_bench(int argc, char** argv) {
                "and restarted; every retrieved byte checked; kdnd's RssAnon and fd drift"};
   SoakOptions o;
   add_options(app, o);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help, or a usage error
+  }
   if (!o.kdnd.empty() && ::access(o.kdnd.c_str(), X_OK) != 0) {
     std::fprintf(stderr, "kdn-bench soak: no kdnd at %s\n", o.kdnd.c_str());
     return 2;
   }
-  if (o.processes + 1 > SoakBoard::kMaxSlots) return 2;
+  if (!valid(o)) return 2;
   auto run_dir = TempDir::create("kdn-soak");
   if (!run_dir.ok()) {
     std::fprintf(stderr, "kdn-bench soak: %s\n", describe(run_dir.status()).c_str());

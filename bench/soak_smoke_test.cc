@@ -4,12 +4,41 @@
 // kdnd stops cleanly at the end), operations of every kind done, and the drift figures
 // measured. The drift bars themselves are the benchmark's verdict, not this test's.
 #include "smoke_util.h"
+#include "soak_engine.h"
+
+#include <cstdint>
+#include <vector>
 
 namespace {
 
 using kdn::bench::smoke::at;
 using kdn::bench::smoke::BenchRun;
 using kdn::bench::smoke::run_bench;
+namespace soak = kdn::bench::soak;
+
+// The soak's verdict rests on this: a stamp checks clean against its own key, and every byte
+// changed (or a chunk of another key) is counted.
+TEST(SoakStampTest, CountsEveryWrongByte) {
+  const kdn_key key{0x1234, 0x5678}, other{0x1234, 0x5679};
+  std::vector<uint8_t> chunk(65536 + 3);  // a tail shorter than a word too
+  soak::fill_stamp(key, chunk.data(), chunk.size());
+  EXPECT_EQ(soak::count_wrong_bytes(key, chunk.data(), chunk.size()), 0u);
+  chunk[0] ^= 0x01;
+  chunk[70] ^= 0xFF;
+  chunk[71] ^= 0x80;
+  chunk.back() ^= 0x10;
+  EXPECT_EQ(soak::count_wrong_bytes(key, chunk.data(), chunk.size()), 4u);
+  soak::fill_stamp(key, chunk.data(), chunk.size());
+  EXPECT_GT(soak::count_wrong_bytes(other, chunk.data(), chunk.size()), chunk.size() * 9 / 10);
+}
+
+TEST(SoakStampTest, LatencyBucketsHoldTheirTimes) {
+  for (uint64_t ns : {2ull, 1000ull, 123456ull, 987654321ull}) {
+    const double mid = soak::bucket_ns(soak::latency_bucket(ns));
+    EXPECT_NEAR(mid / double(ns), 1.0, 0.05) << ns;
+  }
+  EXPECT_EQ(soak::latency_bucket(~0ull), soak::kBuckets - 1);
+}
 
 TEST(SoakBenchSmokeTest, KillsEnginesAndKdndAndServesNoWrongByte) {
   BenchRun run = run_bench("soak --json --seconds 60 --processes 2 --seed 7");
