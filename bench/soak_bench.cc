@@ -186,11 +186,13 @@ class Soak {
   std::optional<kdn_stats> end_stats_;  // kdnd's counters at the end (its last lifetime's)
   std::string exit_after_sigterm_;
   uint32_t pause_gen_ = 0;
+  std::optional<double> loadavg_start_, loadavg_end_;  // other work on the machine
   std::optional<double> warmed_up_s_;  // when the last lifetime's warm-up burst ended
   bool shut_ = false;
 };
 
 bool Soak::setup(const std::string& socket_dir, const std::string& disk_dir) {
+  loadavg_start_ = load_average();
   w_.socket_path = socket_dir + "/kdnd.sock";
   w_.desc = soak_model();
   w_.seed = o_.seed;
@@ -493,6 +495,7 @@ void Soak::run() {
     if (stats_ != nullptr && kdn_get_stats(stats_, &st) == KDN_OK) end_stats_ = st;
   }
   duration_s_ = now_s();
+  loadavg_end_ = load_average();
   progress();
   shutdown();
 }
@@ -677,6 +680,9 @@ Report Soak::report() const {
   r.set("config.kdnd_kills_until_s", o_.seconds * o_.kdnd_kills_until);
   r.set("config.evict_every_ms", o_.evict_every_ms);
   r.set("duration_s", duration_s_);
+  r.set("machine.cpus", uint64_t(std::thread::hardware_concurrency()));
+  r.set("machine.loadavg_1m_start", loadavg_start_);
+  r.set("machine.loadavg_1m_end", loadavg_end_);
   const auto t = add_up(*board_);
   uint64_t total = 0;
   for (uint32_t o = 0; o < soak::kOpCount; ++o) total += t->ops[o];
