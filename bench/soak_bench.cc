@@ -143,8 +143,9 @@ class Soak {
   bool setup(const std::string& socket_dir, const std::string& disk_dir);
   void run();
   void shutdown();
-  Report report() const;
-  void report_kdnd(Report& r) const;
+  // with_series: kdnd's samples as well (JSON; a table would print them on one line).
+  Report report(bool with_series) const;
+  void report_kdnd(Report& r, bool with_series) const;
 
  private:
   double now_s() const { return double(now_ns() - t0_ns_) / 1e9; }
@@ -605,7 +606,7 @@ Report::Json sample_json(const KdndSample& s) {
 
 // kdnd's lifetimes, its samples, and the drift between the two quiesced samples of its last
 // lifetime (null when either is missing or did not settle).
-void Soak::report_kdnd(Report& r) const {
+void Soak::report_kdnd(Report& r, bool with_series) const {
   Report::Json lives = Report::Json::array();
   for (const Lifetime& l : lifetimes_) {
     Report::Json j = {{"pid", l.pid}, {"start_s", std::round(l.start_s * 10) / 10},
@@ -659,12 +660,13 @@ void Soak::report_kdnd(Report& r) const {
     r.set(p + "expired_reservations", k.expired_reservations);
   }
   r.set_json("kdnd.lifetimes", lives);
+  if (!with_series) return;
   Report::Json series = Report::Json::array();
   for (const KdndSample& s : samples_) series.push_back(sample_json(s));
   r.set_json("kdnd.samples", series);
 }
 
-Report Soak::report() const {
+Report Soak::report(bool with_series) const {
   Report r;
   r.set("config.seconds", o_.seconds);
   r.set("config.processes", uint64_t(o_.processes));
@@ -706,7 +708,7 @@ Report Soak::report() const {
     r.set(k + ".p99", hist_percentile(t->latency[o], 0.99));
     r.set(k + ".p999", hist_percentile(t->latency[o], 0.999));
   }
-  report_kdnd(r);
+  report_kdnd(r, with_series);
   r.set_bar("bars.wrong_bytes", double(t->wrong_bytes), BarOp::kAtMost, 0);
   r.set_bar("bars.unexpected_errors", r.number("errors.unexpected"), BarOp::kAtMost, 0);
   r.set_bar("bars.rss_anon_drift", r.number("kdnd.rss_anon_drift"), BarOp::kAtMost, 0.05);
@@ -815,7 +817,7 @@ int run_soak_bench(int argc, char** argv) {
       code = 1;
     } else {
       soak.run();
-      Report r = soak.report();
+      Report r = soak.report(o.json);
       std::cout << (o.json ? r.to_json() + "\n" : r.to_table()) << std::flush;
       if (o.require_bars && !r.all_bars_pass("bars")) code = 3;
     }
