@@ -9,7 +9,7 @@
 // forks, so an engine's counts survive its SIGKILL and the engine that replaces it adds to
 // them. Every field is a lock-free std::atomic (address-free, so it works across processes).
 //
-// Ownership: the bench owns the board's mapping (SoakBoard::create / ~SharedBoard); engines
+// Ownership: the bench owns the board's mapping (SoakBoard::create, SoakBoard::destroy); engines
 // use the copy of the mapping fork gave them. Thread safety: each EngineSlot has one writer
 // (its engine, or the bench for the evictions' slot); anyone may read it at any time.
 #pragma once
