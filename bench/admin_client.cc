@@ -59,6 +59,24 @@ bool AdminClient::evict_all() {
   return ok_ && call(q, &c) == KDN_OK;
 }
 
+int AdminClient::evict(ipc::EvictMode mode, const kdn_key* keys, size_t n_keys, uint64_t* evicted) {
+  if (!ok_) return KDN_ERR_UNAVAILABLE;
+  if (mode != ipc::EvictMode::kByKeys) n_keys = 0;
+  if (n_keys > 4096) return KDN_ERR_INVALID_ARGUMENT;  // 64 KiB of the 1 MiB payload area
+  ipc::Sqe q{};
+  q.opcode = uint8_t(ipc::Opcode::kEvict);
+  ipc::EvictOp::put({mode}, q);
+  if (n_keys > 0) {
+    std::memcpy(s_.payload(), keys, n_keys * sizeof(kdn_key));
+    q.in_off = 0;
+    q.in_len = uint32_t(n_keys * sizeof(kdn_key));
+  }
+  ipc::Cqe c{};
+  const int st = call(q, &c);
+  if (st == KDN_OK && evicted != nullptr) *evicted = c.res[0];
+  return st;
+}
+
 std::optional<ipc::TierStatsRecord> AdminClient::disk_stats() {
   if (!ok_) return std::nullopt;
   ipc::Sqe q{};

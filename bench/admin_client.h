@@ -26,6 +26,9 @@ class AdminClient {
   bool demote_all();
   // Every unleased chunk leaves every tier (kdnctl evict --all).
   bool evict_all();
+  // EVICT in `mode` (the keys only for EvictMode::kByKeys; at most 4096 of them): the
+  // kdn_status kdnd answered, and in *evicted the chunks that left (may be null).
+  int evict(ipc::EvictMode mode, const kdn_key* keys, size_t n_keys, uint64_t* evicted);
   // The disk tier's record of TIER_STATS, if the namespace has one.
   std::optional<ipc::TierStatsRecord> disk_stats();
 

@@ -24,9 +24,11 @@ struct Subcommand {
 #if KDN_BENCH_HAVE_NODE
 constexpr auto kNode = &kdn::bench::run_node_bench;
 constexpr auto kDisk = &kdn::bench::run_disk_bench;
+constexpr auto kSoak = &kdn::bench::run_soak_bench;
 #else
 constexpr int (*kNode)(int, char**) = nullptr;
 constexpr int (*kDisk)(int, char**) = nullptr;
+constexpr int (*kSoak)(int, char**) = nullptr;
 #endif
 #if KDN_BENCH_HAVE_KERNELS
 constexpr auto kKernels = &run_kernels_bench;
@@ -55,6 +57,10 @@ const Subcommand kSubcommands[] = {
      "T2 on NVMe: promotion/demotion GB/s per codec, restart recovery, prefetch, lookups under "
      "disk load, against fio on the same directory (--dir DIR)",
      kDisk, "this kdn-bench was built without libkdn (CMake target kdn)"},
+    {"soak",
+     "P engines at full rate while engines and kdnd are SIGKILLed and restarted: ops, errors, "
+     "wrong bytes, kdnd RssAnon and fd drift, p99 per operation (--seconds N)",
+     kSoak, "this kdn-bench was built without libkdn (CMake target kdn)"},
     {"baselines", "memcpy, Unix-socket echo, spin ping-pong and redis baselines alone",
      &kdn::bench::run_baselines_bench, ""},
     {"kernels", "copy, RoPE, codec and blend kernels (CPU; CUDA where a GPU is present)", kKernels,
