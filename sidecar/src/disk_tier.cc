@@ -120,6 +120,7 @@ DiskTier::~DiskTier() {
   workers_.reset();
   for (auto& d : devices_) d->ring.reset();  // before the header pool they may still name
   std::free(header_pool_);
+  std::free(zero_block_);
 }
 
 uint64_t DiskTier::capacity_bytes() const noexcept {
@@ -816,17 +817,14 @@ void DiskTier::write_table_block(uint32_t d, uint32_t block) noexcept {
 void DiskTier::clear_header(uint32_t h) noexcept {
   Slot& s = slots_[h];
   Op* op = new_op(Op::kClear);
-  if (op != nullptr) op->payload = AlignedBuffer(kBlock);
-  if (op == nullptr || op->payload.data() == nullptr) {  // no memory: the header stays (a restart may revive it)
-    if (op) finish_op(op);
+  if (op == nullptr) {  // no memory: the header stays (a restart may revive it)
     release_physical(s);
     release_handle(h);
     return;
   }
-  std::memset(op->payload.data(), 0, kBlock);
   op->handle = h;
   op->device = s.device;
-  op->io[0] = IoRequest{IoKind::kWrite, 0, file_offset(s), op->payload.data(), kBlock};
+  op->io[0] = IoRequest{IoKind::kWrite, 0, file_offset(s), zero_block_, kBlock};
   start_io(op, s.device, op->io[0]);
 }
 

@@ -215,6 +215,9 @@ class DiskTier final : public Tier {
   std::vector<std::byte*> header_free_; // registered header blocks
   std::byte* header_pool_ = nullptr;
   uint64_t header_pool_blocks_ = 0;
+  // One block of zeros, the source of every header clear (read-only once made: clears of
+  // freed slots need no memory of their own, however many run at once).
+  std::byte* zero_block_ = nullptr;
   bool registered_ = false;
   uint32_t next_device_ = 0;
   uint64_t next_sequence_ = 1;

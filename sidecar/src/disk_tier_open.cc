@@ -386,6 +386,9 @@ Status DiskTier::register_buffers() noexcept {
   header_pool_blocks_ = 2ull * options_.queue_depth * devices_.size();
   header_pool_ = static_cast<std::byte*>(std::aligned_alloc(kBlock, header_pool_blocks_ * kBlock));
   if (!header_pool_) return Status(Code::kNoMemory, "disk header pool");
+  zero_block_ = static_cast<std::byte*>(std::aligned_alloc(kBlock, kBlock));
+  if (!zero_block_) return Status(Code::kNoMemory, "disk header pool");
+  std::memset(zero_block_, 0, kBlock);
   try {
     header_free_.reserve(header_pool_blocks_);
     for (uint64_t i = header_pool_blocks_; i-- > 0;) header_free_.push_back(header_pool_ + i * kBlock);
