@@ -45,6 +45,7 @@ RedisCluster::~RedisCluster() {
 
 void RedisCluster::submit(RedisRequest* r, std::string_view key, RedisClock::time_point now) noexcept {
   now_ = now;
+  if (closing_) return finish(*r, Status(Code::kUnavailable, "redis client closed"), nullptr);
   r->slot = key_slot(key);
   r->redirects = 0;
   r->asking = false;
@@ -166,16 +167,19 @@ void RedisCluster::refresh_done(Status status, const resp::Reply* reply) noexcep
   if (closing_) return;
   Result<SlotMap> map = status.ok() ? SlotMap::from_cluster_slots(*reply, refresh_target_) : Result<SlotMap>(status);
   if (!map.ok()) {
-    refresh_status_ = map.status().code() == Code::kUnavailable && status.ok()
+    // A node that answered and refused is a configuration error: requests waiting for the
+    // first map fail now. One that did not answer is tried again (another node, after the
+    // interval) while they wait for their deadline.
+    bool answered = status.ok();
+    refresh_status_ = answered && map.status().code() == Code::kUnavailable
                           ? Status(Code::kUnavailable, "redis: CLUSTER SLOTS refused (not a cluster node?)")
                           : map.status();
     ++refresh_rotation_;
     want_refresh();
-    if (!map_ && ++refresh_failures_ >= options_.seeds.size()) release_parked(now_, refresh_status_);
+    if (!map_ && answered) release_parked(now_, refresh_status_);
     return;
   }
   refresh_status_ = OkStatus();
-  refresh_failures_ = 0;
   map_ = std::move(map).value();
   release_parked(now_, OkStatus());
 }

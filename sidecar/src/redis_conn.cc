@@ -236,46 +236,42 @@ void RedisConn::advance_written(size_t n, RedisClock::time_point now) noexcept {
 void RedisConn::on_readable(RedisClock::time_point now) noexcept {
   now_ = now;
   if (state_ == State::kConnecting) finish_connect(now);
-  if (state_ != State::kReady) return;
   size_t budget = kReadBudget;
   while (budget > 0 && state_ == State::kReady) {
-    if (!read_some(now)) return;
-    budget -= std::min(budget, kReadChunk);
+    size_t got = read_some(now, budget);
+    if (got == 0) return;
+    budget -= std::min(budget, got);
   }
 }
 
 // One read(): straight into a sink's destination when a sunk bulk is being received, else
-// into the read buffer and through the parser. False when there is nothing more to read now
-// (or the connection failed).
-bool RedisConn::read_some(RedisClock::time_point now) noexcept {
-  std::span<std::byte> direct = parser_.direct_space();
-  bool into_sink = !direct.empty();
+// into the read buffer and through the parser. Returns the bytes read; 0 when there is
+// nothing more to read now (or the connection failed).
+size_t RedisConn::read_some(RedisClock::time_point now, size_t budget) noexcept {
+  std::span<std::byte> space = parser_.direct_space();
+  bool into_sink = !space.empty();
   if (!into_sink) {
     if (read_buffer_.size() < kReadChunk) read_buffer_.resize(kReadChunk);
-    direct = read_buffer_;
+    space = read_buffer_;
   }
-  ssize_t got = read(fd_, direct.data(), std::min(direct.size(), kReadChunk));
+  ssize_t got = read(fd_, space.data(), std::min(space.size(), budget));
   if (got < 0) {
-    if (errno == EAGAIN || errno == EINTR) return false;
+    if (errno == EAGAIN || errno == EINTR) return 0;
     last_failure_ = Status::from_errno("redis read", errno);
     fail_connection(Status(Code::kUnavailable, "redis read failed"));
-    return false;
+    return 0;
   }
   if (got == 0) {
     last_failure_ = Status(Code::kUnavailable, "redis server closed the connection");
     fail_connection(last_failure_);
-    return false;
+    return 0;
   }
   last_read_ = now;
-  if (written_ == 0) {
-    fail_connection(Status(Code::kProtocol, "redis server sent a reply nobody asked for"));
-    return false;
-  }
   if (into_sink) {
     parser_.commit_direct(static_cast<size_t>(got));
-    return true;
+    return static_cast<size_t>(got);
   }
-  return feed(std::span<const std::byte>(direct.data(), static_cast<size_t>(got)));
+  return feed(std::span<const std::byte>(space.data(), static_cast<size_t>(got))) ? static_cast<size_t>(got) : 0;
 }
 
 bool RedisConn::feed(std::span<const std::byte> bytes) noexcept {

@@ -29,7 +29,8 @@
 // Ownership: the caller owns each RedisRequest (and its payload, and its sink's destinations)
 // until its completion ran. Completions run inside submit() (an immediate failure),
 // on_readable()/on_timer()/poll() and the destructors (kUnavailable), on the owner's thread.
-// A completion may submit new requests; it must not destroy the connection or cluster.
+// A completion may submit new requests (not while the client is being destroyed: those fail
+// at once); it must not destroy the connection or cluster.
 // Thread safety: none; one thread (the event loop).
 #pragma once
 
@@ -145,7 +146,7 @@ class RedisConn {
   void write_some(RedisClock::time_point now) noexcept;
   size_t gather(::iovec* iov, size_t max) const noexcept;
   void advance_written(size_t n, RedisClock::time_point now) noexcept;
-  bool read_some(RedisClock::time_point now) noexcept;
+  size_t read_some(RedisClock::time_point now, size_t budget) noexcept;
   bool feed(std::span<const std::byte> bytes) noexcept;
   resp::BulkSink* front_sink() noexcept;
   bool deliver_front() noexcept;
@@ -186,7 +187,8 @@ struct RedisClusterOptions {
 class RedisCluster final : private ReplyHandler {
  public:
   // Creates the client and its epoll set; connects on the first request (cluster: asks a
-  // seed for the slot map first, holding requests until it comes or their deadline).
+  // seed for the slot map first, holding requests until it comes or their deadline; a seed
+  // that refuses CLUSTER SLOTS fails them at once, refresh_status() says why).
   static Result<std::unique_ptr<RedisCluster>> create(RedisClusterOptions options) noexcept;
   ~RedisCluster() override;
 
@@ -236,7 +238,6 @@ class RedisCluster final : private ReplyHandler {
   bool refresh_in_flight_ = false;
   bool refresh_wanted_ = false;
   bool closing_ = false;
-  size_t refresh_failures_ = 0;  // in a row, before the first slot map
   size_t refresh_rotation_ = 0;
   RedisClock::time_point last_refresh_{};
   Status refresh_status_;

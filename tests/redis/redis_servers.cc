@@ -157,7 +157,11 @@ std::unique_ptr<RedisServers> RedisServers::cluster(int masters, int replicas, s
     std::string p = std::to_string(port);
     std::vector<std::string> args = {"redis-server", "--port", p, "--bind", "127.0.0.1", "--cluster-enabled", "yes",
                                      "--cluster-config-file", "nodes-" + p + ".conf", "--cluster-node-timeout", "1000",
-                                     "--cluster-replica-validity-factor", "0", "--save", "", "--appendonly", "no",
+                                     "--cluster-replica-validity-factor", "0",
+                                     // Replicas keep up with tests that write hundreds of MiB at once.
+                                     "--repl-backlog-size", "256mb", "--client-output-buffer-limit", "replica 0 0 0",
+                                     "--repl-diskless-sync-delay", "0",
+                                     "--save", "", "--appendonly", "no",
                                      "--dir", r->dir_, "--daemonize", "no"};
     if (!r->start_server(args, port)) return *why = "redis-server (cluster node) did not start", nullptr;
     nodes += " 127.0.0.1:" + p;
@@ -166,7 +170,27 @@ std::unique_ptr<RedisServers> RedisServers::cluster(int masters, int replicas, s
                         std::to_string(replicas) + " --cluster-yes 2>&1");
   if (out.find("All 16384 slots covered") == std::string::npos) return *why = "redis-cli --cluster create: " + out, nullptr;
   if (!r->wait_cluster_ok(20)) return *why = "the cluster did not reach cluster_state:ok", nullptr;
+  if (!r->wait_replicas_synced(20)) return *why = "a replica did not finish its first sync", nullptr;
   return r;
+}
+
+bool RedisServers::wait_replicas_synced(double seconds) const {
+  auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    bool all = true;
+    for (const RedisServerProcess& s : servers_) {
+      std::string info = cli(s.port, "INFO replication");
+      bool replica = info.find("role:slave") != std::string::npos;
+      if (!s.running() || !replica) continue;
+      if (info.find("master_link_status:up") == std::string::npos ||
+          info.find("master_sync_in_progress:0") == std::string::npos) {
+        all = false;
+      }
+    }
+    if (all) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
 }
 
 bool RedisServers::wait_cluster_ok(double seconds) const {

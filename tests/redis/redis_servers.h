@@ -42,6 +42,8 @@ class RedisServers {
   std::string cli(int port, const std::string& args) const;
   // Waits up to `seconds` until every running node reports cluster_state:ok.
   bool wait_cluster_ok(double seconds) const;
+  // Waits up to `seconds` until every running replica has its master link up and synced.
+  bool wait_replicas_synced(double seconds) const;
 
  private:
   RedisServers() = default;

@@ -92,6 +92,7 @@ struct Op {
   resp::Type type = resp::Type::kNil;
   resp::Node::Bulk bulk = resp::Node::Bulk::kKept;
   std::string text;  // simple string, error, or kept bulk
+  int64_t value = 0;  // an integer reply; a bulk's length
   RedisClock::time_point finished_at{};
   std::string dest;  // a sink's destination
   std::unique_ptr<SlotSink> sink;
@@ -110,6 +111,7 @@ struct Op {
         type = r->root().type;
         bulk = r->root().bulk;
         text = std::string(r->text(r->root()));
+        value = r->root().value;
       }
     };
   }
@@ -262,6 +264,40 @@ TEST(RedisStandalone, StoppedServerTimesOutWithinTheDeadline) {
     EXPECT_FALSE(p->status.ok());
     EXPECT_LE(p->finished_at - t0, 500ms + 150ms);
   }
+}
+
+TEST(RedisStandalone, BadConfigurationFailsClearlyAndQuickly) {
+  SKIP_WITHOUT_REDIS();
+  std::string why;
+  auto server = RedisServers::standalone({}, &why);
+  ASSERT_TRUE(server) << why;
+  // Cluster mode against a plain server: CLUSTER SLOTS is refused, the request fails at once.
+  RedisClusterOptions o = standalone_options(server->servers()[0].port);
+  o.cluster = true;
+  auto plain = make_client(o);
+  Loop plain_loop(*plain);
+  auto get = get_op("k", 0, 2000ms);
+  auto t0 = now();
+  plain->submit(&get->req, "k", now());
+  ASSERT_TRUE(plain_loop.run_until([&] { return get->finished; }, 3s));
+  EXPECT_EQ(get->status.code(), Code::kUnavailable) << get->status.what();
+  EXPECT_LT(get->finished_at - t0, 1000ms);
+  EXPECT_STREQ(plain->refresh_status().what(), "redis: CLUSTER SLOTS refused (not a cluster node?)");
+
+  // An unreachable seed: the request ends at its deadline, not later.
+  int dead_port = server->servers()[0].port;
+  server->servers()[0].kill9();
+  RedisClusterOptions d = standalone_options(dead_port);
+  d.cluster = true;
+  auto nobody = make_client(d);
+  Loop nobody_loop(*nobody);
+  auto lost = get_op("k", 0, 300ms);
+  t0 = now();
+  nobody->submit(&lost->req, "k", now());
+  ASSERT_TRUE(nobody_loop.run_until([&] { return lost->finished; }, 2s));
+  EXPECT_EQ(lost->status.code(), Code::kTimeout) << lost->status.what();
+  EXPECT_LE(lost->finished_at - t0, 300ms + 150ms);
+  EXPECT_FALSE(nobody->refresh_status().ok());
 }
 
 // ---- cluster -------------------------------------------------------------------------------
@@ -419,6 +455,8 @@ TEST_F(RedisClusterTest, MasterKilledReplicaTakesOver) {
   client_->submit(&wait->req, keys[0], now());
   ASSERT_TRUE(loop_->run_until([&] { return wait->finished; }, 7s));
   ASSERT_TRUE(wait->ok_reply()) << wait->status.what() << " " << wait->text;
+  ASSERT_EQ(wait->type, resp::Type::kInteger);
+  ASSERT_GE(wait->value, 1) << "the victim's replica did not acknowledge the writes";
 
   // Requests in flight when the master dies end within their deadline: the right bytes, or
   // an error; never wrong bytes, never a hang.
@@ -456,6 +494,7 @@ TEST_F(RedisClusterTest, MasterKilledReplicaTakesOver) {
       if (!retry[i]->ok_reply()) {
         recovered = false;
       } else {
+        ASSERT_EQ(retry[i]->type, resp::Type::kBulk) << keys[i] << ": lost in the failover";
         ASSERT_TRUE(retry[i]->dest == values[i]) << keys[i] << ": wrong bytes after failover";
       }
     }
