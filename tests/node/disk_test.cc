@@ -237,8 +237,14 @@ TEST(Disk, RestartAfterSigkillServesEveryDemotedChunk) {
     ASSERT_TRUE(k.ok());
     for (uint32_t doc = 0; doc < 4; ++doc) ASSERT_EQ(store_doc(k, doc, kChunks), int(kChunks)) << doc;
     demote_all(d);
-    // A chunk's fastest copy is on disk once its write landed and the arena let it go.
-    for (int i = 0; i < 1000 && lookup_doc(k, 3, kChunks).tier_chunks[kDisk] < kChunks; ++i) usleep(10000);
+    // A chunk's fastest copy is on disk once its write landed and the arena let it go; the
+    // writes land in any order.
+    auto on_disk = [&] {
+      uint32_t n = 0;
+      for (uint32_t doc = 0; doc < 4; ++doc) n += lookup_doc(k, doc, kChunks).tier_chunks[kDisk];
+      return n;
+    };
+    for (int i = 0; i < 1000 && on_disk() < 4 * kChunks; ++i) usleep(10000);
     for (uint32_t doc = 0; doc < 4; ++doc) ASSERT_EQ(lookup_doc(k, doc, kChunks).tier_chunks[kDisk], kChunks) << doc;
     // Two more documents only in the arena.
     for (uint32_t doc = 4; doc < 6; ++doc) ASSERT_EQ(store_doc(k, doc, kChunks), int(kChunks)) << doc;
