@@ -30,7 +30,7 @@ phase_done ctest
 
 fuzz_seconds=${KDN_FUZZ_SECONDS:-60}
 if [[ "$fuzz_seconds" != 0 ]] && [[ -f tests/fuzz/CMakeLists.txt ]]; then
-  echo "test: fuzzing the KVC1 decoder, handshake, configuration, wire records, disk records and Redis replies, ${fuzz_seconds}s each"
+  echo "test: fuzzing the KVC1 decoder, handshake, configuration, wire records, disk records, Redis replies and remote values, ${fuzz_seconds}s each"
   cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
     -DKDN_WITH_CUDA=OFF -DKDN_FUZZ=ON -DKDN_BUILD_BENCH=OFF -DKDN_BUILD_TESTS=ON \
     -DKDN_BUILD_LLAMA=OFF >/dev/null

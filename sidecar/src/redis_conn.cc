@@ -202,7 +202,12 @@ void RedisConn::write_some(RedisClock::time_point now) noexcept {
       advance_written(0, now);
       continue;
     }
-    ssize_t w = writev(fd_, iov, static_cast<int>(n));
+    // sendmsg with MSG_NOSIGNAL rather than writev: a server that died leaves a socket whose
+    // write must fail with EPIPE, not raise SIGPIPE in a process that never ignored it.
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = n;
+    ssize_t w = sendmsg(fd_, &msg, MSG_NOSIGNAL);
     if (w < 0) {
       if (errno == EAGAIN || errno == EINTR) return;
       last_failure_ = Status::from_errno("redis write", errno);

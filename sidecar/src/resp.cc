@@ -160,7 +160,22 @@ void Parser::begin_bulk(int64_t length, BulkSink* sink) noexcept {
   BulkDestination d;
   if (sink != nullptr && !sink_dropped_) d = sink->bulk_destination(bulk_index_, static_cast<uint64_t>(length));
   ++bulk_index_;
-  dest_ = d.discard ? nullptr : d.data;
+  const uint64_t len = static_cast<uint64_t>(length);
+  // A split destination whose data is missing though the head does not hold it all is our
+  // own sink's mistake: the bulk is discarded rather than written past the head.
+  const bool split = !d.discard && d.head != nullptr && d.head_bytes > 0;
+  if (split && d.head_bytes < len && d.data == nullptr) d.discard = true;
+  after_head_ = nullptr;
+  if (d.discard) {
+    dest_ = nullptr;
+  } else if (split) {
+    dest_ = d.head;
+    part_left_ = std::min(d.head_bytes, len);
+    after_head_ = d.head_bytes < len ? d.data : nullptr;
+  } else {
+    dest_ = d.data;
+    part_left_ = len;
+  }
   discard_ = d.discard || sink_dropped_;
   if (dest_ != nullptr) {
     node.bulk = Node::Bulk::kSunk;
@@ -217,14 +232,29 @@ bool Parser::keep_text(std::string_view bytes) noexcept {
 size_t Parser::take_body(std::span<const std::byte> in) noexcept {
   size_t n = static_cast<size_t>(std::min<uint64_t>(remaining_, in.size()));
   if (dest_ != nullptr) {
+    n = static_cast<size_t>(std::min<uint64_t>(n, part_left_));
     std::memcpy(dest_, in.data(), n);
-    dest_ += n;
-  } else if (!discard_) {
-    reply_.text_.append(as_chars(in.first(n)));
+    advance_body(n);
+    return n;
   }
+  if (!discard_) reply_.text_.append(as_chars(in.first(n)));
   remaining_ -= n;
   if (remaining_ == 0) phase_ = Phase::kBodyCrlf;
   return n;
+}
+
+// `n` bytes of a sunk bulk were written at dest_: moves on, from the head to the data when
+// the head is full.
+void Parser::advance_body(size_t n) noexcept {
+  dest_ += n;
+  part_left_ -= n;
+  remaining_ -= n;
+  if (part_left_ == 0 && remaining_ > 0) {
+    dest_ = after_head_;
+    part_left_ = remaining_;
+    after_head_ = nullptr;
+  }
+  if (remaining_ == 0) phase_ = Phase::kBodyCrlf;
 }
 
 size_t Parser::take_crlf(std::span<const std::byte> in) noexcept {
@@ -261,19 +291,18 @@ void Parser::element_done() noexcept {
 
 std::span<std::byte> Parser::direct_space() noexcept {
   if (phase_ != Phase::kBody || dest_ == nullptr) return {};
-  return {dest_, static_cast<size_t>(remaining_)};
+  return {dest_, static_cast<size_t>(std::min(remaining_, part_left_))};
 }
 
 void Parser::commit_direct(size_t n) noexcept {
   // Our invariant: the caller filled at most what direct_space() offered.
-  n = static_cast<size_t>(std::min<uint64_t>(n, remaining_));
-  dest_ += n;
-  remaining_ -= n;
-  if (remaining_ == 0) phase_ = Phase::kBodyCrlf;
+  if (dest_ == nullptr) return;
+  advance_body(static_cast<size_t>(std::min({uint64_t{n}, remaining_, part_left_})));
 }
 
 void Parser::drop_sink() noexcept {
   sink_dropped_ = true;
+  after_head_ = nullptr;
   if (dest_ != nullptr) {
     dest_ = nullptr;
     discard_ = true;
@@ -297,6 +326,8 @@ void Parser::next() noexcept {
   phase_ = Phase::kLine;
   remaining_ = 0;
   dest_ = nullptr;
+  part_left_ = 0;
+  after_head_ = nullptr;
   discard_ = false;
   sink_dropped_ = false;
   bulk_index_ = 0;

@@ -103,10 +103,14 @@ struct Limits {
   uint64_t max_kept_bytes = 1ull << 30;    // bytes one reply keeps in its text
 };
 
-// Where a bulk string goes instead of the reply.
+// Where a bulk string goes instead of the reply. With a head, the bulk is split: its first
+// head_bytes go to `head` and the rest to `data` (a value's header into a buffer of its own,
+// its payload straight into an arena slot).
 struct BulkDestination {
-  std::byte* data = nullptr;  // exactly the bulk's length; null: keep it (or discard)
+  std::byte* data = nullptr;  // the bulk's length (less head_bytes); null: keep it (or discard)
   bool discard = false;       // skip its bytes; the reply records only its length
+  std::byte* head = nullptr;  // optional: where the first head_bytes go
+  uint64_t head_bytes = 0;    // at most the bulk's length; data may be null only if equal
 };
 
 class BulkSink {
@@ -136,8 +140,8 @@ class Parser {
     return feed(std::as_bytes(std::span<const char>(in.data(), in.size())), sink);
   }
 
-  // While a bulk bound for a sink's destination is being received: the rest of it (empty
-  // otherwise). The caller may fill a prefix of it itself and report with commit_direct().
+  // While a bulk bound for a sink's destination is being received: the rest of its current
+  // part, the head or the data (empty otherwise). The caller may fill a prefix of it itself and report with commit_direct().
   std::span<std::byte> direct_space() noexcept;
   void commit_direct(size_t n) noexcept;
   // The rest of the current reply's sink-bound bulks are discarded: the sink's destinations
@@ -167,6 +171,7 @@ class Parser {
   bool keep_text(std::string_view bytes) noexcept;
   size_t take_body(std::span<const std::byte> in) noexcept;
   size_t take_crlf(std::span<const std::byte> in) noexcept;
+  void advance_body(size_t n) noexcept;
   void element_done() noexcept;
   void fail(Code code, const char* what) noexcept;
 
@@ -179,6 +184,8 @@ class Parser {
   // The bulk being received.
   uint64_t remaining_ = 0;
   std::byte* dest_ = nullptr;  // its sink destination, at the next byte to write
+  uint64_t part_left_ = 0;     // bytes left in dest_'s part (the head, or the data)
+  std::byte* after_head_ = nullptr;  // a split bulk's data, once its head is full
   bool discard_ = false;
   bool sink_dropped_ = false;
   uint32_t bulk_index_ = 0;

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -240,6 +241,65 @@ TEST(Resp, SinkMayDiscard) {
   ASSERT_EQ(p.feed("*2\r\n$3\r\nabc\r\n$2\r\nde\r\n", &sink).state, ParseState::kDone);
   EXPECT_EQ(describe(p.reply()), "*2/3 $3# $2=de ");
   EXPECT_EQ(p.reply().node(1).bulk, Node::Bulk::kDiscarded);
+}
+
+// A value's header into one buffer, its payload into another, in any split and by direct reads.
+class SplitSink : public BulkSink {
+ public:
+  SplitSink(size_t head_bytes, size_t length)
+      : head(head_bytes, '\0'), data(length - std::min(head_bytes, length), '\0') {}
+  BulkDestination bulk_destination(uint32_t, uint64_t length) noexcept override {
+    if (length != head.size() + data.size()) return {nullptr, true};
+    return {data.empty() ? nullptr : reinterpret_cast<std::byte*>(data.data()), false,
+            reinterpret_cast<std::byte*>(head.data()), head.size()};
+  }
+  std::string head, data;
+};
+
+TEST(Resp, SplitDestinationTakesTheHeadThenTheData) {
+  std::string value(3000, '\0');
+  for (size_t i = 0; i < value.size(); ++i) value[i] = static_cast<char>(i * 13 + 1);
+  const std::string stream = "$3000\r\n" + value + "\r\n";
+  for (size_t head : {size_t{1}, size_t{192}, size_t{2999}, size_t{3000}}) {
+    for (size_t step : {size_t{1}, size_t{7}, size_t{191}, stream.size()}) {
+      for (bool direct : {false, true}) {
+        Parser p;
+        SplitSink sink(head, value.size());
+        std::string_view in = stream;
+        ParseResult r;
+        while (!in.empty()) {
+          std::span<std::byte> space = p.direct_space();
+          if (direct && !space.empty()) {
+            size_t n = std::min({space.size(), step, in.size()});
+            std::memcpy(space.data(), in.data(), n);
+            p.commit_direct(n);
+            in.remove_prefix(n);
+            continue;
+          }
+          r = p.feed(in.substr(0, step), &sink);
+          ASSERT_NE(r.state, ParseState::kError) << p.error().what();
+          in.remove_prefix(r.consumed);
+        }
+        ASSERT_EQ(r.state, ParseState::kDone) << head << " " << step << " " << direct;
+        EXPECT_EQ(sink.head + sink.data, value) << head << " " << step << " " << direct;
+        EXPECT_EQ(p.reply().root().bulk, Node::Bulk::kSunk);
+      }
+    }
+  }
+  // Data missing though the head is short: discarded, never written past the head.
+  Parser p;
+  std::string small(4, '\0');
+  class Broken : public BulkSink {
+   public:
+    explicit Broken(std::string* h) : h_(h) {}
+    BulkDestination bulk_destination(uint32_t, uint64_t) noexcept override {
+      return {nullptr, false, reinterpret_cast<std::byte*>(h_->data()), h_->size()};
+    }
+    std::string* h_;
+  } broken(&small);
+  ASSERT_EQ(p.feed(stream, &broken).state, ParseState::kDone);
+  EXPECT_EQ(p.reply().root().bulk, Node::Bulk::kDiscarded);
+  EXPECT_EQ(small, std::string(4, '\0'));
 }
 
 }  // namespace

@@ -38,19 +38,30 @@ Limits fuzz_limits() {
 }
 
 // Routes bulk `index` by `mode`: 0 keep all, 1 sink all, 2 alternate sink/keep, 3 alternate
-// sink/discard. Sunk bytes land in buffers it owns, keyed by index.
+// sink/discard, 4 sink all split (a head of 1 to 5 bytes in one buffer, the rest in another).
+// Sunk bytes land in buffers it owns, keyed by index.
 class RoutingSink : public BulkSink {
  public:
-  explicit RoutingSink(uint8_t mode) : mode_(mode % 4) {}
+  explicit RoutingSink(uint8_t mode) : mode_(mode % 5) {}
   BulkDestination bulk_destination(uint32_t index, uint64_t length) noexcept override {
     bool odd = index % 2 == 1;
     if (mode_ == 0 || (mode_ == 2 && odd)) return {};
     if (mode_ == 3 && odd) return {nullptr, true};
     if (buffers.size() <= index) buffers.resize(index + 1);
+    if (heads.size() <= index) heads.resize(index + 1);
+    if (mode_ == 4) {
+      const uint64_t head = std::min<uint64_t>(length, 1 + index % 5);
+      heads[index].assign(head, '\xBB');
+      buffers[index].assign(length - head, '\xAA');
+      return {buffers[index].empty() ? nullptr : reinterpret_cast<std::byte*>(buffers[index].data()), false,
+              reinterpret_cast<std::byte*>(heads[index].data()), head};
+    }
+    heads[index].clear();
     buffers[index].assign(length, '\xAA');
     return {reinterpret_cast<std::byte*>(buffers[index].data()), false};
   }
   std::vector<std::string> buffers;
+  std::vector<std::string> heads;  // mode 4: each bulk's first bytes
 
  private:
   uint8_t mode_;
@@ -64,7 +75,7 @@ std::string describe(const Reply& r, const RoutingSink* sink) {
     s += std::to_string(static_cast<int>(n.type)) + ":" + std::to_string(n.value) + ":" + std::to_string(n.end) + "=";
     if (n.type == Type::kBulk) {
       if (n.bulk == Node::Bulk::kKept) s += r.text(n);
-      if (n.bulk == Node::Bulk::kSunk) s += sink->buffers.at(bulk);
+      if (n.bulk == Node::Bulk::kSunk) s += sink->heads.at(bulk) + sink->buffers.at(bulk);
       if (n.bulk == Node::Bulk::kDiscarded) s += "<discarded>";
       ++bulk;
     } else {
@@ -99,6 +110,7 @@ Transcript parse_whole(std::string_view in, uint8_t mode) {
     t.replies.push_back(describe(p.reply(), &sink));
     p.next();
     sink.buffers.clear();
+    sink.heads.clear();
     if (in.empty()) {
       t.end = "idle";
       return t;
@@ -138,6 +150,7 @@ Transcript parse_split(std::string_view in, uint8_t seed, uint8_t mode) {
       t.replies.push_back(describe(p.reply(), &sink));
       p.next();
       sink.buffers.clear();
+    sink.heads.clear();
     }
     if (in.empty()) {
       t.end = p.idle() ? "idle" : "partial";
