@@ -1,5 +1,7 @@
 #include "disk_format.h"
 
+#include "record_bytes.h"
+
 #include <kdn/kernels/crc32c.h>
 
 #include <xxhash.h>
@@ -17,38 +19,14 @@ constexpr size_t kCrcAt = kBlock - 4;      // every block's CRC32C covers [0, kC
 // overflow.
 constexpr uint64_t kMaxFileBytes = uint64_t{1} << 56;
 
-template <class T>
-void put(std::byte* b, size_t at, T v) noexcept {
-  std::memcpy(b + at, &v, sizeof v);
-}
-template <class T>
-T get(const std::byte* b, size_t at) noexcept {
-  T v;
-  std::memcpy(&v, b + at, sizeof v);
-  return v;
-}
+using record::get;
+using record::put;
 
-void put_name(std::byte* b, size_t at, const std::string& name) noexcept {
-  std::memset(b + at, 0, kNameBytes);
-  std::memcpy(b + at, name.data(), std::min(name.size(), kNameBytes - 1));
-}
-
-// A NUL-terminated name of at most 63 bytes followed by zeros, or false.
+void put_name(std::byte* b, size_t at, const std::string& name) noexcept { record::put_name(b, at, kNameBytes, name); }
 bool get_name(const std::byte* b, size_t at, std::string* out) noexcept {
-  const char* p = reinterpret_cast<const char*>(b + at);
-  const size_t n = strnlen(p, kNameBytes);
-  if (n == kNameBytes) return false;
-  for (size_t i = n; i < kNameBytes; ++i)
-    if (p[i] != 0) return false;
-  *out = std::string(p, n);
-  return true;
+  return record::get_name(b, at, kNameBytes, out);
 }
-
-bool zero_from(const std::byte* b, size_t from, size_t to) noexcept {
-  for (size_t i = from; i < to; ++i)
-    if (b[i] != std::byte{0}) return false;
-  return true;
-}
+bool zero_from(const std::byte* b, size_t from, size_t to) noexcept { return record::zero_range(b, from, to); }
 
 void seal(std::byte* block) noexcept { put<uint32_t>(block, kCrcAt, crc32c(block, kCrcAt)); }
 bool sealed(const std::byte* block) noexcept { return get<uint32_t>(block, kCrcAt) == crc32c(block, kCrcAt); }

@@ -1,7 +1,9 @@
 #include "remote_format.h"
 
 #include "disk_format.h"
+#include "record_bytes.h"
 
+#include <kdn/common/model.h>
 #include <kdn/kernels/crc32c.h>
 
 #include <algorithm>
@@ -27,35 +29,15 @@ constexpr size_t kAtPayloadCrc = 64, kAtReserved1 = 68, kAtRawHash = 72, kAtName
 constexpr size_t kAtWritten = 152, kAtReserved2 = 160;
 static_assert(kAtName + kNameBytes == kAtWritten && kAtReserved2 < kHeaderCrcAt);
 
-template <class T>
-void put(std::byte* b, size_t at, T v) noexcept {
-  std::memcpy(b + at, &v, sizeof v);
-}
-template <class T>
-T get(const std::byte* b, size_t at) noexcept {
-  T v;
-  std::memcpy(&v, b + at, sizeof v);
-  return v;
-}
-
-bool zero_range(const std::byte* b, size_t from, size_t to) noexcept {
-  for (size_t i = from; i < to; ++i)
-    if (b[i] != std::byte{0}) return false;
-  return true;
-}
+using record::get;
+using record::put;
+using record::zero_range;
 
 // A NUL-terminated valid namespace followed by zeros, or false.
 bool get_name(const std::byte* b, std::string* out) noexcept {
-  const char* p = reinterpret_cast<const char*>(b + kAtName);
-  const size_t n = strnlen(p, kNameBytes);
-  if (n == kNameBytes || !zero_range(b, kAtName + n, kAtName + kNameBytes)) return false;
-  if (!valid_namespace(std::string_view(p, n))) return false;
-  *out = std::string(p, n);
-  return true;
+  return record::get_name(b, kAtName, kNameBytes, out) && valid_namespace(*out);
 }
 
-bool is_zero(const kdn_key& k) noexcept { return k.lo == 0 && k.hi == 0; }
-bool same(const kdn_key& a, const kdn_key& b) noexcept { return a.lo == b.lo && a.hi == b.hi; }
 
 bool parse_hex64(std::string_view s, uint64_t* out) noexcept {
   if (s.size() != 16) return false;
@@ -148,7 +130,7 @@ void encode_header(const ValueHeader& h, std::byte* b) noexcept {
   put<uint64_t>(b, kAtStoredBytes, h.stored_bytes);
   put<uint32_t>(b, kAtPayloadCrc, h.payload_crc);
   put<kdn_key>(b, kAtRawHash, h.raw_hash);
-  std::memcpy(b + kAtName, h.name_space.data(), std::min(h.name_space.size(), kNameBytes - 1));
+  record::put_name(b, kAtName, kNameBytes, h.name_space);
   put<uint64_t>(b, kAtWritten, h.written_unix_ns);
   put<uint32_t>(b, kHeaderCrcAt, crc32c(b, kHeaderCrcAt));
 }
@@ -178,7 +160,7 @@ Status decode_header(std::span<const std::byte, kHeaderBytes> in, ValueHeader* o
     return Status(Code::kCorrupt, "remote value: stored size is impossible");
   if (h.codec == RemoteCodec::kNone && h.stored_bytes != h.raw_bytes)
     return Status(Code::kCorrupt, "remote value: an uncompressed value's stored size differs from its raw size");
-  if (h.codec != RemoteCodec::kLossless && !is_zero(h.raw_hash))
+  if (h.codec != RemoteCodec::kLossless && !(h.raw_hash == kdn_key{}))
     return Status(Code::kCorrupt, "remote value: a raw hash without the lossless codec");
   *out = std::move(h);
   return OkStatus();
@@ -186,8 +168,8 @@ Status decode_header(std::span<const std::byte, kHeaderBytes> in, ValueHeader* o
 
 Status check_header(const ValueHeader& h, const ValueExpectation& want, uint64_t value_bytes) noexcept {
   // Another chunk under this name: a colliding key, or a stale overwrite by another model.
-  if (!same(h.key, want.key)) return Status(Code::kCorrupt, "remote value belongs to another chunk key");
-  if (!same(h.fingerprint, want.fingerprint)) return Status(Code::kCorrupt, "remote value belongs to another model");
+  if (!(h.key == want.key)) return Status(Code::kCorrupt, "remote value belongs to another chunk key");
+  if (!(h.fingerprint == want.fingerprint)) return Status(Code::kCorrupt, "remote value belongs to another model");
   if (h.name_space != want.name_space) return Status(Code::kCorrupt, "remote value belongs to another namespace");
   if (value_bytes < kHeaderBytes || value_bytes - kHeaderBytes != h.stored_bytes)
     return Status(Code::kCorrupt, "remote value length disagrees with its header");
