@@ -6,6 +6,7 @@
 // Thread safety: none; one test thread.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/types.h>
 
 #include <memory>
@@ -50,6 +51,25 @@ class RedisServers {
   bool start_server(std::vector<std::string> args, int port);
   std::string dir_;
   std::vector<RedisServerProcess> servers_;
+};
+
+// The fixture base of a test suite whose cases share one cluster of 3 masters with a replica
+// each, started once per suite (a cluster takes seconds to form) and stopped after its last
+// case. `Suite` is the deriving fixture, so every suite has a cluster of its own. Without
+// redis, servers_ stays null (the fixture's SetUp skips).
+template <class Suite>
+class ClusterSuite : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!redis_missing().empty()) return;
+    servers_ = RedisServers::cluster(3, 1, &why_).release();
+  }
+  static void TearDownTestSuite() {
+    delete servers_;
+    servers_ = nullptr;
+  }
+  static inline RedisServers* servers_ = nullptr;
+  static inline std::string why_;
 };
 
 }  // namespace kdn::testing

@@ -302,16 +302,8 @@ TEST(RedisStandalone, BadConfigurationFailsClearlyAndQuickly) {
 
 // ---- cluster -------------------------------------------------------------------------------
 
-class RedisClusterTest : public ::testing::Test {
+class RedisClusterTest : public testing::ClusterSuite<RedisClusterTest> {
  protected:
-  static void SetUpTestSuite() {
-    if (!testing::redis_missing().empty()) return;
-    servers_ = RedisServers::cluster(3, 1, &why_).release();
-  }
-  static void TearDownTestSuite() {
-    delete servers_;
-    servers_ = nullptr;
-  }
   void SetUp() override {
     SKIP_WITHOUT_REDIS();
     ASSERT_TRUE(servers_) << why_;
@@ -359,13 +351,9 @@ class RedisClusterTest : public ::testing::Test {
     return m->masters()[m->owner(key_slot(key))].port;
   }
 
-  static RedisServers* servers_;
-  static std::string why_;
   std::unique_ptr<RedisCluster> client_;
   std::unique_ptr<Loop> loop_;
 };
-RedisServers* RedisClusterTest::servers_ = nullptr;
-std::string RedisClusterTest::why_;
 
 TEST_F(RedisClusterTest, PipelinedMultiMiBValuesOverEveryMaster) {
   std::vector<std::string> keys, values;

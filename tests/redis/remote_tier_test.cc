@@ -348,16 +348,8 @@ TEST(RemoteTierLocal, UnreachableStoreFailsWithinTheDeadline) {
 
 // ---- a 3+3 cluster ---------------------------------------------------------------------------------
 
-class RemoteTierCluster : public ::testing::Test {
+class RemoteTierCluster : public testing::ClusterSuite<RemoteTierCluster> {
  protected:
-  static void SetUpTestSuite() {
-    if (!testing::redis_missing().empty()) return;
-    servers_ = RedisServers::cluster(3, 1, &why_).release();
-  }
-  static void TearDownTestSuite() {
-    delete servers_;
-    servers_ = nullptr;
-  }
   void SetUp() override {
     SKIP_WITHOUT_REDIS();
     ASSERT_TRUE(servers_) << why_;
@@ -378,14 +370,10 @@ class RemoteTierCluster : public ::testing::Test {
     return m->masters()[m->owner(key_slot(key))].port;
   }
 
-  static RedisServers* servers_;
-  static std::string why_;
   std::unique_ptr<RemoteTier> tier_;
   std::unique_ptr<Driver> driver_;
   std::unique_ptr<RawClient> raw_;
 };
-RedisServers* RemoteTierCluster::servers_ = nullptr;
-std::string RemoteTierCluster::why_;
 
 TEST_F(RemoteTierCluster, RoundTripOverEveryMasterAndFromAnotherNode) {
   const size_t sizes[] = {64 * kKiB, 256 * kKiB + 4 * kKiB, 1 * kMiB, 2 * kMiB + 12 * kKiB, 6 * kMiB};
