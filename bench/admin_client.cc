@@ -77,16 +77,16 @@ int AdminClient::evict(ipc::EvictMode mode, const kdn_key* keys, size_t n_keys, 
   return st;
 }
 
-std::optional<ipc::TierStatsRecord> AdminClient::disk_stats() {
+std::optional<ipc::TierStatsRecord> AdminClient::tier_stats(ipc::ChunkTier t) {
   if (!ok_) return std::nullopt;
   ipc::Sqe q{};
   q.opcode = uint8_t(ipc::Opcode::kTierStats);
   q.out_off = 0;
   q.out_len = ipc::kTierCount * sizeof(ipc::TierStatsRecord);
   ipc::Cqe c{};
-  if (call(q, &c) != KDN_OK || c.res[0] <= uint32_t(ipc::ChunkTier::kDisk)) return std::nullopt;
+  if (call(q, &c) != KDN_OK || c.res[0] <= uint32_t(t)) return std::nullopt;
   ipc::TierStatsRecord r;
-  std::memcpy(&r, s_.payload() + uint32_t(ipc::ChunkTier::kDisk) * sizeof(ipc::TierStatsRecord), sizeof r);
+  std::memcpy(&r, s_.payload() + uint32_t(t) * sizeof(ipc::TierStatsRecord), sizeof r);
   if (!r.present) return std::nullopt;
   return r;
 }

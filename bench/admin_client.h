@@ -30,7 +30,9 @@ class AdminClient {
   // kdn_status kdnd answered, and in *evicted the chunks that left (may be null).
   int evict(ipc::EvictMode mode, const kdn_key* keys, size_t n_keys, uint64_t* evicted);
   // The disk tier's record of TIER_STATS, if the namespace has one.
-  std::optional<ipc::TierStatsRecord> disk_stats();
+  std::optional<ipc::TierStatsRecord> disk_stats() { return tier_stats(ipc::ChunkTier::kDisk); }
+  // Tier `t`'s record of TIER_STATS, if the namespace has that tier.
+  std::optional<ipc::TierStatsRecord> tier_stats(ipc::ChunkTier t);
 
  private:
   int call(ipc::Sqe q, ipc::Cqe* out);

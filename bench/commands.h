@@ -4,6 +4,9 @@
 // 2 a usage error or a subcommand this build does not include.
 #pragma once
 
+#include <cstdint>
+#include <string>
+
 namespace kdn::bench {
 
 int run_baselines_bench(int argc, char** argv);  // same-run baselines alone
@@ -18,3 +21,9 @@ int run_kernels_bench(int argc, char** argv);
 int run_llama_bench(int argc, char** argv);
 int run_vllm_bench(int argc, char** argv);  // execs python/tools/vllm_bench.py
 int run_blend_bench(int argc, char** argv);
+// kdn-bench remote's end-to-end figures, with llama.cpp (builds with KDN_BENCH_HAVE_LLAMA):
+// node A's engine prefills a `size`-token prompt through the kdnd at socket_a, node B's engine
+// gets it from T3 through the kdnd at socket_b (both in namespace `ns`, with a remote tier on
+// one store). JSON: ttft_miss_s, ttft_remote_hit_s, ttft_hit_s (medians of `reps`), or "error".
+std::string remote_llama_ttft_json(const std::string& socket_a, const std::string& socket_b, const std::string& ns,
+                                   uint32_t size, uint32_t reps);

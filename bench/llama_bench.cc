@@ -733,7 +733,83 @@ void set_bars(kdn::bench::Report& r, const Options& o, const Calibration& cal, b
     r.set_bar("bars.codec_top1_agreement", f16.scored ? top1_f16 : top1, kdn::bench::BarOp::kAtLeast, 0.98);
 }
 
+// ---- kdn-bench remote: the engine end to end across two nodes -----------------------------------
+
+// Node A's engine prefills the prompt (a miss, its chunks uploaded to T3 by A's kdnd); node B's
+// engine then asks for the same prompt. Each of B's rounds first makes B's kdnd forget every
+// chunk (an operator's evict --all: T3 copies stay in the store), so B's request finds the
+// prefix only in T3 (ttft_remote_hit_s), then asks again with it in B's arena (ttft_hit_s).
+Json run_remote_sides(const Options& o, const std::string& doc, const std::string& socket_a,
+                      const std::string& socket_b, const std::string& ns, uint32_t size, uint32_t reps) {
+  const Calibration cal;
+  const Side a{o, doc, cal, size, socket_a, ns, ""}, b{o, doc, cal, size, socket_b, ns, ""};
+  auto miss = in_child([&]() -> Json {
+    Session ss;
+    if (auto err = ss.open(a, o.model, o.threads)) return *err;
+    auto gen = ss.engine->generate(ss.prompt, o.n_predict, ss.store.get());
+    if (!gen.ok()) return failure("node A generate", gen.status());
+    if (gen->stats.tokens_reused != 0) return Json{{"error", "node A was not a clean miss"}};
+    return Json{{"ttft_s", gen->stats.ttft_s}, {"chunks_stored", gen->stats.chunks_stored}, {"tokens", gen->tokens}};
+  });
+  if (!miss.ok()) return Json{{"error", std::string("node A: ") + miss.status().what()}};
+  // write_through uploads run after the COMMIT: wait until A's T3 holds them.
+  {
+    kdn::bench::AdminClient admin(socket_a, ns);
+    const uint64_t want = (*miss)["chunks_stored"];
+    bool there = false;
+    for (int i = 0; i < 1000 && admin.ok() && !there; ++i) {
+      const auto t3 = admin.tier_stats(kdn::ipc::ChunkTier::kRemote);
+      there = t3 && t3->resident_chunks >= want;
+      if (!there) usleep(10000);
+    }
+    if (!there) return Json{{"error", "node A's chunks did not reach T3 within 10 s"}};
+  }
+  auto hits = in_child([&]() -> Json {
+    Session ss;
+    if (auto err = ss.open(b, o.model, o.threads)) return *err;
+    kdn::bench::AdminClient admin(socket_b, ns);
+    if (!admin.ok()) return Json{{"error", "node B: no admin session"}};
+    std::vector<double> remote, local, paired;
+    bool identical = true;
+    for (uint32_t r = 0; r < reps + o.warmup; ++r) {
+      if (!admin.evict_all()) return Json{{"error", "node B: evict --all failed"}};
+      double t[2];
+      for (int k = 0; k < 2; ++k) {  // k = 0: only in T3; k = 1: in B's arena
+        auto gen = ss.engine->generate(ss.prompt, o.n_predict, ss.store.get());
+        if (!gen.ok()) return failure("node B generate", gen.status());
+        if (gen->stats.tokens_reused != size)
+          return Json{{"error", std::string(k == 0 ? "remote" : "local") + " hit incomplete: " +
+                                    std::to_string(gen->stats.tokens_reused) + " of " + std::to_string(size) +
+                                    " tokens reused (" + gen->stats.cache_status.what() + ")"}};
+        identical &= gen->tokens == (*miss)["tokens"].get<std::vector<int32_t>>();
+        t[k] = gen->stats.ttft_s;
+      }
+      if (r < o.warmup) continue;
+      remote.push_back(t[0]);
+      local.push_back(t[1]);
+      paired.push_back(t[0] / t[1]);
+    }
+    return Json{{"ttft_remote_hit_s", median(remote)}, {"ttft_remote_hit_runs_s", remote},
+                {"ttft_hit_s", median(local)},         {"ttft_hit_runs_s", local},
+                {"remote_hit_vs_hit", median(paired)}, {"tokens_identical", identical}};
+  });
+  if (!hits.ok()) return Json{{"error", std::string("node B: ") + hits.status().what()}};
+  Json out = *hits;
+  out["ttft_miss_s"] = (*miss)["ttft_s"];
+  out["prompt_tokens"] = size;
+  out["chunks"] = (*miss)["chunks_stored"];
+  out["remote_hit_speedup_vs_miss"] = double((*miss)["ttft_s"]) / double(out["ttft_remote_hit_s"]);
+  return out;
+}
+
 }  // namespace
+
+std::string remote_llama_ttft_json(const std::string& socket_a, const std::string& socket_b, const std::string& ns,
+                                   uint32_t size, uint32_t reps) {
+  Options o;
+  o.docs = default_documents();
+  return run_remote_sides(o, read_documents(o.docs), socket_a, socket_b, ns, size, reps).dump();
+}
 
 int run_llama_bench(int argc, char** argv) {
   CLI::App app("kdn-bench llama: TTFT of llama.cpp with and without kdn, against slot save/restore");

@@ -5,6 +5,7 @@
 
 #include "config_table.h"
 #include "metrics_server.h"
+#include "redis_cluster.h"
 
 #include <kdn/ipc/fd.h>
 #include <kdn/ipc/protocol.h>
@@ -127,6 +128,35 @@ constexpr KeyDef kConfigKeys[] = {
     {.key = "tier.host.max_demotions", .field = &HostTierConfig::max_demotions, .default_text = "32",
      .help = "demotions to the disk tier in flight at once to make room in the arena", .min = 1,
      .max = 65536},
+    // ---- [tier.remote]
+    {.key = "tier.remote.seeds", .field = &RemoteTierConfig::seeds, .default_text = "",
+     .help = "numeric host:port of Redis Cluster nodes (any of them), or of one standalone "
+             "Redis/Valkey server; empty: no remote tier"},
+    {.key = "tier.remote.mode", .field = &RemoteTierConfig::mode, .default_text = "cluster",
+     .help = "cluster: a Redis Cluster (slot map, redirects); standalone: one server",
+     .choices = "cluster|standalone"},
+    {.key = "tier.remote.username", .field = &RemoteTierConfig::username, .default_text = "",
+     .help = "ACL user kdnd authenticates as; empty: the default user"},
+    {.key = "tier.remote.password_file", .field = &RemoteTierConfig::password_file, .default_text = "",
+     .help = "file whose first line is the AUTH password, not readable by others; empty: no AUTH"},
+    {.key = "tier.remote.pool", .field = &RemoteTierConfig::pool, .default_text = "2",
+     .help = "connections to each master, per namespace", .min = 1, .max = 64},
+    {.key = "tier.remote.timeout_ms", .field = &RemoteTierConfig::timeout_ms, .default_text = "500",
+     .help = "deadline of every remote request: an engine never waits longer for the remote tier "
+             "(a late answer is a miss)",
+     .min = 10, .max = 60000},
+    {.key = "tier.remote.policy", .field = &RemoteTierConfig::policy, .default_text = "write_through",
+     .help = "write_through: chunks are uploaded as they are committed (other nodes find them at "
+             "once); write_back: as they leave this node's memory",
+     .choices = "write_through|write_back"},
+    {.key = "tier.remote.bytes", .field = &RemoteTierConfig::bytes, .default_text = "64G",
+     .help = "chunks in the store this node keeps track of, per namespace (the store's own "
+             "maxmemory bounds what it holds)", .min = kMiB},
+    {.key = "tier.remote.read_ahead", .field = &RemoteTierConfig::read_ahead, .default_text = "64",
+     .help = "chunks of a prefix fetched from the remote tier ahead of a LEASE, or after a LOOKUP "
+             "that found them there", .max = 4096},
+    {.key = "tier.remote.max_in_flight", .field = &RemoteTierConfig::max_in_flight, .default_text = "256",
+     .help = "remote reads and writes in flight per namespace", .min = 1, .max = 65536},
     // ---- [tier.disk]
     {.key = "tier.disk.dirs", .field = &DiskTierConfig::dirs, .default_text = "",
      .help = "one directory per NVMe device, each on a file system with O_DIRECT; empty: no disk "
@@ -193,6 +223,10 @@ constexpr KeyDef kConfigKeys[] = {
      .choices = "none|lossless|int8|kivi4"},
     {.key = "namespace.*.disk_bytes", .field = &NamespaceConfig::disk_bytes, .default_text = "0",
      .help = "this namespace's slab file per disk directory; 0: tier.disk.bytes"},
+    {.key = "namespace.*.remote_codec", .field = &NamespaceConfig::remote_codec, .default_text = "none",
+     .help = "chunks sent to the remote tier: none, lossless (bit-exact) or lossy int8, kivi4; "
+             "decoded where they are read",
+     .choices = "none|lossless|int8|kivi4"},
 };
 // clang-format on
 
@@ -236,13 +270,12 @@ bool resolve_tier_key(std::string_view key, ResolvedKey* out, std::string* why) 
   const std::string_view rest = key.substr(std::string_view("tier.").size());
   const size_t dot = rest.find('.');
   const std::string_view tier = rest.substr(0, dot);
-  Section section;
-  if (tier == config_table::kHostTierName) section = Section::kTierHost;
-  else if (tier == config_table::kDiskTierName) section = Section::kTierDisk;
-  else {
+  const std::optional<Section> found = config_table::tier_section(tier);
+  if (!found) {
     *why = "unknown tier '" + std::string(tier) + "' (this kdnd has: " + config_table::kTierNames + ")";
     return false;
   }
+  const Section section = *found;
   const std::string_view name = dot == std::string_view::npos ? "" : rest.substr(dot + 1);
   out->def = config_table::find_key(section, name);
   if (!out->def) *why = unknown_key(key, section, name, "");
@@ -359,6 +392,22 @@ std::string check_disk(const Config& c) {
     if (ns.disk_bytes != 0 && ns.disk_bytes < d.slab_bytes)
       return key_and_value(&NamespaceConfig::disk_bytes, c, &ns) + ": smaller than " +
              key_and_value(&DiskTierConfig::slab_bytes, c);
+  return "";
+}
+
+std::string check_remote(const Config& c) {
+  const RemoteTierConfig& r = c.remote;
+  if (r.seeds.empty()) return "";
+  for (const std::string& seed : r.seeds) {
+    const auto a = parse_address(seed);
+    if (!a || a->port == 0)
+      return key_and_value(&RemoteTierConfig::seeds, c) + ": '" + seed +
+             "' is not host:port with a numeric address (hostnames are not resolved)";
+  }
+  if (r.mode == "standalone" && r.seeds.size() != 1)
+    return key_and_value(&RemoteTierConfig::seeds, c) + ": standalone mode takes exactly one server";
+  if (!r.password_file.empty() && r.password_file[0] != '/')
+    return key_and_value(&RemoteTierConfig::password_file, c) + ": not an absolute path";
   return "";
 }
 
@@ -520,7 +569,7 @@ void Config::fill_defaults() {
 }
 
 Status Config::validate(std::string* error) const {
-  for (auto check : {check_bounds, check_arenas, check_disk, check_daemon, check_namespaces}) {
+  for (auto check : {check_bounds, check_arenas, check_disk, check_remote, check_daemon, check_namespaces}) {
     if (std::string problem = check(*this); !problem.empty())
       return config_table::config_error(error, std::move(problem), "config: invalid configuration");
   }
@@ -534,6 +583,8 @@ std::string Config::to_toml() const {
   append_section(&out, Section::kTierHost, *this, nullptr);
   out += "\n[tier.disk]\n";
   append_section(&out, Section::kTierDisk, *this, nullptr);
+  out += "\n[tier.remote]\n";
+  append_section(&out, Section::kTierRemote, *this, nullptr);
   for (const NamespaceConfig& ns : namespaces) {
     out += "\n[namespace." + toml_key(ns.name) + "]\n";
     append_section(&out, Section::kNamespace, *this, &ns);
@@ -583,29 +634,34 @@ Status load_namespace_token(const NamespaceConfig& ns, const Config& c, std::str
   }
   const std::string what =
       "namespace." + ns.name + ".token_file = " + config_table::toml_text(ns.token_file);
-  ipc::UniqueFd fd(::open(ns.token_file.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
+  return read_secret_file(ns.token_file, what, ipc::kTokenBytes - 1, token, error);
+}
+
+Status read_secret_file(const std::string& path, const std::string& what, size_t max_bytes, std::string* secret,
+                        std::string* error) {
+  ipc::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
   struct stat st {};
   std::string line;
   if (!fd || ::fstat(fd.get(), &st) != 0 || !read_first_line(fd.get(), &line)) {
     const int err = errno;
     if (error) *error = what + ": cannot read: " + std::strerror(err);
-    return Status::from_errno("config: cannot read a token file", err);
+    return Status::from_errno("config: cannot read a secret file", err);
   }
   char mode[8];
   std::snprintf(mode, sizeof mode, "%04o", unsigned(st.st_mode & 07777));
   if (st.st_mode & (S_IROTH | S_IWOTH))
     return config_table::config_error(
         error, what + ": mode " + mode + " lets others read or write it; chmod o-rw the file",
-        "config: token file open to others");
+        "config: secret file open to others");
   if (line.empty())
-    return config_table::config_error(error, what + ": its first line holds no token",
-                                      "config: empty token");
-  if (line.size() >= ipc::kTokenBytes)
+    return config_table::config_error(error, what + ": its first line is empty",
+                                      "config: empty secret");
+  if (line.size() > max_bytes)
     return config_table::config_error(error,
-                                      what + ": the token is " + std::to_string(line.size()) +
-                                          " bytes; at most " + std::to_string(ipc::kTokenBytes - 1),
-                                      "config: token too long");
-  *token = std::move(line);
+                                      what + ": its first line is " + std::to_string(line.size()) +
+                                          " bytes; at most " + std::to_string(max_bytes),
+                                      "config: secret too long");
+  *secret = std::move(line);
   return OkStatus();
 }
 

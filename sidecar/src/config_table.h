@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -26,9 +27,9 @@ namespace kdn::sidecar::config_table {
 using UidList = std::vector<uint32_t>;
 using PathList = std::vector<std::string>;
 
-// Where a key lives in a file: at the top, in [tier.host], [tier.disk], or in every
+// Where a key lives in a file: at the top, in [tier.host], [tier.disk], [tier.remote], or in every
 // [namespace.NAME].
-enum class Section { kDaemon, kTierHost, kTierDisk, kNamespace };
+enum class Section { kDaemon, kTierHost, kTierDisk, kTierRemote, kNamespace };
 
 // The member a key reads and writes.
 using Field =
@@ -37,6 +38,8 @@ using Field =
                  uint32_t HostTierConfig::*, uint64_t HostTierConfig::*,
                  std::string DiskTierConfig::*, bool DiskTierConfig::*, uint32_t DiskTierConfig::*,
                  uint64_t DiskTierConfig::*, PathList DiskTierConfig::*,
+                 std::string RemoteTierConfig::*, uint32_t RemoteTierConfig::*,
+                 uint64_t RemoteTierConfig::*, PathList RemoteTierConfig::*,
                  std::string NamespaceConfig::*, UidList NamespaceConfig::*,
                  uint32_t NamespaceConfig::*, uint64_t NamespaceConfig::*>;
 
@@ -94,6 +97,7 @@ void with_value(const KeyDef& k, C& c, N* ns, Fn&& fn) {
         if constexpr (std::is_same_v<Owner, Config>) fn(c.*member);
         else if constexpr (std::is_same_v<Owner, HostTierConfig>) fn(c.host.*member);
         else if constexpr (std::is_same_v<Owner, DiskTierConfig>) fn(c.disk.*member);
+        else if constexpr (std::is_same_v<Owner, RemoteTierConfig>) fn(c.remote.*member);
         else fn(ns->*member);
       },
       k.field);
@@ -134,7 +138,10 @@ NamespaceConfig& namespace_entry(Config& c, const std::string& name, int line);
 // The tiers this build configures, for sections and "unknown tier" messages.
 inline constexpr const char* kHostTierName = "host";
 inline constexpr const char* kDiskTierName = "disk";
-inline constexpr const char* kTierNames = "host, disk";
+inline constexpr const char* kRemoteTierName = "remote";
+inline constexpr const char* kTierNames = "host, disk, remote";
+// The section of [tier.NAME], or nullopt for a tier this build does not have.
+std::optional<Section> tier_section(std::string_view name);
 // What valid_namespace_name() accepts, for messages.
 inline constexpr const char* kNamespaceNameRule =
     "a namespace name is 1 to 63 bytes of A-Z a-z 0-9 . _ - and does not start with '.'";

@@ -73,6 +73,9 @@ TEST(ConfigTable, KeysSitInTheirSections) {
       case Section::kTierDisk:
         EXPECT_EQ(key.rfind("tier.disk.", 0), 0u) << key;
         break;
+      case Section::kTierRemote:
+        EXPECT_EQ(key.rfind("tier.remote.", 0), 0u) << key;
+        break;
       case Section::kNamespace:
         EXPECT_EQ(key.rfind("namespace.*.", 0), 0u) << key;
         break;
@@ -272,7 +275,7 @@ TEST_F(ConfigFiles, UnknownKeysSectionsAndTiersAreErrors) {
   EXPECT_THAT(load("[tier.host.extra]\n"),
               HasSubstr("kdnd.toml:1: unknown section '[tier.host.extra]'"));
   EXPECT_THAT(load("[tier.host]\nbytes = 5\n[tier.gpu]\nbytes = 5\n"),
-              HasSubstr("kdnd.toml:3: unknown tier 'gpu' (this kdnd has: host, disk)"));
+              HasSubstr("kdnd.toml:3: unknown tier 'gpu' (this kdnd has: host, disk, remote)"));
   EXPECT_THAT(load("[namespace.team.a]\n"),
               AllOf(HasSubstr("kdnd.toml:1: unknown section '[namespace.team.a]'"),
                     HasSubstr("[namespace.\"team.a\"]")));
@@ -402,7 +405,7 @@ TEST(ConfigSet, ErrorsNameTheFlagKeyAndValue) {
       {"max_sesions", "1",
        "--set max_sesions=1: unknown key 'max_sesions' (did you mean 'max_sessions'?)"},
       {"tier.gpu.bytes", "1G",
-       "--set tier.gpu.bytes=1G: unknown tier 'gpu' (this kdnd has: host, disk)"},
+       "--set tier.gpu.bytes=1G: unknown tier 'gpu' (this kdnd has: host, disk, remote)"},
       {"tier.host", "1G", "--set tier.host=1G: unknown key 'tier.host'"},
       {"namespace.a.max_byte", "1",
        "--set namespace.a.max_byte=1: unknown key 'namespace.a.max_byte' (did you "
@@ -553,6 +556,7 @@ TEST_F(ConfigFiles, PrintedConfigLoadsBackTheSame) {
       if (key.rfind("namespace.*.", 0) == 0) key = "[namespace.b]";
       else if (key.rfind("tier.host.", 0) == 0) key = key.substr(10);
       else if (key.rfind("tier.disk.", 0) == 0) key = key.substr(10);
+      else if (key.rfind("tier.remote.", 0) == 0) key = key.substr(12);
       EXPECT_THAT(printed, HasSubstr(key)) << "missing from --print-config";
     }
   }
@@ -589,7 +593,7 @@ TEST_F(ConfigFiles, TokenFileRules) {
 
   ns.token_file = write("empty.token", " \n", 0600);
   EXPECT_FALSE(load_namespace_token(ns, c, &token, &error).ok());
-  EXPECT_THAT(error, HasSubstr("holds no token"));
+  EXPECT_THAT(error, HasSubstr("its first line is empty"));
 
   ns.token_file = write("long.token", std::string(64, 'x') + "\n", 0600);
   EXPECT_FALSE(load_namespace_token(ns, c, &token, &error).ok());

@@ -91,14 +91,13 @@ void walk_tiers(const toml::key& k, const toml::node& v, std::vector<Step>* step
   }
   for (auto&& [name, tier] : *tiers) {
     const std::string tier_name(name.str());
-    Section section;
-    if (tier_name == config_table::kHostTierName) section = Section::kTierHost;
-    else if (tier_name == config_table::kDiskTierName) section = Section::kTierDisk;
-    else {
+    const std::optional<Section> found = config_table::tier_section(tier_name);
+    if (!found) {
       add_error(steps, name,
                 "unknown tier '" + tier_name + "' (this kdnd has: " + config_table::kTierNames + ")");
       continue;
     }
+    const Section section = *found;
     if (const toml::table* t = tier.as_table()) {
       walk_section(section, "tier." + tier_name + ".", "", *t, steps);
     } else {

@@ -63,6 +63,13 @@ Status config_error(std::string* error, std::string message, const char* what) {
   return Status(Code::kInvalidArgument, what);
 }
 
+std::optional<Section> tier_section(std::string_view name) {
+  if (name == kHostTierName) return Section::kTierHost;
+  if (name == kDiskTierName) return Section::kTierDisk;
+  if (name == kRemoteTierName) return Section::kTierRemote;
+  return std::nullopt;
+}
+
 Section section_of(const KeyDef& k) {
   return std::visit(
       [](auto member) {
@@ -70,6 +77,7 @@ Section section_of(const KeyDef& k) {
         if constexpr (std::is_same_v<Owner, Config>) return Section::kDaemon;
         else if constexpr (std::is_same_v<Owner, HostTierConfig>) return Section::kTierHost;
         else if constexpr (std::is_same_v<Owner, DiskTierConfig>) return Section::kTierDisk;
+        else if constexpr (std::is_same_v<Owner, RemoteTierConfig>) return Section::kTierRemote;
         else return Section::kNamespace;
       },
       k.field);

@@ -13,7 +13,9 @@
 #include <kdn/ipc/handshake.h>
 #include <kdn/ipc/uds.h>
 
+#include <spdlog/fmt/ranges.h>
 #include <spdlog/spdlog.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
@@ -83,8 +85,30 @@ ipc::ListenOptions listen_options(const Config& c) {
   o.socket_mode = others ? 0666 : 0600;
   return o;
 }
-// A tier wake fd's epoll id: the namespace's region id and which of its tiers.
-constexpr uint64_t wake_id(uint32_t region, bool disk) { return (uint64_t(region) << 1) | (disk ? 1u : 0u); }
+// A tier fd's epoll id: the namespace's region id and which fd of its tiers.
+enum class TierFd : uint64_t { kHostWake = 0, kDiskWake = 1, kRemoteWake = 2, kRemoteSockets = 3 };
+constexpr uint64_t wake_id(uint32_t region, TierFd which) { return (uint64_t(region) << 2) | uint64_t(which); }
+constexpr uint32_t wake_region(uint64_t id) { return uint32_t(id >> 2); }
+constexpr TierFd wake_which(uint64_t id) { return TierFd(id & 3); }
+
+// The remote tier's fault causes, logged once each per namespace.
+struct RemoteFault {
+  const char* cause;
+  uint64_t RemoteCounters::*count;
+  const char* meaning;
+};
+constexpr RemoteFault kRemoteFaults[] = {
+    {"missing", &RemoteCounters::missing, "a value was gone (evicted, deleted or flushed)"},
+    {"foreign", &RemoteCounters::foreign, "a value of another chunk, model or namespace sat under a key"},
+    {"bad_length", &RemoteCounters::bad_length, "a value had the wrong length"},
+    {"bad_header", &RemoteCounters::bad_header, "a value's header failed its checks"},
+    {"crc", &RemoteCounters::crc_mismatch, "a payload failed its CRC32C"},
+    {"wrong_type", &RemoteCounters::wrong_type, "a key held another type (WRONGTYPE)"},
+    {"no_space", &RemoteCounters::no_space, "the store refused a write with OOM (maxmemory)"},
+    {"timeout", &RemoteCounters::timeouts, "a request got no answer by tier.remote.timeout_ms"},
+    {"unavailable", &RemoteCounters::unavailable, "a node was down or unreachable"},
+    {"error_reply", &RemoteCounters::error_replies, "the store answered with an error"},
+};
 
 }  // namespace
 
@@ -146,6 +170,8 @@ class DaemonImpl {
   Result<Namespace*> open_namespace(const std::string& name, const NamespaceConfig& policy, bool configured);
   Status open_disk_tier(Namespace& ns, std::array<Tier*, kTierCount>& tiers, std::array<TierRules, kTierCount>& rules,
                         std::vector<RecoveredChunk>* recovered);
+  Status open_remote_tier(Namespace& ns, std::array<Tier*, kTierCount>& tiers, std::array<TierRules, kTierCount>& rules);
+  void log_remote_faults(Namespace& ns);
   void write_down_on_stop();
   void release_namespaces(uint64_t now);
   void close_session(Session* s, const char* why);
@@ -289,6 +315,7 @@ Result<Namespace*> DaemonImpl::open_namespace(const std::string& name, const Nam
   // T2 for declared namespaces: a client-created namespace is released with its memory after
   // namespace_grace_s, and a persistent copy of it would outlive the namespace.
   if (configured && !cfg_.disk.dirs.empty()) KDN_RETURN_IF_ERROR(open_disk_tier(*ns, tiers, rules, &recovered));
+  if (configured && !cfg_.remote.seeds.empty()) KDN_RETURN_IF_ERROR(open_remote_tier(*ns, tiers, rules));
   ns->token = token;
   ns->configured = configured;
   auto& region = regions_[name];
@@ -300,12 +327,20 @@ Result<Namespace*> DaemonImpl::open_namespace(const std::string& name, const Nam
   so.max_demotions = cfg_.host.max_demotions;
   so.write_through = ns->disk && cfg_.disk.policy == "write_through";
   so.drop_on_failed_demotion = cfg_.disk.write_error != "keep";
+  if (ns->remote)
+    so.upload = cfg_.remote.policy == "write_back" ? StoreOptions::Upload::kBack : StoreOptions::Upload::kThrough;
   ns->store = std::make_unique<TieredStore>(TierPolicy(tiers, rules), so);
   ns->empty_since_ns = now_ns();
   for (const RecoveredChunk& rc : recovered)
     (void)ns->store->adopt(rc.key, rc.fingerprint, rc.raw_bytes, TierId::kDisk, rc.placement, ns->empty_since_ns);
-  KDN_RETURN_IF_ERROR(poller_.add(ns->host->wake_fd(), tag(kTierWake, wake_id(ns->region_id, false))));
-  if (ns->disk) KDN_RETURN_IF_ERROR(poller_.add(ns->disk->wake_fd(), tag(kTierWake, wake_id(ns->region_id, true))));
+  KDN_RETURN_IF_ERROR(poller_.add(ns->host->wake_fd(), tag(kTierWake, wake_id(ns->region_id, TierFd::kHostWake))));
+  if (ns->disk)
+    KDN_RETURN_IF_ERROR(poller_.add(ns->disk->wake_fd(), tag(kTierWake, wake_id(ns->region_id, TierFd::kDiskWake))));
+  if (ns->remote) {
+    KDN_RETURN_IF_ERROR(poller_.add(ns->remote->wake_fd(), tag(kTierWake, wake_id(ns->region_id, TierFd::kRemoteWake))));
+    KDN_RETURN_IF_ERROR(
+        poller_.add(ns->remote->poll_fd(), tag(kTierWake, wake_id(ns->region_id, TierFd::kRemoteSockets))));
+  }
   spdlog::info("namespace '{}': host arena {} MiB mapped in {:.0f} ms{}", name, ns->host->arena().size() >> 20,
                (now_ns() - t0) / 1e6, configured ? "" : " (created by a client)");
   Namespace* raw = ns.get();
@@ -350,6 +385,83 @@ Status DaemonImpl::open_disk_tier(Namespace& ns, std::array<Tier*, kTierCount>& 
   return OkStatus();
 }
 
+// T3: the namespace's own client (connections, slot map) to the store the configuration names.
+// kdnd does not start against a store it cannot use: the seeds must answer a lookup within
+// the request deadline (and be a cluster in cluster mode), so a typo or a firewall is an error
+// at start, not a silent miss on every request.
+Status DaemonImpl::open_remote_tier(Namespace& ns, std::array<Tier*, kTierCount>& tiers,
+                                    std::array<TierRules, kTierCount>& rules) {
+  const RemoteTierConfig& rc = cfg_.remote;
+  RemoteTierOptions o;
+  for (const std::string& seed : rc.seeds) o.redis.seeds.push_back(*parse_address(seed));  // validate() parsed them
+  o.redis.cluster = rc.mode != "standalone";
+  o.redis.pool_size = rc.pool;
+  o.redis.conn.username = rc.username;
+  o.redis.conn.connect_timeout = std::chrono::milliseconds(rc.timeout_ms);
+  if (!rc.password_file.empty()) {
+    std::string error;
+    const std::string what = "tier.remote.password_file = \"" + rc.password_file + "\"";
+    if (Status st = read_secret_file(rc.password_file, what, 4096, &o.redis.conn.password, &error); !st.ok()) {
+      spdlog::error("{}", error.empty() ? st.what() : error);
+      return st;
+    }
+  }
+  o.name_space = ns.name;
+  o.timeout = std::chrono::milliseconds(rc.timeout_ms);
+  o.capacity_bytes = rc.bytes;
+  o.max_in_flight = rc.max_in_flight;
+  (void)remote::parse_remote_codec(ns.policy.remote_codec, &o.codec);
+  const std::string where = (rc.mode == "standalone" ? "the Redis server " : "the Redis Cluster seeds ") +
+                            fmt::format("{}", fmt::join(rc.seeds, ", "));
+  auto remote = RemoteTier::create(o);
+  if (!remote.ok()) {
+    spdlog::error("namespace '{}': the remote tier at {} did not open: {}", ns.name, where, remote.status().what());
+    return remote.status();
+  }
+  // One lookup of a key nobody writes, waited for here: it connects, loads the slot map and
+  // authenticates, or says why not.
+  RemoteTier& t = **remote;
+  const uint64_t t0 = now_ns();
+  std::vector<uint8_t> exists;
+  const ChunkIdentity nothing{};
+  Status st = t.probe(1, std::span(&nothing, 1), &exists);
+  TierCompletion done{};
+  while (st.ok() && t.reap(std::span(&done, 1)) == 0) {
+    pollfd p{t.poll_fd(), POLLIN, 0};
+    (void)::poll(&p, 1, 10);
+    t.service();
+  }
+  if (st.ok()) st = done.status;
+  if (!st.ok()) {
+    const Status refresh = t.client().refresh_status();
+    spdlog::error("namespace '{}': {} did not answer a lookup within tier.remote.timeout_ms = {}: {}{}{}", ns.name,
+                  where, rc.timeout_ms, st.what(), refresh.ok() ? "" : "; the slot map: ", refresh.ok() ? "" : refresh.what());
+    return Status(Code::kUnavailable, "the remote tier is unreachable");
+  }
+  ns.remote = std::move(*remote);
+  tiers[tier_index(TierId::kRemote)] = ns.remote.get();
+  rules[tier_index(TierId::kRemote)] = TierRules{EvictAction::kDrop, EvictionKind::kLru};
+  // write_back without a disk tier: the host tier's evictions are uploads (with one, the
+  // store uploads what the disk demotion took out of memory).
+  if (rc.policy == "write_back" && !ns.disk) rules[tier_index(TierId::kHost)].on_evict = EvictAction::kDemote;
+  spdlog::info("namespace '{}': remote tier ready: {} ({} connection(s) per master, timeout {} ms, {}, codec {}), "
+               "answered in {:.1f} ms",
+               ns.name, where, rc.pool, rc.timeout_ms, rc.policy, ns.policy.remote_codec, (now_ns() - t0) / 1e6);
+  return OkStatus();
+}
+
+void DaemonImpl::log_remote_faults(Namespace& ns) {
+  const RemoteCounters& c = ns.remote->counters();
+  for (size_t i = 0; i < std::size(kRemoteFaults); ++i) {
+    const RemoteFault& f = kRemoteFaults[i];
+    if ((ns.remote_faults_logged >> i) & 1u || c.*f.count == 0) continue;
+    ns.remote_faults_logged |= 1u << i;
+    spdlog::warn("namespace '{}': remote tier: {} ({} so far); each is a local miss, never an error; logged once, "
+                 "counted in kdn_remote_faults_{}_total",
+                 ns.name, f.meaning, c.*f.count, f.cause);
+  }
+}
+
 // Client-created namespaces without sessions for namespace_grace_s are released with their
 // memory (once no transfer can still touch it).
 void DaemonImpl::release_namespaces(uint64_t now) {
@@ -366,6 +478,10 @@ void DaemonImpl::release_namespaces(uint64_t now) {
                  cfg_.namespace_grace_s, ns.store->index().size());
     (void)poller_.remove(ns.host->wake_fd());
     if (ns.disk) (void)poller_.remove(ns.disk->wake_fd());
+    if (ns.remote) {
+      (void)poller_.remove(ns.remote->wake_fd());
+      (void)poller_.remove(ns.remote->poll_fd());
+    }
     it = namespaces_.erase(it);
   }
   counters_.namespaces = namespaces_.size();
@@ -716,11 +832,18 @@ bool DaemonImpl::poll_tiers() {
     if (ns->disk && ns->disk->background_busy() && ns->store->transfers_in_flight() == 0) ns->disk->service();
     // Checksums the disk tier computes on the loop, in slices: not a reason to sleep.
     if (ns->disk && ns->disk->has_loop_work()) any = true;
+    // The remote tier's sockets: replies are read (into arena slots) as they come; timers
+    // (deadlines, reconnects, slot map refreshes) fire here too.
+    if (ns->remote) {
+      const auto now = RedisClock::now();
+      if (ns->remote->in_flight() > 0 || ns->remote->next_deadline() <= now) ns->remote->service(now);
+    }
     if (ns->store->transfers_in_flight() == 0) continue;
     events_.clear();
     bool room = false;
     if (ns->store->poll(events_, &room) == 0) continue;
     any = true;
+    if (ns->remote) log_remote_faults(*ns);  // a fault is logged as it happens, once per cause
     for (const StoreEvent& ev : events_) {
       auto it = ops_.find(ev.waiter);
       if (it == ops_.end()) continue;  // the request ended meanwhile
@@ -752,8 +875,9 @@ void DaemonImpl::housekeeping(uint64_t now) {
       make_runnable(op.get());
     }
   }
-  for (auto& [name, ns] : namespaces_)
+  for (auto& [name, ns] : namespaces_) {
     if (ns->disk) ns->disk->housekeeping(now);
+  }
   release_namespaces(now);
 }
 
@@ -772,6 +896,14 @@ int DaemonImpl::next_timeout_ms() const {
   if (timed) at_most(int(kHousekeepingNs / 1000000));
   const uint64_t now = now_ns();
   for (auto& [fd, p] : pending_) at_most(p.deadline_ns > now ? int((p.deadline_ns - now) / 1000000) + 1 : 0);
+  // The remote tier's deadlines (request timeouts, reconnect backoff, slot map refreshes).
+  const auto clock_now = RedisClock::now();
+  for (auto& [name, ns] : namespaces_) {
+    if (!ns->remote) continue;
+    const auto next = ns->remote->next_deadline();
+    if (next == RedisClock::time_point::max()) continue;
+    at_most(next <= clock_now ? 0 : int(std::chrono::duration_cast<std::chrono::milliseconds>(next - clock_now).count()) + 1);
+  }
   return t;
 }
 
@@ -816,10 +948,19 @@ Status DaemonImpl::service_control(int timeout_ms) {
         // together with an earlier one and leave the eventfd readable with nothing to reap,
         // which would otherwise wake every epoll_wait at once (an idle daemon at 100% CPU).
         for (auto& [name, ns] : namespaces_) {
-          if (wake_id(ns->region_id, false) != id && wake_id(ns->region_id, true) != id) continue;
-          const int fd = (id & 1) && ns->disk ? ns->disk->wake_fd() : ns->host->wake_fd();
+          if (ns->region_id != wake_region(id)) continue;
+          int fd = ns->host->wake_fd();
+          switch (wake_which(id)) {
+            case TierFd::kHostWake: break;
+            case TierFd::kDiskWake: fd = ns->disk ? ns->disk->wake_fd() : -1; break;
+            case TierFd::kRemoteWake: fd = ns->remote ? ns->remote->wake_fd() : -1; break;
+            case TierFd::kRemoteSockets:
+              fd = -1;
+              if (ns->remote) ns->remote->service();  // replies, connects; completions follow on its wake fd
+              break;
+          }
           uint64_t count;
-          (void)!::read(fd, &count, sizeof count);
+          if (fd >= 0) (void)!::read(fd, &count, sizeof count);
         }
         break;
       }

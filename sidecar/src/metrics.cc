@@ -99,9 +99,9 @@ std::string prometheus_text(const DaemonCounters& d, const std::vector<Namespace
     metric(c.name, c.type, c.help);
     for (const NamespaceMetrics& n : ns) o << c.name << "{namespace=\"" << n.name << "\"} " << c.get(*n.ns) << '\n';
   }
-  // The disk tier's own counters, for namespaces that have one.
+  // The disk and remote tiers' own counters, for namespaces that have them.
   using DiskGet = uint64_t (*)(const Namespace&);
-  struct DiskCol { const char* name; const char* type; const char* help; DiskGet get; };
+  struct DiskCol { const char* name; const char* type; const char* help; DiskGet get; bool remote = false; };
   static const DiskCol disk_cols[] = {
       {"kdn_disk_reads_total", "counter", "Chunk payloads read from the disk tier.", [](const Namespace& n) { return n.disk->counters().reads; }},
       {"kdn_disk_read_bytes_total", "counter", "Bytes read from the disk tier.", [](const Namespace& n) { return n.disk->counters().read_bytes; }},
@@ -115,11 +115,32 @@ std::string prometheus_text(const DaemonCounters& d, const std::vector<Namespace
       {"kdn_disk_faults_end_of_file_total", "counter", "Reads past the end of a slab file.", [](const Namespace& n) { return n.disk->counters().end_of_file; }},
       {"kdn_disk_faults_crc_total", "counter", "Disk chunks that failed their CRC32C.", [](const Namespace& n) { return n.disk->counters().crc_mismatch; }},
       {"kdn_disk_faults_decode_total", "counter", "Compressed disk chunks that did not decode.", [](const Namespace& n) { return n.disk->counters().decode_errors; }},
+      {"kdn_remote_reads_total", "counter", "Values read from the remote tier (GET).", [](const Namespace& n) { return n.remote->counters().reads; }, true},
+      {"kdn_remote_read_bytes_total", "counter", "Payload bytes read from the remote tier.", [](const Namespace& n) { return n.remote->counters().read_bytes; }, true},
+      {"kdn_remote_writes_total", "counter", "Values written to the remote tier (SET).", [](const Namespace& n) { return n.remote->counters().writes; }, true},
+      {"kdn_remote_write_bytes_total", "counter", "Payload bytes written to the remote tier.", [](const Namespace& n) { return n.remote->counters().write_bytes; }, true},
+      {"kdn_remote_probes_total", "counter", "Remote lookups on local misses (one pipelined EXISTS batch each).", [](const Namespace& n) { return n.store->counters().remote_probes; }, true},
+      {"kdn_remote_probe_keys_total", "counter", "Keys those lookups asked about.", [](const Namespace& n) { return n.store->counters().remote_probe_keys; }, true},
+      {"kdn_remote_found_chunks_total", "counter", "Chunks remote lookups found (other nodes' or earlier uploads).", [](const Namespace& n) { return n.store->counters().remote_found_chunks; }, true},
+      {"kdn_remote_failed_probes_total", "counter", "Remote lookups that did not fully answer in time (what did not answer is a miss).", [](const Namespace& n) { return n.store->counters().remote_failed_probes; }, true},
+      {"kdn_remote_uploads_total", "counter", "Chunks uploaded to the remote tier.", [](const Namespace& n) { return n.store->counters().uploaded_chunks; }, true},
+      {"kdn_remote_failed_uploads_total", "counter", "Uploads that failed (the chunk stayed on this node alone).", [](const Namespace& n) { return n.store->counters().failed_uploads; }, true},
+      {"kdn_remote_faults_missing_total", "counter", "Remote reads that found no value (evicted, deleted, flushed).", [](const Namespace& n) { return n.remote->counters().missing; }, true},
+      {"kdn_remote_faults_foreign_total", "counter", "Remote values of another chunk, model or namespace, refused.", [](const Namespace& n) { return n.remote->counters().foreign; }, true},
+      {"kdn_remote_faults_bad_length_total", "counter", "Remote values of the wrong length, refused unread.", [](const Namespace& n) { return n.remote->counters().bad_length; }, true},
+      {"kdn_remote_faults_bad_header_total", "counter", "Remote values whose header failed its checks.", [](const Namespace& n) { return n.remote->counters().bad_header; }, true},
+      {"kdn_remote_faults_crc_total", "counter", "Remote payloads that failed their CRC32C.", [](const Namespace& n) { return n.remote->counters().crc_mismatch; }, true},
+      {"kdn_remote_faults_wrong_type_total", "counter", "Remote keys holding another type (WRONGTYPE).", [](const Namespace& n) { return n.remote->counters().wrong_type; }, true},
+      {"kdn_remote_faults_no_space_total", "counter", "Remote writes refused with OOM (maxmemory).", [](const Namespace& n) { return n.remote->counters().no_space; }, true},
+      {"kdn_remote_faults_timeout_total", "counter", "Remote requests unanswered by their deadline (tier.remote.timeout_ms).", [](const Namespace& n) { return n.remote->counters().timeouts; }, true},
+      {"kdn_remote_faults_unavailable_total", "counter", "Remote requests failed by a node down, a lost connection or redirects.", [](const Namespace& n) { return n.remote->counters().unavailable; }, true},
+      {"kdn_remote_faults_error_reply_total", "counter", "Remote requests answered with another error (CLUSTERDOWN, TRYAGAIN, ...).", [](const Namespace& n) { return n.remote->counters().error_replies; }, true},
   };
   for (const DiskCol& c : disk_cols) {
     metric(c.name, c.type, c.help);
     for (const NamespaceMetrics& n : ns)
-      if (n.ns->disk) o << c.name << "{namespace=\"" << n.name << "\"} " << c.get(*n.ns) << '\n';
+      if (c.remote ? n.ns->remote != nullptr : n.ns->disk != nullptr)
+        o << c.name << "{namespace=\"" << n.name << "\"} " << c.get(*n.ns) << '\n';
   }
   read_path_families(o, ns, metric);
   struct TierCol { const char* name; const char* help; bool capacity; bool bytes; };

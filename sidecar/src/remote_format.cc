@@ -67,6 +67,16 @@ const char* remote_codec_name(RemoteCodec c) noexcept {
   return "unknown";
 }
 
+bool parse_remote_codec(std::string_view name, RemoteCodec* out) noexcept {
+  for (uint8_t c = 0; c <= kMaxRemoteCodec; ++c) {
+    if (name == remote_codec_name(RemoteCodec(c))) {
+      *out = RemoteCodec(c);
+      return true;
+    }
+  }
+  return false;
+}
+
 bool valid_namespace(std::string_view name) noexcept {
   if (name.empty() || name.size() >= kNameBytes || name.front() == '.') return false;
   for (char c : name) {

@@ -50,6 +50,8 @@ enum class RemoteCodec : uint8_t {
 };
 constexpr uint8_t kMaxRemoteCodec = 3;
 const char* remote_codec_name(RemoteCodec c) noexcept;  // "none", "lossless", "int8", "kivi4"
+// The codec remote_codec_name() names; false for any other text.
+bool parse_remote_codec(std::string_view name, RemoteCodec* out) noexcept;
 
 // True for a name kdn accepts as a namespace (the configuration's rule).
 bool valid_namespace(std::string_view name) noexcept;

@@ -108,11 +108,11 @@ class RemoteTier final : public Tier {
   // ---- T3's own
   // A placement for a chunk this tier did not write (another node's, found by probe()):
   // reads GET it and expect `raw_bytes` of payload.
-  Result<Placement> adopt(const ChunkIdentity& chunk, uint64_t raw_bytes) noexcept;
+  Result<Placement> adopt(const ChunkIdentity& chunk, uint64_t raw_bytes) noexcept override;
   // Asks which of `chunks` the store holds. (*exists)[i] becomes 1 or 0; a key whose EXISTS
   // failed reads 0 and makes the completion's status kIo. Exactly one completion with `id`
   // follows through reap() (a non-ok return: none). The caller keeps *exists alive until then.
-  Status probe(TransferId id, std::span<const ChunkIdentity> chunks, std::vector<uint8_t>* exists) noexcept;
+  Status probe(TransferId id, std::span<const ChunkIdentity> chunks, std::vector<uint8_t>* exists) noexcept override;
 
   // ---- the event loop
   int poll_fd() const noexcept { return client_->fd(); }

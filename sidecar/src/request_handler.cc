@@ -30,6 +30,9 @@ namespace {
 constexpr uint32_t kBatch = 64;                        // records copied in per step of a loop
 constexpr uint64_t kStagingAlign = StagingArea::kAlign;
 constexpr uint32_t kDisk = tier_index(TierId::kDisk);
+constexpr uint32_t kRemote = tier_index(TierId::kRemote);
+// Keys one remote lookup asks about: a 256K-token prompt at 256 tokens a chunk.
+constexpr uint32_t kMaxRemoteProbeKeys = 1024;
 
 bool past(uint64_t deadline_ns) { return now_ns() >= deadline_ns; }
 
@@ -167,6 +170,7 @@ void RequestHandler::rollback(Op& op) noexcept {
 
 void RequestHandler::on_event(Op& op, const StoreEvent& ev) noexcept {
   if (op.waiting > 0) --op.waiting;
+  if (ev.probe) return;  // what the shared tier held is in the index now: the request goes on
   Session& s = *op.session;
   if (op.sqe.opcode == uint8_t(Opcode::kCommit)) {
     s.staging.free(ev.cookie);  // the copy has read the slot: it is the session's again
@@ -177,6 +181,21 @@ void RequestHandler::on_event(Op& op, const StoreEvent& ev) noexcept {
   } else if (op.sqe.opcode == uint8_t(Opcode::kEvict) && ev.status.ok()) {
     ++op.done;  // EVICT kHost: a demotion landed
   }
+}
+
+bool RequestHandler::ask_remote(Op& op, uint32_t at, uint32_t end) {
+  TieredStore& store = *op.session->ns->store;
+  if (op.remote_asked || store.remote() == nullptr || at >= end) return false;
+  op.remote_asked = true;
+  std::vector<kdn_key> keys(std::min(end - at, kMaxRemoteProbeKeys));
+  if (!op.session->shm.payload().copy_in_slice(op.sqe, at, std::span(keys)).ok()) return false;
+  if (!store.probe_remote(keys, op.model->fingerprint, op.model->chunk_bytes, op.token).ok()) return false;
+  ++op.waiting;
+  return true;
+}
+
+uint32_t RequestHandler::read_ahead_limit(const TieredStore& store) const noexcept {
+  return store.remote() ? std::max(config_.disk.read_ahead, config_.remote.read_ahead) : config_.disk.read_ahead;
 }
 
 // ---- holdings ---------------------------------------------------------------------------------
@@ -277,11 +296,17 @@ Step RequestHandler::lookup(Op& op, uint64_t deadline_ns) {
     uint32_t tiers[kTierCount] = {};
     const uint32_t hits = store.lookup(std::span(keys, m), op.model->chunk_bytes, tiers);
     for (uint32_t t = 0; t < kTierCount; ++t) op.cqe.res[1 + t] += tiers[t];
-    // Read-ahead: a lease usually follows a lookup; chunks it will need from the disk tier
-    // start their way into the arena now.
-    if (tiers[kDisk] > 0 && op.read_ahead < config_.disk.read_ahead)
-      op.read_ahead += store.prefetch(std::span(keys, hits), op.model->chunk_bytes, config_.disk.read_ahead - op.read_ahead);
+    // Read-ahead: a lease usually follows a lookup; chunks it will need from the disk or the
+    // remote tier start their way into the arena now.
+    const uint32_t limit = read_ahead_limit(store);
+    if ((tiers[kDisk] > 0 || tiers[kRemote] > 0) && op.read_ahead < limit)
+      op.read_ahead += store.prefetch(std::span(keys, hits), op.model->chunk_bytes, limit - op.read_ahead);
     op.done += hits;
+    // The prefix ends on this node: other nodes may have put the rest in the shared tier.
+    if (hits < m && ask_remote(op, op.cursor + hits, n)) {
+      op.cursor += hits;
+      return Step::kWait;
+    }
     op.cursor += m;
     stopped = hits < m;
     if (!stopped && op.cursor < n && past(deadline_ns)) return Step::kMore;
@@ -302,6 +327,8 @@ Step RequestHandler::lookup_each(Op& op, uint64_t deadline_ns) {
   const uint32_t n = op.shape.in_records;
   kdn_key keys[kBatch];
   uint8_t out[kBatch];
+  // Keys missing here may be in the shared tier: one round trip asks about all of them first.
+  if (op.cursor == 0 && ask_remote(op, 0, n)) return Step::kWait;
   while (op.cursor < n) {
     const uint32_t first = op.cursor, m = std::min(kBatch, n - first);
     Status in = s.shm.payload().copy_in_slice(op.sqe, first, std::span(keys, m));
@@ -554,8 +581,15 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
         id = held->second;
       } else {
         bool miss = false;
-        switch (store.acquire(keys[filled], bytes, op.token, &e, now)) {
-          case TieredStore::Acquired::kMiss: miss = true; break;
+        switch (store.acquire(keys[filled], bytes, op.token, &e, now, &op.promoted_from)) {
+          case TieredStore::Acquired::kMiss:
+            // Not on this node: the shared tier is asked about this key and the rest, once.
+            if (ask_remote(op, first + filled, wanted)) {
+              wait = true;
+              break;
+            }
+            miss = true;
+            break;
           case TieredStore::Acquired::kNoRoomYet:
             if (op.room_deadline_ns == 0) op.room_deadline_ns = now + uint64_t(config_.room_wait_ms) * 1'000'000;
             if (now >= op.room_deadline_ns) {
@@ -572,7 +606,7 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
             }
             op.waited_at = first + filled;
             ++op.waiting;
-            store.prefetch(std::span(keys + filled + 1, m - filled - 1), bytes, config_.disk.read_ahead);
+            store.prefetch(std::span(keys + filled + 1, m - filled - 1), bytes, read_ahead_limit(store));
             wait = true;
             break;
           case TieredStore::Acquired::kLeased:
@@ -603,7 +637,7 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
       }
       op.taken.push_back(id);
       const bool promoted = op.waited_at == first + filled;  // it was brought up for this request
-      const uint32_t from = promoted ? kDisk : uint32_t(TierId::kHost);
+      const uint32_t from = tier_index(promoted ? op.promoted_from : TierId::kHost);
       ++op.served_from[from];
       out[filled] = ipc::LeaseRecord{arena_ref(s, e), id, from, 0};
     }
@@ -802,6 +836,10 @@ Step RequestHandler::prefetch(Op& op, uint64_t deadline_ns) {
     if (op.read_ahead < config_.disk.prefetch_max_chunks)
       op.read_ahead += store.prefetch(std::span(keys, hits), bytes, config_.disk.prefetch_max_chunks - op.read_ahead);
     op.done += hits;
+    if (hits < m && ask_remote(op, op.cursor + hits, n)) {
+      op.cursor += hits;
+      return Step::kWait;
+    }
     op.cursor += m;
     stopped = hits < m;
     if (!stopped && op.cursor < n && past(deadline_ns)) return Step::kMore;

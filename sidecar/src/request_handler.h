@@ -93,6 +93,8 @@ struct Op {
   uint32_t stop_at = UINT32_MAX;  // a record that must be treated as a miss (failed promotion)
   uint32_t waited_at = UINT32_MAX; // the record a promotion was last awaited for
   uint32_t read_ahead = 0;     // promotions this request started ahead of its records
+  bool remote_asked = false;   // the shared tier (T3) was asked about its local misses (once)
+  TierId promoted_from = TierId::kHost;  // LEASE: the tier the awaited promotion came from
   uint64_t served_from[kTierCount] = {};  // LEASE: records served, by the tier they came from
   const ModelInfo* model = nullptr;
   Status first_error;          // kept to answer with once the op ends
@@ -159,6 +161,11 @@ class RequestHandler {
 
   template <class Holds, class FinishOne>
   Step finish_handles(Op& op, uint64_t deadline_ns, Holds holds, FinishOne finish_one, const char* unknown);
+  // A local miss at record `at`: asks the shared tier (once per request) about records [at, end)
+  // in one pipelined round trip; true when the request now waits for that answer.
+  bool ask_remote(Op& op, uint32_t at, uint32_t end);
+  // Chunks promoted ahead of a request that met lower tiers.
+  uint32_t read_ahead_limit(const TieredStore& store) const noexcept;
   void abort_reservation(Session& s, uint64_t id) noexcept;
   void release_lease(Session& s, uint64_t id, uint32_t count) noexcept;
   ipc::SlotRef arena_ref(const Session& s, const Entry* e) const noexcept;

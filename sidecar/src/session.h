@@ -13,6 +13,7 @@
 
 #include "disk_tier.h"
 #include "host_arena_tier.h"
+#include "remote_tier.h"
 #include "staging.h"
 #include "tiered_store.h"
 
@@ -44,6 +45,8 @@ struct Namespace {
   uint32_t region_generation = 0;
   std::unique_ptr<HostArenaTier> host;
   std::unique_ptr<DiskTier> disk;  // T2, for namespaces declared in the configuration; may be null
+  std::unique_ptr<RemoteTier> remote;  // T3, for namespaces declared in the configuration; may be null
+  uint32_t remote_faults_logged = 0;   // bit per fault cause already logged (once per cause)
   std::unique_ptr<TieredStore> store;
   uint32_t sessions = 0;           // open sessions
   uint32_t attached = 0;           // Session objects, closed ones whose copies are in flight too

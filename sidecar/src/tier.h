@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace kdn::sidecar {
 
@@ -116,6 +117,20 @@ class Tier {
   virtual size_t reap(std::span<TierCompletion> out) noexcept = 0;
   // Transfers submitted and not yet reaped.
   virtual uint64_t in_flight() const noexcept = 0;
+
+  // ---- shared tiers (T3): other nodes write chunks this node's index has never seen.
+  // Asks which of `chunks` the tier holds: (*exists)[i] becomes 1 or 0, then exactly one
+  // completion with `id` follows through reap() (a non-ok return: none). The caller keeps
+  // *exists alive until then.
+  virtual Status probe(TransferId id, std::span<const ChunkIdentity> chunks, std::vector<uint8_t>* exists) noexcept {
+    (void)id, (void)chunks, (void)exists;
+    return Status(Code::kUnsupported, "this tier is not shared");
+  }
+  // A placement for a chunk another node wrote (one probe() found), so that it can be read.
+  virtual Result<Placement> adopt(const ChunkIdentity& chunk, uint64_t raw_bytes) noexcept {
+    (void)chunk, (void)raw_bytes;
+    return Status(Code::kUnsupported, "this tier is not shared");
+  }
 };
 
 }  // namespace kdn::sidecar

@@ -1,5 +1,7 @@
 #include "tiered_store.h"
 
+#include <kdn/common/clock.h>
+
 #include <cassert>
 
 namespace kdn::sidecar {
@@ -108,10 +110,10 @@ TieredStore::Evicted TieredStore::evict_one(TierId t, uint16_t cls) {
   if (v == nullptr) v = ev.victim_any();
   if (v == nullptr) return Evicted::kNone;
   ++counters_.evicted_chunks;
-  const bool copy_below = (v->resident & uint8_t(~(bit(t) | (bit(t) - 1)))) != 0;
-  if (!copy_below) {
-    if (auto to = policy_.demotion_target(t); to && start_demotion(v, t, *to)) return Evicted::kDemoting;
-  }
+  // Free when the tier it would be demoted to holds a copy already (a copy further down, in
+  // the shared tier say, does not stop a demotion to the disk tier, which serves it faster).
+  const auto to = policy_.demotion_target(t);
+  if (to && !v->in_tier(*to) && start_demotion(v, t, *to)) return Evicted::kDemoting;
   drop_copy(v, t);
   erase_if_empty(v);
   return Evicted::kFreed;
@@ -226,6 +228,80 @@ Status TieredStore::start_promotion(Entry* e, TierId from, uint64_t waiter) {
   return OkStatus();
 }
 
+bool TieredStore::start_upload(Entry* e, bool for_eviction) {
+  Tier* shared = remote();
+  if (shared == nullptr || !e->committed() || !e->in_tier(kHost) || e->in_tier(TierId::kRemote) ||
+      e->moving_to(TierId::kRemote))
+    return false;
+  auto p = allocate_below(TierId::kRemote, e->bytes);
+  if (!p.ok()) return false;
+  index_.begin_move(e, TierId::kRemote, *p);
+  Record r{Kind::kUpload, e, e->generation, TierId::kRemote, kHost, TierId::kRemote, {}, uint64_t(for_eviction)};
+  Transfer t{Transfer::Direction::kWrite, *p, host()->address(e->placement[tier_index(kHost)]), e->bytes, 0,
+             ChunkIdentity{e->key, e->fingerprint}};
+  if (start(r, t) == 0) {
+    shared->free(index_.end_move(e, TierId::kRemote, false));
+    return false;
+  }
+  ++counters_.uploads_started;
+  if (for_eviction) {
+    e->evicting |= bit(kHost);
+    ++demotions_[tier_index(kHost)];
+  }
+  return true;
+}
+
+Status TieredStore::probe_remote(std::span<const kdn_key> keys, const kdn_key& fingerprint, uint64_t bytes,
+                                 uint64_t waiter) noexcept {
+  Tier* shared = remote();
+  if (shared == nullptr) return Status(Code::kUnsupported, "no shared tier");
+  const TransferId id = next_transfer_++;
+  try {
+    auto p = std::make_unique<ProbeState>();
+    p->waiter = waiter;
+    p->bytes = bytes;
+    for (const kdn_key& k : keys)
+      if (index_.find(k) == nullptr) p->chunks.push_back(ChunkIdentity{k, fingerprint});
+    if (p->chunks.empty()) return Status(Code::kNotFound, "every key is in the index");
+    ProbeState& ps = *p;
+    probes_.emplace(id, std::move(p));
+    Status st = shared->probe(id, ps.chunks, &ps.exists);
+    if (!st.ok()) {
+      probes_.erase(id);
+      return st;
+    }
+    ++counters_.remote_probes;
+    counters_.remote_probe_keys += ps.chunks.size();
+  } catch (const std::bad_alloc&) {
+    probes_.erase(id);
+    return Status(Code::kNoMemory, "probing the shared tier");
+  }
+  return OkStatus();
+}
+
+void TieredStore::apply_probe(ProbeState& p, const Status& status, std::vector<StoreEvent>& events) {
+  // A failed probe (a node down, a timeout) still says yes for the keys that answered.
+  if (!status.ok()) ++counters_.remote_failed_probes;
+  Tier* shared = remote();
+  const uint64_t now = now_ns();
+  for (size_t i = 0; i < p.chunks.size() && i < p.exists.size(); ++i) {
+    if (!p.exists[i] || index_.find(p.chunks[i].key) != nullptr) continue;
+    auto placement = shared->adopt(p.chunks[i], p.bytes);
+    if (!placement.ok() && placement.status().code() == Code::kNoSpace) {
+      // This node's budget in the store is full: it forgets older chunks it knew there (the
+      // values stay for other nodes).
+      auto cls = shared->slot_class(p.bytes);
+      while (cls.ok() && !placement.ok() && placement.status().code() == Code::kNoSpace &&
+             evict_one(TierId::kRemote, *cls) == Evicted::kFreed)
+        placement = shared->adopt(p.chunks[i], p.bytes);
+    }
+    if (!placement.ok()) break;
+    if (adopt_copy(p.chunks[i].key, p.chunks[i].fingerprint, p.bytes, TierId::kRemote, *placement, now))
+      ++counters_.remote_found_chunks;
+  }
+  if (p.waiter) events.push_back(StoreEvent{p.waiter, 0, kdn_key{}, OkStatus(), true});
+}
+
 // ---- reserve / commit / abort ------------------------------------------------------------------
 
 Result<TieredStore::Reserved> TieredStore::reserve(const kdn_key& key, const kdn_key& fingerprint,
@@ -286,7 +362,7 @@ void TieredStore::abort(Entry* e) noexcept {
 // ---- lease -------------------------------------------------------------------------------------
 
 TieredStore::Acquired TieredStore::acquire(const kdn_key& key, uint64_t bytes, uint64_t waiter,
-                                           Entry** out, uint64_t now_ns) {
+                                           Entry** out, uint64_t now_ns, TierId* from) {
   Entry* e = index_.find(key);
   if (e == nullptr || !e->committed() || e->bytes != bytes) return Acquired::kMiss;
   if (e->in_tier(kHost)) {
@@ -303,13 +379,18 @@ TieredStore::Acquired TieredStore::acquire(const kdn_key& key, uint64_t bytes, u
   if (e->moving_to(kHost)) {  // someone else's promotion: wait for the same bytes
     auto it = promoting_.find(e);
     if (it == promoting_.end()) return Acquired::kMiss;
-    if (waiter) transfers_.at(it->second).waiters.push_back(waiter);
+    Record& r = transfers_.at(it->second);
+    if (waiter) r.waiters.push_back(waiter);
+    if (from) *from = r.from;
     return Acquired::kPromoting;
   }
   for (uint32_t t = tier_index(kHost) + 1; t < kTierCount; ++t) {
     if (!e->in_tier(TierId(t)) || !policy_.promotes_from(TierId(t))) continue;
     const Status st = start_promotion(e, TierId(t), waiter);
-    if (st.ok()) return Acquired::kPromoting;
+    if (st.ok()) {
+      if (from) *from = TierId(t);
+      return Acquired::kPromoting;
+    }
     if (st.code() == Code::kInProgress) return Acquired::kNoRoomYet;
     break;
   }
@@ -357,8 +438,9 @@ void TieredStore::unpin(Entry* e) noexcept {
 bool TieredStore::evict(const kdn_key& key) noexcept {
   Entry* e = index_.find(key);
   if (e == nullptr || !e->committed() || e->leases != 0 || e->io != 0 || e->moving != 0) return false;
+  // A shared tier's copy is forgotten, not deleted: other nodes may be using it.
   for (uint32_t t = 0; t < kTierCount; ++t)
-    if (e->in_tier(TierId(t))) drop_copy(e, TierId(t), true);
+    if (e->in_tier(TierId(t))) drop_copy(e, TierId(t), TierId(t) != TierId::kRemote);
   ++counters_.evicted_chunks;
   erase_if_empty(e);
   return true;
@@ -410,6 +492,13 @@ std::pair<uint64_t, uint64_t> TieredStore::demote_all(uint64_t waiter) noexcept 
 
 bool TieredStore::adopt(const kdn_key& key, const kdn_key& fingerprint, uint64_t bytes, TierId t,
                         const Placement& placement, uint64_t now_ns) noexcept {
+  if (!adopt_copy(key, fingerprint, bytes, t, placement, now_ns)) return false;
+  ++counters_.recovered_chunks;
+  return true;
+}
+
+bool TieredStore::adopt_copy(const kdn_key& key, const kdn_key& fingerprint, uint64_t bytes, TierId t,
+                             const Placement& placement, uint64_t now_ns) noexcept {
   Tier* tier = policy_.tier(t);
   if (index_.find(key) != nullptr) {
     tier->free(placement);
@@ -427,7 +516,6 @@ bool TieredStore::adopt(const kdn_key& key, const kdn_key& fingerprint, uint64_t
   index_.add_copy(e, t, placement);
   policy_.eviction(t).on_insert(e);
   track_resident(t, e, +1);
-  ++counters_.recovered_chunks;
   return true;
 }
 
@@ -475,6 +563,13 @@ size_t TieredStore::poll(std::vector<StoreEvent>& events, bool* room) {
     TierCompletion done[64];
     for (size_t n; (n = tier->reap(done)) > 0;) {
       for (size_t i = 0; i < n; ++i) {
+        if (auto pr = probes_.find(done[i].id); pr != probes_.end()) {
+          std::unique_ptr<ProbeState> p = std::move(pr->second);
+          probes_.erase(pr);
+          apply_probe(*p, done[i].status, events);
+          ++applied;
+          continue;
+        }
         auto it = transfers_.find(done[i].id);
         if (it == transfers_.end()) continue;  // a tier bug; nothing of ours to apply
         Record r = std::move(it->second);
@@ -502,6 +597,12 @@ void TieredStore::apply(const Record& r, const Status& status, std::vector<Store
         ++counters_.stored_chunks;
         counters_.stored_bytes += e->bytes;
         note_flow(r.from, r.to, e->bytes, /*from_staging=*/true);
+        if (options_.upload == StoreOptions::Upload::kThrough) {
+          try {
+            (void)start_upload(e, false);  // nobody waits for it: the network is not the COMMIT's
+          } catch (const std::bad_alloc&) {
+          }
+        }
         // write_through: the COMMIT completes once the copy below landed too (its waiters move
         // to that transfer); if it cannot start, the chunk is committed in the host tier alone.
         if (options_.write_through && !r.waiters.empty()) {
@@ -529,7 +630,15 @@ void TieredStore::apply(const Record& r, const Status& status, std::vector<Store
         note_flow(r.from, r.to, e->bytes);
       } else {
         host()->free(index_.end_move(e, kHost, false));
-        if (status.code() == Code::kCorrupt) {
+        if (r.tier == TierId::kRemote) {
+          // A shared copy that is gone, damaged, of another model, or out of reach: this node
+          // forgets it (a later probe finds it again) and leaves the value to the store and its
+          // writer, who overwrites it with its next upload.
+          if (status.code() == Code::kCorrupt) ++counters_.corrupt_chunks;
+          else ++counters_.transfer_errors;
+          if (e->in_tier(r.tier)) drop_copy(e, r.tier);
+          erase_if_empty(e);
+        } else if (status.code() == Code::kCorrupt) {
           ++counters_.corrupt_chunks;  // the lower copy is damaged: never serve it
           if (e->in_tier(r.tier)) drop_copy(e, r.tier, true);
           erase_if_empty(e);
@@ -550,6 +659,19 @@ void TieredStore::apply(const Record& r, const Status& status, std::vector<Store
         ++counters_.demoted_chunks;
         counters_.demoted_bytes += e->bytes;
         note_flow(r.from, r.to, e->bytes);
+        // write_back with a disk tier: the chunk leaves host memory, so it goes to the shared
+        // tier now (its host copy leaves once that upload lands).
+        if (leave && r.from == kHost && options_.upload == StoreOptions::Upload::kBack && e->evictable_from(kHost)) {
+          bool uploading = false;
+          try {
+            uploading = start_upload(e, true);
+          } catch (const std::bad_alloc&) {
+          }
+          if (uploading) {
+            *room = true;
+            break;
+          }
+        }
         if (leave && e->evictable_from(r.from)) drop_copy(e, r.from);
       } else {
         ++counters_.transfer_errors;
@@ -582,6 +704,33 @@ void TieredStore::apply(const Record& r, const Status& status, std::vector<Store
       // The waiters are a COMMIT's: it succeeded whatever became of the copy below.
       for (uint64_t w : r.waiters) events.push_back(StoreEvent{w, r.cookie, key, OkStatus()});
       return;
+    case Kind::kUpload: {
+      const bool for_eviction = r.cookie != 0;
+      const bool leave = for_eviction && (e->evicting & bit(kHost)) != 0;
+      if (for_eviction) {
+        --demotions_[tier_index(kHost)];
+        e->evicting &= uint8_t(~bit(kHost));
+        *room = true;
+      }
+      if (status.ok()) {
+        index_.end_move(e, r.to, true);
+        policy_.eviction(r.to).on_insert(e);
+        track_resident(r.to, e, +1);
+        ++counters_.uploaded_chunks;
+        note_flow(r.from, r.to, e->bytes);
+      } else {
+        ++counters_.failed_uploads;  // the chunk stays on this node alone
+        policy_.tier(r.to)->free(index_.end_move(e, r.to, false));
+      }
+      // Its host copy was leaving (its demotion to the disk tier landed first, or there is
+      // none): it leaves now, whatever became of the upload, as a failed demotion's would.
+      if (leave && e->evictable_from(kHost) &&
+          (status.ok() || options_.drop_on_failed_demotion || (e->resident & uint8_t(~bit(kHost))) != 0)) {
+        drop_copy(e, kHost);
+        erase_if_empty(e);
+      }
+      return;
+    }
   }
   for (uint64_t w : r.waiters) events.push_back(StoreEvent{w, r.cookie, key, status});
 }

@@ -27,6 +27,7 @@
 #include <kdn/common/model.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <span>
@@ -40,6 +41,7 @@ struct StoreEvent {
   uint64_t cookie = 0;  // given with it (a commit: the staging offset)
   kdn_key key{};
   Status status;
+  bool probe = false;   // a shared tier's probe ended (whatever it found is in the index now)
 };
 
 struct StoreOptions {
@@ -51,6 +53,10 @@ struct StoreOptions {
   // A demotion that fails (EIO, ENOSPC) drops the host copy it was making room for (the chunk
   // leaves the node, as without a lower tier), instead of keeping it.
   bool drop_on_failed_demotion = true;
+  // With a shared tier (T3): committed chunks are uploaded to it as they are committed
+  // (kThrough, the COMMIT does not wait for it), or as they leave host memory (kBack: with a
+  // disk tier, once their demotion to it landed; without one, as the host tier's demotion).
+  enum class Upload : uint8_t { kNone, kThrough, kBack } upload = Upload::kNone;
 };
 
 // The read paths that count hits and misses (kdn_hit_chunks_total{op}).
@@ -88,6 +94,10 @@ struct StoreCounters {
   uint64_t corrupt_chunks = 0;    // copies that failed their check: dropped, never served
   uint64_t transfer_errors = 0;   // transfers a tier failed (the data stayed where it was)
   uint64_t aborted_chunks = 0;
+  // Shared tier (T3): probes on local misses, the keys they asked about and the chunks they
+  // found (adopted into the index); uploads started and those that landed.
+  uint64_t remote_probes = 0, remote_probe_keys = 0, remote_found_chunks = 0, remote_failed_probes = 0;
+  uint64_t uploads_started = 0, uploaded_chunks = 0, failed_uploads = 0;
   uint64_t resident_chunks[kTierCount] = {}, resident_bytes[kTierCount] = {};
 };
 
@@ -136,7 +146,9 @@ class TieredStore {
   // an event for `waiter` follows, then ask again; kNoRoomYet: it must be promoted but the
   // host tier has room only once demotions land — ask again after an event with room set.
   enum class Acquired : uint8_t { kLeased, kMiss, kPromoting, kNoRoomYet };
-  Acquired acquire(const kdn_key& key, uint64_t bytes, uint64_t waiter, Entry** out, uint64_t now_ns);
+  // *from (if given) names the tier a promotion comes from.
+  Acquired acquire(const kdn_key& key, uint64_t bytes, uint64_t waiter, Entry** out, uint64_t now_ns,
+                   TierId* from = nullptr);
   // Starts promotions of the chunks behind `keys` whose copies sit only below the host tier
   // (read-ahead after a miss in the host tier), at most `limit`; returns how many started.
   uint32_t prefetch(std::span<const kdn_key> keys, uint64_t bytes, uint32_t limit) noexcept;
@@ -145,13 +157,24 @@ class TieredStore {
   void unpin(Entry* e) noexcept;
 
   // ---- admin: drops every copy of unpinned committed chunks; returns how many chunks went.
-  // Their copies in persistent tiers are discarded: a restart does not bring them back.
+  // Their copies in persistent tiers are discarded: a restart does not bring them back. The
+  // shared tier's (T3) are only forgotten: the store keeps them for other nodes.
   bool evict(const kdn_key& key) noexcept;
   uint64_t evict_all() noexcept;
   // Makes every unleased committed chunk leave the host tier for the tier below: dropped at
   // once where a copy below exists, demoted otherwise (an event for `waiter` per demotion
   // when it lands). Returns {dropped now, demotions started}.
   std::pair<uint64_t, uint64_t> demote_all(uint64_t waiter) noexcept;
+
+  // ---- the shared tier (T3)
+  Tier* remote() const noexcept { return policy_.tier(TierId::kRemote); }
+  // Asks the shared tier which of `keys` (chunks of `bytes` of model `fingerprint`) it holds;
+  // those it does and the index lacks are adopted as committed chunks with their only copy
+  // there (LOOKUP then reports them in T3, LEASE promotes them). One event with `probe` set
+  // follows for `waiter`, whatever came of it (a failed probe finds nothing). kUnsupported
+  // without a shared tier; kNotFound when every key is in the index already (no event).
+  Status probe_remote(std::span<const kdn_key> keys, const kdn_key& fingerprint, uint64_t bytes,
+                      uint64_t waiter) noexcept;
 
   // ---- persistence
   // A chunk a persistent tier found at start: committed, its only copy in tier t.
@@ -167,7 +190,7 @@ class TieredStore {
   // ---- transfers: applies every tier's completions; appends events; returns how many.
   // *room is set when copies left a tier (requests waiting for space may retry).
   size_t poll(std::vector<StoreEvent>& events, bool* room);
-  uint64_t transfers_in_flight() const noexcept { return transfers_.size(); }
+  uint64_t transfers_in_flight() const noexcept { return transfers_.size() + probes_.size(); }
   bool demotions_in_flight(TierId from) const noexcept;
 
   ChunkIndex& index() noexcept { return index_; }
@@ -184,6 +207,7 @@ class TieredStore {
     kPromote,   // lower tier -> host
     kDemote,    // host -> lower tier, for eviction (the host copy may leave when it lands)
     kCopyDown,  // host -> lower tier, keeping the host copy (write_through, shutdown)
+    kUpload,    // host -> shared tier, keeping the host copy unless it leaves for eviction
   };
   struct Record {
     Kind kind;
@@ -194,6 +218,12 @@ class TieredStore {
     TierId to;            // the tier that gains the copy
     std::vector<uint64_t> waiters;
     uint64_t cookie;
+  };
+  struct ProbeState {
+    uint64_t waiter = 0;
+    uint64_t bytes = 0;
+    std::vector<ChunkIdentity> chunks;
+    std::vector<uint8_t> exists;
   };
 
   Result<Placement> allocate_with_room(TierId t, uint64_t bytes);
@@ -211,6 +241,13 @@ class TieredStore {
   // Allocates in a lower tier, evicting there by its own rule when it is full.
   Result<Placement> allocate_below(TierId to, uint64_t bytes);
   std::optional<TierId> tier_below_host() const noexcept;
+  // Uploads the host copy of `e` to the shared tier. for_eviction: the host copy leaves when it
+  // lands (the upload counts as a demotion out of the host tier). False when it did not start.
+  bool start_upload(Entry* e, bool for_eviction);
+  // adopt()'s work, counting nothing.
+  bool adopt_copy(const kdn_key& key, const kdn_key& fingerprint, uint64_t bytes, TierId t,
+                  const Placement& placement, uint64_t now_ns) noexcept;
+  void apply_probe(ProbeState& p, const Status& status, std::vector<StoreEvent>& events);
   // kOk, kInProgress (no room yet) or another error (no promotion).
   Status start_promotion(Entry* e, TierId from, uint64_t waiter);
   // Submits a transfer under a new id (0: not started, nothing changed).
@@ -225,6 +262,7 @@ class TieredStore {
   ChunkIndex index_;
   std::unordered_map<TransferId, Record> transfers_;
   std::unordered_map<const Entry*, TransferId> promoting_;  // entry -> its promotion
+  std::unordered_map<TransferId, std::unique_ptr<ProbeState>> probes_;  // shared-tier probes in flight
   TransferId next_transfer_ = 1;
   StoreCounters counters_;
   uint64_t open_reservations_ = 0, active_leases_ = 0;

@@ -14,6 +14,8 @@
 //   eviction = "s3fifo"
 //   [tier.disk]
 //   dirs = ["/nvme0/kdn", "/nvme1/kdn"]
+//   [tier.remote]
+//   seeds = ["10.0.0.5:7000", "10.0.0.6:7000"]
 //   [namespace.team-a]                   # one section per configured namespace (tenant)
 //   allow_uids = [1001, 1002]
 //   token_file = "/etc/kdn/team-a.token"
@@ -65,6 +67,21 @@ struct DiskTierConfig {
   bool flush_on_stop = true;              // SIGTERM writes every host-only chunk down first
 };
 
+// The remote tier (T3): a Redis Cluster or a standalone Redis/Valkey server the operator runs,
+// shared by the kdnd of every node (docs/remote.md). No seeds: no remote tier.
+struct RemoteTierConfig {
+  std::vector<std::string> seeds;         // numeric "host:port"; cluster: any nodes; standalone: the server
+  std::string mode = "cluster";           // cluster | standalone
+  std::string username;                   // ACL user for AUTH; "": the default user
+  std::string password_file;              // first line: the AUTH password; "": no AUTH
+  uint32_t pool = 2;                      // connections per master
+  uint32_t timeout_ms = 500;              // every request's deadline: no engine waits longer on T3
+  std::string policy = "write_through";   // write_through | write_back
+  uint64_t bytes = 64ull << 30;           // chunks this node keeps track of in the store, per namespace
+  uint32_t read_ahead = 64;               // chunks promoted from T3 ahead of a LEASE or after a LOOKUP
+  uint32_t max_in_flight = 256;           // GETs and SETs in flight per namespace
+};
+
 // A namespace (tenant) declared in the file. Namespaces not declared here exist only when an
 // allowed client asks to create one (see Config::create_namespace_uids).
 struct NamespaceConfig {
@@ -77,6 +94,7 @@ struct NamespaceConfig {
   uint32_t max_sessions = 0;         // 0 = no per-namespace cap beyond Config::max_sessions
   std::string disk_codec = "none";   // none | lossless | int8 | kivi4: chunks at rest in T2
   uint64_t disk_bytes = 0;           // slab file per disk directory; 0 = tier.disk.bytes
+  std::string remote_codec = "none"; // none | lossless | int8 | kivi4: chunks sent to T3
   int line = 0;                      // where the section starts (for messages); 0 = built in
 };
 
@@ -118,6 +136,7 @@ struct Config {
   // ---- tiers and namespaces
   HostTierConfig host;
   DiskTierConfig disk;
+  RemoteTierConfig remote;
   std::vector<NamespaceConfig> namespaces;  // in file order; "default" is added if absent
 
   // Applies the embedded defaults that depend on the machine (RAM, uid, $XDG_RUNTIME_DIR)
@@ -153,6 +172,11 @@ bool valid_namespace_name(const std::string& name);
 // an empty token or one over 63 bytes is an error naming the file; `error` gets the message.
 Status load_namespace_token(const NamespaceConfig& ns, const Config& c, std::string* token,
                             std::string* error = nullptr);
+// The first line of a secret file (a token, a password) without surrounding blanks, at most
+// max_bytes. The file must not be readable or writable by others. `what` names the key and
+// value in messages ("tier.remote.password_file = \"...\"").
+Status read_secret_file(const std::string& path, const std::string& what, size_t max_bytes, std::string* secret,
+                        std::string* error = nullptr);
 
 // One row of the key table, for flags, help and docs: the dotted key ("tier.host.bytes";
 // namespace keys as "namespace.*.max_bytes"), its type ("string", "bool", "u32", "size",
