@@ -179,6 +179,8 @@ std::unique_ptr<RedisServers> RedisServers::cluster(const ClusterOptions& o, std
                                      "--repl-diskless-sync-delay", "0",
                                      "--save", "", "--appendonly", "no",
                                      "--dir", r->dir_, "--daemonize", "no"};
+    // Without a password, protected mode refuses every client that is not on loopback.
+    if (o.host != "127.0.0.1") args.insert(args.end(), {"--protected-mode", "no"});
     args.insert(args.end(), o.extra.begin(), o.extra.end());
     if (!r->start_server(args, port)) return *why = "redis-server (cluster node) did not start", nullptr;
     nodes += " " + o.host + ":" + p;
