@@ -17,7 +17,9 @@
 // namespace behind a veth pair shaped to --link-gbit each way (shaped_link.h), and the chunks
 // (the model's synthetic KV) are read per codec (link.kdn.t3_fetch_gbps_by_codec), beside
 // hiredis through the same link (the raw rate the link gives). Where the link is the bottleneck
-// a codec must raise the decoded rate. A codec the tier refuses is null, with the tier's reason.
+// a codec must raise the decoded rate. A codec the tier refuses is null, with the tier's reason
+// under link.kdn.t3_fetch_gbps_by_codec.errors; without root the link part is skipped and
+// link.skipped says why. Other reasons sit under errors.* beside the null figure they explain.
 //
 // End to end (ttft_remote_hit_s beside ttft_hit_s and ttft_miss_s, kdn-llama on node B with the
 // chunks only in T3) is another phase of this report, to come with T3 in kdnd: run_remote_bench
@@ -304,21 +306,21 @@ PairedPasses paired_passes(const RemoteOptions& o, TierLoop& loop, HiredisCluste
 void report_paired(Report& r, const PairedPasses& p) {
   set_runs(r, "baselines.redis_get_gbps", p.redis);
   r.set("baselines.redis_wrong_bytes", p.redis_wrong);
-  if (!p.redis_failure.empty()) r.set("baselines.first_failure", p.redis_failure);
+  if (!p.redis_failure.empty()) r.set("baselines.errors.redis_get_gbps", p.redis_failure);
   set_runs(r, "kdn.t3_fetch_gbps", p.kdn);
   r.set("kdn.t3_wrong_bytes", p.kdn_wrong);
   r.set("kdn.t3_failed_reads", p.failed_reads);
-  if (!p.failure.empty()) r.set("kdn.t3_first_failure", p.failure);
+  if (!p.failure.empty()) r.set("kdn.errors.t3_fetch_gbps", p.failure);
   set_runs(r, "ratios.t3_fetch_vs_redis_get", p.pairs);
 }
 
 bool loopback_failed(Report& r, const std::string& why) {
   say("loopback: %s", why.c_str());
-  r.set("loopback_error", why);
+  r.set("errors.loopback", why);
   return false;
 }
 
-// Returns false when nothing could be measured (the reason is under loopback_error).
+// Returns false when nothing could be measured (the reason is under errors.loopback).
 bool loopback_phase(Report& r, const RemoteOptions& o, const ModelInfo& model, const ChunkSet& set) {
   testing::ClusterOptions co;
   co.masters = int(o.masters);
@@ -345,7 +347,7 @@ bool loopback_phase(Report& r, const RemoteOptions& o, const ModelInfo& model, c
   auto h = HiredisCluster::connect(host, port, o.pool, timeout, &no_baseline);
   if (!h.ok()) {
     say("no hiredis baseline: %s", no_baseline.c_str());
-    r.set("baselines.unavailable", no_baseline);
+    r.set("baselines.errors.redis_get_gbps", no_baseline);
   }
   r.set("config.baseline_connections", h.ok() ? uint64_t((*h)->connections()) : uint64_t(0));
   Result<PageBuffer> slots = make_slots(set.chunk_bytes, set.count);
@@ -419,7 +421,7 @@ std::optional<CodecValues> store_codec(Report& r, const RemoteOptions& o, const 
   auto refuse = [&](const std::string& why) {
     say("link: codec %s: %s", name, why.c_str());
     r.set_null(codec_key("link.kdn.t3_fetch_gbps_by_codec", codec));
-    r.set(codec_key("link.kdn.unavailable", codec), why);
+    r.set(codec_key("link.kdn.t3_fetch_gbps_by_codec.errors", codec), why);
     return std::nullopt;
   };
   auto tier = make_tier(link.host, link.port, o, codec, ns, link.timeout);
@@ -545,7 +547,7 @@ void link_phase(Report& r, const RemoteOptions& o, const ModelInfo& model, const
   auto h = HiredisCluster::connect(setup.host, setup.port, o.pool, setup.timeout, &no_baseline);
   if (!h.ok()) {
     say("link: no hiredis baseline: %s", no_baseline.c_str());
-    r.set("link.baselines.unavailable", no_baseline);
+    r.set("link.baselines.errors.redis_get_gbps", no_baseline);
   }
   for (RemoteCodec c : kCodecs) link_codec(r, o, model, *set, setup, h.ok() ? h->get() : nullptr, c, wrong_total);
   const auto none = r.number("link.kdn.t3_fetch_gbps_by_codec.none");
