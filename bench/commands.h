@@ -13,6 +13,7 @@ int run_baselines_bench(int argc, char** argv);  // same-run baselines alone
 int run_node_bench(int argc, char** argv);       // kdnd end to end with engine processes
 int run_disk_bench(int argc, char** argv);       // T2 against fio on the same directory
 int run_soak_bench(int argc, char** argv);       // engines and kdnd SIGKILLed under load; drift
+int run_remote_bench(int argc, char** argv);     // T3 against hiredis on the same Redis Cluster
 
 }  // namespace kdn::bench
 

@@ -30,6 +30,11 @@ constexpr int (*kNode)(int, char**) = nullptr;
 constexpr int (*kDisk)(int, char**) = nullptr;
 constexpr int (*kSoak)(int, char**) = nullptr;
 #endif
+#if KDN_BENCH_HAVE_REMOTE
+constexpr auto kRemote = &kdn::bench::run_remote_bench;
+#else
+constexpr int (*kRemote)(int, char**) = nullptr;
+#endif
 #if KDN_BENCH_HAVE_KERNELS
 constexpr auto kKernels = &run_kernels_bench;
 #else
@@ -61,6 +66,10 @@ const Subcommand kSubcommands[] = {
      "P engines at full rate while engines and kdnd are SIGKILLed and restarted: ops, errors, "
      "wrong bytes, kdnd RssAnon and fd drift, p99 per operation (--seconds N)",
      kSoak, "this kdn-bench was built without libkdn (CMake target kdn)"},
+    {"remote",
+     "T3 on a Redis Cluster it starts: RemoteTier fetch GB/s and lookup RTT against hiredis on the "
+     "same cluster (loopback), and fetch GB/s per codec behind a rate-limited link (netns + tc, root)",
+     kRemote, "this kdn-bench was built without the remote tier (targets kdn_remote, kdn_redis_servers)"},
     {"baselines", "memcpy, Unix-socket echo, spin ping-pong and redis baselines alone",
      &kdn::bench::run_baselines_bench, ""},
     {"kernels", "copy, RoPE, codec and blend kernels (CPU; CUDA where a GPU is present)", kKernels,

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -91,7 +92,7 @@ RedisServerProcess* RedisServers::by_port(int port) {
 }
 
 std::string RedisServers::cli(int port, const std::string& args) const {
-  return run("timeout 30 redis-cli -h 127.0.0.1 -p " + std::to_string(port) + " " + args + " 2>&1");
+  return run("timeout 30 redis-cli -h " + host_ + " -p " + std::to_string(port) + " " + args + " 2>&1");
 }
 
 bool RedisServers::start_server(std::vector<std::string> args, int port) {
@@ -102,6 +103,11 @@ bool RedisServers::start_server(std::vector<std::string> args, int port) {
   if (pid < 0) return false;
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (!netns_.empty()) {
+      int ns = open(("/run/netns/" + netns_).c_str(), O_RDONLY | O_CLOEXEC);
+      if (ns < 0 || setns(ns, CLONE_NEWNET) != 0) _exit(126);
+      close(ns);
+    }
     int log = open(s.log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (log >= 0) {
       dup2(log, 1);
@@ -147,15 +153,25 @@ std::unique_ptr<RedisServers> RedisServers::standalone(std::vector<std::string> 
 }
 
 std::unique_ptr<RedisServers> RedisServers::cluster(int masters, int replicas, std::string* why) {
+  ClusterOptions o;
+  o.masters = masters;
+  o.replicas = replicas;
+  return cluster(o, why);
+}
+
+std::unique_ptr<RedisServers> RedisServers::cluster(const ClusterOptions& o, std::string* why) {
   std::unique_ptr<RedisServers> r(new RedisServers());
+  r->host_ = o.host;
+  r->netns_ = o.netns;
   char tmpl[] = "/tmp/kdn-redis-cluster-XXXXXX";
   if (!mkdtemp(tmpl)) return *why = "mkdtemp failed", nullptr;
   r->dir_ = tmpl;
   std::string nodes;
-  for (int i = 0; i < masters * (1 + replicas); ++i) {
+  for (int i = 0; i < o.masters * (1 + o.replicas); ++i) {
     int port = pick_port();
     std::string p = std::to_string(port);
-    std::vector<std::string> args = {"redis-server", "--port", p, "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+    std::vector<std::string> args = {"redis-server", "--port", p, "--bind", o.host, "--cluster-announce-ip", o.host,
+                                     "--cluster-enabled", "yes",
                                      "--cluster-config-file", "nodes-" + p + ".conf", "--cluster-node-timeout", "1000",
                                      "--cluster-replica-validity-factor", "0",
                                      // Replicas keep up with tests that write hundreds of MiB at once.
@@ -163,11 +179,14 @@ std::unique_ptr<RedisServers> RedisServers::cluster(int masters, int replicas, s
                                      "--repl-diskless-sync-delay", "0",
                                      "--save", "", "--appendonly", "no",
                                      "--dir", r->dir_, "--daemonize", "no"};
+    // Without a password, protected mode refuses every client that is not on loopback.
+    if (o.host != "127.0.0.1") args.insert(args.end(), {"--protected-mode", "no"});
+    args.insert(args.end(), o.extra.begin(), o.extra.end());
     if (!r->start_server(args, port)) return *why = "redis-server (cluster node) did not start", nullptr;
-    nodes += " 127.0.0.1:" + p;
+    nodes += " " + o.host + ":" + p;
   }
   std::string out = run("timeout 60 redis-cli --cluster create" + nodes + " --cluster-replicas " +
-                        std::to_string(replicas) + " --cluster-yes 2>&1");
+                        std::to_string(o.replicas) + " --cluster-yes 2>&1");
   if (out.find("All 16384 slots covered") == std::string::npos) return *why = "redis-cli --cluster create: " + out, nullptr;
   if (!r->wait_cluster_ok(20)) return *why = "the cluster did not reach cluster_state:ok", nullptr;
   if (!r->wait_replicas_synced(20)) return *why = "a replica did not finish its first sync", nullptr;

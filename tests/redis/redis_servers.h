@@ -1,12 +1,16 @@
-// Real redis-server processes for tests: a standalone server and a Redis Cluster of masters
-// with replicas, on free loopback ports in a private directory, started from Debian's
-// redis-server and redis-cli and stopped (SIGKILL, then reaped) when the object goes.
+// Real redis-server processes for tests and kdn-bench: a standalone server and a Redis Cluster
+// of masters with replicas, on free ports in a private directory, started from Debian's
+// redis-server and redis-cli and stopped (SIGKILL, then reaped) when the object goes. Servers
+// get PR_SET_PDEATHSIG, so they die with their parent even when it is killed outright.
+//
+// A cluster listens on loopback by default; ClusterOptions may bind it to another address and
+// start its servers inside a network namespace (kdn-bench puts one behind a rate-limited link).
+// redis-cli always runs in the caller's namespace and reaches the servers at that address.
 //
 // Ownership: each object owns its processes and its directory.
-// Thread safety: none; one test thread.
+// Thread safety: none; one thread (the test's or the benchmark's).
 #pragma once
 
-#include <gtest/gtest.h>
 #include <sys/types.h>
 
 #include <memory>
@@ -27,6 +31,14 @@ struct RedisServerProcess {
   void pause(bool stopped);     // SIGSTOP / SIGCONT
 };
 
+struct ClusterOptions {
+  int masters = 3;
+  int replicas = 1;                   // per master
+  std::string host = "127.0.0.1";     // numeric address every server binds and announces
+  std::string netns;                  // a network namespace (ip netns) to run them in; "": ours
+  std::vector<std::string> extra;     // more redis-server arguments for every node
+};
+
 class RedisServers {
  public:
   // One standalone server; `extra` are more redis-server arguments ("{dir}" in one stands for
@@ -34,9 +46,12 @@ class RedisServers {
   static std::unique_ptr<RedisServers> standalone(std::vector<std::string> extra, std::string* why);
   // `masters` masters with `replicas` replicas each, a cluster_state:ok cluster.
   static std::unique_ptr<RedisServers> cluster(int masters, int replicas, std::string* why);
+  static std::unique_ptr<RedisServers> cluster(const ClusterOptions& options, std::string* why);
   ~RedisServers();
 
   const std::string& dir() const { return dir_; }
+  // The address the servers listen on.
+  const std::string& host() const { return host_; }
   std::vector<RedisServerProcess>& servers() { return servers_; }
   RedisServerProcess* by_port(int port);
   // Runs redis-cli against `port` with `args`; its output ("" on failure).
@@ -50,26 +65,9 @@ class RedisServers {
   RedisServers() = default;
   bool start_server(std::vector<std::string> args, int port);
   std::string dir_;
+  std::string host_ = "127.0.0.1";
+  std::string netns_;
   std::vector<RedisServerProcess> servers_;
-};
-
-// The fixture base of a test suite whose cases share one cluster of 3 masters with a replica
-// each, started once per suite (a cluster takes seconds to form) and stopped after its last
-// case. `Suite` is the deriving fixture, so every suite has a cluster of its own. Without
-// redis, servers_ stays null (the fixture's SetUp skips).
-template <class Suite>
-class ClusterSuite : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    if (!redis_missing().empty()) return;
-    servers_ = RedisServers::cluster(3, 1, &why_).release();
-  }
-  static void TearDownTestSuite() {
-    delete servers_;
-    servers_ = nullptr;
-  }
-  static inline RedisServers* servers_ = nullptr;
-  static inline std::string why_;
 };
 
 }  // namespace kdn::testing

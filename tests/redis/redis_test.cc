@@ -4,6 +4,7 @@
 // during a slot migration; a master killed and its replica promoted). Skipped where Debian's
 // redis-server is not installed.
 #include "redis_conn.h"
+#include "cluster_suite.h"
 #include "redis_servers.h"
 
 #include <gtest/gtest.h>

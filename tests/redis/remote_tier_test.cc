@@ -6,6 +6,7 @@
 // transfers in flight within their deadline, never with wrong bytes. Without a server: stale
 // placements are refused and an unreachable store fails reads within the deadline. Skipped
 // where Debian's redis-server is not installed.
+#include "cluster_suite.h"
 #include "redis_servers.h"
 #include "remote_tier.h"
 

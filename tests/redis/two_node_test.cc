@@ -4,6 +4,7 @@
 // without prefilling, byte for byte. Faults (a master SIGKILLed mid-run, damaged values, a
 // full store) are misses on B, never errors or wrong bytes; bad configuration stops kdnd at
 // start with a message naming what is wrong.
+#include "cluster_suite.h"
 #include "kdnd_process.h"
 #include "raw_client.h"
 #include "redis_servers.h"
