@@ -21,11 +21,15 @@
 // under link.kdn.t3_fetch_gbps_by_codec.errors; without root the link part is skipped and
 // link.skipped says why. Other reasons sit under errors.* beside the null figure they explain.
 //
-// End to end (ttft_remote_hit_s beside ttft_hit_s and ttft_miss_s, kdn-llama on node B with the
-// chunks only in T3) is another phase of this report, to come with T3 in kdnd: run_remote_bench
-// calls the phases in turn, each writing its own keys.
+// End to end (llama.*, builds with llama.cpp): two kdnd processes standing for two nodes on one
+// loopback cluster, SmolLM2-135M on llama.cpp in an engine process per node. Node A's engine
+// prefills a --llama-size-token prompt (baselines.ttft_miss_s) and A uploads its chunks; node B's
+// engine asks for the same prompt with B's kdnd holding nothing (kdn.ttft_remote_hit_s: the
+// lookup asks T3, the lease promotes), then again with the chunks in B's arena
+// (kdn.ttft_hit_s), --llama-reps pairs; tokens must equal A's.
 #include "commands.h"
 #include "hiredis_cluster.h"
+#include "kdnd_process.h"
 #include "node_workload.h"
 #include "process.h"
 #include "redis_servers.h"
@@ -44,6 +48,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -81,6 +87,9 @@ struct RemoteOptions {
   uint32_t link_mtu = 1500;
   uint64_t link_mib = 256;
   uint32_t link_replicas = 0;
+  bool no_llama = false;
+  uint32_t llama_size = 4096;
+  uint32_t llama_reps = 5;
 };
 
 void say(const char* format, ...) {
@@ -358,6 +367,64 @@ bool loopback_phase(Report& r, const RemoteOptions& o, const ModelInfo& model, c
   return !p.kdn.empty();
 }
 
+// ---- end to end with llama.cpp ---------------------------------------------------------------
+
+void llama_phase(Report& r, const RemoteOptions& o) {
+#if KDN_BENCH_HAVE_LLAMA
+  auto fail = [&](const std::string& why) {
+    say("end to end: %s", why.c_str());
+    r.set("errors.llama", why);
+    for (const char* k : {"kdn.ttft_remote_hit_s", "kdn.ttft_hit_s", "baselines.ttft_miss_s"}) r.set_null(k);
+  };
+  testing::ClusterOptions co;
+  co.masters = int(o.masters);
+  co.replicas = 0;
+  say("end to end: a Redis Cluster of %u masters and two kdnd (nodes A and B)...", o.masters);
+  std::string why;
+  std::unique_ptr<testing::RedisServers> servers = testing::RedisServers::cluster(co, &why);
+  if (!servers) return fail("the cluster did not start: " + why);
+  char tmpl[] = "/tmp/kdn-bench-remote-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return fail("mkdtemp failed");
+  const std::string dir = tmpl;
+  const std::string ns = "llama-remote";
+  auto start = [&](const char* node) {
+    KdndOptions k;
+    k.binary = default_kdnd_path();
+    k.socket_path = dir + "/" + node + ".sock";
+    k.host_arena_bytes = 512 * kMiB;
+    k.log_path = dir + "/" + node + ".log";
+    k.extra_args = {"--no-populate", "--set", "tier.remote.seeds=" + servers->host() + ":" +
+                                                  std::to_string(servers->servers().front().port),
+                    "--set", "tier.remote.pool=" + std::to_string(o.pool), "--set", "namespace." + ns + ".max_bytes=256M"};
+    return KdndProcess::start(k);
+  };
+  auto a = start("a");
+  auto b = a.ok() ? start("b") : Result<KdndProcess>(a.status());
+  if (!a.ok() || !b.ok()) {
+    std::filesystem::remove_all(dir);
+    return fail("kdnd did not start: " + describe(a.ok() ? b.status() : a.status()));
+  }
+  say("end to end: node A prefills %u tokens, node B gets them from T3 (%u pairs)...", o.llama_size, o.llama_reps);
+  const std::string text = remote_llama_ttft_json(dir + "/a.sock", dir + "/b.sock", ns, o.llama_size, o.llama_reps);
+  (void)a->stop();
+  (void)b->stop();
+  std::filesystem::remove_all(dir);
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || j.contains("error")) return fail(j.is_discarded() ? "no answer" : j["error"].get<std::string>());
+  r.set("llama.prompt_tokens", uint64_t(o.llama_size));
+  r.set("llama.chunks", j["chunks"].get<uint64_t>());
+  r.set("llama.tokens_identical", j["tokens_identical"].get<bool>());
+  r.set("baselines.ttft_miss_s", j["ttft_miss_s"].get<double>());
+  set_runs(r, "kdn.ttft_remote_hit_s", j["ttft_remote_hit_runs_s"].get<std::vector<double>>());
+  set_runs(r, "kdn.ttft_hit_s", j["ttft_hit_runs_s"].get<std::vector<double>>());
+  r.set("ratios.ttft_remote_hit_vs_hit", j["remote_hit_vs_hit"].get<double>());
+  r.set("ratios.ttft_miss_vs_remote_hit", j["remote_hit_speedup_vs_miss"].get<double>());
+#else
+  r.set("errors.llama", "this kdn-bench was built without llama.cpp (KDN_BUILD_LLAMA=OFF)");
+  (void)o;
+#endif
+}
+
 // ---- the limited link -----------------------------------------------------------------------
 
 std::string codec_key(const char* prefix, RemoteCodec c) {
@@ -578,6 +645,9 @@ int run_remote_bench(int argc, char** argv) {
   app.add_option("--probe-samples", o.probe_samples, "lookups timed per side")->capture_default_str();
   app.add_option("--timeout-ms", o.timeout_ms, "request deadline (RemoteTier's remote_timeout_ms)")->capture_default_str();
   app.add_flag("--no-link", o.no_link, "skip the rate-limited link");
+  app.add_flag("--no-llama", o.no_llama, "skip the end-to-end part with llama.cpp");
+  app.add_option("--llama-size", o.llama_size, "prompt tokens of the end-to-end part")->capture_default_str();
+  app.add_option("--llama-reps", o.llama_reps, "remote-hit / hit pairs of the end-to-end part")->check(CLI::Range(1u, 100u))->capture_default_str();
   app.add_option("--link-gbit", o.link_gbit, "the link's rate each way, Gbit/s")->capture_default_str();
   app.add_option("--link-mtu", o.link_mtu, "the link's MTU")->capture_default_str();
   app.add_option("--link-mib", o.link_mib, "chunk bytes per codec behind the link")->capture_default_str();
@@ -622,7 +692,7 @@ int run_remote_bench(int argc, char** argv) {
   const bool measured = loopback_phase(r, o, *model, *set);
   uint64_t link_wrong = 0;
   link_phase(r, o, *model, &*set, &link_wrong);
-  // (The end-to-end phase with kdn-llama joins here.)
+  if (!o.no_llama) llama_phase(r, o);
   r.set("machine.loadavg_1m_end", load_average());
 
   const auto kdn_wrong = r.number("kdn.t3_wrong_bytes"), redis_wrong = r.number("baselines.redis_wrong_bytes");
@@ -636,6 +706,7 @@ int run_remote_bench(int argc, char** argv) {
   r.set_bar("bars.t3_fetch_vs_redis_get", r.number("ratios.t3_fetch_vs_redis_get"), BarOp::kAtLeast, 0.8);
   r.set_bar("bars.kivi4_vs_none_on_link", r.number("link.ratios.t3_fetch_vs_none.kivi4"), BarOp::kAtLeast, 2.0);
   r.set_bar("bars.wrong_bytes", wrong, BarOp::kAtMost, 0.0);
+  r.set_bar("bars.ttft_remote_hit_vs_hit", r.number("ratios.ttft_remote_hit_vs_hit"), BarOp::kAtMost, 1.5);
   std::printf("%s\n", o.json ? r.to_json().c_str() : r.to_table().c_str());
   return measured ? 0 : 1;
 }
