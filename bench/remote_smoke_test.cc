@@ -30,7 +30,8 @@ bool process_mentions(const std::string& dir) {
 TEST(RemoteBenchSmokeTest, MeasuresFetchAndLookupAgainstHiredisOnLoopback) {
   if (!redis_installed()) GTEST_SKIP() << "redis-server is not installed (Debian: redis-server)";
   BenchRun run = run_bench(
-      "remote --json --no-link --chunk-bytes 262144 --chunks 48 --depth 8 --repeats 2 --probe-samples 200");
+      "remote --json --no-link --chunk-bytes 262144 --chunks 48 --depth 8 --repeats 2 --probe-samples 200 "
+      "--llama-size 512 --llama-reps 1");
   ASSERT_EQ(run.exit_code, 0) << run.said();
   nlohmann::json j = nlohmann::json::parse(run.stdout_text, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(j.is_discarded()) << run.stdout_text;
@@ -57,6 +58,15 @@ TEST(RemoteBenchSmokeTest, MeasuresFetchAndLookupAgainstHiredisOnLoopback) {
   EXPECT_EQ(at(j, "link.skipped").get<std::string>(), "--no-link");
   EXPECT_TRUE(at(j, "link.kdn.t3_fetch_gbps_by_codec.kivi4").is_null());
   EXPECT_TRUE(at(j, "bars.kivi4_vs_none_on_link.pass").is_null());
+  // End to end (with llama.cpp in this build): node B's engine got node A's prompt from T3.
+  if (j.contains("llama")) {
+    EXPECT_TRUE(at(j, "llama.tokens_identical").get<bool>()) << run.said();
+    EXPECT_EQ(at(j, "llama.chunks").get<uint64_t>(), 2u);  // 512 tokens of 256-token chunks
+    for (const char* key : {"kdn.ttft_remote_hit_s", "kdn.ttft_hit_s", "baselines.ttft_miss_s"})
+      EXPECT_GT(at(j, key).get<double>(), 0.0) << key;
+  } else {
+    EXPECT_TRUE(at(j, "errors.llama").is_string()) << run.said();
+  }
   // Every server stopped and its directory removed.
   const std::string dir = at(j, "config.cluster_dir").get<std::string>();
   ASSERT_FALSE(dir.empty());
@@ -70,7 +80,7 @@ TEST(RemoteBenchSmokeTest, MeasuresFetchAndLookupAgainstHiredisOnLoopback) {
 TEST(RemoteBenchSmokeTest, ReadsEveryCodecBehindARateLimitedLink) {
   if (!redis_installed()) GTEST_SKIP() << "redis-server is not installed (Debian: redis-server)";
   BenchRun run = run_bench(
-      "remote --json --chunk-bytes 262144 --chunks 16 --depth 4 --repeats 1 --probe-samples 50 --link-mib 1");
+      "remote --json --no-llama --chunk-bytes 262144 --chunks 16 --depth 4 --repeats 1 --probe-samples 50 --link-mib 1");
   ASSERT_EQ(run.exit_code, 0) << run.said();
   nlohmann::json j = nlohmann::json::parse(run.stdout_text, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(j.is_discarded()) << run.stdout_text;
