@@ -229,7 +229,10 @@ TEST(Disk, RestartAfterSigkillServesEveryWrittenThroughChunk) { restart_keeps_ev
 // what was only in the arena is gone, a miss, never a wrong byte.
 TEST(Disk, RestartAfterSigkillServesEveryDemotedChunk) {
   TempDir dir;
-  KdndProcess d(disk_flags(dir.path, "write_back"));
+  // No read-ahead: the lookups below count what sits on disk, and must not bring it back.
+  auto flags = disk_flags(dir.path, "write_back");
+  flags.insert(flags.end(), {"--set", "tier.disk.read_ahead=0"});
+  KdndProcess d(flags);
   const auto desc = tiny_model(64);
   constexpr uint32_t kChunks = 50;
   {
