@@ -20,6 +20,11 @@
 #   9. a serving engine S (kdn-llama --serve) answers through a kdnd restart: from the arena,
 #      then by prefilling while kdnd is away, then — kdnd back, its disk tier recovered —
 #      from the disk tier, having reconnected by itself; then stops kdnd;
+#  9b. a second node (docs/remote.md): kdnd has had a remote tier on a Redis server (Debian's
+#      redis-server, started here) all along, so what engine A prefilled in step 4 is there;
+#      a second kdnd with its own socket and arena stands for another machine, and its engine
+#      answers question B from the remote tier without prefilling the document. Skipped, with
+#      the reason, without redis-server;
 #  10. the same with two vLLM replicas (python/tools/vllm_demo.py, real vLLM on the CPU
 #      backend, KdnConnector): A answers about the document and stores it, B (another
 #      process) loads it from kdnd; B's TTFT and answer are shown beside B's without kdn.
@@ -49,8 +54,10 @@ bin=$build/bin
 
 work=$(mktemp -d /tmp/kdn-demo.XXXXXX)
 kdnd_pid=
+redis_pid=
 cleanup() {
   if [[ -n "$kdnd_pid" ]]; then kill "$kdnd_pid" 2>/dev/null || true; wait "$kdnd_pid" 2>/dev/null || true; fi
+  if [[ -n "$redis_pid" ]]; then kill "$redis_pid" 2>/dev/null || true; wait "$redis_pid" 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -76,15 +83,31 @@ echo "demo: document: $what, first $tokens tokens"
 # ---- 3. kdnd ---------------------------------------------------------------------------------
 socket=$work/kdnd.sock
 mkdir -p "$work/disk"
-start_kdnd() {
-  "$bin/kdnd" --socket "$socket" --host-arena-bytes 512M --log-level info \
-    --set tier.disk.dirs="$work/disk" --set tier.disk.bytes=1G >>"$work/kdnd.log" 2>&1 &
-  kdnd_pid=$!
+# The store every node shares (step 9b): a standalone redis-server on a free loopback port.
+remote_flags=()
+redis_skip=
+if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
+  redis_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" \
+    --maxmemory 1gb --maxmemory-policy allkeys-lru >"$work/redis.log" 2>&1 &
+  redis_pid=$!
+  for _ in $(seq 50); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  remote_flags=(--set tier.remote.seeds="127.0.0.1:$redis_port" --set tier.remote.mode=standalone)
+else
+  redis_skip="redis-server is not installed (Debian: apt-get install redis-server)"
+fi
+wait_kdnd() {  # wait_kdnd <socket> <log>
   for _ in $(seq 100); do
-    "$bin/kdnctl" --socket "$socket" ping >/dev/null 2>&1 && break
+    "$bin/kdnctl" --socket "$1" ping >/dev/null 2>&1 && break
     sleep 0.1
   done
-  "$bin/kdnctl" --socket "$socket" ping >/dev/null || { cat "$work/kdnd.log"; exit 1; }
+  "$bin/kdnctl" --socket "$1" ping >/dev/null || { cat "$2"; exit 1; }
+}
+start_kdnd() {
+  "$bin/kdnd" --socket "$socket" --host-arena-bytes 512M --log-level info \
+    --set tier.disk.dirs="$work/disk" --set tier.disk.bytes=1G "${remote_flags[@]}" >>"$work/kdnd.log" 2>&1 &
+  kdnd_pid=$!
+  wait_kdnd "$socket" "$work/kdnd.log"
 }
 start_kdnd
 echo "demo: kdnd running (pid $kdnd_pid), its disk tier in $work/disk"
@@ -94,7 +117,7 @@ ask() {  # ask <out.json> <question> [flags...]
   local out=$1 q=$2
   shift 2
   "$bin/kdn-llama" --json --progress --prompt-file "$doc" --context-tokens "$tokens" --threads "$threads" \
-    --socket "$socket" --question "$q" "$@" >"$out"
+    --socket "${ask_socket:-$socket}" --question "$q" "$@" >"$out"
 }
 echo "demo: engine A answers question A. Nothing is cached yet, so A prefills all $tokens tokens of the"
 echo "      document, which is what every engine pays for every request without kdn, and stores the KV in kdnd..."
@@ -225,6 +248,40 @@ echo "demo: stopping kdnd"
 kill "$kdnd_pid" 2>/dev/null || true
 wait "$kdnd_pid" 2>/dev/null || true
 kdnd_pid=
+
+# ---- 9b. a second node, through the remote tier ----------------------------------------------
+echo
+if [[ -n "$redis_skip" ]]; then
+  echo "demo: second node skipped: $redis_skip"
+else
+  echo "demo: a second node: kdnd B (its own socket, arena and disk directory) shares only the Redis server"
+  echo "      with the first kdnd, which uploaded engine A's chunks there in step 4..."
+  mkdir -p "$work/disk-b"
+  "$bin/kdnd" --socket "$work/kdnd-b.sock" --host-arena-bytes 512M --log-level info \
+    --set tier.disk.dirs="$work/disk-b" --set tier.disk.bytes=1G "${remote_flags[@]}" >>"$work/kdnd-b.log" 2>&1 &
+  kdnd_pid=$!  # cleanup stops it if the demo ends early
+  wait_kdnd "$work/kdnd-b.sock" "$work/kdnd-b.log"
+  echo "demo: engine H, on node B, answers question B..."
+  ask_socket=$work/kdnd-b.sock ask "$work/h.json" "$question_b"
+  "$bin/kdnctl" --socket "$work/kdnd-b.sock" stats >"$work/stats-b.txt" 2>&1 || true
+  python3 - "$work" <<'EOF3'
+import json, sys
+work = sys.argv[1]
+h, c = (json.load(open(f"{work}/{n}.json")) for n in "hc")
+print()
+print(f"  {'question B':28} {'node B (remote)':>16} {'no kdn':>12}")
+for label, key, fmt in [("TTFT (s)", "ttft_s", "{:.3f}"), ("tokens reused from kdnd", "tokens_reused", "{:d}"),
+                        ("tokens computed", "tokens_computed", "{:d}")]:
+    print(f"  {label:28} {fmt.format(h[key]):>16} {fmt.format(c[key]):>12}")
+print(f"\n  node B answered {c['ttft_s'] / h['ttft_s']:.1f}x sooner than a prefill, with the same tokens: "
+      f"{h['answer_tokens'] == c['answer_tokens']}")
+EOF3
+  echo "kdnd B counters (tier.remote.*: what came from the other node):"
+  grep -E "^tier\.remote\.(found_chunks|promoted_chunks|reads|read_bytes|faults)" "$work/stats-b.txt" | sed 's/^/  /'
+  kill "$kdnd_pid" 2>/dev/null || true
+  wait "$kdnd_pid" 2>/dev/null || true
+  kdnd_pid=
+fi
 
 # ---- 10. two vLLM replicas -----------------------------------------------------------------
 vllm_skip() { echo "demo: vLLM part skipped: $*"; exit 0; }

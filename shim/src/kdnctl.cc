@@ -170,6 +170,21 @@ std::vector<Field> tier_fields(Client& c) {
     add("lookup_hit_chunks", t.lookup_hit_chunks);
     if (c.welcome().proto_minor >= 3) add("lease_hit_chunks", t.lease_hit_chunks);
     add("in_flight", t.in_flight);
+    if (t.tier == uint32_t(kdn::ipc::ChunkTier::kRemote)) {
+      add("found_chunks", t.recovered_chunks);
+      add("promoted_chunks", t.promoted_chunks);
+      add("promoted_bytes", t.promoted_bytes);
+      add("uploaded_chunks", t.written_through_chunks);
+      add("reads", t.reads);
+      add("read_bytes", t.read_bytes);
+      add("writes", t.writes);
+      add("write_bytes", t.write_bytes);
+      add("faults.unreachable", t.fault_io);
+      add("faults.no_space", t.fault_no_space);
+      add("faults.missing", t.fault_eof);
+      add("faults.damaged", t.fault_crc);
+      continue;
+    }
     if (t.tier != uint32_t(kdn::ipc::ChunkTier::kDisk)) continue;
     add("promoted_chunks", t.promoted_chunks);
     add("promoted_bytes", t.promoted_bytes);

@@ -870,8 +870,8 @@ std::array<ipc::TierStatsRecord, kTierCount> RequestHandler::tier_stats(const Na
     ipc::TierStatsRecord& r = out[kDisk];
     const DiskCounters& c = d->counters();
     const RingCounters rc = d->ring_counters();
-    r.promoted_chunks = k.promoted_chunks;
-    r.promoted_bytes = k.promoted_bytes;
+    r.promoted_chunks = k.promoted_from_chunks[kDisk];
+    r.promoted_bytes = k.promoted_from_bytes[kDisk];
     r.demoted_chunks = k.demoted_chunks;
     r.demoted_bytes = k.demoted_bytes;
     r.written_through_chunks = k.written_through_chunks;
@@ -895,6 +895,22 @@ std::array<ipc::TierStatsRecord, kTierCount> RequestHandler::tier_stats(const Na
     r.codec = uint64_t(d->codec());
     r.flags = (d->buffers_registered() ? ipc::kTierStatsFixedBuffers : 0) |
               (d->degraded() ? ipc::kTierStatsDegraded : 0);
+  }
+  if (const RemoteTier* remote = ns.remote.get()) {
+    ipc::TierStatsRecord& r = out[kRemote];
+    const RemoteCounters& c = remote->counters();
+    r.promoted_chunks = k.promoted_from_chunks[kRemote];
+    r.promoted_bytes = k.promoted_from_bytes[kRemote];
+    r.written_through_chunks = k.uploaded_chunks;  // uploads, at commit or as chunks leave memory
+    r.reads = c.reads;
+    r.read_bytes = c.read_bytes;
+    r.writes = c.writes;
+    r.write_bytes = c.write_bytes;
+    r.fault_io = c.timeouts + c.unavailable + c.error_replies;
+    r.fault_no_space = c.no_space;
+    r.fault_eof = c.missing;  // the value is gone
+    r.fault_crc = c.crc_mismatch + c.bad_header + c.bad_length + c.foreign + c.wrong_type;
+    r.recovered_chunks = k.remote_found_chunks;  // found by lookups on local misses
   }
   return out;
 }

@@ -627,6 +627,8 @@ void TieredStore::apply(const Record& r, const Status& status, std::vector<Store
         track_resident(kHost, e, +1);
         ++counters_.promoted_chunks;
         counters_.promoted_bytes += e->bytes;
+        ++counters_.promoted_from_chunks[tier_index(r.from)];
+        counters_.promoted_from_bytes[tier_index(r.from)] += e->bytes;
         note_flow(r.from, r.to, e->bytes);
       } else {
         host()->free(index_.end_move(e, kHost, false));

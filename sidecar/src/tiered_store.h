@@ -87,6 +87,7 @@ struct StoreCounters {
   uint64_t dropped_chunks = 0;    // chunks that left the namespace (no copy kept anywhere)
   uint64_t demoted_chunks = 0, promoted_chunks = 0;
   uint64_t demoted_bytes = 0, promoted_bytes = 0;
+  uint64_t promoted_from_chunks[kTierCount] = {}, promoted_from_bytes[kTierCount] = {};  // by source tier
   uint64_t written_through_chunks = 0;   // copies written down at commit (write_through) or at stop
   uint64_t failed_demotions = 0;         // of which the host copy was dropped (drop_on_failed_demotion)
   uint64_t prefetched_chunks = 0;        // promotions started with nobody waiting (prefetch, read-ahead)
