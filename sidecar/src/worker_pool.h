@@ -7,8 +7,8 @@
 //
 // Two queues: quick jobs (a checksum, the decode a read waits for) run before bulk ones (an
 // encode, a background re-encode), so a read never waits behind a backlog of encodes. A job's
-// last act is done(item): the item joins the done queue and wake_fd is signalled after it, so
-// a loop woken by the fd finds the item with take_done().
+// last act is done(item): the item joins the done queue and wake_fd is signalled, so a loop
+// woken by the fd finds the item with take_done().
 //
 // Ownership: the pool owns its threads; jobs own nothing of the pool. Destruction drops the
 // jobs not yet started and waits for the running ones: once it returns no job touches memory
@@ -56,14 +56,15 @@ class WorkerPool {
     cv_.notify_one();
   }
 
-  // A job's last act: hand its item back to the loop.
+  // A job's last act: hand its item back to the loop. The fd is signalled inside the lock, after
+  // the push: a count the loop empties from the fd belongs to an item the next take_done()
+  // returns, and an item take_done() returned has signalled already (emptying the fd after it
+  // leaves no count behind of an item the loop holds).
   void done(Item* item) noexcept {
-    {
-      std::lock_guard lock(mu_);
-      done_.push_back(item);  // reserved by post(): never reallocates
-    }
+    std::lock_guard lock(mu_);
+    done_.push_back(item);  // reserved by post(): never reallocates
     const uint64_t one = 1;
-    (void)!::write(wake_, &one, sizeof one);  // after the push: a woken loop finds it
+    (void)!::write(wake_, &one, sizeof one);
   }
 
   void take_done(std::vector<Item*>& out) noexcept {
