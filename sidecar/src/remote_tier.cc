@@ -406,12 +406,13 @@ void RemoteTier::send_write(Op* op) noexcept {
   op->req.payload = std::span<const std::byte>(encoded ? op->encoding.blob.data() : op->host, h.stored_bytes);
   const RedisClock::time_point now = RedisClock::now();
   if (now >= op->deadline)
-    return finish_transfer(op, failure(Status(Code::kTimeout, "remote write: encoded too late to be sent")));
+    return finish_transfer(op, failure(Status(Code::kTimeout, "remote write: its worker finished after the deadline")));
   op->req.deadline = op->deadline;
   client_->submit(&op->req, s.redis_key, now);  // may complete at once (a node backing off)
 }
 
-// GET <key>, the header into the op and the payload straight into the host destination.
+// GET <key>: the header into the op, the payload into the host destination or, encoded, into
+// staging (Op::bulk_destination); then on_read_reply().
 Status RemoteTier::start_read(const Transfer& t, Slot& s) noexcept {
   if (s.stored_bytes == 0) return Status(Code::kInvalidArgument, "remote read of a placement with nothing stored");
   if (t.bytes != s.stored_bytes) return Status(Code::kInvalidArgument, "remote read of another size than stored");

@@ -37,7 +37,7 @@
 //
 // Codec. With RemoteTierOptions::codec other than none, a write is encoded with KVC1 (T2's
 // encoder, chunk_codec.h) on a worker, then SET. It goes raw instead when the chunk's model is
-// not known yet (learn_model), when more than encode_queue encodes wait, or when the encoding
+// not known yet (learn_model), when encode_queue encodes wait already, or when the encoding
 // would save under 1/16 of the chunk. A reader decodes per the value's header, whatever its
 // own codec: every tier reads every codec.
 //
@@ -76,7 +76,7 @@ struct RemoteTierOptions {
   uint32_t max_probe_keys = 4096;            // keys in one probe
   remote::RemoteCodec codec = remote::RemoteCodec::kNone;  // remote_codec: what writes are encoded with
   uint32_t workers = 2;                      // threads for encodes, decodes and checksums
-  uint32_t encode_queue = 8;                 // encodes waiting before writes go raw
+  uint32_t encode_queue = 4;                 // encodes waiting before writes go raw (docs/remote.md)
 };
 
 struct RemoteCounters {

@@ -434,10 +434,11 @@ class RemoteTierCluster : public testing::ClusterSuite<RemoteTierCluster> {
     raw_.reset();
   }
   static int seed_port() { return servers_->servers()[0].port; }
-  // A tier of another node writing with `codec`, told `model`'s geometry when given.
+  // A tier of another node writing with `codec`, told `model`'s geometry when given. (A long
+  // timeout: encodes in sanitizer builds are many times slower.)
   static std::unique_ptr<RemoteTier> codec_tier(remote::RemoteCodec codec, const ModelInfo* model,
                                                 uint32_t encode_queue = 4) {
-    RemoteTierOptions o = tier_options(seed_port(), true, 5000ms);
+    RemoteTierOptions o = tier_options(seed_port(), true, 30000ms);
     o.codec = codec;
     o.encode_queue = encode_queue;
     auto t = make_tier(o);
