@@ -204,6 +204,17 @@ void expect_all(RemoteTier& tier, Driver& d, const std::vector<Chunk>& chunks, c
   }
 }
 
+// Placements of another node for `chunks`, found by name.
+std::vector<Placement> adopt_all(RemoteTier& tier, const std::vector<Chunk>& chunks) {
+  std::vector<Placement> adopted;
+  for (const Chunk& c : chunks) {
+    Result<Placement> p = tier.adopt(ChunkIdentity{c.key, c.fingerprint}, c.bytes.size());
+    EXPECT_TRUE(p.ok()) << p.status().what();
+    if (p.ok()) adopted.push_back(*p);
+  }
+  return adopted;
+}
+
 // A plain client for what the tests do behind the tier's back (raw SET, DEL, FLUSHALL).
 class RawClient {
  public:
@@ -307,6 +318,17 @@ std::vector<std::byte> kv_chunk(const ModelInfo& m, uint64_t seed) {
   p.seed = seed;
   EXPECT_TRUE(kernels::fill_synthetic_kv(v.data(), kernels::kvc1_geometry(m), p).ok());
   return v;
+}
+
+// `n` chunks of `m`, keys and contents numbered from `first`.
+std::vector<Chunk> kv_chunks(const ModelInfo& m, size_t n, uint64_t first) {
+  std::vector<Chunk> chunks(n);
+  for (size_t i = 0; i < n; ++i) {
+    chunks[i].key = key_for(first + i);
+    chunks[i].fingerprint = m.fingerprint;
+    chunks[i].bytes = kv_chunk(m, first + i);
+  }
+  return chunks;
 }
 
 std::vector<std::byte> to_bytes(const std::string& s) {
@@ -486,13 +508,7 @@ TEST_F(RemoteTierCluster, RoundTripOverEveryMasterAndFromAnotherNode) {
   auto node_b = make_tier(tier_options(seed_port(), true, 5000ms));
   ASSERT_TRUE(node_b);
   Driver db(*node_b);
-  std::vector<Placement> adopted;
-  for (const Chunk& c : chunks) {
-    Result<Placement> p = node_b->adopt(ChunkIdentity{c.key, c.fingerprint}, c.bytes.size());
-    ASSERT_TRUE(p.ok());
-    adopted.push_back(*p);
-  }
-  expect_all(*node_b, db, chunks, adopted);
+  expect_all(*node_b, db, chunks, adopt_all(*node_b, chunks));
 
   for (const Chunk& c : chunks) tier_->free(c.placement);
   EXPECT_EQ(tier_->used_bytes(), 0u);
@@ -622,12 +638,7 @@ TEST_F(RemoteTierCluster, EveryCodecRoundTripsAndEveryReaderDecodesIt) {
     auto writer = codec_tier(codec, &m);
     ASSERT_TRUE(writer);
     Driver dw(*writer);
-    std::vector<Chunk> chunks(4);
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      chunks[i].key = key_for(700 + 10 * uint64_t(codec) + i);
-      chunks[i].fingerprint = m.fingerprint;
-      chunks[i].bytes = kv_chunk(m, 70 + 10 * uint64_t(codec) + i);
-    }
+    std::vector<Chunk> chunks = kv_chunks(m, 4, 700 + 10 * uint64_t(codec));
     store_all(*writer, dw, chunks);
     const RemoteCounters w = writer->counters();
     if (codec == RemoteCodec::kNone) {
@@ -662,12 +673,7 @@ TEST_F(RemoteTierCluster, EveryCodecRoundTripsAndEveryReaderDecodesIt) {
     expect_all(*writer, dw, expected, at);
     for (auto [reader, driver] : {std::pair<RemoteTier*, Driver*>{plain.get(), &dp}, {kivi.get(), &dk}}) {
       const uint64_t decoded_before = reader->counters().decoded_reads;
-      std::vector<Placement> adopted;
-      for (const Chunk& c : chunks) {
-        Result<Placement> p = reader->adopt(ChunkIdentity{c.key, c.fingerprint}, c.bytes.size());
-        ASSERT_TRUE(p.ok());
-        adopted.push_back(*p);
-      }
+      const std::vector<Placement> adopted = adopt_all(*reader, chunks);
       expect_all(*reader, *driver, expected, adopted);
       EXPECT_EQ(reader->counters().decoded_reads - decoded_before, codec == RemoteCodec::kNone ? 0u : chunks.size());
       for (const Placement& p : adopted) reader->free(p);
@@ -682,15 +688,11 @@ TEST_F(RemoteTierCluster, ChunksGoRawWhenTheModelIsUnknownOrTheEncodersAreBusy) 
   auto unknown = codec_tier(remote::RemoteCodec::kKivi4, nullptr);          // never told the model
   auto busy = codec_tier(remote::RemoteCodec::kLossless, &m, /*encode_queue=*/0);  // no encoder free
   ASSERT_TRUE(unknown && busy);
-  uint64_t k = 800;
+  uint64_t first = 800;
   for (RemoteTier* tier : {unknown.get(), busy.get()}) {
     Driver d(*tier);
-    std::vector<Chunk> chunks(2);
-    for (Chunk& c : chunks) {
-      c.key = key_for(k);
-      c.fingerprint = m.fingerprint;
-      c.bytes = kv_chunk(m, k++);
-    }
+    std::vector<Chunk> chunks = kv_chunks(m, 2, first);
+    first += chunks.size();
     store_all(*tier, d, chunks);
     EXPECT_EQ(tier->counters().raw_writes, chunks.size());
     EXPECT_EQ(tier->counters().encoded_writes, 0u);
@@ -710,12 +712,7 @@ TEST_F(RemoteTierCluster, DamagedEncodingsAreCountedMisses) {
   auto tier = codec_tier(remote::RemoteCodec::kLossless, &m, 8);
   ASSERT_TRUE(tier);
   Driver d(*tier);
-  std::vector<Chunk> chunks(6);
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    chunks[i].key = key_for(900 + i);
-    chunks[i].fingerprint = m.fingerprint;
-    chunks[i].bytes = kv_chunk(m, 900 + i);
-  }
+  std::vector<Chunk> chunks = kv_chunks(m, 6, 900);
   store_all(*tier, d, chunks);
   ASSERT_EQ(tier->counters().encoded_writes, chunks.size());
   std::vector<std::string> keys;
@@ -772,16 +769,11 @@ TEST_F(RemoteTierCluster, DamagedEncodingsAreCountedMisses) {
 
 TEST_F(RemoteTierCluster, DestroyingTheTierWhileWorkersRunLeavesHostMemoryAlone) {
   const ModelInfo m = codec_model();
-  std::vector<Chunk> chunks(8);
+  std::vector<Chunk> chunks = kv_chunks(m, 8, 1000);
   {
-    auto writer = codec_tier(remote::RemoteCodec::kKivi4, &m);
+    auto writer = codec_tier(remote::RemoteCodec::kKivi4, &m, 8);
     ASSERT_TRUE(writer);
     Driver d(*writer);
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      chunks[i].key = key_for(1000 + i);
-      chunks[i].fingerprint = m.fingerprint;
-      chunks[i].bytes = kv_chunk(m, 1000 + i);
-    }
     store_all(*writer, d, chunks);
   }
   // Reads whose decodes and writes whose encodes are queued or running when the tier goes.
