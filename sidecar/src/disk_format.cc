@@ -4,8 +4,6 @@
 
 #include <kdn/kernels/crc32c.h>
 
-#include <xxhash.h>
-
 #include <cstring>
 
 namespace kdn::sidecar::disk {
@@ -58,11 +56,6 @@ bool parse_disk_codec(std::string_view s, DiskCodec* out) noexcept {
 uint32_t crc32c(const void* data, size_t n) noexcept { return kernels::kvc1::crc32c(data, n); }
 uint32_t crc32c_extend(uint32_t crc, const void* data, size_t n) noexcept {
   return kernels::kvc1::crc32c_extend(crc, data, n);
-}
-
-kdn_key xxh128(const void* data, size_t n) noexcept {
-  const XXH128_hash_t h = XXH3_128bits(data, n);
-  return kdn_key{h.low64, h.high64};
 }
 
 FileLayout FileLayout::for_data_bytes(uint64_t data_bytes, uint64_t slab_bytes) noexcept {

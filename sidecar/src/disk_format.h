@@ -117,7 +117,6 @@ uint64_t slot_bytes_for(uint64_t stored, bool coarse) noexcept;
 // continues one (crc32c_extend(crc32c(a), b) == crc32c(a || b)).
 uint32_t crc32c(const void* data, size_t n) noexcept;
 uint32_t crc32c_extend(uint32_t crc, const void* data, size_t n) noexcept;
-// XXH3-128 of bytes, as SlotHeader::raw_hash holds it.
-kdn_key xxh128(const void* data, size_t n) noexcept;
+// SlotHeader::raw_hash is chunk_codec.h's chunk_hash() of the canonical chunk.
 
 }  // namespace kdn::sidecar::disk

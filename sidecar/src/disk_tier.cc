@@ -23,25 +23,9 @@ constexpr uint32_t kDegradeAfter = 8;                 // consecutive failed writ
 constexpr uint64_t kDegradeNs = 5'000'000'000;        // ... refuse new ones this long
 constexpr uint64_t round_block(uint64_t v) { return (v + kBlock - 1) / kBlock * kBlock; }
 
-void signal(int fd) noexcept {
-  const uint64_t one = 1;
-  (void)!::write(fd, &one, sizeof one);
-}
-
 }  // namespace
 
 namespace disk_detail {
-
-kernels::CodecConfig codec_config(DiskCodec codec) noexcept {
-  kernels::CodecConfig cfg;
-  switch (codec) {
-    case DiskCodec::kLossless: cfg.mode = kernels::CodecMode::kLossless; break;
-    case DiskCodec::kInt8: cfg.mode = kernels::CodecMode::kInt8; break;
-    case DiskCodec::kKivi4: cfg.mode = kernels::CodecMode::kKivi4; break;
-    case DiskCodec::kNone: cfg.mode = kernels::CodecMode::kRaw; break;
-  }
-  return cfg;
-}
 
 uint64_t now_unix_ns() noexcept {
   timespec ts{};
@@ -50,66 +34,6 @@ uint64_t now_unix_ns() noexcept {
 }
 
 }  // namespace disk_detail
-
-// ---- workers ---------------------------------------------------------------------------------------
-
-DiskTier::Workers::Workers(uint32_t threads, int wake_fd) : wake_(wake_fd) {
-  for (uint32_t i = 0; i < (threads < 1 ? 1 : threads); ++i) pool_.emplace_back([this] { run(); });
-}
-
-DiskTier::Workers::~Workers() {
-  {
-    std::lock_guard lock(mu_);
-    stopping_ = true;  // run() returns only once the queue is empty
-  }
-  cv_.notify_all();
-  for (std::thread& t : pool_) t.join();
-}
-
-void DiskTier::Workers::post(std::function<void()> job) {
-  {
-    std::lock_guard lock(mu_);
-    done_.reserve(done_.size() + jobs_.size() + running_ + 1);  // so done() never allocates
-    jobs_.push_back(std::move(job));
-  }
-  cv_.notify_one();
-}
-
-void DiskTier::Workers::done(Op* op) noexcept {
-  {
-    std::lock_guard lock(mu_);
-    done_.push_back(op);  // reserved by post(): never reallocates
-  }
-  signal(wake_);  // after the push: a woken loop finds it
-}
-
-void DiskTier::Workers::take_done(std::vector<Op*>& out) noexcept {
-  out.clear();
-  std::lock_guard lock(mu_);
-  out.swap(done_);
-}
-
-bool DiskTier::Workers::idle() noexcept {
-  std::lock_guard lock(mu_);
-  return jobs_.empty() && running_ == 0 && done_.empty();
-}
-
-void DiskTier::Workers::run() {
-  for (;;) {
-    std::function<void()> job;
-    {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
-      if (jobs_.empty()) return;
-      job = std::move(jobs_.front());
-      jobs_.pop_front();
-      ++running_;
-    }
-    job();
-    std::lock_guard lock(mu_);
-    --running_;
-  }
-}
 
 // ---- construction ----------------------------------------------------------------------------------
 
@@ -168,12 +92,7 @@ bool DiskTier::locate(const Placement& p, uint32_t* device, uint64_t* header_off
   return true;
 }
 
-void DiskTier::learn_model(const ModelInfo& model) noexcept {
-  try {
-    geometries_.emplace(model.fingerprint, kernels::kvc1_geometry(model));
-  } catch (const std::bad_alloc&) {
-  }
-}
+void DiskTier::learn_model(const ModelInfo& model) noexcept { geometries_.learn(model); }
 
 // ---- space -------------------------------------------------------------------------------------------
 
@@ -447,6 +366,22 @@ void DiskTier::complete_transfer(Op* op, Status st) noexcept {
   finish_op(op);
 }
 
+namespace {
+
+// Encodes the chunk at `src` with op->codec on a worker; on success the op's payload is the
+// blob (a block smaller than the chunk at least, or it is not worth a slot of its own).
+bool encode_op(DiskTier::Op* op, const std::byte* src) noexcept {
+  ChunkEncoding e;
+  if (!encode_chunk(op->geometry, op->chunk.fingerprint, src, uint8_t(op->codec), kBlock, &e)) return false;
+  op->payload = std::move(e.blob);
+  op->stored = e.bytes;
+  op->crc = e.crc;
+  op->raw_hash = e.raw_hash;
+  return true;
+}
+
+}  // namespace
+
 // ---- writes ----------------------------------------------------------------------------------------------
 
 Status DiskTier::submit(const Transfer& t) noexcept {
@@ -500,11 +435,10 @@ Status DiskTier::submit(const Transfer& t) noexcept {
   s.key = t.chunk.key;
   s.fingerprint = t.chunk.fingerprint;
   s.raw_bytes = t.bytes;
-  auto g = geometries_.find(t.chunk.fingerprint);
-  const bool compress = options_.codec != DiskCodec::kNone && g != geometries_.end() &&
-                        kernels::chunk_bytes(g->second) == t.bytes;
+  const kernels::ChunkGeometry* g = geometries_.find(t.chunk.fingerprint, t.bytes);
+  const bool compress = options_.codec != DiskCodec::kNone && g != nullptr;
   if (compress) {
-    op->geometry = g->second;
+    op->geometry = *g;
     op->has_geometry = true;
   }
   op->mark_pending = options_.codec != DiskCodec::kNone && options_.reencode;
@@ -512,31 +446,9 @@ Status DiskTier::submit(const Transfer& t) noexcept {
     if (compress && encoding_ < options_.encode_queue) {
       op->codec = options_.codec;
       op->encode_job = true;
-      workers_->post([this, op, fp = t.chunk.fingerprint] {
-        const kernels::CodecConfig cfg = disk_detail::codec_config(op->codec);
-        const size_t cap = kernels::kvc1_max_encoded_size(op->geometry, cfg);
-        const size_t scratch_bytes = kernels::kvc1_encode_scratch_bytes(op->geometry, cfg);
-        thread_local std::vector<uint8_t> scratch;
-        size_t written = 0;
-        bool ok = false;
-        try {
-          if (scratch.size() < scratch_bytes) scratch.resize(scratch_bytes);
-          op->payload = AlignedBuffer(cap);
-          ok = cap > 0 && op->payload.data() &&
-               kernels::kvc1_encode(op->geometry, fp, op->host, cfg, reinterpret_cast<uint8_t*>(op->payload.data()),
-                                    cap, &written, scratch.data(), scratch.size())
-                   .ok() &&
-               written + kBlock <= op->bytes;  // a block smaller at least, or it is not worth it
-        } catch (const std::bad_alloc&) {
-          ok = false;
-        }
-        if (ok) {
-          op->encoded = true;
-          op->stored = written;
-          op->crc = disk::crc32c(op->payload.data(), written);
-          if (op->codec == DiskCodec::kLossless) op->raw_hash = disk::xxh128(op->host, op->bytes);
-        } else {  // incompressible, or not encodable (NaN in a quantized mode): raw, for good
-          op->payload.reset();
+      workers_->post([this, op] {
+        op->encoded = encode_op(op, op->host);
+        if (!op->encoded) {  // incompressible, or not encodable (NaN in a quantized mode): raw, for good
           op->codec = DiskCodec::kNone;
           op->mark_pending = false;
           op->stored = op->bytes;
@@ -667,17 +579,8 @@ Status verify_and_decode(DiskTier::Op* op) noexcept {
   if (disk::crc32c(stored, op->stored) != op->want_crc)
     return Status(Code::kCorrupt, "a chunk read from disk failed its CRC32C");
   if (op->want_codec == DiskCodec::kNone) return OkStatus();
-  const auto* blob = reinterpret_cast<const uint8_t*>(stored);
-  kernels::Kvc1Info info;
-  Status st = kernels::kvc1_inspect(blob, op->stored, &info);
-  if (!st.ok()) return Status(Code::kCorrupt, "a compressed chunk read from disk is not valid KVC1");
-  if (kernels::chunk_bytes(info.geometry) != op->bytes || !(info.fingerprint == op->want_fingerprint))
-    return Status(Code::kCorrupt, "a compressed chunk read from disk is of another model");
-  st = kernels::kvc1_decode(blob, op->stored, info.geometry, info.fingerprint, op->host, op->bytes);
-  if (!st.ok()) return Status(Code::kCorrupt, "a compressed chunk read from disk did not decode");
-  if (op->want_codec == DiskCodec::kLossless && !(disk::xxh128(op->host, op->bytes) == op->want_hash))
-    return Status(Code::kCorrupt, "a losslessly compressed chunk decoded to other bytes");
-  return OkStatus();
+  return decode_chunk(stored, op->stored, uint8_t(op->want_codec), op->want_fingerprint, op->want_hash, op->host,
+                      op->bytes);
 }
 
 }  // namespace
@@ -697,8 +600,8 @@ void DiskTier::finish_read(Op* op, Status st) noexcept {
     } catch (const std::bad_alloc&) {
     }
     if (first)
-      spdlog::warn("namespace '{}': {}: the copy is dropped, never served; further damaged chunks are only "
-                   "counted (kdnctl stats)",
+      spdlog::warn("namespace '{}': disk tier read: {}: the copy is dropped, never served; further damaged chunks "
+                   "are only counted (kdnctl stats)",
                    options_.name_space, st.what());
   }
   complete_transfer(op, st);
@@ -717,10 +620,12 @@ void DiskTier::on_read_done(Op* op) noexcept {
     }
   }
   try {
-    workers_->post([this, op] {
-      op->status = verify_and_decode(op);
-      workers_->done(op);
-    });
+    workers_->post(
+        [this, op] {
+          op->status = verify_and_decode(op);
+          workers_->done(op);
+        },
+        Workers::Lane::kQuick);
   } catch (const std::bad_alloc&) {
     finish_read(op, verify_and_decode(op));  // no worker queue: check here, late rather than never
   }
@@ -860,15 +765,15 @@ void DiskTier::start_reencode() noexcept {
   for (uint32_t h = 0; h < slots_.size(); ++h) {
     Slot& s = slots_[h];
     if (!s.live || !s.written || !s.pending_reencode || s.busy > 0 || s.codec != DiskCodec::kNone) continue;
-    auto g = geometries_.find(s.fingerprint);
-    if (g == geometries_.end() || kernels::chunk_bytes(g->second) != s.raw_bytes) continue;  // model unknown yet
+    const kernels::ChunkGeometry* g = geometries_.find(s.fingerprint, s.raw_bytes);
+    if (g == nullptr) continue;  // model unknown yet
     Op* op = new_op(Op::kReencode);
     if (op == nullptr) return;
     op->payload = AlignedBuffer(s.stored_bytes);
     if (op->payload.data() == nullptr) return finish_op(op);
     op->handle = h;
     op->device = s.device;
-    op->geometry = g->second;
+    op->geometry = *g;
     op->has_geometry = true;
     op->bytes = s.raw_bytes;
     op->stored = s.stored_bytes;
@@ -910,30 +815,7 @@ void DiskTier::on_reencode_read(Op* op) noexcept {
   op->stage = 1;
   try {
     workers_->post([this, op] {
-      const kernels::CodecConfig cfg = disk_detail::codec_config(op->codec);
-      const size_t cap = kernels::kvc1_max_encoded_size(op->geometry, cfg);
-      const size_t scratch_bytes = kernels::kvc1_encode_scratch_bytes(op->geometry, cfg);
-      thread_local std::vector<uint8_t> scratch;
-      size_t written = 0;
-      bool ok = false;
-      try {
-        if (scratch.size() < scratch_bytes) scratch.resize(scratch_bytes);
-        AlignedBuffer out(cap);
-        ok = cap > 0 && out.data() &&
-             kernels::kvc1_encode(op->geometry, op->chunk.fingerprint, op->payload.data(), cfg,
-                                  reinterpret_cast<uint8_t*>(out.data()), cap, &written, scratch.data(), scratch.size())
-                 .ok() &&
-             written + kBlock <= op->bytes;
-        if (ok) {
-          if (op->codec == DiskCodec::kLossless) op->raw_hash = disk::xxh128(op->payload.data(), op->bytes);
-          op->payload = std::move(out);
-          op->stored = written;
-          op->crc = disk::crc32c(op->payload.data(), written);
-        }
-      } catch (const std::bad_alloc&) {
-        ok = false;
-      }
-      op->encoded = ok;
+      op->encoded = encode_op(op, op->payload.data());
       workers_->done(op);
     });
   } catch (const std::bad_alloc&) {

@@ -34,6 +34,7 @@
 // starting the daemon). Workers touch only the bytes of the jobs they run and the done queue.
 #pragma once
 
+#include "chunk_codec.h"
 #include "disk_format.h"
 #include "disk_io.h"
 #include "disk_ring.h"
@@ -50,10 +51,12 @@
 #include <set>
 #include <span>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 namespace kdn::sidecar {
+
+template <class Item>
+class WorkerPool;
 
 struct DiskTierOptions {
   std::vector<std::string> dirs;       // one per device; each must exist
@@ -157,7 +160,7 @@ class DiskTier final : public Tier {
   struct Device;
   struct Slot;
   struct Op;
-  struct Workers;
+  using Workers = WorkerPool<Op>;
 
  private:
   explicit DiskTier(const DiskTierOptions& options, DiskIo& io);
@@ -207,7 +210,7 @@ class DiskTier final : public Tier {
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_handles_;
   std::vector<uint64_t> tier_classes_;  // raw chunk bytes of each tier class
-  std::unordered_map<kdn_key, kernels::ChunkGeometry, KeyHash> geometries_;
+  ChunkGeometries geometries_;
   std::unique_ptr<Workers> workers_;
   std::vector<TierCompletion> ready_;
   std::deque<Op*> checksums_;           // operations whose CRC the loop computes, in slices

@@ -2,43 +2,15 @@
 // disk_tier_open.cc (files and recovery). Not for use outside those two files.
 #pragma once
 
+#include "aligned_buffer.h"
 #include "disk_tier.h"
+#include "worker_pool.h"
 
 #include <kdn/kernels/codec.h>
 
-#include <condition_variable>
-#include <cstdlib>
-#include <deque>
-#include <functional>
-#include <mutex>
-#include <thread>
-
 namespace kdn::sidecar {
 
-// Block-aligned heap memory for O_DIRECT.
-class AlignedBuffer {
- public:
-  AlignedBuffer() = default;
-  // Null on allocation failure (check data()).
-  explicit AlignedBuffer(uint64_t bytes) noexcept
-      : p_(bytes ? static_cast<std::byte*>(std::aligned_alloc(disk::kBlock, round(bytes))) : nullptr),
-        n_(p_ ? round(bytes) : 0) {}
-  AlignedBuffer(AlignedBuffer&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
-  AlignedBuffer& operator=(AlignedBuffer&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(n_, o.n_);
-    return *this;
-  }
-  ~AlignedBuffer() { std::free(p_); }
-  std::byte* data() const noexcept { return p_; }
-  uint64_t size() const noexcept { return n_; }
-  void reset() noexcept { *this = AlignedBuffer(); }
-  static uint64_t round(uint64_t v) noexcept { return (v + disk::kBlock - 1) / disk::kBlock * disk::kBlock; }
-
- private:
-  std::byte* p_ = nullptr;
-  uint64_t n_ = 0;
-};
+static_assert(disk::kBlock == AlignedBuffer::kAlign, "O_DIRECT buffers are block-aligned");
 
 struct DiskTier::Device {
   uint32_t index = 0;
@@ -117,32 +89,7 @@ struct DiskTier::Op {
   uint32_t table_block = 0;
 };
 
-// The tier's worker threads: dedicated threads rather than oneTBB's pool, for the reason the
-// host tier's copy workers give (TBB caps a process at cores - 1 workers, one on a 2-core node,
-// and a checksum waiting behind that cap holds a promotion hostage). Jobs are few and large.
-struct DiskTier::Workers {
-  Workers(uint32_t threads, int wake_fd);
-  ~Workers();  // finishes every queued job first
-  void post(std::function<void()> job);  // may throw std::bad_alloc
-  // A job's last act: hand its operation back to the loop.
-  void done(Op* op) noexcept;
-  void take_done(std::vector<Op*>& out) noexcept;
-  bool idle() noexcept;
-
- private:
-  void run();
-  int wake_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;  // guarded by mu_
-  std::vector<Op*> done_;                   // guarded by mu_
-  uint32_t running_ = 0;                    // guarded by mu_
-  bool stopping_ = false;                   // guarded by mu_
-  std::vector<std::thread> pool_;
-};
-
 namespace disk_detail {
-kernels::CodecConfig codec_config(disk::DiskCodec codec) noexcept;
 uint64_t now_unix_ns() noexcept;
 }  // namespace disk_detail
 

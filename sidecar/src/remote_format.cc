@@ -170,6 +170,10 @@ Status decode_header(std::span<const std::byte, kHeaderBytes> in, ValueHeader* o
     return Status(Code::kCorrupt, "remote value: stored size is impossible");
   if (h.codec == RemoteCodec::kNone && h.stored_bytes != h.raw_bytes)
     return Status(Code::kCorrupt, "remote value: an uncompressed value's stored size differs from its raw size");
+  // A writer stores a chunk raw when its encoding does not shrink it: a reader can then size
+  // the buffer an encoding lands in from the chunk alone.
+  if (h.codec != RemoteCodec::kNone && h.stored_bytes >= h.raw_bytes)
+    return Status(Code::kCorrupt, "remote value: a compressed value is not smaller than its chunk");
   if (h.codec != RemoteCodec::kLossless && !(h.raw_hash == kdn_key{}))
     return Status(Code::kCorrupt, "remote value: a raw hash without the lossless codec");
   *out = std::move(h);

@@ -78,7 +78,7 @@ struct ValueHeader {
   kdn_key fingerprint{};         // the model's
   RemoteCodec codec = RemoteCodec::kNone;
   uint64_t raw_bytes = 0;        // the canonical chunk's size
-  uint64_t stored_bytes = 0;     // the payload's size (== raw_bytes for kNone)
+  uint64_t stored_bytes = 0;     // the payload's size (== raw_bytes for kNone, < it otherwise)
   uint32_t payload_crc = 0;      // CRC32C of the payload
   kdn_key raw_hash{};            // kLossless: XXH3-128 of the canonical chunk; zero otherwise
   std::string name_space;

@@ -129,6 +129,10 @@ TEST(RemoteFormat, DamageIsRefusedWithItsCause) {
   reseal(v);
   expect(v, Code::kCorrupt, "remote value: an uncompressed value's stored size differs from its raw size");
   v = good;
+  v[14] = std::byte{3};  // kivi4, yet as large as the chunk
+  reseal(v);
+  expect(v, Code::kCorrupt, "remote value: a compressed value is not smaller than its chunk");
+  v = good;
   v[88] = std::byte{'{'};
   reseal(v);
   expect(v, Code::kCorrupt, "remote value: namespace is not a name");

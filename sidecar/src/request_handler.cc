@@ -277,6 +277,7 @@ Step RequestHandler::register_model(Op& op) {
     s.models.push_back(id);
   }
   if (s.ns->disk) s.ns->disk->learn_model(*info);  // its demotions can be encoded now
+  if (s.ns->remote) s.ns->remote->learn_model(*info);  // and its uploads (remote_codec)
   ipc::RegisterModelOp::put({id, info->chunk_bytes, info->chunk_tokens, info->fingerprint}, op.cqe);
   return finish(op, OkStatus());
 }

@@ -81,6 +81,7 @@ void value(std::vector<std::byte>& v, uint8_t pick) {
   require(h.stored_bytes > 0 && h.stored_bytes <= kMaxRawBytes);
   require(uint8_t(h.codec) <= kMaxRemoteCodec);
   require(h.codec != RemoteCodec::kNone || h.stored_bytes == h.raw_bytes);
+  require(h.codec == RemoteCodec::kNone || h.stored_bytes < h.raw_bytes);
   require(valid_namespace(h.name_space));
   uint16_t minor;
   std::memcpy(&minor, v.data() + 10, 2);
