@@ -101,12 +101,8 @@ void say(const char* format, ...) {
   va_end(args);
 }
 
-// The codec needs the model's geometry (RemoteTier::learn_model, as DiskTier has one). A tier
-// without it refuses every codec but none at create(), so there is nothing to teach it.
-template <class Tier>
-void teach_model(Tier& tier, const ModelInfo& model) {
-  if constexpr (requires { tier.learn_model(model); }) tier.learn_model(model);
-}
+// The codec needs the model's geometry (RemoteTier::learn_model, as DiskTier has one).
+void teach_model(RemoteTier& tier, const ModelInfo& model) { tier.learn_model(model); }
 
 // ---- T3 through RemoteTier -------------------------------------------------------------------
 
@@ -121,6 +117,10 @@ Result<std::unique_ptr<RemoteTier>> make_tier(const std::string& host, int port,
   t.timeout = timeout;
   t.max_in_flight = std::max<uint32_t>(o.depth, 256);
   t.codec = codec;
+  // Every chunk written is encoded (as kdnd's uploads are): the writes wait for the encoders
+  // rather than go raw, so the reads measure the codec alone.
+  t.encode_queue = std::max<uint32_t>(o.depth, 4);
+  t.encode_wait = std::chrono::milliseconds(60'000);
   return RemoteTier::create(std::move(t));
 }
 

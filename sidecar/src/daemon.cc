@@ -410,6 +410,10 @@ Status DaemonImpl::open_remote_tier(Namespace& ns, std::array<Tier*, kTierCount>
   o.timeout = std::chrono::milliseconds(rc.timeout_ms);
   o.capacity_bytes = rc.bytes;
   o.max_in_flight = rc.max_in_flight;
+  // Uploads are in the background: a burst of commits waits for the encoders (up to an eighth
+  // of the transfers, so reads always find room) rather than going raw at once.
+  o.encode_queue = std::max(4u, rc.max_in_flight / 8);
+  o.encode_wait = std::chrono::milliseconds(10'000);
   (void)remote::parse_remote_codec(ns.policy.remote_codec, &o.codec);
   const std::string where = (rc.mode == "standalone" ? "the Redis server " : "the Redis Cluster seeds ") +
                             fmt::format("{}", fmt::join(rc.seeds, ", "));

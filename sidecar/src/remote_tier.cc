@@ -346,11 +346,11 @@ Status RemoteTier::start_write(const Transfer& t, Slot& s) noexcept {
   op->slot = uint32_t(&s - slots_.data());
   op->generation = s.generation;
   op->chunk = t.chunk;
-  op->deadline = RedisClock::now() + options_.timeout;
   const kernels::ChunkGeometry* g =
       options_.codec == remote::RemoteCodec::kNone ? nullptr : geometries_.find(t.chunk.fingerprint, t.bytes);
   // Encoders falling behind: the chunk goes raw rather than wait (a reader takes either).
   op->encode_job = g != nullptr && encoding_ < options_.encode_queue;
+  op->deadline = RedisClock::now() + options_.timeout + (op->encode_job ? options_.encode_wait : std::chrono::milliseconds(0));
   if (op->encode_job) {
     op->codec = uint8_t(options_.codec);
     op->geometry = *g;
@@ -407,7 +407,7 @@ void RemoteTier::send_write(Op* op) noexcept {
   const RedisClock::time_point now = RedisClock::now();
   if (now >= op->deadline)
     return finish_transfer(op, failure(Status(Code::kTimeout, "remote write: its worker finished after the deadline")));
-  op->req.deadline = op->deadline;
+  op->req.deadline = std::min(op->deadline, now + options_.timeout);
   client_->submit(&op->req, s.redis_key, now);  // may complete at once (a node backing off)
 }
 

@@ -77,6 +77,9 @@ struct RemoteTierOptions {
   remote::RemoteCodec codec = remote::RemoteCodec::kNone;  // remote_codec: what writes are encoded with
   uint32_t workers = 2;                      // threads for encodes, decodes and checksums
   uint32_t encode_queue = 4;                 // encodes waiting before writes go raw (docs/remote.md)
+  // A write whose chunk is encoded may wait this long for a worker on top of `timeout`; its
+  // SET still gets `timeout` from when it is sent. 0: the encode shares the write's deadline.
+  std::chrono::milliseconds encode_wait{0};
 };
 
 struct RemoteCounters {

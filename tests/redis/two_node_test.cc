@@ -10,6 +10,9 @@
 #include "redis_servers.h"
 #include "remote_format.h"
 
+#include <kdn/kernels/codec.h>
+#include <kdn/kernels/synthetic.h>
+
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -17,6 +20,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -185,6 +189,57 @@ TEST_F(TwoNodes, DamagedAndMissingValuesAreMissesNeverWrongBytes) {
   ASSERT_TRUE(wait_uploaded(a, 8));
   forget_all(b);
   EXPECT_EQ(verify_doc(kb, 0, 8), 8);
+}
+
+TEST_F(TwoNodes, EveryCodecCrossesNodes) {
+  // A uploads each namespace in its codec; B reads with codec none everywhere: a reader decodes
+  // what the value says.
+  std::vector<std::string> fa = remote_flags(seed()), fb = remote_flags(seed());
+  const char* codecs[] = {"none", "lossless", "int8", "kivi4"};
+  for (const char* c : codecs) {
+    fa.insert(fa.end(), {"--set", std::string("namespace.") + c + ".remote_codec=" + c, "--set",
+                         std::string("namespace.") + c + ".max_bytes=32M"});
+    fb.insert(fb.end(), {"--set", std::string("namespace.") + c + ".max_bytes=32M"});
+  }
+  KdndProcess a(fa, "a"), b(fb, "b");
+  const auto desc = tiny_model(256);  // 256 KiB chunks of synthetic KV (the codec needs finite numbers)
+  const auto g = kernels::ChunkGeometry{2, 2, 64, 256, kernels::DType::kF16};
+  for (const char* c : codecs) {
+    SCOPED_TRACE(c);
+    Conn ka(a, desc, c), kb(b, desc, c);
+    ASSERT_TRUE(ka.ok() && kb.ok());
+    auto tok = doc_tokens(1, 8 * 256);
+    std::vector<std::vector<uint8_t>> orig(8, std::vector<uint8_t>(kdn_model_chunk_bytes(ka.m)));
+    kdn_store* s = nullptr;
+    ASSERT_EQ(kdn_store_reserve(ka.c, ka.m, tok.data(), tok.size(), 0, 8, &s), KDN_OK);
+    for (uint32_t i = 0; i < 8; ++i) {
+      kernels::SyntheticKvParams p;
+      p.seed = 100 + i;
+      ASSERT_TRUE(kernels::fill_synthetic_kv(orig[i].data(), g, p).ok());
+      std::memcpy(kdn_store_chunk_data(s, i), orig[i].data(), orig[i].size());
+    }
+    ASSERT_EQ(kdn_store_commit(ka.c, s), KDN_OK);
+    ASSERT_TRUE(wait_uploaded(a, 8, c));
+    // The stored value is the encoding: smaller than the chunk for every codec but none.
+    const std::string len = servers_->cli(seed(), "-c STRLEN " + value_key(desc, 1, 0, c));
+    const uint64_t stored = std::stoull(len.empty() ? "0" : len);
+    if (std::string(c) == "none") EXPECT_EQ(stored, orig[0].size() + 192);
+    else EXPECT_LT(stored, orig[0].size()) << len;
+    kdn_lease* l = nullptr;
+    ASSERT_EQ(kdn_retrieve_lease(kb.c, kb.m, tok.data(), tok.size(), 0, &l), KDN_OK);
+    ASSERT_EQ(kdn_lease_chunks(l), 8u);
+    const bool exact = std::string(c) == "none" || std::string(c) == "lossless";
+    for (uint32_t i = 0; i < 8; ++i) {
+      const void* got = kdn_lease_chunk_data(l, i);
+      if (exact) {
+        EXPECT_EQ(std::memcmp(got, orig[i].data(), orig[i].size()), 0) << i;
+      } else {
+        const auto q = kernels::kvc1_quality(g, orig[i].data(), got, 1);
+        EXPECT_LT(q.rel_frobenius_error, 0.15) << i;
+      }
+    }
+    ASSERT_EQ(kdn_lease_release(kb.c, l), KDN_OK);
+  }
 }
 
 TEST_F(TwoNodes, AKilledMasterMeansMissesUntilItsReplicaTakesOver) {
