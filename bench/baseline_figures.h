@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdarg>
 #include <string>
 
 namespace kdn::bench {
@@ -46,5 +47,7 @@ bool add_redis_baseline(Report& report, const std::string& prefix, uint64_t valu
 
 // "[kdn-bench] ..." on stderr.
 void progress(const char* format, ...) __attribute__((format(printf, 1, 2)));
+// `prefix` then the formatted line on stderr (a subcommand's progress).
+void vprogress(const char* prefix, const char* format, std::va_list args);
 
 }  // namespace kdn::bench

@@ -136,12 +136,16 @@ bool add_latency(Report& report, const std::string& prefix, const char* name,
 
 }  // namespace
 
+void vprogress(const char* prefix, const char* format, std::va_list args) {
+  std::fputs(prefix, stderr);
+  std::vfprintf(stderr, format, args);
+  std::fputc('\n', stderr);
+}
+
 void progress(const char* format, ...) {
   std::va_list args;
   va_start(args, format);
-  std::fputs("[kdn-bench] ", stderr);
-  std::vfprintf(stderr, format, args);
-  std::fputc('\n', stderr);
+  vprogress("[kdn-bench] ", format, args);
   va_end(args);
 }
 

@@ -33,6 +33,7 @@
 
 #include <kdn/common/clock.h>
 #include <kdn/common/model.h>
+#include <kdn/common/model_presets.h>
 #include <kdn/ipc/handshake.h>
 #include <kdn/ipc/ops.h>
 #include <kdn/ipc/session.h>
@@ -486,16 +487,7 @@ void main_phases(Report& r, const DiskOptions& o, const std::string& root, const
 
 // 10,000 chunks of 64 KiB written through, SIGKILL, restart: the index rebuilt from headers.
 void recovery_phase(Report& r, const DiskOptions& o, const std::string& root) {
-  kdn_model_desc d{};
-  d.struct_size = sizeof d;
-  d.num_layers = 2;
-  d.num_kv_heads = 2;
-  d.head_dim = 64;
-  d.dtype = KDN_DTYPE_F16;
-  d.chunk_tokens = 64;  // 2 x 2 x 64 x 2 x 64 x 2 bytes = 64 KiB
-  d.rope_style = KDN_ROPE_NEOX;
-  d.rope_theta = 10000;
-  std::snprintf(d.name, sizeof d.name, "kdn-bench/recovery-64k");
+  kdn_model_desc d = shaped_desc(2, 2, 64, 64, "kdn-bench/recovery-64k");
   const uint64_t chunk = kdn_chunk_bytes(&d);
   const uint32_t docs = (o.recovery_chunks + kDocChunks - 1) / kDocChunks;
   const uint64_t disk = (uint64_t(docs) * kDocChunks * (chunk + 4096) * 5 / 4 + 64 * kMiB) / kMiB;

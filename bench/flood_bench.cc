@@ -22,6 +22,7 @@
 #include "stats.h"
 
 #include <kdn/common/clock.h>
+#include <kdn/common/model_presets.h>
 #include <kdn/ipc/handshake.h>
 #include <kdn/ipc/ops.h>
 #include <kdn/ipc/session.h>
@@ -42,17 +43,7 @@ namespace {
 
 // A 1 KiB chunk: 1 layer, 1 KV head, 16 dims, 16 tokens, f16.
 kdn_model_desc flood_model() {
-  kdn_model_desc d{};
-  d.struct_size = sizeof d;
-  d.num_layers = 1;
-  d.num_kv_heads = 1;
-  d.head_dim = 16;
-  d.dtype = KDN_DTYPE_F16;
-  d.chunk_tokens = 16;
-  d.rope_style = KDN_ROPE_NEOX;
-  d.rope_theta = 10000;
-  std::strcpy(d.name, "kdn-bench/flood");
-  return d;
+  return shaped_desc(1, 1, 16, 16, "kdn-bench/flood");
 }
 
 kdn_key flood_key(uint32_t i) { return kdn_key{0x666c6f6f64000000ull | i, 0x9E3779B97F4A7C15ull * (i + 1)}; }

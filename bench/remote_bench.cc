@@ -27,6 +27,7 @@
 // engine asks for the same prompt with B's kdnd holding nothing (kdn.ttft_remote_hit_s: the
 // lookup asks T3, the lease promotes), then again with the chunks in B's arena
 // (kdn.ttft_hit_s), --llama-reps pairs; tokens must equal A's.
+#include "baseline_figures.h"
 #include "commands.h"
 #include "hiredis_cluster.h"
 #include "kdnd_process.h"
@@ -95,9 +96,7 @@ struct RemoteOptions {
 void say(const char* format, ...) {
   std::va_list args;
   va_start(args, format);
-  std::fputs("kdn-bench remote: ", stderr);
-  std::vfprintf(stderr, format, args);
-  std::fputc('\n', stderr);
+  vprogress("kdn-bench remote: ", format, args);
   va_end(args);
 }
 
@@ -251,22 +250,19 @@ void lookup_figures(Report& r, const RemoteOptions& o, TierLoop& loop, HiredisCl
   }
   r.set("kdn.t3_lookup_keys", uint64_t(n));
   r.set("kdn.t3_lookup_failures", misses);
-  if (kdn_ns.empty()) {
-    r.set_null("kdn.t3_lookup_rtt_p50_us");
-    r.set_null("kdn.t3_lookup_rtt_p99_us");
-  } else {
-    const LatencySummary k = summarize_ns(kdn_ns);
-    r.set("kdn.t3_lookup_rtt_p50_us", k.p50_us);
-    r.set("kdn.t3_lookup_rtt_p99_us", k.p99_us);
-  }
-  if (redis_ns.empty()) {
-    r.set_null("baselines.redis_exists_rtt_p50_us");
-    r.set_null("baselines.redis_exists_rtt_p99_us");
-  } else {
-    const LatencySummary b = summarize_ns(redis_ns);
-    r.set("baselines.redis_exists_rtt_p50_us", b.p50_us);
-    r.set("baselines.redis_exists_rtt_p99_us", b.p99_us);
-  }
+  // <key>_p50_us and <key>_p99_us of the samples, null without any.
+  auto latency = [&r](const std::string& key, std::vector<uint64_t>& samples) {
+    if (samples.empty()) {
+      r.set_null(key + "_p50_us");
+      r.set_null(key + "_p99_us");
+      return;
+    }
+    const LatencySummary s = summarize_ns(samples);
+    r.set(key + "_p50_us", s.p50_us);
+    r.set(key + "_p99_us", s.p99_us);
+  };
+  latency("kdn.t3_lookup_rtt", kdn_ns);
+  latency("baselines.redis_exists_rtt", redis_ns);
 }
 
 // Per repeat one hiredis pass and one RemoteTier pass over the same chunks into the same

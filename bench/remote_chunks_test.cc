@@ -5,8 +5,10 @@
 
 #include "remote_format.h"
 
-#include <gtest/gtest.h>
+#include <kdn/common/model_presets.h>
 #include <kdn/kernels/codec.h>
+
+#include <gtest/gtest.h>
 
 #include <cstdio>
 #include <cstring>
@@ -20,16 +22,7 @@ namespace {
 using sidecar::remote::RemoteCodec;
 
 ModelInfo small_model() {
-  kdn_model_desc d{};
-  d.struct_size = sizeof d;
-  d.num_layers = 4;
-  d.num_kv_heads = 2;
-  d.head_dim = 64;
-  d.dtype = KDN_DTYPE_F16;
-  d.chunk_tokens = 64;
-  d.rope_style = KDN_ROPE_NEOX;
-  d.rope_theta = 10000;
-  std::snprintf(d.name, sizeof d.name, "kdn-bench/remote-test");
+  kdn_model_desc d = shaped_desc(4, 2, 64, 64, "kdn-bench/remote-test");
   Result<ModelInfo> m = ModelInfo::from_desc(d);
   EXPECT_TRUE(m.ok());
   return m.value();

@@ -28,6 +28,7 @@
 #include "soak_engine.h"
 
 #include <kdn/common/clock.h>
+#include <kdn/common/model_presets.h>
 #include <kdn/kdn.h>
 
 #include <CLI/CLI.hpp>
@@ -83,17 +84,7 @@ constexpr uint32_t kBenchSlot = SoakBoard::kMaxSlots - 1;  // the bench's evicti
 // The soak's model: 64 KiB chunks (2 layers, 2 KV heads of 64, 64 tokens, f16), so the disk
 // tier, evictions and kills get many chunks through them in a minute on a small machine.
 kdn_model_desc soak_model() {
-  kdn_model_desc d{};
-  d.struct_size = sizeof d;
-  d.num_layers = 2;
-  d.num_kv_heads = 2;
-  d.head_dim = 64;
-  d.dtype = KDN_DTYPE_F16;
-  d.chunk_tokens = 64;
-  d.rope_style = KDN_ROPE_NEOX;
-  d.rope_theta = 10000;
-  std::snprintf(d.name, sizeof d.name, "kdn-bench/soak-64k");
-  return d;
+  return shaped_desc(2, 2, 64, 64, "kdn-bench/soak-64k");
 }
 
 // ---- kdnd's memory and files -------------------------------------------------------------------------

@@ -21,6 +21,14 @@ const ModelPreset* find_model_preset(std::string_view name) noexcept {
   return nullptr;
 }
 
+kdn_model_desc shaped_desc(uint32_t layers, uint32_t kv_heads, uint32_t head_dim, uint32_t chunk_tokens,
+                           std::string_view desc_name) noexcept {
+  const ModelPreset shape{"", layers, kv_heads, head_dim, 10000.0, KDN_ROPE_SCALING_NONE, {0, 0, 0, 0}};
+  kdn_model_desc d = preset_desc(shape, desc_name);
+  d.chunk_tokens = chunk_tokens;
+  return d;
+}
+
 kdn_model_desc preset_desc(const ModelPreset& p, std::string_view desc_name) noexcept {
   kdn_model_desc d;
   std::memset(&d, 0, sizeof d);

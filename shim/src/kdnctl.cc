@@ -183,6 +183,9 @@ std::vector<Field> tier_fields(Client& c) {
       add("faults.no_space", t.fault_no_space);
       add("faults.missing", t.fault_eof);
       add("faults.damaged", t.fault_crc);
+      add("faults.decode", t.fault_decode);
+      add("raw_bytes_written", t.raw_bytes_written);
+      add("stored_bytes_written", t.stored_bytes_written);
       continue;
     }
     if (t.tier != uint32_t(kdn::ipc::ChunkTier::kDisk)) continue;

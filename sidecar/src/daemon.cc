@@ -103,6 +103,7 @@ constexpr RemoteFault kRemoteFaults[] = {
     {"bad_length", &RemoteCounters::bad_length, "a value had the wrong length"},
     {"bad_header", &RemoteCounters::bad_header, "a value's header failed its checks"},
     {"crc", &RemoteCounters::crc_mismatch, "a payload failed its CRC32C"},
+    {"decode", &RemoteCounters::decode_errors, "a compressed value did not decode"},
     {"wrong_type", &RemoteCounters::wrong_type, "a key held another type (WRONGTYPE)"},
     {"no_space", &RemoteCounters::no_space, "the store refused a write with OOM (maxmemory)"},
     {"timeout", &RemoteCounters::timeouts, "a request got no answer by tier.remote.timeout_ms"},

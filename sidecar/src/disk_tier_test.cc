@@ -6,6 +6,7 @@
 #include "disk_tier_internal.h"
 
 #include <kdn/common/clock.h>
+#include <kdn/common/model_presets.h>
 #include <kdn/kernels/synthetic.h>
 
 #include <gtest/gtest.h>
@@ -30,17 +31,7 @@ using disk::kBlock;
 constexpr uint64_t kMiB = 1ull << 20;
 
 kdn_model_desc test_model() {
-  kdn_model_desc d{};
-  d.struct_size = sizeof d;
-  d.num_layers = 2;
-  d.num_kv_heads = 2;
-  d.head_dim = 64;
-  d.dtype = KDN_DTYPE_F16;
-  d.chunk_tokens = 256;  // 128 KiB chunks
-  d.rope_style = KDN_ROPE_NEOX;
-  d.rope_theta = 10000;
-  std::snprintf(d.name, sizeof d.name, "disk-test");
-  return d;
+  return shaped_desc(2, 2, 64, 256, "disk-test");
 }
 
 kdn_key K(uint64_t i) { return kdn_key{i * 0x9E3779B97F4A7C15ull + 1, i}; }

@@ -911,6 +911,9 @@ std::array<ipc::TierStatsRecord, kTierCount> RequestHandler::tier_stats(const Na
     r.fault_no_space = c.no_space;
     r.fault_eof = c.missing;  // the value is gone
     r.fault_crc = c.crc_mismatch + c.bad_header + c.bad_length + c.foreign + c.wrong_type;
+    r.fault_decode = c.decode_errors;
+    r.raw_bytes_written = c.write_bytes;
+    r.stored_bytes_written = c.stored_bytes_written;
     r.recovered_chunks = k.remote_found_chunks;  // found by lookups on local misses
   }
   return out;

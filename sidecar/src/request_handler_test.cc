@@ -5,6 +5,7 @@
 #include "request_handler.h"
 
 #include <kdn/common/clock.h>
+#include <kdn/common/model_presets.h>
 #include <kdn/ipc/ops.h>
 
 #include <gtest/gtest.h>
@@ -44,17 +45,7 @@ constexpr uint64_t kMiB = 1 << 20;
 
 // A small model: 2 layers x 2 heads x 64 dims x 16 tokens, f16: 16 KiB chunks.
 kdn_model_desc small_model(uint32_t chunk_tokens = 16, uint32_t head_dim = 64) {
-  kdn_model_desc d{};
-  d.struct_size = sizeof d;
-  d.num_layers = 2;
-  d.num_kv_heads = 2;
-  d.head_dim = head_dim;
-  d.dtype = KDN_DTYPE_F16;
-  d.chunk_tokens = chunk_tokens;
-  d.rope_style = KDN_ROPE_NEOX;
-  d.rope_theta = 10000;
-  std::snprintf(d.name, sizeof d.name, "test-model");
-  return d;
+  return shaped_desc(2, 2, head_dim, chunk_tokens, "test-model");
 }
 
 kdn_key K(uint64_t i) { return kdn_key{i * 0x9E3779B97F4A7C15ull, i}; }

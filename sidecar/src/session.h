@@ -45,9 +45,11 @@ struct Namespace {
   uint32_t region_generation = 0;
   std::unique_ptr<HostArenaTier> host;
   std::unique_ptr<DiskTier> disk;  // T2, for namespaces declared in the configuration; may be null
-  std::unique_ptr<RemoteTier> remote;  // T3, for namespaces declared in the configuration; may be null
-  uint32_t remote_faults_logged = 0;   // bit per fault cause already logged (once per cause)
   std::unique_ptr<TieredStore> store;
+  // T3, for namespaces declared in the configuration; may be null. Declared after the store,
+  // so it goes first: its destructor fails the probes in flight, whose answers the store owns.
+  std::unique_ptr<RemoteTier> remote;
+  uint32_t remote_faults_logged = 0;   // bit per fault cause already logged (once per cause)
   uint32_t sessions = 0;           // open sessions
   uint32_t attached = 0;           // Session objects, closed ones whose copies are in flight too
   uint64_t staging_bytes = 0;      // of its sessions

@@ -183,17 +183,7 @@ kdn_stats stats_of(const KdndProcess& d, const char* ns) {
 }
 
 kdn_model_desc tiny_model(uint32_t chunk_tokens) {
-  kdn_model_desc d{};
-  d.struct_size = sizeof d;
-  d.num_layers = 2;
-  d.num_kv_heads = 2;
-  d.head_dim = 64;
-  d.dtype = KDN_DTYPE_F16;
-  d.chunk_tokens = chunk_tokens;
-  d.rope_style = KDN_ROPE_NEOX;
-  d.rope_theta = 10000.0;
-  std::strcpy(d.name, "test/tiny");
-  return d;
+  return shaped_desc(2, 2, 64, chunk_tokens, "test/tiny");
 }
 
 kdn_model_desc smol_model() {

@@ -14,6 +14,7 @@
 #include "redis_servers.h"
 #include "remote_tier.h"
 
+#include <kdn/common/model_presets.h>
 #include <kdn/kernels/codec.h>
 #include <kdn/kernels/synthetic.h>
 
@@ -297,16 +298,7 @@ std::vector<std::byte> make_value(const kdn_key& key, const kdn_key& fingerprint
 
 // A small model (512 KiB fp16 chunks) for the codec tests: learn_model() gives its geometry.
 ModelInfo codec_model() {
-  kdn_model_desc d{};
-  d.struct_size = sizeof d;
-  d.num_layers = 4;
-  d.num_kv_heads = 2;
-  d.head_dim = 64;
-  d.dtype = KDN_DTYPE_F16;
-  d.chunk_tokens = 256;
-  d.rope_style = KDN_ROPE_NEOX;
-  d.rope_theta = 10000;
-  std::snprintf(d.name, sizeof d.name, "remote-codec-test");
+  kdn_model_desc d = shaped_desc(4, 2, 64, 256, "remote-codec-test");
   Result<ModelInfo> m = ModelInfo::from_desc(d);
   EXPECT_TRUE(m.ok());
   return *m;

@@ -119,7 +119,11 @@ class TwoNodes : public ClusterSuite<TwoNodes> {
 };
 
 TEST_F(TwoNodes, NodeBLeasesWhatNodeAPrefilledByteForByte) {
-  KdndProcess a(remote_flags(seed()), "a"), b(remote_flags(seed()), "b");
+  char tmpl[] = "/tmp/kdn-t3-metrics-XXXXXX";
+  const std::string metrics_dir = mkdtemp(tmpl);
+  auto fb = remote_flags(seed());
+  fb.insert(fb.end(), {"--metrics-file", metrics_dir + "/kdn.prom"});
+  KdndProcess a(remote_flags(seed()), "a"), b(fb, "b");
   const auto desc = tiny_model(64);  // 64 KiB chunks
   Conn ka(a, desc), kb(b, desc);
   ASSERT_TRUE(ka.ok() && kb.ok());
@@ -144,6 +148,23 @@ TEST_F(TwoNodes, NodeBLeasesWhatNodeAPrefilledByteForByte) {
   EXPECT_EQ(sb.promoted_chunks, 80u);
   EXPECT_EQ(sb.corrupt_chunks, 0u);
   EXPECT_EQ(sb.stored_chunks, 0u) << "B prefilled nothing";
+  // The metrics file (rewritten every second) says where B's chunks came from.
+  const std::string found = "kdn_remote_found_chunks_total{namespace=\"default\"} 80\n";
+  const std::string reads = "kdn_remote_reads_total{namespace=\"default\"} 80\n";
+  // (Leases count where the chunk was when they reached it: most were promoted by then, by
+  // the read-ahead of the lookup before them.)
+  const std::string hits = "kdn_hit_chunks_total{namespace=\"default\",op=\"lookup\",tier=\"remote\"} 64\n";
+  std::string page;
+  for (int i = 0; i < 300; ++i) {
+    std::ifstream in(metrics_dir + "/kdn.prom");
+    page.assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (page.find(found) != std::string::npos && page.find(hits) != std::string::npos) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_NE(page.find(found), std::string::npos) << page;
+  EXPECT_NE(page.find(reads), std::string::npos) << page;
+  EXPECT_NE(page.find(hits), std::string::npos) << page;
+  std::filesystem::remove_all(metrics_dir);
 }
 
 TEST_F(TwoNodes, NamespacesNeverSeeEachOthersChunks) {

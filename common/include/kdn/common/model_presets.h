@@ -32,4 +32,10 @@ const ModelPreset* find_model_preset(std::string_view name) noexcept;
 // chunk size, `desc_name` as its identity (truncated to fit). Callers change fields after.
 kdn_model_desc preset_desc(const ModelPreset& p, std::string_view desc_name) noexcept;
 
+// A descriptor of the given shape: fp16, NeoX RoPE (theta 10000, no scaling), one TP rank,
+// `chunk_tokens` a chunk, `desc_name` as its identity. The small models tests and benchmarks
+// use (2 layers x 2 KV heads x 64 dims x 64 tokens: 64 KiB chunks).
+kdn_model_desc shaped_desc(uint32_t layers, uint32_t kv_heads, uint32_t head_dim, uint32_t chunk_tokens,
+                           std::string_view desc_name) noexcept;
+
 }  // namespace kdn
