@@ -243,7 +243,6 @@ bool TieredStore::start_upload(Entry* e, bool for_eviction) {
     shared->free(index_.end_move(e, TierId::kRemote, false));
     return false;
   }
-  ++counters_.uploads_started;
   if (for_eviction) {
     e->evicting |= bit(kHost);
     ++demotions_[tier_index(kHost)];

@@ -96,9 +96,9 @@ struct StoreCounters {
   uint64_t transfer_errors = 0;   // transfers a tier failed (the data stayed where it was)
   uint64_t aborted_chunks = 0;
   // Shared tier (T3): probes on local misses, the keys they asked about and the chunks they
-  // found (adopted into the index); uploads started and those that landed.
+  // found (adopted into the index); uploads that landed and that failed.
   uint64_t remote_probes = 0, remote_probe_keys = 0, remote_found_chunks = 0, remote_failed_probes = 0;
-  uint64_t uploads_started = 0, uploaded_chunks = 0, failed_uploads = 0;
+  uint64_t uploaded_chunks = 0, failed_uploads = 0;
   uint64_t resident_chunks[kTierCount] = {}, resident_bytes[kTierCount] = {};
 };
 
