@@ -412,6 +412,63 @@ typedef struct kdn_stats {
  * out->struct_size = sizeof(kdn_stats) first. */
 KDN_API int kdn_get_stats(kdn_client* client, kdn_stats* out);
 
+/* ---- GPU engines: kdnd copies straight between its tiers and an engine's device KV blocks ----
+ * libkdn itself needs no CUDA: the engine makes the CUDA handles (cudaIpcGetMemHandle,
+ * cuMemExportToShareableHandle, cudaIpcGetEventHandle) and passes their bytes; kdnd opens each
+ * once per registration and does every copy and kernel on its own streams (docs/gpu.md).
+ *
+ * Register the paged KV memory once per model and device (kdn_gpu_register). Layouts given to
+ * kdn_gpu_retrieve / kdn_gpu_store hold the engine's device addresses (layer_base, v_layer_base)
+ * inside the registered range [engine_base, engine_base + bytes) and a host slot_mapping;
+ * kdnd checks every address the layout reaches against that range and refuses the request
+ * (KDN_ERR_INVALID_ARGUMENT) otherwise. Needs a kdnd with a GPU tier (KDN_ERR_UNSUPPORTED
+ * otherwise). Added in ABI minor 3 (protocol minor 4). */
+#define KDN_GPU_HANDLE_BYTES 64
+
+typedef enum kdn_gpu_memory_kind {
+  KDN_GPU_MEMORY_IPC = 1,    /* cudaMalloc / PyTorch's caching allocator: a cudaIpcMemHandle_t */
+  KDN_GPU_MEMORY_VMM_FD = 2  /* cuMemCreate with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
+} kdn_gpu_memory_kind;
+
+typedef struct kdn_gpu_kv_desc {
+  uint32_t struct_size;              /* sizeof(kdn_gpu_kv_desc) */
+  uint32_t kind;                     /* kdn_gpu_memory_kind */
+  uint8_t device_uuid[16];           /* cudaDeviceProp::uuid of the device holding the memory */
+  uint64_t engine_base;              /* the engine's address of the registered range's first byte */
+  uint64_t bytes;                    /* the registered range's size */
+  uint64_t alloc_offset;             /* engine_base minus the base of the allocation the handle names */
+  uint64_t alloc_bytes;              /* that allocation's size (VMM: as created, granularity-aligned) */
+  uint8_t ipc_handle[KDN_GPU_HANDLE_BYTES]; /* KDN_GPU_MEMORY_IPC: cudaIpcGetMemHandle(allocation base) */
+  int32_t vmm_fd;                    /* KDN_GPU_MEMORY_VMM_FD: the exported fd (libkdn passes a copy; the caller keeps it) */
+  uint32_t reserved;                 /* zero */
+  /* An event the engine created with cudaEventInterprocess | cudaEventDisableTiming:
+   * cudaIpcGetEventHandle's bytes. Record it on the stream that wrote the KV before
+   * kdn_gpu_store: kdnd's gather waits for it. */
+  uint8_t engine_event[KDN_GPU_HANDLE_BYTES];
+} kdn_gpu_kv_desc;
+
+typedef struct kdn_gpu_kv kdn_gpu_kv;
+
+KDN_API int kdn_gpu_register(kdn_client* client, const kdn_gpu_kv_desc* desc, kdn_gpu_kv** out);
+/* kdnd's interprocess event (cudaIpcOpenEventHandle once), recorded after the copies of every
+ * kdn_gpu_retrieve of this registration: cudaStreamWaitEvent(stream, event) after the call
+ * returns orders the engine's stream behind them, no host thread waits. */
+KDN_API const uint8_t* kdn_gpu_kv_done_event(const kdn_gpu_kv* kv);
+/* kdnd closes its mappings of the memory (after copies in flight); the handle is freed. */
+KDN_API int kdn_gpu_unregister(kdn_client* client, kdn_gpu_kv* kv);
+/* Scatters the longest cached prefix (at most max_chunks, 0 = all) into the registered blocks,
+ * as kdn_retrieve_to does on the host. Returns once kdnd has queued the copies (the done event
+ * follows them); *loaded_chunks receives how many chunks will be written. */
+KDN_API int kdn_gpu_retrieve(kdn_client* client, const kdn_model* model, const int32_t* tokens,
+                             size_t n_tokens, uint32_t max_chunks, kdn_gpu_kv* kv,
+                             const kdn_engine_layout* dst, uint32_t* loaded_chunks);
+/* Gathers chunks [first_chunk, first_chunk + n_chunks) from the registered blocks and stores
+ * them, as kdn_store_from does on the host; kdnd first waits for the engine event. Returns
+ * once the chunks are committed. */
+KDN_API int kdn_gpu_store(kdn_client* client, const kdn_model* model, const int32_t* tokens,
+                          size_t n_tokens, uint32_t first_chunk, uint32_t n_chunks, kdn_gpu_kv* kv,
+                          const kdn_engine_layout* src, uint32_t* stored);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif
