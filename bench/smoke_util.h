@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -24,14 +25,23 @@ struct BenchRun {
   std::string said() const { return "stderr:\n" + stderr_tail + "\nstdout:\n" + stdout_text; }
 };
 
-// KDN_BENCH_BINARY with `args`; stderr (progress) goes to a temporary file, its tail kept.
+// kdn-bench: the one beside the running test (a bundle carried to another machine), else
+// KDN_BENCH_BINARY, the build tree's.
+inline std::string bench_binary() {
+  std::error_code ec;
+  const auto beside = std::filesystem::read_symlink("/proc/self/exe", ec).parent_path() / "kdn-bench";
+  if (!ec && ::access(beside.c_str(), X_OK) == 0) return beside.string();
+  return KDN_BENCH_BINARY;
+}
+
+// kdn-bench with `args`; stderr (progress) goes to a temporary file, its tail kept.
 inline BenchRun run_bench(const std::string& args) {
   BenchRun run;
   char log[] = "/tmp/kdn-bench-smoke-XXXXXX";
   const int fd = mkstemp(log);
   if (fd < 0) return run;
   close(fd);
-  std::string command = std::string(KDN_BENCH_BINARY) + " " + args + " 2>" + log;
+  std::string command = std::string(bench_binary()) + " " + args + " 2>" + log;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe != nullptr) {
     char buf[4096];

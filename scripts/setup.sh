@@ -14,7 +14,8 @@ cd "$root"
 packages=(build-essential cmake ninja-build pkg-config git python3 python3-pip
   libboost-dev liburing-dev libtbb-dev libspdlog-dev libfmt-dev libgtest-dev libgmock-dev
   libcli11-dev libtomlplusplus-dev libxxhash-dev nlohmann-json3-dev libhiredis-dev
-  libcpp-httplib-dev redis-server fio libbenchmark-dev clang libclang-rt-14-dev python3-venv python3-dev)
+  libcpp-httplib-dev redis-server fio libbenchmark-dev clang libclang-rt-14-dev python3-venv python3-dev
+  patchelf)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -344,7 +344,7 @@ TEST(Disk, ADirectoryThatCannotServeStopsKdndWithItsName) {
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT, 0600);
     ::dup2(fd, 2);
     ::dup2(fd, 1);
-    execl(KDN_KDND_PATH, KDN_KDND_PATH, "--socket", (sock_dir + "/s").c_str(), "--no-populate", "--host-arena-bytes",
+    execl(kdn::testing::kdnd_binary(), kdn::testing::kdnd_binary(), "--socket", (sock_dir + "/s").c_str(), "--no-populate", "--host-arena-bytes",
           "64M", "--set", ("tier.disk.dirs=" + missing).c_str(), nullptr);
     _exit(127);
   }

@@ -11,6 +11,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -21,11 +24,29 @@
 
 namespace kdn::testing {
 
+const char* binary_beside_self(const char* name, const char* built) {
+  static std::mutex mu;
+  static std::map<std::string, std::string> found;
+  std::lock_guard lock(mu);
+  auto it = found.find(name);
+  if (it == found.end()) {
+    std::string path = built;
+    std::error_code ec;
+    const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (!ec) {
+      const auto beside = self.parent_path() / name;
+      if (::access(beside.c_str(), X_OK) == 0) path = beside.string();
+    }
+    it = found.emplace(name, std::move(path)).first;
+  }
+  return it->second.c_str();
+}
+
 KdndProcess::KdndProcess(std::vector<std::string> extra, const std::string& tag) {
   char tmpl[] = "/tmp/kdn-test-XXXXXX";
   dir_ = mkdtemp(tmpl);
   socket_ = dir_ + "/kdnd" + tag + ".sock";
-  std::vector<std::string> args = {KDN_KDND_PATH, "--socket", socket_, "--host-arena-bytes", "256M",
+  std::vector<std::string> args = {kdnd_binary(), "--socket", socket_, "--host-arena-bytes", "256M",
                                    "--slab-bytes", "16M", "--log-level", "warn", "--no-populate"};
   for (size_t i = 0; i < extra.size(); ++i) {
     if (extra[i] == "--token" && i + 1 < extra.size()) token_ = extra[i + 1];

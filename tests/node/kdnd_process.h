@@ -12,6 +12,12 @@
 
 namespace kdn::testing {
 
+// The path of a binary the tests start: `name` beside the running test binary when it is there
+// (a bundle carried to another machine: scripts/gpu-bundle.sh), else `built`, the build tree's.
+const char* binary_beside_self(const char* name, const char* built);
+// kdnd's path, by the rule above.
+inline const char* kdnd_binary() { return binary_beside_self("kdnd", KDN_KDND_PATH); }
+
 class KdndProcess {
  public:
   // Starts kdnd with `extra` flags and waits until it answers a ping (fails the test if not).

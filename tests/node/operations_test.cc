@@ -42,7 +42,7 @@ std::string read_file(const std::string& path) {
 
 // kdnd with `args`, its stdout and stderr in `log`.
 pid_t spawn_kdnd(std::vector<std::string> args, const std::string& log) {
-  args.insert(args.begin(), KDN_KDND_PATH);
+  args.insert(args.begin(), kdn::testing::kdnd_binary());
   const pid_t pid = ::fork();
   if (pid == 0) {
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -302,11 +302,20 @@ std::string check_exposition(const std::string& text, std::map<std::string, std:
   return problems;
 }
 
+// The source tree (docs/grafana, .cache): KDN_SOURCE_DIR in the environment (a bundle run on
+// another machine), else the one this test was built from.
+std::string source_dir() {
+  const char* env = std::getenv("KDN_SOURCE_DIR");
+  return env != nullptr ? env : KDN_SOURCE_DIR;
+}
+
 // promtool from Debian's prometheus package, unpacked by scripts/test.sh (see docs/operations.md).
 std::string promtool_path() {
   const char* env = std::getenv("KDN_PROMTOOL");
-  return env != nullptr ? env : std::string(KDN_SOURCE_DIR) + "/.cache/bin/promtool";
+  return env != nullptr ? env : source_dir() + "/.cache/bin/promtool";
 }
+
+std::string kdnctl_path();
 
 TEST_F(Operations, TheMetricsEndpointServesValidExpositionWithTheMetricsFilesNames) {
   const uint16_t port = free_port();
@@ -340,8 +349,7 @@ TEST_F(Operations, TheMetricsEndpointServesValidExpositionWithTheMetricsFilesNam
   EXPECT_EQ(file_families, families);
 
   // kdnctl prints the same page (METRICS).
-  std::string kdnctl = KDN_KDND_PATH;
-  kdnctl.replace(kdnctl.rfind("kdnd"), 4, "kdnctl");
+  const std::string kdnctl = kdnctl_path();
   const std::string printed = dir_ + "/kdnctl.prom";
   ASSERT_EQ(std::system((kdnctl + " --socket " + d.socket() + " stats --prometheus > " + printed).c_str()), 0);
   std::map<std::string, std::string> printed_families;
@@ -351,7 +359,7 @@ TEST_F(Operations, TheMetricsEndpointServesValidExpositionWithTheMetricsFilesNam
       << "the page is rendered before its own request is counted";
 
   // The example dashboard asks only for families kdnd exports.
-  const std::string dashboard = read_file(std::string(KDN_SOURCE_DIR) + "/docs/grafana/kdn-dashboard.json");
+  const std::string dashboard = read_file(source_dir() + "/docs/grafana/kdn-dashboard.json");
   ASSERT_FALSE(dashboard.empty());
   static const std::regex kName("kdn_[a-z_]+");
   int used = 0;
@@ -371,7 +379,7 @@ TEST_F(Operations, TheMetricsEndpointServesValidExpositionWithTheMetricsFilesNam
     if (std::getenv("KDN_REQUIRE_PROMTOOL") != nullptr) FAIL() << "no promtool at " << promtool;
     return;
   }
-  const std::string config = std::string(KDN_SOURCE_DIR) + "/docs/grafana/prometheus-scrape.yml";
+  const std::string config = source_dir() + "/docs/grafana/prometheus-scrape.yml";
   EXPECT_EQ(std::system((promtool + " check config " + config + " > " + dir_ + "/promtool.out 2>&1").c_str()), 0)
       << read_file(dir_ + "/promtool.out");
   const std::string saved = dir_ + "/scrape.txt";
@@ -403,9 +411,9 @@ TEST_F(Operations, TheMetricsEndpointRefusesOtherAddressesAndNamesABusyPort) {
 // ---- the operator's view: kdnctl ------------------------------------------------------------
 
 std::string kdnctl_path() {
-  std::string path = KDN_KDND_PATH;
-  path.replace(path.rfind("kdnd"), 4, "kdnctl");
-  return path;
+  std::string built = KDN_KDND_PATH;
+  built.replace(built.rfind("kdnd"), 4, "kdnctl");
+  return kdn::testing::binary_beside_self("kdnctl", built.c_str());
 }
 
 // Runs kdnctl with `args` against `d`; its exit code, its stdout in *out.

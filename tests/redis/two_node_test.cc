@@ -86,7 +86,7 @@ std::pair<int, std::string> run_kdnd(std::vector<std::string> args) {
   char tmpl[] = "/tmp/kdn-t3-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
   const std::string log = dir + "/log";
-  args.insert(args.begin(), {KDN_KDND_PATH, "--socket", dir + "/s", "--no-populate", "--host-arena-bytes", "64M"});
+  args.insert(args.begin(), {kdn::testing::kdnd_binary(), "--socket", dir + "/s", "--no-populate", "--host-arena-bytes", "64M"});
   const pid_t pid = fork();
   if (pid == 0) {
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT, 0600);
@@ -95,7 +95,7 @@ std::pair<int, std::string> run_kdnd(std::vector<std::string> args) {
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    execv(KDN_KDND_PATH, argv.data());
+    execv(kdn::testing::kdnd_binary(), argv.data());
     _exit(127);
   }
   int st = 0;
