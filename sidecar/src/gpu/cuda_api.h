@@ -48,18 +48,22 @@ Status enable_peer_access(int from, int to) noexcept;
 
 // ---- T1: page-locks host memory so copies to and from devices run at DMA speed -------------
 // cudaHostRegister(portable | mapped). `p` and `bytes` must stay as registered until unregister.
+// A range already registered (by anyone in this process) is success; unregister undoes it for all.
 Status host_register(void* p, size_t bytes) noexcept;
 void host_unregister(void* p) noexcept;
 
 // ---- T0: one device region per device, from an IPC-capable memory pool ----------------------
 // A cudaMemPool created with POSIX-fd handle type, one allocation of `bytes` from it; kdnd
 // sub-allocates chunk slots itself. Engines never map it (kdnd does every copy), the handle
-// type keeps a read-only export possible.
+// type keeps a read-only export possible. A device without POSIX-fd pools gets plain cudaMalloc
+// memory instead: pool stays null and ipc_capable false. region_destroy frees either; no copy
+// may still be in flight on the region.
 struct DeviceRegion {
   int device = -1;
   void* base = nullptr;
   uint64_t bytes = 0;
-  void* pool = nullptr;  // cudaMemPool_t
+  void* pool = nullptr;      // cudaMemPool_t
+  bool ipc_capable = false;  // from a POSIX-fd pool (exportable)
 };
 Result<DeviceRegion> region_create(int device, uint64_t bytes) noexcept;
 void region_destroy(DeviceRegion& region) noexcept;
@@ -70,8 +74,11 @@ Result<void*> open_ipc_memory(int device, const IpcHandle& handle) noexcept;
 void close_ipc_memory(int device, void* base) noexcept;
 // VMM (cuMemExportToShareableHandle with a POSIX fd in the engine): imports the fd, reserves
 // `bytes` of address space, maps it and grants `device` read-write access. The fd stays the
-// caller's (close it after).
+// caller's (close it after). `bytes` is the exported allocation's size, a multiple of the
+// device's allocation granularity (kInvalidArgument otherwise). The driver's VMM calls are
+// looked up at first use; a driver without them answers kUnsupported.
 Result<void*> import_vmm_memory(int device, int fd, uint64_t bytes) noexcept;
+// Unmaps and frees the address range; `bytes` as given to import_vmm_memory.
 void unmap_vmm_memory(void* base, uint64_t bytes) noexcept;
 
 // ---- streams, events, copies -------------------------------------------------------------------
@@ -91,9 +98,10 @@ Status stream_sync(void* stream) noexcept;
 
 // ---- completions to kdnd's event loop -----------------------------------------------------------
 // An eventfd plus a queue of tokens: notify_after(stream, token) pushes `token` and makes fd()
-// readable once the work queued on `stream` so far has run (cudaLaunchHostFunc; the host
+// readable once the work queued on `stream` so far has run (cudaStreamAddCallback; the host
 // function only locks, pushes and writes the eventfd). A token whose stream failed is pushed
-// with failed = true.
+// with failed = true (the callback runs exactly once, with the stream's error). Each queue must
+// outlive every notify_after still pending on it: destroy it only after its streams are synced.
 class CompletionQueue {
  public:
   struct Done {
@@ -115,6 +123,7 @@ class CompletionQueue {
   std::mutex mu_;
   std::vector<Done> ready_;
 };
+// An error return means nothing was enqueued and the token will never be pushed.
 Status notify_after(void* stream, CompletionQueue* queue, uint64_t token) noexcept;
 
 // The last CUDA error of this thread in words (for logs), and clears it.
