@@ -31,8 +31,10 @@ for f in build-gpu/bin/*; do
   [[ "$name" =~ $skip ]] && continue
   cp "$f" "$part/bin/"
 done
-# The Redis tests start real redis-server processes.
-if command -v redis-server >/dev/null; then cp "$(command -v redis-server)" "$part/bin/"; fi
+# The Redis tests start real redis-server processes and ask them with redis-cli.
+for p in redis-server redis-cli; do
+  if command -v "$p" >/dev/null; then cp "$(command -v "$p")" "$part/bin/"; fi
+done
 
 # Shared libraries: everything the loader resolves outside glibc's own and the driver's.
 system='/(libc|libm|libpthread|libdl|librt|libresolv|libutil|ld-linux-x86-64|libcuda|libnvidia-[a-z-]*)\.so'

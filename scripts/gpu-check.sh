@@ -86,7 +86,10 @@ if [[ "${KDN_GPU_CHECK_SUITE:-1}" != 0 ]]; then
   left=$(( budget - ($(date +%s) - start) ))
   if ((left > 30)); then
     export KDN_TEST_TIMEOUT_S=$(( left < 300 ? left : 300 ))
-    printf '%s\n' "${rest[@]}" | xargs -P "$(( $(nproc) > 8 ? 8 : $(nproc) ))" -I{} bash -c 'run_test {}' >> "$summary"
+    printf '%s\n' "${rest[@]}" | timeout "$left" xargs -P "$(( $(nproc) > 8 ? 8 : $(nproc) ))" -I{} bash -c 'run_test {}' >> "$summary"
+    for b in "${rest[@]}"; do
+      grep -q "^$(basename "$b") " "$summary" || printf '%-32s not finished within the budget\n' "$(basename "$b")" >> "$summary"
+    done
   else
     echo "    not run: the budget is spent" >> "$summary"
   fi

@@ -10,6 +10,15 @@ Status kvc1_decode_cuda(const Kvc1CudaBatch&, const ChunkGeometry&, const kdn_ke
   return Status(Code::kUnsupported, "kdn was built without CUDA");
 }
 
+Status kvc1_validate_batch(const Kvc1CudaBatch&, const ChunkGeometry&, const kdn_key&, const DecodeOptions&) noexcept {
+  return Status(Code::kUnsupported, "kdn was built without CUDA");
+}
+
+Status kvc1_decode_cuda_validated(const Kvc1CudaBatch&, const ChunkGeometry&, const kdn_key&, void*, size_t, void*,
+                                  const DecodeOptions&) noexcept {
+  return Status(Code::kUnsupported, "kdn was built without CUDA");
+}
+
 Status kvc1_cuda_result(const void*, void*) noexcept {
   return Status(Code::kUnsupported, "kdn was built without CUDA");
 }

@@ -58,17 +58,55 @@ Status check_batch(const Kvc1CudaBatch& b, void* scratch, size_t scratch_bytes) 
 
 size_t kvc1_cuda_scratch_bytes(uint32_t n) noexcept { return 16 + 3 * sizeof(uint64_t) * size_t{n}; }
 
+namespace {
+
+// Opens every blob's header (and, with `full`, validates its layers) and returns the layer range.
+Status open_batch(const Kvc1CudaBatch& batch, const ChunkGeometry& expected, const kdn_key& fingerprint,
+                  const DecodeOptions& opts, bool full, LayerRange* layers) {
+  using namespace kvc1;
+  for (uint32_t i = 0; i < batch.n; ++i) {
+    Header h;
+    KDN_RETURN_IF_ERROR(open_for_decode(batch.host_blobs[i], batch.blob_bytes[i], expected, fingerprint, opts, &h, layers));
+    if (full) KDN_RETURN_IF_ERROR(validate_layers(batch.host_blobs[i], h, *layers, opts));
+  }
+  return OkStatus();
+}
+
+Status launch(const Kvc1CudaBatch& batch, const ChunkGeometry& expected, const kdn_key& fingerprint,
+              void* device_scratch, size_t scratch_bytes, void* stream, const DecodeOptions& opts, bool validate);
+
+}  // namespace
+
+Status kvc1_validate_batch(const Kvc1CudaBatch& batch, const ChunkGeometry& expected, const kdn_key& fingerprint,
+                           const DecodeOptions& opts) noexcept {
+  if (batch.n == 0 || !batch.host_blobs || !batch.blob_bytes) return Status(Code::kInvalidArgument, "null or empty batch");
+  for (uint32_t i = 0; i < batch.n; ++i) {
+    if (!batch.host_blobs[i]) return Status(Code::kInvalidArgument, "null blob");
+  }
+  LayerRange layers;
+  return open_batch(batch, expected, fingerprint, opts, true, &layers);
+}
+
 Status kvc1_decode_cuda(const Kvc1CudaBatch& batch, const ChunkGeometry& expected, const kdn_key& fingerprint,
                         void* device_scratch, size_t scratch_bytes, void* stream, const DecodeOptions& opts) noexcept {
+  return launch(batch, expected, fingerprint, device_scratch, scratch_bytes, stream, opts, true);
+}
+
+Status kvc1_decode_cuda_validated(const Kvc1CudaBatch& batch, const ChunkGeometry& expected, const kdn_key& fingerprint,
+                                  void* device_scratch, size_t scratch_bytes, void* stream,
+                                  const DecodeOptions& opts) noexcept {
+  return launch(batch, expected, fingerprint, device_scratch, scratch_bytes, stream, opts, false);
+}
+
+namespace {
+
+Status launch(const Kvc1CudaBatch& batch, const ChunkGeometry& expected, const kdn_key& fingerprint,
+              void* device_scratch, size_t scratch_bytes, void* stream, const DecodeOptions& opts, bool validate) {
   using namespace kvc1;
   static_assert(sizeof(size_t) == sizeof(uint64_t) && sizeof(void*) == sizeof(uint64_t));
   KDN_RETURN_IF_ERROR(check_batch(batch, device_scratch, scratch_bytes));
   LayerRange layers;
-  for (uint32_t i = 0; i < batch.n; ++i) {
-    Header h;
-    KDN_RETURN_IF_ERROR(open_for_decode(batch.host_blobs[i], batch.blob_bytes[i], expected, fingerprint, opts, &h, &layers));
-    KDN_RETURN_IF_ERROR(validate_layers(batch.host_blobs[i], h, layers, opts));
-  }
+  KDN_RETURN_IF_ERROR(open_batch(batch, expected, fingerprint, opts, validate, &layers));
   auto* base = static_cast<uint8_t*>(device_scratch);
   Job job;
   job.error = reinterpret_cast<uint32_t*>(base);
@@ -101,6 +139,8 @@ Status kvc1_decode_cuda(const Kvc1CudaBatch& batch, const ChunkGeometry& expecte
   decode_kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, smem, s>>>(job);
   return cuda_status(cudaGetLastError());
 }
+
+}  // namespace
 
 Status kvc1_cuda_result(const void* device_scratch, void* stream) noexcept {
   if (!device_scratch) return Status(Code::kInvalidArgument, "null scratch");

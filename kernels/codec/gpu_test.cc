@@ -36,7 +36,7 @@ class DeviceBuffer {
 
 // Decodes blobs on the device (one batch) and returns the outputs, or the first error.
 Status gpu_decode(const std::vector<std::vector<uint8_t>>& blobs, const ChunkGeometry& g,
-                  std::vector<std::vector<uint8_t>>* outs, const DecodeOptions& opts = {}) {
+                  std::vector<std::vector<uint8_t>>* outs, const DecodeOptions& opts = {}, bool prevalidated = false) {
   const uint32_t n = static_cast<uint32_t>(blobs.size());
   std::vector<DeviceBuffer> dev_blobs, dev_outs;
   std::vector<const uint8_t*> host_ptrs, blob_ptrs;
@@ -59,8 +59,14 @@ Status gpu_decode(const std::vector<std::vector<uint8_t>>& blobs, const ChunkGeo
   batch.blob_bytes = lens.data();
   batch.device_blobs = blob_ptrs.data();
   batch.device_outputs = out_ptrs.data();
-  KDN_RETURN_IF_ERROR(
-      kvc1_decode_cuda(batch, g, kTestFingerprint, scratch.get(), kvc1_cuda_scratch_bytes(n), nullptr, opts));
+  if (prevalidated) {
+    KDN_RETURN_IF_ERROR(kvc1_validate_batch(batch, g, kTestFingerprint, opts));
+    KDN_RETURN_IF_ERROR(kvc1_decode_cuda_validated(batch, g, kTestFingerprint, scratch.get(),
+                                                   kvc1_cuda_scratch_bytes(n), nullptr, opts));
+  } else {
+    KDN_RETURN_IF_ERROR(
+        kvc1_decode_cuda(batch, g, kTestFingerprint, scratch.get(), kvc1_cuda_scratch_bytes(n), nullptr, opts));
+  }
   KDN_RETURN_IF_ERROR(kvc1_cuda_result(scratch.get(), nullptr));
   outs->assign(n, std::vector<uint8_t>(geometry_bytes(g)));
   for (uint32_t i = 0; i < n; ++i) KDN_RETURN_IF_ERROR(copy_to_host((*outs)[i].data(), out_ptrs[i], geometry_bytes(g)));
@@ -106,6 +112,27 @@ TEST(CodecCuda, DecodeEqualsCpuBitForBit) {
       }
     }
   }
+}
+
+TEST(CodecCuda, ValidatedOnceThenDecodedEqualsCpuBitForBit) {
+  SKIP_WITHOUT_DEVICE();
+  const ChunkGeometry g = geometry(2, 2, 128, 256);
+  for (CodecMode m : testing::kAllModes) {
+    std::vector<std::vector<uint8_t>> blobs;
+    for (uint64_t seed = 1; seed <= 4; ++seed)
+      blobs.push_back(testing::encode(g, testing::synthetic_chunk(g, seed).data(), testing::config(m)));
+    std::vector<std::vector<uint8_t>> outs;
+    const Status st = gpu_decode(blobs, g, &outs, {}, true);
+    ASSERT_TRUE(st.ok()) << st.what();
+    for (size_t i = 0; i < blobs.size(); ++i) EXPECT_EQ(outs[i], cpu_decode(blobs[i], g)) << codec_mode_name(m);
+  }
+  // Validation still refuses what the decoder would: a flipped payload byte fails its CRC.
+  std::vector<uint8_t> blob = testing::encode(g, testing::synthetic_chunk(g, 5).data(), testing::config(CodecMode::kKivi4));
+  const size_t word = testing::v_rans_word_offset(blob);
+  ASSERT_GT(word, 0u);
+  blob[word] ^= 0x40;
+  std::vector<std::vector<uint8_t>> outs;
+  EXPECT_EQ(gpu_decode({blob}, g, &outs, {}, true).code(), Code::kCorrupt);
 }
 
 TEST(CodecCuda, LayerRangeLeavesOtherLayersAlone) {

@@ -44,6 +44,16 @@ Status kvc1_decode_cuda(const Kvc1CudaBatch& batch, const ChunkGeometry& expecte
                         void* device_scratch, size_t scratch_bytes, void* stream,
                         const DecodeOptions& opts = {}) noexcept;
 
+// Validates every host blob of a batch as kvc1_decode_cuda does (CRCs, lengths, offsets,
+// tables), once. A tier that validated its blobs when they arrived, and that no one else can
+// write, decodes them with kvc1_decode_cuda_validated: only the headers are read again on each
+// launch (the device still checks every rANS end state and the structure it parses).
+Status kvc1_validate_batch(const Kvc1CudaBatch& batch, const ChunkGeometry& expected, const kdn_key& fingerprint,
+                           const DecodeOptions& opts = {}) noexcept;
+Status kvc1_decode_cuda_validated(const Kvc1CudaBatch& batch, const ChunkGeometry& expected, const kdn_key& fingerprint,
+                                  void* device_scratch, size_t scratch_bytes, void* stream,
+                                  const DecodeOptions& opts = {}) noexcept;
+
 // Waits for `stream` and reports the device-side result of the last kvc1_decode_cuda that
 // used `device_scratch`: OK, kCorrupt (a rANS stream failed its end-state check) or kInternal
 // (a CUDA error).
