@@ -174,7 +174,7 @@ constexpr KeyDef kConfigKeys[] = {
     {.key = "tier.gpu.max_registrations", .field = &GpuTierConfig::max_registrations,
      .default_text = "16", .help = "GPU memory registrations one session holds at once",
      .min = 1, .max = 1024},
-    {.key = "tier.gpu.staging_bytes", .field = &GpuTierConfig::staging_bytes, .default_text = "64M",
+    {.key = "tier.gpu.staging_bytes", .field = &GpuTierConfig::staging_bytes, .default_text = "128M",
      .help = "per device: the bounce buffer of chunks served without T0 and the metadata of "
              "requests in flight (a chunk larger than half of it is not served by the GPU tier)",
      .min = kMiB, .max = 1ull << 36},

@@ -76,7 +76,7 @@ struct GpuTierConfig {
   bool pin_host = true;                   // page-lock every namespace's host arena when a GPU is present
   uint64_t slice_bytes = 8ull << 20;      // bulk copies are cut into slices of at most this
   uint32_t max_registrations = 16;        // GPU_REGISTER registrations one session holds at once
-  uint64_t staging_bytes = 64ull << 20;   // per device: a chunk bounce buffer and the request metadata
+  uint64_t staging_bytes = 128ull << 20;  // per device: a chunk bounce buffer and the request metadata
 };
 
 struct RemoteTierConfig {
