@@ -529,7 +529,7 @@ void GpuService::land(Batch& b, bool failed) {
 }
 
 void GpuService::poll(std::vector<Woken>* wake) {
-  if (!cq_ || batches_.empty()) return;
+  if (!cq_) return;  // drains even with no batch: the eventfd must not stay readable
   std::vector<CompletionQueue::Done> done;
   cq_->drain(&done);
   for (const CompletionQueue::Done& c : done) {
