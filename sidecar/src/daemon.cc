@@ -124,7 +124,7 @@ class DaemonImpl {
  public:
   explicit DaemonImpl(Config c)
       : cfg_(std::move(c)), models_(cfg_.max_models_total), handler_(models_, counters_, cfg_) {
-    handler_.set_metrics_renderer([this] { return prometheus_text(counters_, metrics_namespaces()); });
+    handler_.set_metrics_renderer([this] { return prometheus_text(counters_, metrics_namespaces(), gpu_.get()); });
   }
 
   Status start();
@@ -977,7 +977,7 @@ Status DaemonImpl::service_control(int timeout_ms) {
       case kScrape:
         if (!metrics_server_->consume_request()) break;
         try {
-          metrics_server_->publish(prometheus_text(counters_, metrics_namespaces()));
+          metrics_server_->publish(prometheus_text(counters_, metrics_namespaces(), gpu_.get()));
         } catch (const std::bad_alloc&) {
           spdlog::warn("out of memory rendering metrics for a scrape");  // it gets 503 on its timeout
         }
@@ -1144,7 +1144,7 @@ std::vector<NamespaceMetrics> DaemonImpl::metrics_namespaces() const {
 void DaemonImpl::write_metrics() {
   last_metrics_ns_ = now_ns();
   std::string error;
-  Status st = write_prometheus_file(cfg_.metrics_file, counters_, metrics_namespaces(), &error);
+  Status st = write_prometheus_file(cfg_.metrics_file, counters_, metrics_namespaces(), &error, gpu_.get());
   if (!st.ok() && error.empty()) error = st.what();
   if (error != metrics_error_) {  // a failure is logged once, and so is the recovery
     if (error.empty()) spdlog::info("metrics file {} written again", cfg_.metrics_file);

@@ -907,6 +907,20 @@ std::array<ipc::TierStatsRecord, kTierCount> RequestHandler::tier_stats(const Na
     r.lease_hit_chunks = k.hit_chunks[size_t(ReadOp::kLease)][t] + k.hit_chunks[size_t(ReadOp::kLeaseEach)][t];
     r.in_flight = tier->in_flight();
   }
+  if (gpu_ != nullptr && gpu_->enabled()) {  // T0 is the devices', shared by every namespace
+    ipc::TierStatsRecord& r = out[0];
+    r.present = 1;
+    for (const gpu::DeviceStats& d : gpu_->device_stats()) {
+      r.capacity_bytes += d.t0_capacity;
+      r.used_bytes += d.t0_used;
+      r.resident_chunks += d.t0_chunks;
+      r.resident_bytes += d.t0_bytes;
+      r.lease_hit_chunks += d.t0.hits;
+      r.promoted_chunks += d.t0.promoted;
+      r.promoted_bytes += d.t0.promoted_bytes;
+    }
+    r.in_flight = gpu_->busy() ? 1 : 0;
+  }
   if (const DiskTier* d = ns.disk.get()) {
     ipc::TierStatsRecord& r = out[kDisk];
     const DiskCounters& c = d->counters();
