@@ -175,7 +175,9 @@ void RequestHandler::rollback(Op& op) noexcept {
   } else if (is_lease(op.sqe.opcode)) {
     for (uint64_t id : op.taken) release_lease(s, id, 1);
   }
-  if (op.gpu) op.gpu->release();
+  // A GPU_STORE whose gathers are in flight keeps its slots until its batch lands (its Op
+  // lives until then and gives them back).
+  if (op.gpu && op.gpu->phase != gpu::GpuRequest::Phase::kCopying) op.gpu->release();
   op.taken.clear();
   op.done = 0;
 }
