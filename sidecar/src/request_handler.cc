@@ -697,7 +697,7 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
   if (!touched) return Step::kMore;
   if (gpu) {
     store.note_read(ReadOp::kLease, op.served_from, wanted - op.taken.size());
-    return gpu_queue_retrieve(op, wanted);
+    return gpu_queue_retrieve(op);
   }
   Status z = s.shm.payload().zero_out_records<ipc::LeaseRecord>(op.sqe, op.cursor, wanted);
   if (!z.ok()) {
@@ -1096,7 +1096,7 @@ Status RequestHandler::gpu_prepare(Op& op) {
   return OkStatus();
 }
 
-Step RequestHandler::gpu_queue_retrieve(Op& op, uint32_t wanted) {
+Step RequestHandler::gpu_queue_retrieve(Op& op) {
   Session& s = *op.session;
   gpu::GpuRequest& g = *op.gpu;
   const uint32_t n = uint32_t(g.leased.size());
@@ -1113,7 +1113,6 @@ Step RequestHandler::gpu_queue_retrieve(Op& op, uint32_t wanted) {
   chunks.swap(g.leased);  // the batch takes the leases over, whatever comes of it
   auto from_t0 = gpu_->retrieve(*s.ns, **reg, g.layout, kernels::chunk_geometry_of(*op.model), chunks);
   if (!from_t0.ok()) return finish(op, from_t0.status());
-  (void)wanted;
   ipc::GpuRetrieveOp::put({n, *from_t0}, op.cqe);
   return finish(op, OkStatus());
 }

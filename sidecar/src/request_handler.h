@@ -176,7 +176,7 @@ class RequestHandler {
   // GPU_RETRIEVE leases through lease(); this checks its registration and layout first, and
   // queues the copies once the prefix is leased.
   Status gpu_prepare(Op& op);
-  Step gpu_queue_retrieve(Op& op, uint32_t wanted);
+  Step gpu_queue_retrieve(Op& op);
   Step gpu_collect(Op& op, uint64_t deadline_ns);
   Step gpu_commit(Op& op, uint64_t deadline_ns);
 

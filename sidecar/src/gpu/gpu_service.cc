@@ -334,10 +334,16 @@ Result<kernels::EngineView> GpuService::stage_layout(Device& d, const CheckedLay
 }
 
 Status GpuService::copy_sliced(void* dst, const void* src, uint64_t bytes, void* stream) noexcept {
-  for (uint64_t done = 0; done < bytes; done += cfg_.slice_bytes) {
-    const uint64_t n = std::min<uint64_t>(cfg_.slice_bytes, bytes - done);
-    KDN_RETURN_IF_ERROR(copy_async(static_cast<std::byte*>(dst) + done, static_cast<const std::byte*>(src) + done, n, stream));
+  const Copy whole{uint64_t(uintptr_t(dst)), uint64_t(uintptr_t(src)), bytes};
+  std::vector<Copy> slices;
+  try {
+    slices = slice_copies(std::span(&whole, 1), cfg_.slice_bytes);
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "slicing a GPU copy: out of memory");
   }
+  for (const Copy& c : slices)
+    KDN_RETURN_IF_ERROR(copy_async(reinterpret_cast<void*>(uintptr_t(c.dst)), reinterpret_cast<const void*>(uintptr_t(c.src)),
+                                   c.bytes, stream));
   return OkStatus();
 }
 
@@ -449,8 +455,11 @@ Result<uint32_t> GpuService::retrieve(Namespace& ns, Registration& reg, const Ch
     spdlog::error("GPU tier: queueing copies failed: {} ({})", failed.what(), last_error());
     return Status(Code::kInternal, "queueing GPU copies failed (see kdnd's log)");
   }
-  for (auto& [dev, key] : batch->t0_fresh) devices_[size_t(dev)]->t0_index->counters().promoted++,
-                                           devices_[size_t(dev)]->t0_index->counters().promoted_bytes += bytes;
+  for (auto& [dev, key] : batch->t0_fresh) {
+    T0Counters& c = devices_[size_t(dev)]->t0_index->counters();
+    ++c.promoted;
+    c.promoted_bytes += bytes;
+  }
   registry_->begin_copy(&reg);
   ++ns.attached;
   ++counters_.retrieves;
