@@ -1145,6 +1145,7 @@ Step RequestHandler::gpu_collect(Op& op, uint64_t deadline_ns) {
     rollback(op);
     return finish(op, Status(Code::kUnavailable, "session closed"));
   }
+  op.wants_room = false;
   kdn_key keys[kBatch];
   bool full = false;
   while (op.cursor < n && !full) {
@@ -1161,11 +1162,18 @@ Step RequestHandler::gpu_collect(Op& op, uint64_t deadline_ns) {
     for (; i < m; ++i) {
       auto r = store.reserve(keys[i], op.model->fingerprint, bytes, s.id, now);
       if (!r.ok()) {
-        if (r.status().code() != Code::kNoSpace && r.status().code() != Code::kInProgress) {
+        if (r.status().code() == Code::kInProgress) {  // room comes when demotions land: wait, as RESERVE does
+          if (op.room_deadline_ns == 0) op.room_deadline_ns = now + uint64_t(config_.room_wait_ms) * 1'000'000;
+          if (now < op.room_deadline_ns) {
+            op.cursor = first + i;
+            op.wants_room = true;
+            return Step::kWait;
+          }
+        } else if (r.status().code() != Code::kNoSpace) {
           rollback(op);
           return finish(op, r.status());
         }
-        full = true;  // the host tier has no room now: the rest is not stored (the count says so)
+        full = true;  // the host tier has no room: the rest is not stored (the count says so)
         break;
       }
       if (r->outcome != TieredStore::ReserveOutcome::kReserved) {
