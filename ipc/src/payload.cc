@@ -23,8 +23,11 @@ constexpr OpTable make_table() noexcept {
 
 constexpr OpTable kOps = make_table<PingOp, RegisterModelOp, LookupOp, ReserveOp, CommitOp, AbortOp,
                                     LeaseOp, ReleaseOp, StatsOp, ListOp, EvictOp, LookupEachOp,
-                                    LeaseEachOp, PrefetchOp, TierStatsOp, MetricsOp>();
-static_assert(PingOp::kOpcode == Opcode(1) && MetricsOp::kOpcode == Opcode(kMaxOpcode));
+                                    LeaseEachOp, PrefetchOp, TierStatsOp, MetricsOp, GpuRegisterOp,
+                                    GpuUnregisterOp, GpuRetrieveOp, GpuStoreOp, GpuInfoOp>();
+static_assert(PingOp::kOpcode == Opcode(1) && GpuInfoOp::kOpcode == Opcode(kMaxOpcode));
+static_assert(MetricsOp::kOpcode == Opcode(20) && GpuRegisterOp::kOpcode == Opcode(21) &&
+              GpuStoreOp::kOpcode == Opcode(24));
 static_assert(LeaseOp::kOpcode == Opcode(7) && StatsOp::kOpcode == Opcode(9) && EvictOp::kOpcode == Opcode(11));
 static_assert(LookupEachOp::kOpcode == Opcode(12) && LeaseEachOp::kOpcode == Opcode(13));
 static_assert(PrefetchOp::kOpcode == Opcode(16));

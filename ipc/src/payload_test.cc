@@ -198,6 +198,77 @@ TEST(CheckSqe, AdminOpcodes) {
   EXPECT_EQ(check(s, true), Code::kInvalidArgument);
 }
 
+TEST(CheckSqe, GpuOpShapes) {
+  EXPECT_STREQ(opcode_name(uint8_t(Opcode::kGpuRegister)), "GPU_REGISTER");
+  EXPECT_STREQ(opcode_name(uint8_t(Opcode::kGpuUnregister)), "GPU_UNREGISTER");
+  EXPECT_STREQ(opcode_name(uint8_t(Opcode::kGpuRetrieve)), "GPU_RETRIEVE");
+  EXPECT_STREQ(opcode_name(uint8_t(Opcode::kGpuStore)), "GPU_STORE");
+  EXPECT_STREQ(opcode_name(uint8_t(Opcode::kGpuInfo)), "GPU_INFO");
+  // GPU_REGISTER: exactly one descriptor in, room for the answer out.
+  Sqe s = sqe_of(Opcode::kGpuRegister);
+  EXPECT_EQ(check(s), Code::kProtocol);  // no descriptor
+  s.in_len = sizeof(GpuRegisterRecord);
+  EXPECT_EQ(check(s), Code::kInvalidArgument);  // no room for the answer
+  s.out_off = 4096;
+  s.out_len = sizeof(GpuRegisteredRecord);
+  EXPECT_EQ(check(s), Code::kOk);
+  s.in_len = 2 * sizeof(GpuRegisterRecord);
+  EXPECT_EQ(check(s), Code::kProtocol);
+  s.in_len = sizeof(GpuRegisterRecord) - 1;
+  EXPECT_EQ(check(s), Code::kProtocol);
+  // GPU_UNREGISTER takes no payload.
+  s = sqe_of(Opcode::kGpuUnregister);
+  EXPECT_EQ(check(s), Code::kOk);
+  s.in_len = 16;
+  EXPECT_EQ(check(s), Code::kProtocol);
+  // GPU_RETRIEVE / GPU_STORE: keys in, no output (the layout is referenced by arg2).
+  for (Opcode op : {Opcode::kGpuRetrieve, Opcode::kGpuStore}) {
+    s = sqe_of(op);
+    s.in_len = 3 * sizeof(kdn_key);
+    EXPECT_EQ(check(s), Code::kOk);
+    s.out_len = 32;
+    EXPECT_EQ(check(s), Code::kProtocol) << "no output area";
+    s.out_len = 0;
+    s.in_len = 17;
+    EXPECT_EQ(check(s), Code::kProtocol);
+  }
+  // GPU_INFO: at least one device record of room.
+  s = sqe_of(Opcode::kGpuInfo);
+  EXPECT_EQ(check(s), Code::kInvalidArgument);
+  s.out_len = sizeof(GpuDeviceRecord);
+  EXPECT_EQ(check(s), Code::kOk);
+}
+
+TEST(OpResults, GpuAnswersAreChecked) {
+  Cqe c{};
+  EXPECT_FALSE(GpuRegisterOp::result(c).ok());  // registration 0
+  c.res[0] = 3;
+  c.res[1] = 1;
+  c.res[2] = 0;
+  ASSERT_TRUE(GpuRegisterOp::result(c).ok());
+  EXPECT_EQ(GpuRegisterOp::result(c)->registration, 3u);
+  c.res[2] = kGpuMaxDevices;
+  EXPECT_FALSE(GpuRegisterOp::result(c).ok());
+  Cqe r{};
+  r.res[0] = 5;
+  r.res[1] = 2;
+  EXPECT_TRUE(GpuRetrieveOp::result(r, 5).ok());
+  EXPECT_FALSE(GpuRetrieveOp::result(r, 4).ok());
+  r.res[1] = 6;
+  EXPECT_FALSE(GpuRetrieveOp::result(r, 8).ok());
+  Cqe st{};
+  st.res[0] = 2;
+  st.res[1] = 2;
+  EXPECT_TRUE(GpuStoreOp::result(st, 4).ok());
+  EXPECT_FALSE(GpuStoreOp::result(st, 3).ok());
+  const GpuRegistrationRef ref{7, 9};
+  EXPECT_EQ(GpuRegistrationRef::of(ref.word()).registration, 7u);
+  EXPECT_EQ(GpuRegistrationRef::of(ref.word()).generation, 9u);
+  const GpuLayoutRef lay{4096, 1234};
+  EXPECT_EQ(GpuLayoutRef::of(lay.word()).off, 4096u);
+  EXPECT_EQ(GpuLayoutRef::of(lay.word()).len, 1234u);
+}
+
 TEST(PayloadArea, CopiesAreBoundsChecked) {
   std::vector<std::byte> mem(4096);
   PayloadArea area(mem.data(), 4096);

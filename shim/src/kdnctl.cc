@@ -188,6 +188,11 @@ std::vector<Field> tier_fields(Client& c) {
       add("stored_bytes_written", t.stored_bytes_written);
       continue;
     }
+    if (t.tier == uint32_t(kdn::ipc::ChunkTier::kGpu)) {  // T0: the devices', every namespace's
+      add("promoted_chunks", t.promoted_chunks);
+      add("promoted_bytes", t.promoted_bytes);
+      continue;
+    }
     if (t.tier != uint32_t(kdn::ipc::ChunkTier::kDisk)) continue;
     add("promoted_chunks", t.promoted_chunks);
     add("promoted_bytes", t.promoted_bytes);
@@ -331,6 +336,50 @@ int cmd_watch(Client& c, const std::string& ns, double interval, int count) {
   return 0;
 }
 
+// GPU_INFO as fields "gpu.*" (devices, the peer matrix as a bit mask per device, T0); empty
+// when kdnd predates it. Device names go to `names` (ordinal, name).
+std::vector<Field> gpu_fields(Client& c, std::vector<std::pair<uint32_t, std::string>>* names) {
+  using Op = kdn::ipc::GpuInfoOp;
+  std::vector<Field> f;
+  if (c.welcome().proto_minor < 4) return f;
+  constexpr uint32_t n = kdn::ipc::kGpuMaxDevices;
+  auto o = c.alloc_payload(n * sizeof(Op::OutRecord));
+  if (!o.ok()) return f;
+  Request r;
+  r.sqe.opcode = uint8_t(Op::kOpcode);
+  r.out = *o;
+  r.sqe.out_len = n * sizeof(Op::OutRecord);
+  auto cqe = c.call(r);
+  if (!cqe.ok() || cqe->status != KDN_OK) {
+    c.free_payload(*o);
+    return f;
+  }
+  auto got = Op::result(*cqe, n);
+  if (!got.ok()) {
+    c.free_payload(*o);
+    return f;
+  }
+  std::vector<Op::OutRecord> recs(got->written);
+  std::memcpy(recs.data(), c.payload_ptr(*o), recs.size() * sizeof(Op::OutRecord));
+  c.free_payload(*o);
+  f.push_back({"gpu.enabled", got->enabled});
+  f.push_back({"gpu.devices", got->devices});
+  f.push_back({"gpu.registrations", got->registrations});
+  for (const auto& d : recs) {
+    const std::string p = "gpu.device" + std::to_string(d.ordinal) + ".";
+    f.push_back({p + "sm", d.sm});
+    f.push_back({p + "memory_bytes", d.memory_bytes});
+    f.push_back({p + "peer_mask", d.peer_mask});
+    f.push_back({p + "t0_capacity_bytes", d.t0_capacity_bytes});
+    f.push_back({p + "t0_used_bytes", d.t0_used_bytes});
+    f.push_back({p + "t0_chunks", d.t0_chunks});
+    char name[sizeof d.name + 1] = {};
+    std::memcpy(name, d.name, sizeof d.name);  // NUL-terminated by kdnd; bounded here regardless
+    names->emplace_back(d.ordinal, name);
+  }
+  return f;
+}
+
 int cmd_stats(Client& c, bool json, bool prom) {
   if (prom) return cmd_metrics(c);
   kdn::ipc::StatsRecord s{};
@@ -339,6 +388,9 @@ int cmd_stats(Client& c, bool json, bool prom) {
   std::vector<Field> f = stats_fields(s, admin);
   const std::vector<Field> tiers = tier_fields(c);
   f.insert(f.end(), tiers.begin(), tiers.end());
+  std::vector<std::pair<uint32_t, std::string>> gpu_names;
+  const std::vector<Field> gpus = gpu_fields(c, &gpu_names);
+  f.insert(f.end(), gpus.begin(), gpus.end());
   if (json) {
     std::printf("{");
     for (size_t i = 0; i < f.size(); ++i) std::printf("%s\"%s\": %" PRIu64, i ? ", " : "", f[i].name.c_str(), f[i].v);
@@ -348,6 +400,8 @@ int cmd_stats(Client& c, bool json, bool prom) {
       if (x.name == "tier.disk.codec") std::printf("%-34s %s\n", x.name.c_str(), codec_label(x.v));
       else std::printf("%-34s %" PRIu64 "\n", x.name.c_str(), x.v);
     }
+    for (const auto& [ordinal, name] : gpu_names)
+      std::printf("%-34s %s\n", ("gpu.device" + std::to_string(ordinal) + ".name").c_str(), name.c_str());
     const uint64_t looked = s.lookup_hit_chunks + s.lookup_miss_chunks;
     if (looked) std::printf("%-34s %.1f%%\n", "hit_ratio", 100.0 * s.lookup_hit_chunks / looked);
     const uint64_t leased = s.lease_hit_chunks + s.lease_miss_chunks;

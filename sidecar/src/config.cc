@@ -157,6 +157,27 @@ constexpr KeyDef kConfigKeys[] = {
              "that found them there", .max = 4096},
     {.key = "tier.remote.max_in_flight", .field = &RemoteTierConfig::max_in_flight, .default_text = "256",
      .help = "remote reads and writes in flight per namespace", .min = 1, .max = 65536},
+    // ---- [tier.gpu]
+    {.key = "tier.gpu.enable", .field = &GpuTierConfig::enable, .default_text = "auto",
+     .help = "auto: the GPU tier is on when a CUDA device answers; on: kdnd refuses to start "
+             "without one; off: GPU requests are answered KDN_ERR_UNSUPPORTED",
+     .choices = "auto|on|off"},
+    {.key = "tier.gpu.bytes", .field = &GpuTierConfig::bytes, .default_text = "0",
+     .help = "T0 bytes on each device (chunks kept in GPU memory); 0: no T0, engines are served "
+             "from the pinned host tier"},
+    {.key = "tier.gpu.pin_host", .field = &GpuTierConfig::pin_host, .default_text = "true",
+     .help = "page-lock every namespace's host arena when a GPU is present, so copies between "
+             "it and devices run at DMA speed"},
+    {.key = "tier.gpu.slice_bytes", .field = &GpuTierConfig::slice_bytes, .default_text = "8M",
+     .help = "bulk copies are cut into slices of at most this on a low-priority stream, so an "
+             "engine's kernels interleave with them", .min = 64 * 1024, .max = 1ull << 30},
+    {.key = "tier.gpu.max_registrations", .field = &GpuTierConfig::max_registrations,
+     .default_text = "16", .help = "GPU memory registrations one session holds at once",
+     .min = 1, .max = 1024},
+    {.key = "tier.gpu.staging_bytes", .field = &GpuTierConfig::staging_bytes, .default_text = "128M",
+     .help = "per device: the bounce buffer of chunks served without T0 and the metadata of "
+             "requests in flight (a chunk larger than half of it is not served by the GPU tier)",
+     .min = kMiB, .max = 1ull << 36},
     // ---- [tier.disk]
     {.key = "tier.disk.dirs", .field = &DiskTierConfig::dirs, .default_text = "",
      .help = "one directory per NVMe device, each on a file system with O_DIRECT; empty: no disk "
@@ -585,6 +606,8 @@ std::string Config::to_toml() const {
   append_section(&out, Section::kTierDisk, *this, nullptr);
   out += "\n[tier.remote]\n";
   append_section(&out, Section::kTierRemote, *this, nullptr);
+  out += "\n[tier.gpu]\n";
+  append_section(&out, Section::kTierGpu, *this, nullptr);
   for (const NamespaceConfig& ns : namespaces) {
     out += "\n[namespace." + toml_key(ns.name) + "]\n";
     append_section(&out, Section::kNamespace, *this, &ns);

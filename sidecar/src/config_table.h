@@ -27,9 +27,9 @@ namespace kdn::sidecar::config_table {
 using UidList = std::vector<uint32_t>;
 using PathList = std::vector<std::string>;
 
-// Where a key lives in a file: at the top, in [tier.host], [tier.disk], [tier.remote], or in every
+// Where a key lives in a file: at the top, in [tier.host], [tier.disk], [tier.remote], [tier.gpu], or in every
 // [namespace.NAME].
-enum class Section { kDaemon, kTierHost, kTierDisk, kTierRemote, kNamespace };
+enum class Section { kDaemon, kTierHost, kTierDisk, kTierRemote, kTierGpu, kNamespace };
 
 // The member a key reads and writes.
 using Field =
@@ -40,6 +40,8 @@ using Field =
                  uint64_t DiskTierConfig::*, PathList DiskTierConfig::*,
                  std::string RemoteTierConfig::*, uint32_t RemoteTierConfig::*,
                  uint64_t RemoteTierConfig::*, PathList RemoteTierConfig::*,
+                 std::string GpuTierConfig::*, bool GpuTierConfig::*, uint32_t GpuTierConfig::*,
+                 uint64_t GpuTierConfig::*,
                  std::string NamespaceConfig::*, UidList NamespaceConfig::*,
                  uint32_t NamespaceConfig::*, uint64_t NamespaceConfig::*>;
 
@@ -98,6 +100,7 @@ void with_value(const KeyDef& k, C& c, N* ns, Fn&& fn) {
         else if constexpr (std::is_same_v<Owner, HostTierConfig>) fn(c.host.*member);
         else if constexpr (std::is_same_v<Owner, DiskTierConfig>) fn(c.disk.*member);
         else if constexpr (std::is_same_v<Owner, RemoteTierConfig>) fn(c.remote.*member);
+        else if constexpr (std::is_same_v<Owner, GpuTierConfig>) fn(c.gpu.*member);
         else fn(ns->*member);
       },
       k.field);
@@ -139,7 +142,8 @@ NamespaceConfig& namespace_entry(Config& c, const std::string& name, int line);
 inline constexpr const char* kHostTierName = "host";
 inline constexpr const char* kDiskTierName = "disk";
 inline constexpr const char* kRemoteTierName = "remote";
-inline constexpr const char* kTierNames = "host, disk, remote";
+inline constexpr const char* kGpuTierName = "gpu";
+inline constexpr const char* kTierNames = "host, disk, remote, gpu";
 // The section of [tier.NAME], or nullopt for a tier this build does not have.
 std::optional<Section> tier_section(std::string_view name);
 // What valid_namespace_name() accepts, for messages.

@@ -76,6 +76,9 @@ TEST(ConfigTable, KeysSitInTheirSections) {
       case Section::kTierRemote:
         EXPECT_EQ(key.rfind("tier.remote.", 0), 0u) << key;
         break;
+      case Section::kTierGpu:
+        EXPECT_EQ(key.rfind("tier.gpu.", 0), 0u) << key;
+        break;
       case Section::kNamespace:
         EXPECT_EQ(key.rfind("namespace.*.", 0), 0u) << key;
         break;
@@ -249,6 +252,41 @@ TEST_F(ConfigFiles, SectionsSetTheirKeys) {
   EXPECT_TRUE(c.validate(&error).ok()) << error;
 }
 
+TEST_F(ConfigFiles, TheGpuTierSection) {
+  Config c;
+  EXPECT_EQ(c.gpu.enable, "auto");
+  EXPECT_EQ(c.gpu.bytes, 0u);
+  EXPECT_TRUE(c.gpu.pin_host);
+  EXPECT_EQ(c.gpu.slice_bytes, 8ull << 20);
+  ASSERT_EQ(load(c,
+                 "[tier.gpu]\n"
+                 "enable = \"on\"\n"
+                 "bytes = \"8G\"\n"
+                 "pin_host = false\n"
+                 "slice_bytes = \"4M\"\n"
+                 "max_registrations = 4\n"),
+            "");
+  EXPECT_EQ(c.gpu.enable, "on");
+  EXPECT_EQ(c.gpu.bytes, 8ull << 30);
+  EXPECT_FALSE(c.gpu.pin_host);
+  EXPECT_EQ(c.gpu.slice_bytes, 4ull << 20);
+  EXPECT_EQ(c.gpu.max_registrations, 4u);
+  c.fill_defaults();
+  std::string error;
+  EXPECT_TRUE(c.validate(&error).ok()) << error;
+  Config bad;
+  ASSERT_EQ(load(bad, "[tier.gpu]\nenable = \"maybe\"\n"), "");
+  bad.fill_defaults();
+  EXPECT_FALSE(bad.validate(&error).ok());
+  EXPECT_THAT(error, HasSubstr("tier.gpu.enable"));
+  Config small;
+  ASSERT_EQ(load(small, "[tier.gpu]\nslice_bytes = 100\n"), "");
+  small.fill_defaults();
+  EXPECT_FALSE(small.validate(&error).ok());
+  EXPECT_THAT(error, HasSubstr("tier.gpu.slice_bytes"));
+  EXPECT_THAT(load(small, "[tier.gpu]\nbyts = 1\n"), HasSubstr("did you mean 'tier.gpu.bytes'"));
+}
+
 TEST_F(ConfigFiles, AnEmptyNamespaceSectionDeclaresIt) {
   Config c;
   ASSERT_EQ(load(c, "\n[namespace.default]\n[namespace.x]\n"), "");
@@ -274,8 +312,8 @@ TEST_F(ConfigFiles, UnknownKeysSectionsAndTiersAreErrors) {
   EXPECT_THAT(load("[server]\nport = 5\n"), HasSubstr("kdnd.toml:1: unknown section '[server]'"));
   EXPECT_THAT(load("[tier.host.extra]\n"),
               HasSubstr("kdnd.toml:1: unknown section '[tier.host.extra]'"));
-  EXPECT_THAT(load("[tier.host]\nbytes = 5\n[tier.gpu]\nbytes = 5\n"),
-              HasSubstr("kdnd.toml:3: unknown tier 'gpu' (this kdnd has: host, disk, remote)"));
+  EXPECT_THAT(load("[tier.host]\nbytes = 5\n[tier.tpu]\nbytes = 5\n"),
+              HasSubstr("kdnd.toml:3: unknown tier 'tpu' (this kdnd has: host, disk, remote, gpu)"));
   EXPECT_THAT(load("[namespace.team.a]\n"),
               AllOf(HasSubstr("kdnd.toml:1: unknown section '[namespace.team.a]'"),
                     HasSubstr("[namespace.\"team.a\"]")));
@@ -404,8 +442,8 @@ TEST(ConfigSet, ErrorsNameTheFlagKeyAndValue) {
       {"tier.host.populate", "maybe", "--set tier.host.populate=maybe: not a bool"},
       {"max_sesions", "1",
        "--set max_sesions=1: unknown key 'max_sesions' (did you mean 'max_sessions'?)"},
-      {"tier.gpu.bytes", "1G",
-       "--set tier.gpu.bytes=1G: unknown tier 'gpu' (this kdnd has: host, disk, remote)"},
+      {"tier.tpu.bytes", "1G",
+       "--set tier.tpu.bytes=1G: unknown tier 'tpu' (this kdnd has: host, disk, remote, gpu)"},
       {"tier.host", "1G", "--set tier.host=1G: unknown key 'tier.host'"},
       {"namespace.a.max_byte", "1",
        "--set namespace.a.max_byte=1: unknown key 'namespace.a.max_byte' (did you "
@@ -557,6 +595,7 @@ TEST_F(ConfigFiles, PrintedConfigLoadsBackTheSame) {
       else if (key.rfind("tier.host.", 0) == 0) key = key.substr(10);
       else if (key.rfind("tier.disk.", 0) == 0) key = key.substr(10);
       else if (key.rfind("tier.remote.", 0) == 0) key = key.substr(12);
+      else if (key.rfind("tier.gpu.", 0) == 0) key = key.substr(9);
       EXPECT_THAT(printed, HasSubstr(key)) << "missing from --print-config";
     }
   }

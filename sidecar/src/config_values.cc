@@ -67,6 +67,7 @@ std::optional<Section> tier_section(std::string_view name) {
   if (name == kHostTierName) return Section::kTierHost;
   if (name == kDiskTierName) return Section::kTierDisk;
   if (name == kRemoteTierName) return Section::kTierRemote;
+  if (name == kGpuTierName) return Section::kTierGpu;
   return std::nullopt;
 }
 
@@ -78,6 +79,7 @@ Section section_of(const KeyDef& k) {
         else if constexpr (std::is_same_v<Owner, HostTierConfig>) return Section::kTierHost;
         else if constexpr (std::is_same_v<Owner, DiskTierConfig>) return Section::kTierDisk;
         else if constexpr (std::is_same_v<Owner, RemoteTierConfig>) return Section::kTierRemote;
+        else if constexpr (std::is_same_v<Owner, GpuTierConfig>) return Section::kTierGpu;
         else return Section::kNamespace;
       },
       k.field);

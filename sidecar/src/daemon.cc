@@ -1,6 +1,7 @@
 #include <kdn/sidecar/daemon.h>
 
 #include "access.h"
+#include "gpu/gpu_service.h"
 #include "metrics.h"
 #include "metrics_server.h"
 #include "prefault.h"
@@ -29,7 +30,7 @@ namespace kdn::sidecar {
 namespace {
 
 // epoll tags: the top byte says what the fd is, the rest identifies it.
-enum TagKind : uint64_t { kListen = 1, kSignal = 2, kStop = 3, kHandshake = 4, kSocket = 5, kBell = 6, kTierWake = 7, kScrape = 8 };
+enum TagKind : uint64_t { kListen = 1, kSignal = 2, kStop = 3, kHandshake = 4, kSocket = 5, kBell = 6, kTierWake = 7, kScrape = 8, kGpuWake = 9 };
 constexpr uint64_t tag(TagKind k, uint64_t id) { return (uint64_t(k) << 56) | (id & ((1ull << 56) - 1)); }
 constexpr TagKind tag_kind(uint64_t t) { return TagKind(t >> 56); }
 constexpr uint64_t tag_id(uint64_t t) { return t & ((1ull << 56) - 1); }
@@ -87,6 +88,12 @@ ipc::ListenOptions listen_options(const Config& c) {
 }
 // A tier fd's epoll id: the namespace's region id and which fd of its tiers.
 enum class TierFd : uint64_t { kHostWake = 0, kDiskWake = 1, kRemoteWake = 2, kRemoteSockets = 3 };
+// Requests that still finish after their session closed: a COMMIT and a GPU_STORE settle the
+// chunks their copies published (or give back the slots they reserved).
+bool settles_after_close(const Op& op) {
+  return op.sqe.opcode == uint8_t(ipc::Opcode::kCommit) || op.sqe.opcode == uint8_t(ipc::Opcode::kGpuStore);
+}
+
 constexpr uint64_t wake_id(uint32_t region, TierFd which) { return (uint64_t(region) << 2) | uint64_t(which); }
 constexpr uint32_t wake_region(uint64_t id) { return uint32_t(id >> 2); }
 constexpr TierFd wake_which(uint64_t id) { return TierFd(id & 3); }
@@ -117,7 +124,7 @@ class DaemonImpl {
  public:
   explicit DaemonImpl(Config c)
       : cfg_(std::move(c)), models_(cfg_.max_models_total), handler_(models_, counters_, cfg_) {
-    handler_.set_metrics_renderer([this] { return prometheus_text(counters_, metrics_namespaces()); });
+    handler_.set_metrics_renderer([this] { return prometheus_text(counters_, metrics_namespaces(), gpu_.get()); });
   }
 
   Status start();
@@ -141,6 +148,7 @@ class DaemonImpl {
   bool poll_sessions();
   bool serve_session(Session& s);
   bool poll_tiers();
+  bool poll_gpu();
   bool run_slice();
   void park(std::unique_ptr<Op> op, Step step);
   // Queues an op for its next slice, unless it is queued already: a sliced request may still
@@ -184,6 +192,9 @@ class DaemonImpl {
   ipc::UniqueFd listen_, signal_fd_, stop_fd_;
   ipc::EventPoller poller_;
   std::map<std::string, std::unique_ptr<Namespace>> namespaces_;
+  // The GPU tier; destroyed before the namespaces whose arenas it page-locked.
+  std::unique_ptr<gpu::GpuService> gpu_;
+  std::vector<gpu::GpuService::Woken> gpu_woken_;
   std::unordered_map<std::string, std::pair<uint32_t, uint32_t>> regions_;  // namespace -> arena region id, generation
   uint32_t next_region_ = 1;
   std::unordered_map<uint64_t, std::unique_ptr<Session>> sessions_;
@@ -231,6 +242,21 @@ Status DaemonImpl::start() {
   signal_fd_.reset(signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
   stop_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!signal_fd_ || !stop_fd_) return Status::from_errno("signalfd/eventfd", errno);
+
+  auto gpu = gpu::GpuService::create(cfg_.gpu);
+  if (!gpu.ok()) {
+    spdlog::error("{}", gpu.status().what());
+    return gpu.status();
+  }
+  gpu_ = std::move(*gpu);
+  handler_.set_gpu(gpu_.get());
+  if (gpu_->enabled()) {
+    KDN_RETURN_IF_ERROR(poller_.add(gpu_->wake_fd(), tag(kGpuWake, 0)));
+    spdlog::info("GPU tier on: {} device(s), T0 {} MiB each, host arenas {}pinned", gpu_->device_count(),
+                 cfg_.gpu.bytes >> 20, cfg_.gpu.pin_host ? "" : "not ");
+  } else {
+    spdlog::info("GPU tier off: {}", gpu_->off_reason());
+  }
 
   if (!cfg_.metrics_file.empty()) {
     if (Status st = check_private_dir(parent_dir(cfg_.metrics_file), "metrics directory", &error); !st.ok()) {
@@ -313,6 +339,7 @@ Result<Namespace*> DaemonImpl::open_namespace(const std::string& name, const Nam
   ns->name = name;
   ns->policy = policy;
   ns->host = std::move(*host);
+  if (gpu_) gpu_->pin_arena(ns->host->arena().data(), ns->host->arena().size());
   // T2 for declared namespaces: a client-created namespace is released with its memory after
   // namespace_grace_s, and a persistent copy of it would outlive the namespace.
   if (configured && !cfg_.disk.dirs.empty()) KDN_RETURN_IF_ERROR(open_disk_tier(*ns, tiers, rules, &recovered));
@@ -487,6 +514,7 @@ void DaemonImpl::release_namespaces(uint64_t now) {
       (void)poller_.remove(ns.remote->wake_fd());
       (void)poller_.remove(ns.remote->poll_fd());
     }
+    if (gpu_) gpu_->unpin_arena(ns.host->arena().data());  // no GPU batch uses it: attached is 0
     it = namespaces_.erase(it);
   }
   counters_.namespaces = namespaces_.size();
@@ -684,7 +712,7 @@ void DaemonImpl::close_session(Session* s, const char* why) {
   // keep the session until they land (op_done then destroys it).
   // A COMMIT still finishes (it settles the chunks its copies published).
   auto ends_now = [&](const Op& op) {
-    return op.session == s && op.waiting == 0 && op.sqe.opcode != uint8_t(ipc::Opcode::kCommit);
+    return op.session == s && op.waiting == 0 && !settles_after_close(op);
   };
   std::erase_if(runnable_, [&](Op* op) { return ends_now(*op); });
   for (auto it = ops_.begin(); it != ops_.end();) {
@@ -818,7 +846,7 @@ bool DaemonImpl::run_slice() {
   op->queued = false;
   // A closed session's requests only finish what they started: a COMMIT settles the chunks
   // its copies published; anything else would take holdings nobody releases.
-  if (op->session->closed && op->sqe.opcode != uint8_t(ipc::Opcode::kCommit)) {
+  if (op->session->closed && !settles_after_close(*op)) {
     if (op->waiting == 0) op_done(*op);
     return true;
   }
@@ -828,9 +856,24 @@ bool DaemonImpl::run_slice() {
   return true;
 }
 
+// Applies the GPU batches that landed: their leases and pins go, GPU_STOREs wake.
+bool DaemonImpl::poll_gpu() {
+  if (!gpu_ || !gpu_->enabled()) return false;
+  gpu_woken_.clear();
+  gpu_->poll(&gpu_woken_);
+  for (const gpu::GpuService::Woken& w : gpu_woken_) {
+    auto it = ops_.find(w.op_token);
+    if (it == ops_.end()) continue;
+    Op& op = *it->second;
+    handler_.on_gpu_done(op, w.failed);
+    if (op.waiting == 0) make_runnable(&op);
+  }
+  return !gpu_woken_.empty();
+}
+
 // Applies every tier's completions and wakes the requests that waited for them.
 bool DaemonImpl::poll_tiers() {
-  bool any = false;
+  bool any = gpu_ && gpu_->busy() ? poll_gpu() : false;
   for (auto& [name, ns] : namespaces_) {
     // Work of the disk tier nobody waits for (slab table writes, re-encoding, fdatasync)
     // moves on here; transfers are reaped by the store below.
@@ -930,10 +973,11 @@ Status DaemonImpl::service_control(int timeout_ms) {
         break;
       }
       case kStop: stop_.store(true, std::memory_order_relaxed); break;
+      case kGpuWake: (void)poll_gpu(); break;  // drains the queue's eventfd
       case kScrape:
         if (!metrics_server_->consume_request()) break;
         try {
-          metrics_server_->publish(prometheus_text(counters_, metrics_namespaces()));
+          metrics_server_->publish(prometheus_text(counters_, metrics_namespaces(), gpu_.get()));
         } catch (const std::bad_alloc&) {
           spdlog::warn("out of memory rendering metrics for a scrape");  // it gets 503 on its timeout
         }
@@ -1041,6 +1085,11 @@ Status DaemonImpl::run() {
     (void)poll_tiers();
     (void)run_slice();
   }
+  // GPU batches read arenas and engine memory: they land before either goes.
+  while (gpu_ && gpu_->busy()) {
+    (void)poll_gpu();
+    if (gpu_->busy()) (void)::poll(nullptr, 0, 1);
+  }
   write_down_on_stop();
   listen_.reset();
   ::unlink(cfg_.socket_path.c_str());
@@ -1095,7 +1144,7 @@ std::vector<NamespaceMetrics> DaemonImpl::metrics_namespaces() const {
 void DaemonImpl::write_metrics() {
   last_metrics_ns_ = now_ns();
   std::string error;
-  Status st = write_prometheus_file(cfg_.metrics_file, counters_, metrics_namespaces(), &error);
+  Status st = write_prometheus_file(cfg_.metrics_file, counters_, metrics_namespaces(), &error, gpu_.get());
   if (!st.ok() && error.empty()) error = st.what();
   if (error != metrics_error_) {  // a failure is logged once, and so is the recovery
     if (error.empty()) spdlog::info("metrics file {} written again", cfg_.metrics_file);

@@ -16,6 +16,7 @@ namespace kdn::sidecar {
 namespace {
 
 void copy_chunk(std::byte* dst, const std::byte* src, uint64_t bytes) {
+  if (dst == src) return;  // written in place already (a GPU store copies straight into the slot)
   // Streaming stores: the destination is not read again soon by this thread, and they avoid
   // the read-for-ownership traffic that halves a large copy's bandwidth.
   kernels::detail::copy_bytes(dst, src, bytes, bytes >= (1u << 20));

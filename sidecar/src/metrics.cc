@@ -1,5 +1,7 @@
 #include "metrics.h"
 
+#include "gpu/gpu_service.h"
+
 #include <kdn/common/files.h>
 
 #include <cctype>
@@ -46,7 +48,68 @@ void read_path_families(std::ostream& o, const std::vector<NamespaceMetrics>& ns
 
 }  // namespace
 
-std::string prometheus_text(const DaemonCounters& d, const std::vector<NamespaceMetrics>& ns) {
+namespace {
+
+// The GPU tier: whether it serves (and why not), its counters, and each device's T0.
+void gpu_text(std::ostringstream& o, const gpu::GpuService& g) {
+  auto metric = [&](const char* name, const char* type, const char* help) {
+    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
+  };
+  metric("kdn_gpu_enabled", "gauge", "1 when the GPU tier serves requests; reason says why not.");
+  std::string reason = g.off_reason();
+  for (char& ch : reason)
+    if (ch == '"' || ch == '\\' || ch == '\n') ch = ' ';
+  o << "kdn_gpu_enabled{reason=\"" << reason << "\"} " << (g.enabled() ? 1 : 0) << '\n';
+  if (!g.enabled()) return;
+  const gpu::GpuCounters& c = g.counters();
+  const struct {
+    const char* name;
+    const char* type;
+    const char* help;
+    uint64_t value;
+  } rows[] = {
+      {"kdn_gpu_registrations", "gauge", "Engine memory registrations open.", uint64_t(g.registrations())},
+      {"kdn_gpu_registrations_total", "counter", "GPU_REGISTER requests served.", c.registrations},
+      {"kdn_gpu_stale_refused_total", "counter", "Requests naming an unknown or stale registration.", c.stale_refused},
+      {"kdn_gpu_bounds_refused_total", "counter", "Layouts refused for reaching outside their registration.", c.bounds_refused},
+      {"kdn_gpu_retrieves_total", "counter", "GPU_RETRIEVE requests whose copies were queued.", c.retrieves},
+      {"kdn_gpu_retrieved_chunks_total", "counter", "Chunks scattered into engine memory.", c.retrieved_chunks},
+      {"kdn_gpu_stores_total", "counter", "GPU_STORE requests whose gathers were queued.", c.stores},
+      {"kdn_gpu_h2d_bytes_total", "counter", "Bytes copied from the host tier to devices.", c.h2d_bytes},
+      {"kdn_gpu_d2h_bytes_total", "counter", "Bytes copied from devices to the host tier.", c.d2h_bytes},
+      {"kdn_gpu_peer_chunks_total", "counter", "Chunks read from another device's T0 (peer access).", c.peer_chunks},
+      {"kdn_gpu_staged_chunks_total", "counter", "Chunks served through the bounce buffer (no T0 slot).", c.staged_chunks},
+      {"kdn_gpu_failed_batches_total", "counter", "Copy batches that failed on the device or could not be queued.", c.batches_failed},
+  };
+  for (const auto& r : rows) {
+    metric(r.name, r.type, r.help);
+    o << r.name << ' ' << r.value << '\n';
+  }
+  const auto devs = g.device_stats();
+  using Get = uint64_t (*)(const gpu::DeviceStats&);
+  const struct {
+    const char* name;
+    const char* type;
+    const char* help;
+    Get get;
+  } per_dev[] = {
+      {"kdn_gpu_t0_capacity_bytes", "gauge", "T0 bytes of the device.", [](const gpu::DeviceStats& s) { return s.t0_capacity; }},
+      {"kdn_gpu_t0_used_bytes", "gauge", "T0 bytes held by slots.", [](const gpu::DeviceStats& s) { return s.t0_used; }},
+      {"kdn_gpu_t0_resident_chunks", "gauge", "Chunks with a T0 copy.", [](const gpu::DeviceStats& s) { return s.t0_chunks; }},
+      {"kdn_gpu_t0_hits_total", "counter", "Chunks served from a T0 copy.", [](const gpu::DeviceStats& s) { return s.t0.hits; }},
+      {"kdn_gpu_t0_promoted_chunks_total", "counter", "Chunks copied from the host tier into T0.", [](const gpu::DeviceStats& s) { return s.t0.promoted; }},
+      {"kdn_gpu_t0_evicted_chunks_total", "counter", "T0 copies dropped to make room (a host copy remains).", [](const gpu::DeviceStats& s) { return s.t0.evicted; }},
+      {"kdn_gpu_peer_mask", "gauge", "Bit j: the device can read device j's memory.", [](const gpu::DeviceStats& s) { return s.peer_mask; }},
+  };
+  for (const auto& m : per_dev) {
+    metric(m.name, m.type, m.help);
+    for (const gpu::DeviceStats& s : devs) o << m.name << "{device=\"" << s.info.ordinal << "\"} " << m.get(s) << '\n';
+  }
+}
+
+}  // namespace
+
+std::string prometheus_text(const DaemonCounters& d, const std::vector<NamespaceMetrics>& ns, const gpu::GpuService* gpu) {
   std::ostringstream o;
   auto metric = [&](const char* name, const char* type, const char* help) {
     o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
@@ -184,12 +247,14 @@ std::string prometheus_text(const DaemonCounters& d, const std::vector<Namespace
     o << "kdn_request_duration_seconds_sum{op=\"" << name << "\"} " << double(h.sum_ns) / 1e9 << '\n';
     o << "kdn_request_duration_seconds_count{op=\"" << name << "\"} " << h.count << '\n';
   }
+  if (gpu) gpu_text(o, *gpu);
   return o.str();
 }
 
 Status write_prometheus_file(const std::string& path, const DaemonCounters& d,
-                             const std::vector<NamespaceMetrics>& ns, std::string* error) {
-  return write_file_atomically(path, prometheus_text(d, ns), 0600, error);
+                             const std::vector<NamespaceMetrics>& ns, std::string* error,
+                             const gpu::GpuService* gpu) {
+  return write_file_atomically(path, prometheus_text(d, ns, gpu), 0600, error);
 }
 
 }  // namespace kdn::sidecar

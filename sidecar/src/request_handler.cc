@@ -1,5 +1,8 @@
 #include "request_handler.h"
 
+#include "gpu/gpu_request.h"
+#include "gpu/gpu_service.h"
+
 #include <kdn/common/clock.h>
 #include <kdn/ipc/ops.h>
 
@@ -63,12 +66,15 @@ bool settle_backwards(Op& op, const std::vector<T>& items, uint64_t deadline_ns,
 bool needs_model(uint8_t opcode) {
   return opcode == uint8_t(Opcode::kLookup) || opcode == uint8_t(Opcode::kReserve) ||
          opcode == uint8_t(Opcode::kLease) || opcode == uint8_t(Opcode::kLookupEach) ||
-         opcode == uint8_t(Opcode::kLeaseEach) || opcode == uint8_t(Opcode::kPrefetch);
+         opcode == uint8_t(Opcode::kLeaseEach) || opcode == uint8_t(Opcode::kPrefetch) ||
+         opcode == uint8_t(Opcode::kGpuRetrieve) || opcode == uint8_t(Opcode::kGpuStore);
 }
 
-// LEASE serves the longest cached prefix of a chain; LEASE_EACH every key on its own.
+// LEASE serves the longest cached prefix of a chain; LEASE_EACH every key on its own;
+// GPU_RETRIEVE leases a prefix for kdnd's own copies.
 bool is_lease(uint8_t opcode) {
-  return opcode == uint8_t(Opcode::kLease) || opcode == uint8_t(Opcode::kLeaseEach);
+  return opcode == uint8_t(Opcode::kLease) || opcode == uint8_t(Opcode::kLeaseEach) ||
+         opcode == uint8_t(Opcode::kGpuRetrieve);
 }
 
 }  // namespace
@@ -138,6 +144,11 @@ Step RequestHandler::dispatch(Op& op, uint64_t deadline_ns) {
     case Opcode::kMetrics: return metrics(op);
     case Opcode::kLookupEach: return lookup_each(op, deadline_ns);
     case Opcode::kLeaseEach: return lease(op, deadline_ns);
+    case Opcode::kGpuRegister: return gpu_register(op);
+    case Opcode::kGpuUnregister: return gpu_unregister(op);
+    case Opcode::kGpuRetrieve: return lease(op, deadline_ns);
+    case Opcode::kGpuStore: return gpu_store(op, deadline_ns);
+    case Opcode::kGpuInfo: return gpu_info(op);
   }
   return finish(op, Status(Code::kUnsupported, "unknown opcode"));
 }
@@ -164,6 +175,9 @@ void RequestHandler::rollback(Op& op) noexcept {
   } else if (is_lease(op.sqe.opcode)) {
     for (uint64_t id : op.taken) release_lease(s, id, 1);
   }
+  // A GPU_STORE whose gathers are in flight keeps its slots until its batch lands (its Op
+  // lives until then and gives them back).
+  if (op.gpu && op.gpu->phase != gpu::GpuRequest::Phase::kCopying) op.gpu->release();
   op.taken.clear();
   op.done = 0;
 }
@@ -178,6 +192,9 @@ void RequestHandler::on_event(Op& op, const StoreEvent& ev) noexcept {
     else if (op.first_error.ok()) op.first_error = Status(Code::kIo, "copying a chunk into the arena failed");
   } else if (is_lease(op.sqe.opcode) && !ev.status.ok()) {
     op.stop_at = op.cursor;  // the promotion of the chunk at the cursor failed: a miss there
+  } else if (op.sqe.opcode == uint8_t(Opcode::kGpuStore)) {
+    if (ev.status.ok()) ++op.done;
+    else if (op.first_error.ok()) op.first_error = Status(Code::kIo, "publishing a chunk stored from the GPU failed");
   } else if (op.sqe.opcode == uint8_t(Opcode::kEvict) && ev.status.ok()) {
     ++op.done;  // EVICT kHost: a demotion landed
   }
@@ -228,6 +245,7 @@ void RequestHandler::drop_holdings(Session& s) noexcept {
   s.reservation_order.clear();
   for (uint32_t m : s.models) models_.release(m);
   s.models.clear();
+  if (gpu_) gpu_->drop_session(s.id);  // closed once their copies land
 }
 
 uint64_t RequestHandler::expire_reservations(Session& s, uint64_t now_ns) noexcept {
@@ -542,8 +560,15 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
   Session& s = *op.session;
   TieredStore& store = *s.ns->store;
   const bool each = op.sqe.opcode == uint8_t(Opcode::kLeaseEach);
+  const bool gpu = op.sqe.opcode == uint8_t(Opcode::kGpuRetrieve);  // leases kept by kdnd itself
   const uint32_t wanted =
-      each ? op.shape.in_records : ipc::LeaseOp::wanted(ipc::LeaseOp::args(op.sqe), op.shape.in_records);
+      each  ? op.shape.in_records
+      : gpu ? ipc::GpuRetrieveOp::wanted(ipc::GpuRetrieveOp::args(op.sqe), op.shape.in_records)
+            : ipc::LeaseOp::wanted(ipc::LeaseOp::args(op.sqe), op.shape.in_records);
+  if (gpu && !op.gpu) {
+    Status prepared = gpu_prepare(op);
+    if (!prepared.ok()) return finish(op, prepared);
+  }
   const uint64_t bytes = op.model->chunk_bytes;
   kdn_key keys[kBatch];
   ipc::LeaseRecord out[kBatch];
@@ -571,7 +596,7 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
       }
       Entry* e = store.index().find(keys[filled]);
       uint64_t id = 0;
-      if (auto held = e ? s.lease_ids.find(e) : s.lease_ids.end(); held != s.lease_ids.end()) {
+      if (auto held = e && !gpu ? s.lease_ids.find(e) : s.lease_ids.end(); held != s.lease_ids.end()) {
         LeaseHold& h = s.leases[held->second];
         if (h.count >= config_.max_lease_count) {
           rollback(op);
@@ -611,6 +636,16 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
             wait = true;
             break;
           case TieredStore::Acquired::kLeased:
+            if (gpu) {  // the copies' own lease, released when they land
+              try {
+                op.gpu->leased.push_back(e);
+                make_room(op.taken, 1);
+              } catch (...) {
+                if (op.gpu->leased.empty() || op.gpu->leased.back() != e) store.unpin(e);
+                throw;
+              }
+              break;
+            }
             if (s.leases.size() >= config_.max_leases) {  // a new chunk past the limit: none of it
               store.unpin(e);
               rollback(op);
@@ -642,7 +677,8 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
       ++op.served_from[from];
       out[filled] = ipc::LeaseRecord{arena_ref(s, e), id, from, 0};
     }
-    Status wrote = s.shm.payload().copy_out_slice(op.sqe, first, std::span<const ipc::LeaseRecord>(out, filled));
+    Status wrote = gpu ? OkStatus()
+                       : s.shm.payload().copy_out_slice(op.sqe, first, std::span<const ipc::LeaseRecord>(out, filled));
     if (!wrote.ok()) {
       rollback(op);
       return finish(op, wrote);
@@ -653,10 +689,16 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
   }
   op.finishing = true;
   const uint64_t now = now_ns();
-  const bool touched = settle_backwards(op, op.taken, deadline_ns, [&](uint64_t id) {
-    if (auto h = s.leases.find(id); h != s.leases.end()) store.touch(h->second.entry, now);
-  });
+  const bool touched =
+      gpu ? settle_backwards(op, op.gpu->leased, deadline_ns, [&](Entry* e) { store.touch(e, now); })
+          : settle_backwards(op, op.taken, deadline_ns, [&](uint64_t id) {
+              if (auto h = s.leases.find(id); h != s.leases.end()) store.touch(h->second.entry, now);
+            });
   if (!touched) return Step::kMore;
+  if (gpu) {
+    store.note_read(ReadOp::kLease, op.served_from, wanted - op.taken.size());
+    return gpu_queue_retrieve(op);
+  }
   Status z = s.shm.payload().zero_out_records<ipc::LeaseRecord>(op.sqe, op.cursor, wanted);
   if (!z.ok()) {
     rollback(op);
@@ -867,6 +909,20 @@ std::array<ipc::TierStatsRecord, kTierCount> RequestHandler::tier_stats(const Na
     r.lease_hit_chunks = k.hit_chunks[size_t(ReadOp::kLease)][t] + k.hit_chunks[size_t(ReadOp::kLeaseEach)][t];
     r.in_flight = tier->in_flight();
   }
+  if (gpu_ != nullptr && gpu_->enabled()) {  // T0 is the devices', shared by every namespace
+    ipc::TierStatsRecord& r = out[0];
+    r.present = 1;
+    for (const gpu::DeviceStats& d : gpu_->device_stats()) {
+      r.capacity_bytes += d.t0_capacity;
+      r.used_bytes += d.t0_used;
+      r.resident_chunks += d.t0_chunks;
+      r.resident_bytes += d.t0_bytes;
+      r.lease_hit_chunks += d.t0.hits;
+      r.promoted_chunks += d.t0.promoted;
+      r.promoted_bytes += d.t0.promoted_bytes;
+    }
+    r.in_flight = gpu_->busy() ? 1 : 0;
+  }
   if (const DiskTier* d = ns.disk.get()) {
     ipc::TierStatsRecord& r = out[kDisk];
     const DiskCounters& c = d->counters();
@@ -944,6 +1000,250 @@ Step RequestHandler::tier_stats(Op& op) {
   if (!out.ok()) return finish(op, out);
   ipc::TierStatsOp::put({n}, op.cqe);
   return finish(op, OkStatus());
+}
+
+}  // namespace kdn::sidecar
+
+// ---- the GPU tier (docs/gpu.md) --------------------------------------------------------------------
+
+namespace kdn::sidecar {
+
+namespace {
+constexpr Status kNoGpuTier(Code::kUnsupported, "this kdnd has no GPU tier");
+}  // namespace
+
+Step RequestHandler::gpu_register(Op& op) {
+  if (gpu_ == nullptr) return finish(op, kNoGpuTier);
+  ipc::GpuRegisterRecord rec;
+  auto in = op.session->shm.payload().copy_in_records(op.sqe, std::span(&rec, 1));
+  if (!in.ok()) return finish(op, in.status());
+  auto out = gpu_->register_memory(*op.session, rec);
+  if (!out.ok()) return finish(op, out.status());
+  Status wrote = op.session->shm.payload().copy_out_records(op.sqe, std::span<const ipc::GpuRegisteredRecord>(&*out, 1));
+  if (!wrote.ok()) {
+    (void)gpu_->unregister(*op.session, {out->registration, out->generation});
+    return finish(op, wrote);
+  }
+  ipc::GpuRegisterOp::put({out->registration, out->generation, out->device}, op.cqe);
+  return finish(op, OkStatus());
+}
+
+Step RequestHandler::gpu_unregister(Op& op) {
+  if (gpu_ == nullptr) return finish(op, kNoGpuTier);
+  return finish(op, gpu_->unregister(*op.session, ipc::GpuUnregisterOp::args(op.sqe).reg));
+}
+
+Step RequestHandler::gpu_info(Op& op) {
+  ipc::GpuInfoOp::Result r;
+  if (gpu_ != nullptr && gpu_->enabled()) {
+    const auto stats = gpu_->device_stats();
+    std::vector<ipc::GpuDeviceRecord> recs;
+    for (size_t i = 0; i < stats.size() && i < op.shape.out_capacity; ++i) {
+      const gpu::DeviceStats& d = stats[i];
+      ipc::GpuDeviceRecord g{};
+      g.ordinal = uint32_t(d.info.ordinal);
+      g.sm = uint32_t(d.info.sm_major * 10 + d.info.sm_minor);
+      std::memcpy(g.name, d.info.name, std::min(sizeof g.name, sizeof d.info.name));
+      g.name[sizeof g.name - 1] = '\0';
+      std::memcpy(g.uuid, d.info.uuid, sizeof g.uuid);
+      g.memory_bytes = d.info.memory_bytes;
+      g.peer_mask = d.peer_mask;
+      g.t0_capacity_bytes = d.t0_capacity;
+      g.t0_used_bytes = d.t0_used;
+      g.t0_chunks = d.t0_chunks;
+      g.pci_domain = uint32_t(d.info.pci_domain);
+      g.pci_bus = uint32_t(d.info.pci_bus);
+      g.pci_device = uint32_t(d.info.pci_device);
+      g.flags = (d.info.vmm_supported ? ipc::kGpuDeviceVmm : 0) | (d.info.posix_fd_handles ? ipc::kGpuDevicePosixFd : 0);
+      recs.push_back(g);
+    }
+    Status wrote = op.session->shm.payload().copy_out_records(op.sqe, std::span<const ipc::GpuDeviceRecord>(recs));
+    if (!wrote.ok()) return finish(op, wrote);
+    r.written = uint32_t(recs.size());
+    r.devices = uint32_t(stats.size());
+    r.enabled = 1;
+    r.registrations = uint32_t(gpu_->registrations());
+  }
+  ipc::GpuInfoOp::put(r, op.cqe);
+  return finish(op, OkStatus());
+}
+
+// Checks a GPU request's registration and layout before anything is taken.
+Status RequestHandler::gpu_prepare(Op& op) {
+  if (gpu_ == nullptr) return kNoGpuTier;
+  Session& s = *op.session;
+  const bool store = op.sqe.opcode == uint8_t(Opcode::kGpuStore);
+  const ipc::GpuRegistrationRef ref = store ? ipc::GpuStoreOp::args(op.sqe).reg : ipc::GpuRetrieveOp::args(op.sqe).reg;
+  const ipc::GpuLayoutRef lay = store ? ipc::GpuStoreOp::args(op.sqe).layout : ipc::GpuRetrieveOp::args(op.sqe).layout;
+  auto reg = gpu_->find(s, ref);
+  if (!reg.ok()) return reg.status();
+  if (lay.len > ipc::kGpuMaxLayoutBytes) return Status(Code::kInvalidArgument, "GPU layout larger than 16 MiB");
+  std::vector<std::byte> bytes(lay.len);
+  KDN_RETURN_IF_ERROR(s.shm.payload().copy_in(lay.off, std::span(bytes)));  // the one read of it
+  auto layout = gpu::parse_layout(bytes);
+  if (!layout.ok()) return layout.status();
+  auto checked = gpu::check_and_translate(*layout, kernels::chunk_geometry_of(*op.model), op.shape.in_records,
+                                          gpu::GpuService::range_of(**reg));
+  if (!checked.ok()) {
+    ++gpu_->counters().bounds_refused;
+    return checked.status();
+  }
+  auto req = std::make_shared<gpu::GpuRequest>();
+  req->store = s.ns->store.get();
+  req->ref = ref;
+  req->layout = std::move(*checked);
+  op.gpu = std::move(req);
+  return OkStatus();
+}
+
+Step RequestHandler::gpu_queue_retrieve(Op& op) {
+  Session& s = *op.session;
+  gpu::GpuRequest& g = *op.gpu;
+  const uint32_t n = uint32_t(g.leased.size());
+  if (n == 0) {
+    ipc::GpuRetrieveOp::put({0, 0}, op.cqe);
+    return finish(op, OkStatus());
+  }
+  auto reg = gpu_->find(s, g.ref);  // it may have been unregistered while promotions ran
+  if (!reg.ok()) {
+    rollback(op);
+    return finish(op, reg.status());
+  }
+  std::vector<Entry*> chunks;
+  chunks.swap(g.leased);  // the batch takes the leases over, whatever comes of it
+  auto from_t0 = gpu_->retrieve(*s.ns, **reg, g.layout, kernels::chunk_geometry_of(*op.model), chunks);
+  if (!from_t0.ok()) return finish(op, from_t0.status());
+  ipc::GpuRetrieveOp::put({n, *from_t0}, op.cqe);
+  return finish(op, OkStatus());
+}
+
+Step RequestHandler::gpu_store(Op& op, uint64_t deadline_ns) {
+  if (!op.gpu) {
+    Status prepared = gpu_prepare(op);
+    if (!prepared.ok()) return finish(op, prepared);
+  }
+  switch (op.gpu->phase) {
+    case gpu::GpuRequest::Phase::kCollect: return gpu_collect(op, deadline_ns);
+    case gpu::GpuRequest::Phase::kCopying:
+      if (op.waiting > 0) return Step::kWait;
+      op.gpu->phase = gpu::GpuRequest::Phase::kCommitting;
+      [[fallthrough]];
+    case gpu::GpuRequest::Phase::kCommitting:
+    case gpu::GpuRequest::Phase::kSettling: return gpu_commit(op, deadline_ns);
+  }
+  return finish(op, Status(Code::kInternal, "GPU_STORE in an unknown phase"));
+}
+
+// Reserves a host slot for every key not cached yet, then queues the GPU's gathers into them.
+Step RequestHandler::gpu_collect(Op& op, uint64_t deadline_ns) {
+  Session& s = *op.session;
+  TieredStore& store = *s.ns->store;
+  gpu::GpuRequest& g = *op.gpu;
+  const uint32_t n = op.shape.in_records;
+  const uint64_t bytes = op.model->chunk_bytes;
+  if (s.closed) {  // the client is gone: store nothing more
+    rollback(op);
+    return finish(op, Status(Code::kUnavailable, "session closed"));
+  }
+  op.wants_room = false;
+  kdn_key keys[kBatch];
+  bool full = false;
+  while (op.cursor < n && !full) {
+    const uint32_t first = op.cursor, m = std::min(kBatch, n - first);
+    Status in = s.shm.payload().copy_in_slice(op.sqe, first, std::span(keys, m));
+    if (!in.ok()) {
+      rollback(op);
+      return finish(op, in);
+    }
+    make_room(g.reserved, m);  // so a reservation made is always one that can be rolled back
+    make_room(g.position, m);
+    const uint64_t now = now_ns();
+    uint32_t i = 0;
+    for (; i < m; ++i) {
+      auto r = store.reserve(keys[i], op.model->fingerprint, bytes, s.id, now);
+      if (!r.ok()) {
+        if (r.status().code() == Code::kInProgress) {  // room comes when demotions land: wait, as RESERVE does
+          if (op.room_deadline_ns == 0) op.room_deadline_ns = now + uint64_t(config_.room_wait_ms) * 1'000'000;
+          if (now < op.room_deadline_ns) {
+            op.cursor = first + i;
+            op.wants_room = true;
+            return Step::kWait;
+          }
+        } else if (r.status().code() != Code::kNoSpace) {
+          rollback(op);
+          return finish(op, r.status());
+        }
+        full = true;  // the host tier has no room: the rest is not stored (the count says so)
+        break;
+      }
+      if (r->outcome != TieredStore::ReserveOutcome::kReserved) {
+        ++g.cached;
+        continue;
+      }
+      g.reserved.push_back(r->entry);
+      g.position.push_back(first + i);
+    }
+    op.cursor = first + i;
+    if (!full && op.cursor < n && past(deadline_ns)) return Step::kMore;
+  }
+  if (g.reserved.empty()) {
+    ipc::GpuStoreOp::put({0, g.cached}, op.cqe);
+    return finish(op, OkStatus());
+  }
+  auto reg = gpu_->find(s, g.ref);
+  if (!reg.ok()) {
+    rollback(op);
+    return finish(op, reg.status());
+  }
+  Status queued = gpu_->store(*s.ns, **reg, g.layout, kernels::chunk_geometry_of(*op.model), g.reserved, g.position,
+                              op.token);
+  if (!queued.ok()) {
+    rollback(op);
+    return finish(op, queued);
+  }
+  g.phase = gpu::GpuRequest::Phase::kCopying;
+  ++op.waiting;  // the batch's token (on_gpu_done)
+  return Step::kWait;
+}
+
+// The gathers landed in the host slots: publish them, as COMMIT does, and settle tail first.
+Step RequestHandler::gpu_commit(Op& op, uint64_t deadline_ns) {
+  Session& s = *op.session;
+  TieredStore& store = *s.ns->store;
+  gpu::GpuRequest& g = *op.gpu;
+  if (g.phase == gpu::GpuRequest::Phase::kCommitting) {
+    if (g.gpu_failed) {
+      rollback(op);
+      return finish(op, Status(Code::kIo, "the GPU copies of this store failed"));
+    }
+    make_room(g.committed, g.reserved.size());
+    std::vector<Entry*> reserved;
+    reserved.swap(g.reserved);
+    g.position.clear();
+    for (Entry* e : reserved) {
+      // kdnd itself wrote the bytes into the reservation's own slot: the commit publishes them
+      // (and writes them through to lower tiers as configured) without another copy.
+      const std::byte* slot = s.ns->host->address(e->placement[tier_index(TierId::kHost)]);
+      const kdn_key key = e->key;
+      Status st = store.commit(e, slot, op.token, 0);
+      if (!st.ok()) {
+        if (op.first_error.ok()) op.first_error = st;
+        continue;
+      }
+      ++op.waiting;
+      g.committed.push_back(key);
+    }
+    g.phase = gpu::GpuRequest::Phase::kSettling;
+  }
+  if (op.waiting > 0) return Step::kWait;
+  if (!settle_backwards(op, g.committed, deadline_ns, [&](const kdn_key& k) { store.settle(k); })) return Step::kMore;
+  ipc::GpuStoreOp::put({uint32_t(op.done), g.cached}, op.cqe);
+  return finish(op, op.first_error);
+}
+
+void RequestHandler::on_gpu_done(Op& op, bool failed) noexcept {
+  if (op.waiting > 0) --op.waiting;
+  if (op.gpu) op.gpu->gpu_failed |= failed;
 }
 
 }  // namespace kdn::sidecar

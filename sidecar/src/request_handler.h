@@ -24,11 +24,17 @@
 #include <kdn/sidecar/config.h>
 
 #include <functional>
+#include <memory>
 #include <iterator>
 #include <array>
 #include <vector>
 
 namespace kdn::sidecar {
+
+namespace gpu {
+class GpuService;
+struct GpuRequest;
+}  // namespace gpu
 
 // Why a connection did not become a session.
 enum class Refusal : uint8_t {
@@ -104,6 +110,7 @@ struct Op {
   size_t settled = 0;          // of op.taken / op.committed, from the back
   std::vector<uint64_t> taken; // handles this request created, for rollback and touch order
   std::vector<kdn_key> committed;  // COMMIT: keys copied, settled tail first at the end
+  std::shared_ptr<gpu::GpuRequest> gpu;  // GPU_RETRIEVE / GPU_STORE: what it holds meanwhile
 };
 
 enum class Step : uint8_t {
@@ -119,6 +126,10 @@ class RequestHandler {
   Step step(Op& op, uint64_t deadline_ns) noexcept;
   // A transfer `op` waited for finished. The op is runnable again once op.waiting is 0.
   void on_event(Op& op, const StoreEvent& event) noexcept;
+  // The GPU batch a GPU_STORE waited for landed (or failed).
+  void on_gpu_done(Op& op, bool failed) noexcept;
+  // The GPU tier (null: none, every GPU opcode is unsupported). Not owned.
+  void set_gpu(gpu::GpuService* gpu) noexcept { gpu_ = gpu; }
 
   // Ends a session's holdings: releases its leases, aborts its reservations, releases its
   // models. Requests still in flight are the caller's (they keep the session until their
@@ -158,6 +169,16 @@ class RequestHandler {
   Step prefetch(Op& op, uint64_t deadline_ns);
   Step tier_stats(Op& op);
   Step metrics(Op& op);
+  Step gpu_register(Op& op);
+  Step gpu_unregister(Op& op);
+  Step gpu_info(Op& op);
+  Step gpu_store(Op& op, uint64_t deadline_ns);
+  // GPU_RETRIEVE leases through lease(); this checks its registration and layout first, and
+  // queues the copies once the prefix is leased.
+  Status gpu_prepare(Op& op);
+  Step gpu_queue_retrieve(Op& op);
+  Step gpu_collect(Op& op, uint64_t deadline_ns);
+  Step gpu_commit(Op& op, uint64_t deadline_ns);
 
   template <class Holds, class FinishOne>
   Step finish_handles(Op& op, uint64_t deadline_ns, Holds holds, FinishOne finish_one, const char* unknown);
@@ -173,6 +194,7 @@ class RequestHandler {
   ModelTable& models_;
   DaemonCounters& counters_;
   const Config& config_;
+  gpu::GpuService* gpu_ = nullptr;
 };
 
 }  // namespace kdn::sidecar

@@ -3,6 +3,7 @@
 // stop a request half-way, deliver completions late, or end the session in the middle.
 #include "fault_tier.h"
 #include "request_handler.h"
+#include "gpu/gpu_service.h"
 
 #include <kdn/common/clock.h>
 #include <kdn/common/model_presets.h>
@@ -645,6 +646,59 @@ TEST_F(HandlerTest, LeaseEachPromotesFromALowerTierAndKeepsItsLimits) {
   run(over);
   EXPECT_EQ(over.cqe.status, KDN_ERR_LIMIT);
   EXPECT_EQ(ns_.store->active_leases(), 4u);
+}
+
+}  // namespace
+}  // namespace kdn::sidecar
+
+namespace kdn::sidecar {
+namespace {
+
+// Without a GPU tier (none, or one that is off) every GPU request is refused whole, takes
+// nothing (no lease pinned, no reservation left), and GPU_INFO says the tier is off.
+TEST_F(HandlerTest, GpuRequestsWithoutAGpuTierAreUnsupportedAndTakeNothing) {
+  build();
+  GpuTierConfig off;
+  off.enable = "off";
+  auto svc = gpu::GpuService::create(off);
+  ASSERT_TRUE(svc.ok());
+  auto s = open_session();
+  const uint32_t m = register_model(*s);
+  const uint64_t chunk = ModelInfo::from_desc(small_model())->chunk_bytes;
+  store(*s, m, 0, 4, chunk);
+  for (gpu::GpuService* g : {static_cast<gpu::GpuService*>(nullptr), svc->get()}) {
+    handler_->set_gpu(g);
+    for (Opcode code : {Opcode::kGpuRetrieve, Opcode::kGpuStore}) {
+      Op op = keyed(*s, code, m, 0, 4);
+      op.sqe.arg[0] = ipc::GpuRegistrationRef{1, 1}.word();
+      op.sqe.arg[2] = ipc::GpuLayoutRef{4 * kMiB, 96}.word();
+      run(op);
+      EXPECT_EQ(op.cqe.status, KDN_ERR_UNSUPPORTED) << ipc::opcode_name(uint8_t(code));
+    }
+    EXPECT_EQ(ns_.store->active_leases(), 0u);
+    Op reg = make(*s, Opcode::kGpuRegister);
+    reg.sqe.in_len = sizeof(ipc::GpuRegisterRecord);
+    reg.sqe.out_off = 4 * kMiB;
+    reg.sqe.out_len = sizeof(ipc::GpuRegisteredRecord);
+    run(reg);
+    EXPECT_EQ(reg.cqe.status, KDN_ERR_UNSUPPORTED);
+    Op unreg = make(*s, Opcode::kGpuUnregister);
+    run(unreg);
+    EXPECT_EQ(unreg.cqe.status, KDN_ERR_UNSUPPORTED);
+    Op info = make(*s, Opcode::kGpuInfo);
+    info.sqe.out_off = 4 * kMiB;
+    info.sqe.out_len = 4 * sizeof(ipc::GpuDeviceRecord);
+    run(info);
+    ASSERT_EQ(info.cqe.status, KDN_OK);
+    auto r = ipc::GpuInfoOp::result(info.cqe, 4);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->enabled, 0u);
+    EXPECT_EQ(r->written, 0u);
+  }
+  // The chunks are all still there and unpinned: a lease finds them.
+  Op lease = keyed(*s, Opcode::kLease, m, 0, 4, sizeof(ipc::LeaseRecord));
+  run(lease);
+  EXPECT_EQ(lease.cqe.res[0], 4u);
 }
 
 }  // namespace

@@ -52,9 +52,9 @@ extern "C" {
 /* Version of this header's ABI. kdn_abi_version() returns the library's. */
 #define KDN_ABI_VERSION 2u
 /* Calls added within ABI 2, by the minor that brought them: 1 kdn_prefetch; 2 the segment calls
- * (kdn_context_key, kdn_segment_*). kdn_abi_minor() returns the library's. A call that needs a
- * newer kdnd than the one connected returns KDN_ERR_UNSUPPORTED. */
-#define KDN_ABI_MINOR 2u
+ * (kdn_context_key, kdn_segment_*); 3 the GPU calls (kdn_gpu_*). kdn_abi_minor() returns the
+ * library's. A call that needs a newer kdnd than the one connected returns KDN_ERR_UNSUPPORTED. */
+#define KDN_ABI_MINOR 3u
 /* Version of the wire protocol between libkdn and kdnd (checked at handshake). */
 #define KDN_PROTOCOL_VERSION 2u
 

@@ -422,6 +422,170 @@ struct MetricsOp {
   }
 };
 
+// ---- GPU_REGISTER (minor 4): one GpuRegisterRecord in; one GpuRegisteredRecord out ---------------
+// KDN_ERR_UNSUPPORTED (with the reason in the log and kdnctl stats) from a kdnd whose GPU tier is
+// off; KDN_ERR_LIMIT past tier.gpu.max_registrations.
+struct GpuRegisterOp {
+  static constexpr Opcode kOpcode = Opcode::kGpuRegister;
+  static constexpr const char* kName = "GPU_REGISTER";
+  static constexpr OpShape kShape{sizeof(GpuRegisterRecord), true, sizeof(GpuRegisteredRecord),
+                                  OpShape::Out::kAtLeastOne};
+  using InRecord = GpuRegisterRecord;
+  using OutRecord = GpuRegisteredRecord;
+  struct Args {};
+  struct Result {
+    uint32_t registration = 0, generation = 0, device = 0;
+  };
+  static void put(const Args&, Sqe&) noexcept {}
+  static Args args(const Sqe&) noexcept { return {}; }
+  static void put(const Result& r, Cqe& c) noexcept {
+    c.res[0] = r.registration;
+    c.res[1] = r.generation;
+    c.res[2] = r.device;
+  }
+  static kdn::Result<Result> result(const Cqe& c) noexcept {
+    if (c.res[0] == 0 || c.res[0] > UINT32_MAX || c.res[1] == 0 || c.res[1] > UINT32_MAX || c.res[2] >= kGpuMaxDevices)
+      return Status(Code::kProtocol, "GPU_REGISTER answered an impossible registration");
+    return Result{uint32_t(c.res[0]), uint32_t(c.res[1]), uint32_t(c.res[2])};
+  }
+};
+
+// A registration as requests name it: arg0 = registration | generation << 32.
+struct GpuRegistrationRef {
+  uint32_t registration = 0, generation = 0;
+  uint64_t word() const noexcept { return uint64_t(registration) | uint64_t(generation) << 32; }
+  static GpuRegistrationRef of(uint64_t w) noexcept { return {uint32_t(w), uint32_t(w >> 32)}; }
+};
+
+// ---- GPU_UNREGISTER (minor 4): no payload; arg0 names the registration ---------------------------
+// Completes at once; kdnd closes its mappings once the copies in flight for it have landed.
+struct GpuUnregisterOp {
+  static constexpr Opcode kOpcode = Opcode::kGpuUnregister;
+  static constexpr const char* kName = "GPU_UNREGISTER";
+  static constexpr OpShape kShape{};
+  struct Args { GpuRegistrationRef reg; };
+  struct Result {};
+  static void put(const Args& a, Sqe& q) noexcept { q.arg[0] = a.reg.word(); }
+  static Args args(const Sqe& q) noexcept { return {GpuRegistrationRef::of(q.arg[0])}; }
+  static void put(const Result&, Cqe&) noexcept {}
+  static kdn::Result<Result> result(const Cqe&) noexcept { return Result{}; }
+};
+
+// Where a GPU request's layout sits in the payload area: arg2 = offset | length << 32.
+struct GpuLayoutRef {
+  uint32_t off = 0, len = 0;
+  uint64_t word() const noexcept { return uint64_t(off) | uint64_t(len) << 32; }
+  static GpuLayoutRef of(uint64_t w) noexcept { return {uint32_t(w), uint32_t(w >> 32)}; }
+};
+
+// ---- GPU_RETRIEVE (minor 4): keys in; the cached prefix is scattered into the registration ------
+// Like LEASE (promotion from slower tiers included) but the chunks are leased by kdnd itself,
+// copied into the engine's blocks on kdnd's stream, and released when the copies landed. The
+// completion comes once the copies are queued; the registration's done event follows them.
+// The layout's slots cover every key sent (keys * chunk_tokens).
+struct GpuRetrieveOp {
+  static constexpr Opcode kOpcode = Opcode::kGpuRetrieve;
+  static constexpr const char* kName = "GPU_RETRIEVE";
+  static constexpr OpShape kShape{sizeof(kdn_key)};
+  using InRecord = kdn_key;
+  struct Args {
+    uint32_t model_id = 0;
+    GpuRegistrationRef reg;
+    uint32_t max_chunks = 0;  // 0 = as many as keys
+    GpuLayoutRef layout;
+  };
+  struct Result {
+    uint32_t loaded = 0;      // leading chunks whose copies were queued
+    uint32_t from_t0 = 0;     // of those, served from a T0 copy
+  };
+  static void put(const Args& a, Sqe& q) noexcept {
+    q.model_id = a.model_id;
+    q.arg[0] = a.reg.word();
+    q.arg[1] = a.max_chunks;
+    q.arg[2] = a.layout.word();
+  }
+  static Args args(const Sqe& q) noexcept {
+    return {q.model_id, GpuRegistrationRef::of(q.arg[0]), q.arg[1] > UINT32_MAX ? UINT32_MAX : uint32_t(q.arg[1]),
+            GpuLayoutRef::of(q.arg[2])};
+  }
+  static uint32_t wanted(const Args& a, uint32_t keys) noexcept {
+    return a.max_chunks != 0 && a.max_chunks < keys ? a.max_chunks : keys;
+  }
+  static void put(const Result& r, Cqe& c) noexcept {
+    c.res[0] = r.loaded;
+    c.res[1] = r.from_t0;
+  }
+  static kdn::Result<Result> result(const Cqe& c, uint32_t wanted) noexcept {
+    if (c.res[0] > wanted || c.res[1] > c.res[0]) return Status(Code::kProtocol, "GPU_RETRIEVE answered impossible counts");
+    return Result{uint32_t(c.res[0]), uint32_t(c.res[1])};
+  }
+};
+
+// ---- GPU_STORE (minor 4): keys in; the engine's blocks of chunks not cached yet are stored -------
+// kdnd waits for the registration's engine event on its stream, gathers each chunk that is not
+// cached (nor being stored) into a host arena slot of its own, and completes once they are
+// committed. Token t of key i is slot i * chunk_tokens + t of the layout.
+struct GpuStoreOp {
+  static constexpr Opcode kOpcode = Opcode::kGpuStore;
+  static constexpr const char* kName = "GPU_STORE";
+  static constexpr OpShape kShape{sizeof(kdn_key)};
+  using InRecord = kdn_key;
+  struct Args {
+    uint32_t model_id = 0;
+    GpuRegistrationRef reg;
+    GpuLayoutRef layout;
+  };
+  struct Result {
+    uint32_t stored = 0;      // chunks gathered and committed
+    uint32_t cached = 0;      // chunks already cached or being stored by someone else
+  };
+  static void put(const Args& a, Sqe& q) noexcept {
+    q.model_id = a.model_id;
+    q.arg[0] = a.reg.word();
+    q.arg[2] = a.layout.word();
+  }
+  static Args args(const Sqe& q) noexcept {
+    return {q.model_id, GpuRegistrationRef::of(q.arg[0]), GpuLayoutRef::of(q.arg[2])};
+  }
+  static void put(const Result& r, Cqe& c) noexcept {
+    c.res[0] = r.stored;
+    c.res[1] = r.cached;
+  }
+  static kdn::Result<Result> result(const Cqe& c, uint32_t keys_sent) noexcept {
+    if (c.res[0] + c.res[1] > keys_sent) return Status(Code::kProtocol, "GPU_STORE answered impossible counts");
+    return Result{uint32_t(c.res[0]), uint32_t(c.res[1])};
+  }
+};
+
+// ---- GPU_INFO (minor 4): one GpuDeviceRecord per device out -------------------------------------
+// Answered by every minor-4 kdnd: with the GPU tier off, `enabled` is 0 and no record is written.
+struct GpuInfoOp {
+  static constexpr Opcode kOpcode = Opcode::kGpuInfo;
+  static constexpr const char* kName = "GPU_INFO";
+  static constexpr OpShape kShape{0, false, sizeof(GpuDeviceRecord), OpShape::Out::kAtLeastOne};
+  using OutRecord = GpuDeviceRecord;
+  struct Args {};
+  struct Result {
+    uint32_t written = 0;   // records written
+    uint32_t devices = 0;   // devices kdnd sees (may exceed written)
+    uint32_t enabled = 0;   // 1: the GPU tier serves requests
+    uint32_t registrations = 0;  // open registrations, all sessions
+  };
+  static void put(const Args&, Sqe&) noexcept {}
+  static Args args(const Sqe&) noexcept { return {}; }
+  static void put(const Result& r, Cqe& c) noexcept {
+    c.res[0] = r.written;
+    c.res[1] = r.devices;
+    c.res[2] = r.enabled;
+    c.res[3] = r.registrations;
+  }
+  static kdn::Result<Result> result(const Cqe& c, uint32_t room) noexcept {
+    if (c.res[0] > room || c.res[0] > c.res[1] || c.res[1] > kGpuMaxDevices || c.res[2] > 1 || c.res[3] > UINT32_MAX)
+      return Status(Code::kProtocol, "GPU_INFO answered impossible counts");
+    return Result{uint32_t(c.res[0]), uint32_t(c.res[1]), uint32_t(c.res[2]), uint32_t(c.res[3])};
+  }
+};
+
 // The shape of `opcode`, or null for an unknown opcode (table built from the structs above).
 const OpShape* op_shape(uint8_t opcode) noexcept;
 

@@ -43,8 +43,9 @@ constexpr uint16_t kProtocolMajor = KDN_PROTOCOL_VERSION;
 // (host_prefault_left_bytes), METRICS (20). Minor 2: LOOKUP_EACH (12) and LEASE_EACH (13)
 // (segments, docs/blend.md). Minor 3: STATS words 37-39 (leases and their hits and misses),
 // TierStatsRecord::lease_hit_chunks, LIST's ListRecordExt (arg1 = 1), RESERVE's chain
-// position and head (arg0..arg2).
-constexpr uint16_t kProtocolMinor = 3;
+// position and head (arg0..arg2). Minor 4: the GPU tier — GPU_REGISTER (21), GPU_UNREGISTER
+// (22), GPU_RETRIEVE (23), GPU_STORE (24), GPU_INFO (25) and their records (docs/gpu.md).
+constexpr uint16_t kProtocolMinor = 4;
 
 // ---- limits ------------------------------------------------------------------------------
 constexpr uint32_t kMinRingEntries = 16;
@@ -235,10 +236,15 @@ enum class Opcode : uint8_t {
   kTierStats = 17,   // minor 1
   // 18..19 are reserved for the disk tier.
   kMetrics = 20,     // minor 1
+  kGpuRegister = 21,    // minor 4: the GPU tier (docs/gpu.md)
+  kGpuUnregister = 22,  // minor 4
+  kGpuRetrieve = 23,    // minor 4
+  kGpuStore = 24,       // minor 4
+  kGpuInfo = 25,        // minor 4
 };
 // Opcodes are numbered per feature; a number without an op is answered with
 // KDN_ERR_UNSUPPORTED like any unknown one.
-constexpr uint8_t kMaxOpcode = 20;
+constexpr uint8_t kMaxOpcode = 25;
 
 // SQE flags: none defined in 2.0; nonzero bits are a protocol error.
 constexpr uint8_t kSqeKnownFlags = 0;
@@ -414,6 +420,76 @@ constexpr uint64_t kTierStatsFixedBuffers = 1u << 0;  // io_uring fixed buffers 
 constexpr uint64_t kTierStatsDegraded = 1u << 1;      // refusing writes after repeated failures
 
 static_assert(sizeof(kdn_key) == 16 && std::is_trivially_copyable_v<kdn_key>);
+
+// ---- minor 4: the GPU tier (docs/gpu.md) ----------------------------------------------------------
+constexpr uint32_t kGpuHandleBytes = 64;  // cudaIpcMemHandle_t, cudaIpcEventHandle_t
+enum class GpuMemoryKind : uint32_t { kIpc = 1, kVmmFd = 2 };  // kdn_gpu_memory_kind
+
+// GPU_REGISTER's input: kdn_gpu_kv_desc on the wire. A VMM registration names the exported fd
+// by its number in the client process: kdnd takes its own copy with pidfd_getfd(2) from the
+// client's pid (the SO_PEERCRED pid the handshake verified), so no descriptor crosses the ring.
+struct GpuRegisterRecord {
+  uint32_t kind;                 // GpuMemoryKind
+  int32_t vmm_fd;                // kVmmFd: the client's fd number; else -1
+  uint8_t device_uuid[16];
+  uint64_t engine_base;          // the engine's address of the registered range's first byte
+  uint64_t bytes;                // the range's size
+  uint64_t alloc_offset;         // engine_base minus the base of the allocation the handle names
+  uint64_t alloc_bytes;          // that allocation's size
+  uint8_t ipc_handle[kGpuHandleBytes];    // kIpc: cudaIpcGetMemHandle of the allocation's base
+  uint8_t engine_event[kGpuHandleBytes];  // cudaIpcGetEventHandle of the engine's event
+};
+static_assert(sizeof(GpuRegisterRecord) == 184 && std::is_trivially_copyable_v<GpuRegisterRecord>);
+static_assert(offsetof(GpuRegisterRecord, engine_base) == 24 && offsetof(GpuRegisterRecord, ipc_handle) == 56 &&
+              offsetof(GpuRegisterRecord, engine_event) == 120);
+
+// GPU_REGISTER's output: kdnd's done event (cudaIpcGetEventHandle of an interprocess event kdnd
+// records after every GPU_RETRIEVE of the registration).
+struct GpuRegisteredRecord {
+  uint8_t done_event[kGpuHandleBytes];
+  uint32_t registration;  // nonzero
+  uint32_t generation;    // nonzero; requests must name both
+  uint32_t device;        // kdnd's ordinal of the device
+  uint32_t reserved;      // zero
+};
+static_assert(sizeof(GpuRegisteredRecord) == 80 && std::is_trivially_copyable_v<GpuRegisteredRecord>);
+
+// A GPU_RETRIEVE / GPU_STORE layout: kdn_engine_layout with the engine's device addresses, as
+// it travels in the payload area at the offset and length arg2 names (low / high 32 bits). It is
+// followed by `layers` u64 K (or K|V) layer bases, `layers` u64 V bases if kGpuLayoutSplitV,
+// then `tokens` i64 slots: the slot of every token of the request's chunks, in order (the client
+// always sends a mapping; identity is written out). kdnd checks every address the layout can
+// reach against the registration before it is used.
+constexpr uint32_t kGpuLayoutSplitV = 1u << 0;
+struct GpuLayoutRecord {
+  uint32_t engine_dtype;  // kdn_dtype
+  uint32_t flags;         // kGpuLayoutSplitV
+  uint32_t layers;        // == the model's
+  uint32_t tokens;        // slots that follow: chunks of the request * chunk_tokens
+  int64_t stride_kv, stride_block, stride_offset, stride_head, stride_dim;
+  int64_t block_size;
+  int64_t v_stride_block, v_stride_offset, v_stride_head, v_stride_dim;
+};
+static_assert(sizeof(GpuLayoutRecord) == 96 && std::is_trivially_copyable_v<GpuLayoutRecord>);
+constexpr uint32_t kGpuMaxLayoutBytes = 16u << 20;
+
+// GPU_INFO's output: one record per visible device, with the peer matrix as a row of bits.
+struct GpuDeviceRecord {
+  uint32_t ordinal;
+  uint32_t sm;               // major * 10 + minor
+  char name[96];             // NUL-terminated
+  uint8_t uuid[16];
+  uint64_t memory_bytes;
+  uint64_t peer_mask;        // bit j: this device can read device j's memory (cudaDeviceCanAccessPeer)
+  uint64_t t0_capacity_bytes, t0_used_bytes, t0_chunks;
+  uint32_t pci_domain, pci_bus, pci_device;
+  uint32_t flags;            // kGpuDeviceVmm | kGpuDevicePosixFd
+  uint64_t reserved[2];
+};
+static_assert(sizeof(GpuDeviceRecord) == 192 && std::is_trivially_copyable_v<GpuDeviceRecord>);
+constexpr uint32_t kGpuDeviceVmm = 1u << 0;
+constexpr uint32_t kGpuDevicePosixFd = 1u << 1;
+constexpr uint32_t kGpuMaxDevices = 64;
 
 // Name of an opcode for logs ("unknown" for anything else; never null).
 const char* opcode_name(uint8_t opcode) noexcept;

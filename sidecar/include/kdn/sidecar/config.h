@@ -69,6 +69,16 @@ struct DiskTierConfig {
 
 // The remote tier (T3): a Redis Cluster or a standalone Redis/Valkey server the operator runs,
 // shared by the kdnd of every node (docs/remote.md). No seeds: no remote tier.
+// [tier.gpu]: T0, the GPU tier (docs/gpu.md).
+struct GpuTierConfig {
+  std::string enable = "auto";            // auto (on when a GPU answers) | on (refuse to start without) | off
+  uint64_t bytes = 0;                     // T0 bytes per device; 0: no T0, engines served from pinned T1
+  bool pin_host = true;                   // page-lock every namespace's host arena when a GPU is present
+  uint64_t slice_bytes = 8ull << 20;      // bulk copies are cut into slices of at most this
+  uint32_t max_registrations = 16;        // GPU_REGISTER registrations one session holds at once
+  uint64_t staging_bytes = 128ull << 20;  // per device: a chunk bounce buffer and the request metadata
+};
+
 struct RemoteTierConfig {
   std::vector<std::string> seeds;         // numeric "host:port"; cluster: any nodes; standalone: the server
   std::string mode = "cluster";           // cluster | standalone
@@ -137,6 +147,7 @@ struct Config {
   HostTierConfig host;
   DiskTierConfig disk;
   RemoteTierConfig remote;
+  GpuTierConfig gpu;
   std::vector<NamespaceConfig> namespaces;  // in file order; "default" is added if absent
 
   // Applies the embedded defaults that depend on the machine (RAM, uid, $XDG_RUNTIME_DIR)

@@ -1,0 +1,279 @@
+// The GPU engine API of kdn/kdn.h: registrations of device KV memory, and retrieves and stores
+// whose copies kdnd runs on its own streams. libkdn needs no CUDA: it passes the engine's handle
+// bytes; a VMM registration's fd is named by number and kdnd takes its own copy with
+// pidfd_getfd from this process (docs/gpu.md).
+#include "handles.h"
+
+#include <kdn/ipc/payload.h>
+#include <kdn/kernels/layout.h>
+
+#include <algorithm>
+#include <cstring>
+
+using kdn::Code;
+using kdn::Status;
+using kdn::ipc::Opcode;
+using namespace kdn::shim;
+
+struct kdn_gpu_kv {
+  Client* owner = nullptr;  // the connection it was registered on
+  kdn::ipc::GpuRegistrationRef ref;
+  uint32_t device = 0;
+  uint8_t done_event[KDN_GPU_HANDLE_BYTES] = {};
+};
+
+namespace {
+
+constexpr uint16_t kGpuMinor = 4;  // the first protocol minor with the GPU opcodes
+
+// The wire form of a layout for chunks [first, first + n): the slot of every token, written
+// out (identity when the caller gave no mapping). `base_chunk` is the chunk whose token 0 is
+// engine token 0 of the mapping.
+kdn::Result<std::vector<std::byte>> layout_for(const kdn_model& m, const kdn_engine_layout& l, uint32_t first,
+                                               uint32_t n, uint32_t base_chunk) {
+  const uint64_t T = m.info.chunk_tokens;
+  std::vector<int64_t> slots(uint64_t(n) * T);
+  for (uint64_t i = 0; i < slots.size(); ++i) {
+    const uint64_t t = (uint64_t(first) - base_chunk) * T + i;
+    slots[i] = l.slot_mapping ? l.slot_mapping[t] : int64_t(t);
+  }
+  std::vector<std::byte> out;
+  const uint32_t L = m.info.desc.num_layers;
+  const bool split = l.v_layer_base != nullptr;
+  out.resize(sizeof(kdn::ipc::GpuLayoutRecord) + uint64_t(L) * 8 * (split ? 2 : 1) + slots.size() * 8);
+  kdn::ipc::GpuLayoutRecord r{};
+  r.engine_dtype = l.engine_dtype;
+  r.flags = split ? kdn::ipc::kGpuLayoutSplitV : 0;
+  r.layers = L;
+  r.tokens = uint32_t(slots.size());
+  r.stride_kv = l.stride_kv;
+  r.stride_block = l.stride_block;
+  r.stride_offset = l.stride_offset;
+  r.stride_head = l.stride_head;
+  r.stride_dim = l.stride_dim;
+  r.block_size = l.block_size;
+  r.v_stride_block = l.v_stride_block;
+  r.v_stride_offset = l.v_stride_offset;
+  r.v_stride_head = l.v_stride_head;
+  r.v_stride_dim = l.v_stride_dim;
+  std::byte* p = out.data();
+  std::memcpy(p, &r, sizeof r);
+  p += sizeof r;
+  for (uint32_t i = 0; i < L; ++i, p += 8) {
+    const uint64_t a = uintptr_t(l.layer_base[i]);
+    std::memcpy(p, &a, 8);
+  }
+  for (uint32_t i = 0; split && i < L; ++i, p += 8) {
+    const uint64_t a = uintptr_t(l.v_layer_base[i]);
+    std::memcpy(p, &a, 8);
+  }
+  if (!slots.empty()) std::memcpy(p, slots.data(), slots.size() * 8);
+  return out;
+}
+
+// Chunks one GPU request carries: its keys and its layout must fit half the payload area.
+uint32_t chunks_per_request(const Client& c, const kdn_model& m, bool split) {
+  const uint64_t budget = c.welcome().payload_bytes / 2;
+  const uint64_t fixed = sizeof(kdn::ipc::GpuLayoutRecord) + uint64_t(m.info.desc.num_layers) * 8 * (split ? 2 : 1);
+  const uint64_t per_chunk = sizeof(kdn_key) + uint64_t(m.info.chunk_tokens) * 8;
+  if (budget <= fixed) return 0;
+  return uint32_t(std::min<uint64_t>({(budget - fixed) / per_chunk, kdn::ipc::kMaxKeysPerOp,
+                                      kdn::ipc::kGpuMaxLayoutBytes / per_chunk}));
+}
+
+// Common checks of a retrieve or store; KDN_OK or an error code.
+int check_gpu_call(kdn_client* client, const kdn_model* model, const int32_t* tokens, size_t n_tokens,
+                   const kdn_gpu_kv* kv, const kdn_engine_layout* layout) {
+  if (int e = check_model_call(client, model, tokens, n_tokens)) return e;
+  if (!kv || !layout || !layout->layer_base) return KDN_ERR_INVALID_ARGUMENT;
+  if (kv->owner != client->c.get()) return KDN_ERR_UNAVAILABLE;  // registered before kdnd restarted
+  kdn::kernels::ChunkGeometry g;
+  g.layers = model->info.desc.num_layers;
+  g.kv_heads = model->info.desc.num_kv_heads;
+  g.head_dim = model->info.desc.head_dim;
+  g.tokens = model->info.chunk_tokens;
+  g.dtype = kdn::kernels::DType(model->info.desc.dtype);
+  kdn::kernels::EngineView view;
+  return rc(kdn::kernels::view_from_abi(*layout, g, {}, &view));  // the same checks as the host variants
+}
+
+// One GPU_RETRIEVE or GPU_STORE for keys[first, first + n); its CQE.
+kdn::Result<kdn::ipc::Cqe> gpu_request(Client& c, Opcode op, const kdn_model& m, const kdn_gpu_kv& kv,
+                                       const std::vector<kdn_key>& keys, uint32_t first, uint32_t n,
+                                       uint32_t max_chunks, const std::vector<std::byte>& layout) {
+  auto in = c.alloc_payload(n * uint32_t(sizeof(kdn_key)));
+  if (!in.ok()) return in.status();
+  auto lay = c.alloc_payload(uint32_t(layout.size()));
+  if (!lay.ok()) {
+    c.free_payload(*in);
+    return lay.status();
+  }
+  std::memcpy(c.payload_ptr(*in), keys.data() + first, n * sizeof(kdn_key));
+  std::memcpy(c.payload_ptr(*lay), layout.data(), layout.size());
+  Request r;
+  r.sqe.opcode = uint8_t(op);
+  r.in = *in;
+  r.sqe.in_len = n * uint32_t(sizeof(kdn_key));
+  const kdn::ipc::GpuLayoutRef where{lay->off, uint32_t(layout.size())};
+  if (op == Opcode::kGpuRetrieve) kdn::ipc::GpuRetrieveOp::put({m.id, kv.ref, max_chunks, where}, r.sqe);
+  else kdn::ipc::GpuStoreOp::put({m.id, kv.ref, where}, r.sqe);
+  auto cqe = c.call(r);
+  c.free_payload(*in);
+  c.free_payload(*lay);
+  return cqe;
+}
+
+}  // namespace
+
+KDN_API int kdn_gpu_register(kdn_client* client, const kdn_gpu_kv_desc* desc, kdn_gpu_kv** out) {
+  if (out) *out = nullptr;
+  if (!client || !desc || !out) return KDN_ERR_INVALID_ARGUMENT;
+  if (desc->struct_size < sizeof(kdn_gpu_kv_desc)) return KDN_ERR_VERSION;
+  if (desc->kind != KDN_GPU_MEMORY_IPC && desc->kind != KDN_GPU_MEMORY_VMM_FD) return KDN_ERR_INVALID_ARGUMENT;
+  if (desc->bytes == 0 || desc->reserved != 0) return KDN_ERR_INVALID_ARGUMENT;
+  if (desc->kind == KDN_GPU_MEMORY_VMM_FD && desc->vmm_fd < 0) return KDN_ERR_INVALID_ARGUMENT;
+  if (!reconnect_if_needed(client)) return KDN_ERR_UNAVAILABLE;
+  return guarded([&]() -> int {
+    Client& c = client_of(client);
+    if (c.welcome().proto_minor < kGpuMinor) return int(KDN_ERR_UNSUPPORTED);  // a kdnd without the GPU tier
+    kdn::ipc::GpuRegisterRecord rec{};
+    rec.kind = desc->kind;
+    rec.vmm_fd = desc->kind == KDN_GPU_MEMORY_VMM_FD ? desc->vmm_fd : -1;
+    std::memcpy(rec.device_uuid, desc->device_uuid, sizeof rec.device_uuid);
+    rec.engine_base = desc->engine_base;
+    rec.bytes = desc->bytes;
+    rec.alloc_offset = desc->alloc_offset;
+    rec.alloc_bytes = desc->alloc_bytes;
+    std::memcpy(rec.ipc_handle, desc->ipc_handle, sizeof rec.ipc_handle);
+    std::memcpy(rec.engine_event, desc->engine_event, sizeof rec.engine_event);
+    auto in = c.alloc_payload(sizeof rec);
+    if (!in.ok()) return rc(in.status());
+    auto o = c.alloc_payload(sizeof(kdn::ipc::GpuRegisteredRecord));
+    if (!o.ok()) {
+      c.free_payload(*in);
+      return rc(o.status());
+    }
+    std::memcpy(c.payload_ptr(*in), &rec, sizeof rec);
+    Request r;
+    r.sqe.opcode = uint8_t(Opcode::kGpuRegister);
+    r.in = *in;
+    r.out = *o;
+    r.sqe.in_len = sizeof rec;
+    r.sqe.out_len = sizeof(kdn::ipc::GpuRegisteredRecord);
+    auto cqe = c.call(r);
+    kdn::ipc::GpuRegisteredRecord got{};
+    if (cqe.ok() && cqe->status == KDN_OK) std::memcpy(&got, c.payload_ptr(*o), sizeof got);
+    c.free_payload(*in);
+    c.free_payload(*o);
+    if (!cqe.ok()) return rc(cqe.status());
+    if (cqe->status != KDN_OK) return int(cqe->status);
+    auto res = kdn::ipc::GpuRegisterOp::result(*cqe);
+    if (!res.ok() || got.registration != res->registration || got.generation != res->generation)
+      return int(KDN_ERR_PROTOCOL);
+    auto kv = std::make_unique<kdn_gpu_kv>();
+    kv->owner = &c;
+    kv->ref = {res->registration, res->generation};
+    kv->device = res->device;
+    std::memcpy(kv->done_event, got.done_event, sizeof kv->done_event);
+    hold(client, kv->owner);
+    *out = kv.release();
+    return int(KDN_OK);
+  });
+}
+
+KDN_API const uint8_t* kdn_gpu_kv_done_event(const kdn_gpu_kv* kv) { return kv ? kv->done_event : nullptr; }
+
+KDN_API int kdn_gpu_unregister(kdn_client* client, kdn_gpu_kv* kv) {
+  if (!client || !kv) return KDN_ERR_INVALID_ARGUMENT;
+  std::unique_ptr<kdn_gpu_kv> owned(kv);
+  int status = KDN_OK;
+  // A connection kdnd closed (or replaced after a restart) has no registration left to close.
+  if (client->c && !client->c->broken() && kv->owner == client->c.get()) {
+    status = guarded([&]() -> int {
+      Client& c = client_of(client);
+      Request r;
+      r.sqe.opcode = uint8_t(Opcode::kGpuUnregister);
+      kdn::ipc::GpuUnregisterOp::put({kv->ref}, r.sqe);
+      auto cqe = c.call(r);
+      if (!cqe.ok()) return rc(cqe.status());
+      return int(cqe->status);
+    });
+  }
+  let_go(client, kv->owner);
+  return status;
+}
+
+KDN_API int kdn_gpu_retrieve(kdn_client* client, const kdn_model* model, const int32_t* tokens, size_t n_tokens,
+                             uint32_t max_chunks, kdn_gpu_kv* kv, const kdn_engine_layout* dst,
+                             uint32_t* loaded_chunks) {
+  if (loaded_chunks) *loaded_chunks = 0;
+  if (!loaded_chunks) return KDN_ERR_INVALID_ARGUMENT;
+  if (int e = check_gpu_call(client, model, tokens, n_tokens, kv, dst)) return e;
+  return guarded([&]() -> int {
+    Client& c = client_of(client);
+    if (c.welcome().proto_minor < kGpuMinor) return int(KDN_ERR_UNSUPPORTED);
+    uint64_t whole = n_tokens / model->info.chunk_tokens;
+    if (max_chunks && max_chunks < whole) whole = max_chunks;
+    if (whole == 0) return int(KDN_OK);
+    std::vector<kdn_key> keys(whole);
+    kdn::prefix_keys(model->info, {tokens, size_t(whole) * model->info.chunk_tokens}, keys);
+    const uint32_t round = chunks_per_request(c, *model, dst->v_layer_base != nullptr);
+    if (round == 0) return int(KDN_ERR_LIMIT);
+    uint32_t loaded = 0;
+    for (uint32_t first = 0; first < whole;) {
+      const uint32_t n = uint32_t(std::min<uint64_t>(round, whole - first));
+      auto layout = layout_for(*model, *dst, first, n, 0);
+      if (!layout.ok()) return rc(layout.status());
+      auto cqe = gpu_request(c, Opcode::kGpuRetrieve, *model, *kv, keys, first, n, 0, *layout);
+      if (!cqe.ok()) return rc(cqe.status());
+      if (cqe->status != KDN_OK) {
+        *loaded_chunks = loaded;  // those are queued; the done event follows them
+        return int(cqe->status);
+      }
+      auto res = kdn::ipc::GpuRetrieveOp::result(*cqe, n);
+      if (!res.ok()) return rc(res.status());
+      loaded += res->loaded;
+      if (res->loaded < n) break;  // the prefix ends in this window
+      first += n;
+    }
+    *loaded_chunks = loaded;
+    return int(KDN_OK);
+  });
+}
+
+KDN_API int kdn_gpu_store(kdn_client* client, const kdn_model* model, const int32_t* tokens, size_t n_tokens,
+                          uint32_t first_chunk, uint32_t n_chunks, kdn_gpu_kv* kv, const kdn_engine_layout* src,
+                          uint32_t* stored) {
+  if (stored) *stored = 0;
+  if (int e = check_gpu_call(client, model, tokens, n_tokens, kv, src)) return e;
+  return guarded([&]() -> int {
+    Client& c = client_of(client);
+    if (c.welcome().proto_minor < kGpuMinor) return int(KDN_ERR_UNSUPPORTED);
+    const uint64_t whole = n_tokens / model->info.chunk_tokens;
+    if (first_chunk > whole) return int(KDN_ERR_INVALID_ARGUMENT);
+    const uint64_t end = std::min<uint64_t>(whole, uint64_t(first_chunk) + n_chunks);
+    if (end <= first_chunk) return int(KDN_OK);
+    std::vector<kdn_key> keys(end);
+    kdn::prefix_keys(model->info, {tokens, size_t(end) * model->info.chunk_tokens}, keys);
+    const uint32_t round = chunks_per_request(c, *model, src->v_layer_base != nullptr);
+    if (round == 0) return int(KDN_ERR_LIMIT);
+    uint32_t written = 0;
+    for (uint32_t first = first_chunk; first < end;) {
+      const uint32_t n = uint32_t(std::min<uint64_t>(round, end - first));
+      auto layout = layout_for(*model, *src, first, n, first_chunk);
+      if (!layout.ok()) return rc(layout.status());
+      auto cqe = gpu_request(c, Opcode::kGpuStore, *model, *kv, keys, first, n, 0, *layout);
+      if (!cqe.ok()) return rc(cqe.status());
+      if (cqe->status != KDN_OK) {
+        if (stored) *stored = written;
+        return int(cqe->status);
+      }
+      auto res = kdn::ipc::GpuStoreOp::result(*cqe, n);
+      if (!res.ok()) return rc(res.status());
+      written += res->stored;
+      first += n;
+    }
+    if (stored) *stored = written;
+    return int(KDN_OK);
+  });
+}

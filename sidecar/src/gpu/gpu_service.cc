@@ -1,0 +1,574 @@
+#include "gpu_service.h"
+
+#include "../session.h"
+
+#include <kdn/kernels/ops.h>
+
+#include <spdlog/spdlog.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace kdn::sidecar::gpu {
+namespace {
+
+constexpr uint64_t kMetaAlign = 256;  // device pointers and slots stay aligned for the kernels
+constexpr uint64_t kT0SlabBytes = 64ull << 20;
+
+Status cuda_error(const char* what, const Status& st) {
+  return Status(st.code() == Code::kOk ? Code::kInternal : st.code(), what);
+}
+
+// A copy of another process's descriptor (pidfd_getfd: the caller must be allowed to ptrace
+// it, as kdnd serving its own uid's engines is, or have CAP_SYS_PTRACE).
+Result<int> take_fd(uint32_t pid, int fd) {
+#if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
+  const int pidfd = int(::syscall(SYS_pidfd_open, pid_t(pid), 0));
+  if (pidfd < 0) return Status(Code::kPermission, "pidfd_open of the client failed");
+  const int ours = int(::syscall(SYS_pidfd_getfd, pidfd, fd, 0));
+  const int err = errno;
+  ::close(pidfd);
+  if (ours < 0)
+    return Status(err == EPERM ? Code::kPermission : Code::kInvalidArgument,
+                  "pidfd_getfd of the engine's VMM fd failed (not the client's fd, or kdnd may not trace it)");
+  return ours;
+#else
+  (void)pid;
+  (void)fd;
+  return Status(Code::kUnsupported, "this kernel has no pidfd_getfd");
+#endif
+}
+
+std::string mapping_key(int device, const uint8_t* handle) {
+  std::string k(sizeof(int) + kIpcHandleBytes, '\0');
+  std::memcpy(k.data(), &device, sizeof device);
+  std::memcpy(k.data() + sizeof device, handle, kIpcHandleBytes);
+  return k;
+}
+
+bool all_zero(const uint8_t* p, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (p[i]) return false;
+  return true;
+}
+
+}  // namespace
+
+struct GpuService::Device {
+  DeviceInfo info;
+  void* stream = nullptr;
+  DeviceRegion t0;                   // bytes 0: no T0 on this device
+  std::unique_ptr<T0Index> t0_index;
+  DeviceRegion scratch;              // [0, bounce) bounce chunk, [bounce, end) device metadata
+  uint64_t bounce_bytes = 0;
+  std::byte* host_meta = nullptr;    // pinned; mirrors the device metadata area
+  bool host_meta_pinned = false;
+  std::unique_ptr<FifoRing> meta;
+  std::vector<uint8_t> peer_enabled; // by device: 0 unknown, 1 enabled, 2 refused
+};
+
+struct GpuService::Batch {
+  uint64_t token = 0;
+  int device = -1;
+  Registration* reg = nullptr;
+  Namespace* ns = nullptr;
+  bool uses_meta = false;
+  std::vector<Entry*> leased;                    // retrieve: one lease each, released on landing
+  std::vector<std::pair<int, T0Key>> t0_pins;    // slots read by the batch
+  std::vector<std::pair<int, T0Key>> t0_fresh;   // slots written by the batch: published on success
+  uint64_t op_token = 0;                         // store: the request to wake
+};
+
+GpuService::GpuService(const GpuTierConfig& cfg) : cfg_(cfg) {}
+
+Result<std::unique_ptr<GpuService>> GpuService::create(const GpuTierConfig& cfg) {
+  std::unique_ptr<GpuService> s(new GpuService(cfg));
+  if (cfg.enable == "off") {
+    s->off_reason_ = "tier.gpu.enable = off";
+    s->off_status_ = "GPU tier off: " + s->off_reason_;
+    return s;
+  }
+  if (!available()) {
+    s->off_reason_ = "no CUDA device answers (no driver, no device, or a build without CUDA)";
+    s->off_status_ = "GPU tier off: " + s->off_reason_;
+    if (cfg.enable == "on")
+      return Status(Code::kUnavailable, "tier.gpu.enable = on but no CUDA device answers (no driver, no device, or a build without CUDA)");
+    return s;
+  }
+  Status st = s->start();
+  if (!st.ok()) {
+    s->off_reason_ = std::string("setting up the GPU tier failed: ") + st.what();
+    s->off_status_ = "GPU tier off: " + s->off_reason_;
+    s->devices_.clear();
+    s->cq_.reset();
+    if (cfg.enable == "on") return Status(Code::kUnavailable, "tier.gpu.enable = on but setting up the GPU tier failed (see the log)");
+    spdlog::warn("{}", s->off_reason_);
+    return s;
+  }
+  s->enabled_ = true;
+  return s;
+}
+
+Status GpuService::start() {
+  cq_ = std::make_unique<CompletionQueue>();
+  if (!cq_->ok()) return Status(Code::kUnavailable, "no eventfd for GPU completions");
+  registry_ = std::make_unique<GpuRegistry>(cfg_.max_registrations, [this](Registration& r) { close(r); });
+  const std::vector<DeviceInfo> infos = devices();
+  if (infos.empty()) return Status(Code::kUnavailable, "no device listed");
+  if (infos.size() > ipc::kGpuMaxDevices) return Status(Code::kUnavailable, "more devices than kdnd supports");
+  for (const DeviceInfo& info : infos) {
+    auto d = std::make_unique<Device>();
+    d->info = info;
+    KDN_RETURN_IF_ERROR(open_device(info.ordinal, *d));
+    devices_.push_back(std::move(d));
+  }
+  for (auto& d : devices_) d->peer_enabled.assign(devices_.size(), 0);
+  return OkStatus();
+}
+
+Status GpuService::open_device(int ordinal, Device& d) {
+  auto stream = stream_create(ordinal, /*low_priority=*/true);
+  if (!stream.ok()) return cuda_error("creating a stream failed", stream.status());
+  d.stream = *stream;
+  auto scratch = region_create(ordinal, cfg_.staging_bytes);
+  if (!scratch.ok()) return cuda_error("allocating the staging area failed", scratch.status());
+  d.scratch = *scratch;
+  d.bounce_bytes = cfg_.staging_bytes / 2;
+  const uint64_t meta_bytes = cfg_.staging_bytes - d.bounce_bytes;
+  d.host_meta = static_cast<std::byte*>(std::aligned_alloc(4096, (meta_bytes + 4095) / 4096 * 4096));
+  if (d.host_meta == nullptr) return Status(Code::kNoMemory, "no host memory for GPU request metadata");
+  Status pinned = host_register(d.host_meta, meta_bytes);
+  if (!pinned.ok()) return cuda_error("page-locking the metadata area failed", pinned);
+  d.host_meta_pinned = true;
+  d.meta = std::make_unique<FifoRing>(meta_bytes, kMetaAlign);
+  if (cfg_.bytes > 0) {
+    auto t0 = region_create(ordinal, cfg_.bytes);
+    if (!t0.ok()) return cuda_error("allocating T0 (tier.gpu.bytes) failed", t0.status());
+    d.t0 = *t0;
+    d.t0_index = std::make_unique<T0Index>(d.t0.bytes, std::min<uint64_t>(kT0SlabBytes, d.t0.bytes));
+  }
+  spdlog::info("GPU tier: device {} ({}), T0 {} MiB, staging {} MiB", ordinal, d.info.name, cfg_.bytes >> 20,
+               cfg_.staging_bytes >> 20);
+  return OkStatus();
+}
+
+GpuService::~GpuService() {
+  for (auto& d : devices_)
+    if (d->stream) (void)stream_sync(d->stream);  // nothing in flight may outlive what it reads
+  registry_.reset();  // closes every registration
+  for (auto& d : devices_) {
+    if (d->stream) stream_destroy(d->stream);
+    if (d->t0.base) region_destroy(d->t0);
+    if (d->scratch.base) region_destroy(d->scratch);
+    if (d->host_meta_pinned) host_unregister(d->host_meta);
+    std::free(d->host_meta);
+  }
+  for (std::byte* p : pinned_arenas_) host_unregister(p);
+}
+
+int GpuService::wake_fd() const noexcept { return enabled_ && cq_ ? cq_->fd() : -1; }
+
+void GpuService::pin_arena(std::byte* base, uint64_t bytes) noexcept {
+  if (!enabled_ || !cfg_.pin_host || base == nullptr || bytes == 0) return;
+  Status st = host_register(base, bytes);
+  if (!st.ok()) {
+    spdlog::warn("GPU tier: page-locking a host arena of {} MiB failed ({}): its copies run from pageable memory",
+                 bytes >> 20, st.what());
+    return;
+  }
+  try {
+    pinned_arenas_.push_back(base);
+  } catch (...) {
+    host_unregister(base);
+  }
+}
+
+void GpuService::unpin_arena(std::byte* base) noexcept {
+  auto it = std::find(pinned_arenas_.begin(), pinned_arenas_.end(), base);
+  if (it == pinned_arenas_.end()) return;
+  host_unregister(base);
+  pinned_arenas_.erase(it);
+}
+
+// ---- registrations --------------------------------------------------------------------------------
+
+Result<void*> GpuService::open_memory(const Session& s, const ipc::GpuRegisterRecord& rec, int device) {
+  if (rec.kind == uint32_t(ipc::GpuMemoryKind::kIpc)) {
+    const std::string key = mapping_key(device, rec.ipc_handle);
+    if (auto it = ipc_mappings_.find(key); it != ipc_mappings_.end()) {
+      ++it->second.refs;
+      return it->second.base;
+    }
+    IpcHandle h;
+    std::memcpy(h.bytes, rec.ipc_handle, kIpcHandleBytes);
+    auto base = open_ipc_memory(device, h);
+    if (!base.ok()) return cuda_error("cudaIpcOpenMemHandle of the engine's memory failed", base.status());
+    ipc_mappings_.emplace(key, Mapping{*base, 1});
+    return *base;
+  }
+  auto fd = take_fd(s.pid, rec.vmm_fd);
+  if (!fd.ok()) return fd.status();
+  auto base = import_vmm_memory(device, *fd, rec.alloc_bytes);
+  ::close(*fd);
+  if (!base.ok()) return cuda_error("importing the engine's VMM memory failed", base.status());
+  return *base;
+}
+
+void GpuService::close(Registration& r) noexcept {
+  if (r.engine_event) event_destroy(r.engine_event);
+  if (r.done_event) event_destroy(r.done_event);
+  r.engine_event = r.done_event = nullptr;
+  if (r.allocation == nullptr) return;
+  if (r.kind == uint32_t(ipc::GpuMemoryKind::kIpc)) {
+    auto it = ipc_mappings_.find(mapping_key(r.device, r.memory_handle.bytes));
+    if (it != ipc_mappings_.end() && --it->second.refs == 0) {
+      close_ipc_memory(r.device, it->second.base);
+      ipc_mappings_.erase(it);
+    }
+  } else {
+    unmap_vmm_memory(r.allocation, r.allocation_bytes);
+  }
+  r.allocation = nullptr;
+  ++counters_.unregistrations;
+}
+
+Result<ipc::GpuRegisteredRecord> GpuService::register_memory(const Session& s, const ipc::GpuRegisterRecord& rec) {
+  if (!enabled_) return Status(Code::kUnsupported, off_status_.c_str());
+  if (rec.kind != uint32_t(ipc::GpuMemoryKind::kIpc) && rec.kind != uint32_t(ipc::GpuMemoryKind::kVmmFd))
+    return Status(Code::kInvalidArgument, "GPU_REGISTER: unknown memory kind");
+  if (rec.bytes == 0 || rec.alloc_offset > rec.alloc_bytes || rec.bytes > rec.alloc_bytes - rec.alloc_offset)
+    return Status(Code::kInvalidArgument, "GPU_REGISTER: the range [alloc_offset, alloc_offset + bytes) leaves the allocation");
+  if (rec.engine_base + rec.bytes < rec.engine_base)
+    return Status(Code::kInvalidArgument, "GPU_REGISTER: engine_base + bytes overflows");
+  if (rec.kind == uint32_t(ipc::GpuMemoryKind::kVmmFd) && rec.vmm_fd < 0)
+    return Status(Code::kInvalidArgument, "GPU_REGISTER: a VMM registration needs vmm_fd");
+  auto device = device_by_uuid(rec.device_uuid);
+  if (!device.ok()) return Status(Code::kNotFound, "GPU_REGISTER: no device of kdnd has that uuid");
+  Registration r;
+  r.kind = rec.kind;
+  r.device = *device;
+  r.engine_base = rec.engine_base;
+  r.bytes = rec.bytes;
+  std::memcpy(r.memory_handle.bytes, rec.ipc_handle, kIpcHandleBytes);
+  r.allocation_bytes = rec.alloc_bytes;
+  auto base = open_memory(s, rec, r.device);
+  if (!base.ok()) return base.status();
+  r.allocation = *base;
+  r.mapping_base = uint64_t(uintptr_t(*base)) + rec.alloc_offset;
+  // From here on close(r) undoes whatever was opened.
+  if (!all_zero(rec.engine_event, kIpcHandleBytes)) {
+    IpcHandle h;
+    std::memcpy(h.bytes, rec.engine_event, kIpcHandleBytes);
+    auto ev = ipc_event_open(r.device, h);
+    if (!ev.ok()) {
+      close(r);
+      return cuda_error("cudaIpcOpenEventHandle of the engine event failed", ev.status());
+    }
+    r.engine_event = *ev;
+  }
+  auto done = ipc_event_create(r.device, &r.done_handle);
+  if (!done.ok()) {
+    close(r);
+    return cuda_error("creating the done event failed", done.status());
+  }
+  r.done_event = *done;
+  Registration copy = r;
+  auto added = registry_->add(s.id, std::move(r));
+  if (!added.ok()) {
+    close(copy);
+    return added.status();
+  }
+  ++counters_.registrations;
+  ipc::GpuRegisteredRecord out{};
+  std::memcpy(out.done_event, (*added)->done_handle.bytes, kIpcHandleBytes);
+  out.registration = (*added)->id;
+  out.generation = (*added)->generation;
+  out.device = uint32_t((*added)->device);
+  return out;
+}
+
+Status GpuService::unregister(const Session& s, ipc::GpuRegistrationRef ref) noexcept {
+  if (!enabled_) return Status(Code::kUnsupported, off_status_.c_str());
+  Status st = registry_->unregister(s.id, ref.registration, ref.generation);
+  if (st.code() == Code::kNotFound) ++counters_.stale_refused;
+  return st;
+}
+
+void GpuService::drop_session(uint64_t session) noexcept {
+  if (registry_) registry_->drop_session(session);
+}
+
+Result<Registration*> GpuService::find(const Session& s, ipc::GpuRegistrationRef ref) noexcept {
+  if (!enabled_) return Status(Code::kUnsupported, off_status_.c_str());
+  auto r = registry_->find(s.id, ref.registration, ref.generation);
+  if (!r.ok()) ++counters_.stale_refused;
+  return r;
+}
+
+// ---- batches ---------------------------------------------------------------------------------------
+
+Result<kernels::EngineView> GpuService::stage_layout(Device& d, const CheckedLayout& layout) {
+  const uint64_t bases = layout.k_bases.size() * 8, vbases = layout.v_bases.size() * 8;
+  const uint64_t slots = layout.slots.size() * 8;
+  const uint64_t vat = (bases + kMetaAlign - 1) / kMetaAlign * kMetaAlign;
+  const uint64_t sat = vat + (vbases + kMetaAlign - 1) / kMetaAlign * kMetaAlign;
+  auto off = d.meta->alloc(sat + slots);
+  if (!off) return Status(Code::kBusy, "the GPU metadata area is full of requests in flight (tier.gpu.staging_bytes)");
+  std::byte* host = d.host_meta + *off;
+  std::memcpy(host, layout.k_bases.data(), bases);
+  if (vbases) std::memcpy(host + vat, layout.v_bases.data(), vbases);
+  if (slots) std::memcpy(host + sat, layout.slots.data(), slots);
+  std::byte* dev = static_cast<std::byte*>(d.scratch.base) + d.bounce_bytes + *off;
+  Status st = copy_async(dev, host, sat + slots, d.stream);
+  if (!st.ok()) {
+    d.meta->undo_newest();  // nothing of this request was queued
+    return cuda_error("queueing the layout copy failed", st);
+  }
+  kernels::EngineView v = layout.view;
+  v.layer_base[0] = reinterpret_cast<void* const*>(dev);
+  v.layer_base[1] = vbases ? reinterpret_cast<void* const*>(dev + vat) : v.layer_base[0];
+  v.slot_mapping = reinterpret_cast<const int64_t*>(dev + sat);
+  return v;
+}
+
+Status GpuService::copy_sliced(void* dst, const void* src, uint64_t bytes, void* stream) noexcept {
+  const Copy whole{uint64_t(uintptr_t(dst)), uint64_t(uintptr_t(src)), bytes};
+  std::vector<Copy> slices;
+  try {
+    slices = slice_copies(std::span(&whole, 1), cfg_.slice_bytes);
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "slicing a GPU copy: out of memory");
+  }
+  for (const Copy& c : slices)
+    KDN_RETURN_IF_ERROR(copy_async(reinterpret_cast<void*>(uintptr_t(c.dst)), reinterpret_cast<const void*>(uintptr_t(c.src)),
+                                   c.bytes, stream));
+  return OkStatus();
+}
+
+Status GpuService::ensure_peer(int engine_device, int t0_device) noexcept {
+  uint8_t& state = devices_[size_t(engine_device)]->peer_enabled[size_t(t0_device)];
+  if (state == 0) state = enable_peer_access(engine_device, t0_device).ok() ? 1 : 2;
+  return state == 1 ? OkStatus() : Status(Code::kUnsupported, "peer access refused");
+}
+
+void GpuService::finish_queued(Device& d, uint64_t token, Status why) noexcept {
+  spdlog::error("GPU tier: a batch on device {} could not be queued whole ({}); synchronizing its stream",
+                d.info.ordinal, why.what());
+  if (!notify_after(d.stream, cq_.get(), token).ok()) {
+    (void)stream_sync(d.stream);  // what was queued has run; the token keeps completion order
+    cq_->push({token, true});
+  }
+}
+
+Result<uint32_t> GpuService::retrieve(Namespace& ns, Registration& reg, const CheckedLayout& layout,
+                                      const kernels::ChunkGeometry& geo, std::span<Entry* const> chunks) {
+  if (!enabled_) return Status(Code::kUnsupported, off_status_.c_str());
+  auto unpin_all = [&] {
+    for (Entry* e : chunks) ns.store->unpin(e);
+  };
+  Device& d = *devices_[size_t(reg.device)];
+  const uint64_t bytes = kernels::chunk_bytes(geo);
+  if (bytes > d.bounce_bytes) {
+    unpin_all();
+    return Status(Code::kLimit, "a chunk larger than half of tier.gpu.staging_bytes (the bounce buffer)");
+  }
+  auto batch = std::make_unique<Batch>();
+  batch->token = next_token_++;
+  batch->device = reg.device;
+  batch->reg = &reg;
+  batch->ns = &ns;
+  batch->leased.assign(chunks.begin(), chunks.end());  // the batch holds every pin from here
+  auto view = stage_layout(d, layout);
+  if (!view.ok()) {
+    unpin_all();
+    return view.status();
+  }
+  batch->uses_meta = true;
+  uint32_t from_t0 = 0;
+  Status failed;
+  size_t queued = 0;
+  for (; queued < chunks.size() && failed.ok(); ++queued) {
+    Entry* e = chunks[queued];
+    const T0Key key{ns.region_id, e->key, e->generation};
+    int t0_dev = -1;
+    uint64_t t0_off = 0;
+    if (d.t0_index) {
+      if (auto off = d.t0_index->find(key)) t0_dev = reg.device, t0_off = *off;
+    }
+    for (size_t o = 0; t0_dev < 0 && o < devices_.size(); ++o) {
+      if (int(o) == reg.device || !devices_[o]->t0_index) continue;
+      if (auto off = devices_[o]->t0_index->find(key)) t0_dev = int(o), t0_off = *off;
+    }
+    RouteInput in;
+    in.t0_device = t0_dev;
+    in.engine_device = reg.device;
+    in.peer_ok = t0_dev >= 0 && t0_dev != reg.device && can_access_peer(reg.device, t0_dev) &&
+                 ensure_peer(reg.device, t0_dev).ok();
+    std::optional<uint64_t> fresh;
+    if (t0_dev != reg.device && !(t0_dev >= 0 && in.peer_ok) && d.t0_index) fresh = d.t0_index->insert(key, bytes);
+    in.t0_room = fresh.has_value();
+    const Route rt = route(in);
+    const void* src = nullptr;
+    const std::byte* host = ns.host->address(e->placement[tier_index(TierId::kHost)]);
+    switch (rt) {
+      case Route::kT0Local:
+      case Route::kT0Peer:
+        src = static_cast<std::byte*>(devices_[size_t(t0_dev)]->t0.base) + t0_off;
+        devices_[size_t(t0_dev)]->t0_index->pin(key);
+        batch->t0_pins.emplace_back(t0_dev, key);
+        ++from_t0;
+        if (rt == Route::kT0Peer) ++counters_.peer_chunks;
+        break;
+      case Route::kHostToT0: {
+        void* dst = static_cast<std::byte*>(d.t0.base) + *fresh;
+        d.t0_index->pin(key);
+        batch->t0_pins.emplace_back(reg.device, key);
+        batch->t0_fresh.emplace_back(reg.device, key);
+        failed = copy_sliced(dst, host, bytes, d.stream);
+        counters_.h2d_bytes += bytes;
+        src = dst;
+        break;
+      }
+      case Route::kHostToStage:
+        failed = copy_sliced(d.scratch.base, host, bytes, d.stream);
+        counters_.h2d_bytes += bytes;
+        ++counters_.staged_chunks;
+        src = d.scratch.base;
+        break;
+    }
+    if (!failed.ok()) break;
+    kernels::EngineView v = *view;
+    v.first_token = int64_t(queued) * geo.tokens;
+    failed = kernels::scatter(src, geo, v, kernels::Executor::cuda(d.stream));
+  }
+  if (failed.ok()) failed = event_record(reg.done_event, d.stream);
+  if (failed.ok()) failed = notify_after(d.stream, cq_.get(), batch->token);
+  if (!failed.ok()) {
+    // Work may have been queued: it must land before the pins and the metadata go, so the
+    // batch is kept (failed) and releases them when its token comes back.
+    finish_queued(d, batch->token, failed);
+    registry_->begin_copy(&reg);
+    ++ns.attached;
+    batches_.emplace(batch->token, std::move(batch));
+    spdlog::error("GPU tier: queueing copies failed: {} ({})", failed.what(), last_error());
+    return Status(Code::kInternal, "queueing GPU copies failed (see kdnd's log)");
+  }
+  for (auto& [dev, key] : batch->t0_fresh) {
+    T0Counters& c = devices_[size_t(dev)]->t0_index->counters();
+    ++c.promoted;
+    c.promoted_bytes += bytes;
+  }
+  registry_->begin_copy(&reg);
+  ++ns.attached;
+  ++counters_.retrieves;
+  counters_.retrieved_chunks += chunks.size();
+  batches_.emplace(batch->token, std::move(batch));
+  return from_t0;
+}
+
+Status GpuService::store(Namespace& ns, Registration& reg, const CheckedLayout& layout, const kernels::ChunkGeometry& geo,
+                         std::span<Entry* const> reserved, std::span<const uint32_t> chunk_pos, uint64_t op_token) {
+  if (!enabled_) return Status(Code::kUnsupported, off_status_.c_str());
+  Device& d = *devices_[size_t(reg.device)];
+  const uint64_t bytes = kernels::chunk_bytes(geo);
+  if (bytes > d.bounce_bytes)
+    return Status(Code::kLimit, "a chunk larger than half of tier.gpu.staging_bytes (the bounce buffer)");
+  auto batch = std::make_unique<Batch>();
+  batch->token = next_token_++;
+  batch->device = reg.device;
+  batch->reg = &reg;
+  batch->ns = &ns;
+  batch->op_token = op_token;
+  auto view = stage_layout(d, layout);
+  if (!view.ok()) return view.status();
+  batch->uses_meta = true;
+  Status failed;
+  if (reg.engine_event) failed = stream_wait_event(d.stream, reg.engine_event);
+  for (size_t i = 0; i < reserved.size() && failed.ok(); ++i) {
+    Entry* e = reserved[i];
+    const T0Key key{ns.region_id, e->key, e->generation};
+    void* dst = d.scratch.base;
+    if (d.t0_index && bytes <= d.t0.bytes) {
+      if (auto off = d.t0_index->insert(key, bytes)) {
+        dst = static_cast<std::byte*>(d.t0.base) + *off;
+        batch->t0_pins.emplace_back(reg.device, key);
+        batch->t0_fresh.emplace_back(reg.device, key);
+        d.t0_index->pin(key);
+      }
+    }
+    kernels::EngineView v = *view;
+    v.first_token = int64_t(chunk_pos[i]) * geo.tokens;
+    failed = kernels::gather(v, dst, geo, kernels::Executor::cuda(d.stream));
+    if (!failed.ok()) break;
+    std::byte* host = ns.host->address(e->placement[tier_index(TierId::kHost)]);
+    failed = copy_sliced(host, dst, bytes, d.stream);
+    counters_.d2h_bytes += bytes;
+  }
+  if (failed.ok()) failed = notify_after(d.stream, cq_.get(), batch->token);
+  registry_->begin_copy(&reg);
+  ++ns.attached;
+  if (!failed.ok()) {
+    finish_queued(d, batch->token, failed);
+    ++counters_.batches_failed;
+  } else {
+    ++counters_.stores;
+  }
+  batches_.emplace(batch->token, std::move(batch));
+  return OkStatus();  // the outcome comes with the token (failed set if queueing failed)
+}
+
+void GpuService::land(Batch& b, bool failed) {
+  Device& d = *devices_[size_t(b.device)];
+  if (b.uses_meta) d.meta->release_oldest();
+  for (auto& [dev, key] : b.t0_pins) devices_[size_t(dev)]->t0_index->unpin(key);
+  for (auto& [dev, key] : b.t0_fresh) {
+    T0Index& idx = *devices_[size_t(dev)]->t0_index;
+    if (failed) idx.erase(key);
+    else idx.publish(key);
+  }
+  for (Entry* e : b.leased) b.ns->store->unpin(e);
+  if (failed) {
+    ++counters_.batches_failed;
+    spdlog::error("GPU tier: copies on device {} failed: {}", b.device, last_error());
+  }
+  registry_->end_copy(b.reg);
+  --b.ns->attached;
+}
+
+void GpuService::poll(std::vector<Woken>* wake) {
+  if (!cq_) return;  // drains even with no batch: the eventfd must not stay readable
+  std::vector<CompletionQueue::Done> done;
+  cq_->drain(&done);
+  for (const CompletionQueue::Done& c : done) {
+    auto it = batches_.find(c.token);
+    if (it == batches_.end()) continue;
+    Batch& b = *it->second;
+    land(b, c.failed);
+    if (b.op_token) wake->push_back({b.op_token, c.failed});
+    batches_.erase(it);
+  }
+}
+
+std::vector<DeviceStats> GpuService::device_stats() const {
+  std::vector<DeviceStats> out;
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    const Device& d = *devices_[i];
+    DeviceStats s;
+    s.info = d.info;
+    for (size_t j = 0; j < devices_.size() && j < 64; ++j)
+      if (j != i && can_access_peer(int(i), int(j))) s.peer_mask |= 1ull << j;
+    if (d.t0_index) {
+      s.t0_capacity = d.t0_index->capacity();
+      s.t0_used = d.t0_index->used();
+      s.t0_chunks = d.t0_index->resident_chunks();
+      s.t0_bytes = d.t0_index->resident_bytes();
+      s.t0 = d.t0_index->counters();
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace kdn::sidecar::gpu

@@ -1,0 +1,149 @@
+// GpuService: kdnd's GPU tier (docs/gpu.md) — devices and their streams, T0 regions and their
+// indexes, engine registrations, and the copy batches of GPU_RETRIEVE and GPU_STORE.
+//
+// Every CUDA call goes through cuda_api.h. Each device has one low-priority stream on which
+// kdnd queues all of its work for that device, in order, so a bounce buffer and the request
+// metadata area are reused safely in stream order; a batch ends with notify_after(), whose token
+// comes back through the CompletionQueue's eventfd (in kdnd's epoll set) and is applied by
+// poll(): leases and T0 pins taken for the batch are released, a GPU_STORE's request is woken.
+// Nothing here waits for the GPU on the event loop, except the error path of a batch that could
+// not be queued whole (it synchronizes its stream once so nothing it queued can still run).
+//
+// Off (no device, or tier.gpu.enable = off): enabled() is false, off_reason() says why, and
+// every request is answered KDN_ERR_UNSUPPORTED with that reason.
+//
+// Not thread-safe: the event loop owns it. Namespaces and sessions it is given must outlive
+// the batches that use them (the daemon keeps a namespace attached while a batch is in flight:
+// ns.attached counts them).
+#pragma once
+
+#include "gpu_layout.h"
+#include "gpu_plan.h"
+#include "gpu_registry.h"
+#include "t0_index.h"
+
+#include "../chunk_index.h"
+
+#include <kdn/ipc/ops.h>
+#include <kdn/ipc/protocol.h>
+#include <kdn/kernels/layout.h>
+#include <kdn/sidecar/config.h>
+
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace kdn::sidecar {
+struct Namespace;
+struct Session;
+class TieredStore;
+}  // namespace kdn::sidecar
+
+namespace kdn::sidecar::gpu {
+
+struct GpuCounters {
+  uint64_t registrations = 0, unregistrations = 0, stale_refused = 0, bounds_refused = 0;
+  uint64_t retrieves = 0, retrieved_chunks = 0, stores = 0, stored_chunks = 0;
+  uint64_t h2d_bytes = 0, d2h_bytes = 0, peer_chunks = 0, staged_chunks = 0;
+  uint64_t batches_failed = 0;
+};
+
+// What the daemon reports per device (GPU_INFO, TIER_STATS tier 0, metrics).
+struct DeviceStats {
+  DeviceInfo info;
+  uint64_t peer_mask = 0;
+  uint64_t t0_capacity = 0, t0_used = 0, t0_chunks = 0, t0_bytes = 0;
+  T0Counters t0;
+};
+
+class GpuService {
+ public:
+  // Starts the tier from [tier.gpu]. kUnavailable (kdnd must not start) only for enable = "on"
+  // without a usable device or when setting one up fails; otherwise a service that may be off.
+  static Result<std::unique_ptr<GpuService>> create(const GpuTierConfig& cfg);
+  ~GpuService();
+
+  bool enabled() const noexcept { return enabled_; }
+  const std::string& off_reason() const noexcept { return off_reason_; }
+  int wake_fd() const noexcept;  // -1 when off
+
+  // Page-locks a namespace's host arena (tier.gpu.pin_host); undone by unpin_arena before it
+  // is unmapped. Failure only logs: copies from pageable memory are slower, never wrong.
+  void pin_arena(std::byte* base, uint64_t bytes) noexcept;
+  void unpin_arena(std::byte* base) noexcept;
+
+  // ---- requests (the handler has checked the SQE; records are kdnd's copies)
+  Result<ipc::GpuRegisteredRecord> register_memory(const Session& s, const ipc::GpuRegisterRecord& rec);
+  Status unregister(const Session& s, ipc::GpuRegistrationRef ref) noexcept;
+  // A session ended: its registrations close once their copies land.
+  void drop_session(uint64_t session) noexcept;
+  // The registration a request names (kNotFound: stale or unknown) and its range for checks.
+  Result<Registration*> find(const Session& s, ipc::GpuRegistrationRef ref) noexcept;
+  static RegisteredRange range_of(const Registration& r) noexcept {
+    return RegisteredRange{r.engine_base, r.bytes, r.mapping_base};
+  }
+  // Queues the copies of `chunks` (host-resident, pinned by the caller with one lease each)
+  // into the registration, chunk i to tokens [i*T, (i+1)*T) of the layout, then records the
+  // done event. Returns how many came from a T0 copy. Takes the pins over in every case: they
+  // are released when the batch lands (or at once if nothing could be queued).
+  Result<uint32_t> retrieve(Namespace& ns, Registration& reg, const CheckedLayout& layout,
+                            const kernels::ChunkGeometry& geo, std::span<Entry* const> chunks);
+  // Queues, after the engine event, the gathers of reserved chunks (chunk_pos[i]: its index in
+  // the layout) into their host slots; `op_token` is returned by poll() when they landed (with
+  // failed set if they did not). The reservations stay the caller's.
+  Status store(Namespace& ns, Registration& reg, const CheckedLayout& layout, const kernels::ChunkGeometry& geo,
+               std::span<Entry* const> reserved, std::span<const uint32_t> chunk_pos, uint64_t op_token);
+
+  // Applies landed batches; appends {op_token, failed} of GPU_STORE batches to `wake`.
+  struct Woken {
+    uint64_t op_token;
+    bool failed;
+  };
+  void poll(std::vector<Woken>* wake);
+  bool busy() const noexcept { return !batches_.empty(); }
+
+  // ---- reporting
+  std::vector<DeviceStats> device_stats() const;
+  size_t device_count() const noexcept { return devices_.size(); }
+  size_t registrations() const noexcept { return registry_ ? registry_->live() : 0; }
+  const GpuCounters& counters() const noexcept { return counters_; }
+  GpuCounters& counters() noexcept { return counters_; }
+  uint64_t slice_bytes() const noexcept { return cfg_.slice_bytes; }
+
+ private:
+  struct Device;
+  struct Batch;
+  explicit GpuService(const GpuTierConfig& cfg);
+  Status start();
+  Status open_device(int ordinal, Device& d);
+  void close(Registration& r) noexcept;
+  Result<void*> open_memory(const Session& s, const ipc::GpuRegisterRecord& rec, int device);
+  // Stages layout metadata for a batch on device d; fills the device-side view.
+  Result<kernels::EngineView> stage_layout(Device& d, const CheckedLayout& layout);
+  Status copy_sliced(void* dst, const void* src, uint64_t bytes, void* stream) noexcept;
+  Status ensure_peer(int engine_device, int t0_device) noexcept;
+  // Ends a batch whose queueing failed after work was queued: synchronizes the stream and
+  // feeds the token to the queue by hand, so completion order is kept.
+  void finish_queued(Device& d, uint64_t token, Status why) noexcept;
+  void land(Batch& b, bool failed);
+
+  GpuTierConfig cfg_;
+  bool enabled_ = false;
+  std::string off_reason_;
+  std::string off_status_;  // "GPU tier off: " + off_reason_, what refused requests carry (never changes)
+  std::vector<std::unique_ptr<Device>> devices_;
+  std::unique_ptr<CompletionQueue> cq_;
+  std::unique_ptr<GpuRegistry> registry_;
+  struct Mapping {
+    void* base = nullptr;
+    uint32_t refs = 0;
+  };
+  std::unordered_map<std::string, Mapping> ipc_mappings_;  // device + handle bytes -> opened once
+  std::unordered_map<uint64_t, std::unique_ptr<Batch>> batches_;
+  std::vector<std::byte*> pinned_arenas_;
+  uint64_t next_token_ = 1;
+  GpuCounters counters_;
+};
+
+}  // namespace kdn::sidecar::gpu

@@ -1,0 +1,199 @@
+// kdnd's GPU tier end to end with a real device: this process is the engine (CUDA runtime,
+// its KV in a cudaMalloc'd paged cache, shared with kdnd by a legacy IPC handle), kdnd the
+// other process. Chunks stored from device blocks (GPU_STORE) must be byte for byte what the
+// CPU gather makes of the same blocks; chunks retrieved into other blocks (GPU_RETRIEVE, with
+// and without T0, from T0 the second time) must be byte for byte what the CPU scatter writes;
+// a layout reaching outside the registration is refused. Skips without a device.
+#include "kdnd_process.h"
+
+#include <kdn/kernels/layout.h>
+#include <kdn/kernels/ops.h>
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+namespace kdn::testing {
+namespace {
+
+constexpr int64_t kBlocks = 16, kBlockSize = 16, kHeads = 2, kDim = 64;
+constexpr int64_t kLayerElems = 2 * kBlocks * kBlockSize * kHeads * kDim;  // (2, NB, BS, H, D), f16
+constexpr uint32_t kLayers = 2, kT = 16, kChunks = 4;
+
+bool have_device() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// A vLLM flash-attn NHD cache, on the device and mirrored on the host.
+struct Cache {
+  uint16_t* dev = nullptr;
+  std::vector<uint16_t> host = std::vector<uint16_t>(kLayers * kLayerElems);
+  std::vector<void*> dev_bases, host_bases;
+  ~Cache() {
+    if (dev) cudaFree(dev);
+  }
+  bool init() {
+    if (cudaMalloc(&dev, host.size() * 2) != cudaSuccess) return false;
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      dev_bases.push_back(dev + l * kLayerElems);
+      host_bases.push_back(host.data() + l * kLayerElems);
+    }
+    return true;
+  }
+  kdn_engine_layout layout(bool on_device, const int64_t* slots) const {
+    kdn_engine_layout l{};
+    l.struct_size = sizeof l;
+    l.engine_dtype = KDN_DTYPE_F16;
+    l.layer_base = on_device ? dev_bases.data() : host_bases.data();
+    l.stride_kv = kBlocks * kBlockSize * kHeads * kDim;
+    l.stride_block = kBlockSize * kHeads * kDim;
+    l.stride_offset = kHeads * kDim;
+    l.stride_head = kDim;
+    l.stride_dim = 1;
+    l.block_size = kBlockSize;
+    l.slot_mapping = slots;
+    return l;
+  }
+  bool upload() { return cudaMemcpy(dev, host.data(), host.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess; }
+  std::vector<uint16_t> download() const {
+    std::vector<uint16_t> out(host.size());
+    if (cudaMemcpy(out.data(), dev, out.size() * 2, cudaMemcpyDeviceToHost) != cudaSuccess) out.clear();
+    return out;
+  }
+};
+
+kernels::ChunkGeometry geo(const kdn_model* m) {
+  kernels::ChunkGeometry g;
+  g.layers = kLayers;
+  g.kv_heads = kHeads;
+  g.head_dim = kDim;
+  g.tokens = kdn_model_chunk_tokens(m);
+  g.dtype = kernels::DType::kF16;
+  return g;
+}
+
+void run_store_and_retrieve(const std::vector<std::string>& flags) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  KdndProcess d(flags);
+  Conn k(d, tiny_model(kT));
+  ASSERT_TRUE(k.ok()) << d.log();
+  Cache cache;
+  ASSERT_TRUE(cache.init());
+  for (size_t i = 0; i < cache.host.size(); ++i) cache.host[i] = uint16_t(0x3000 + (i * 7 + 3) % 0x0800);
+  ASSERT_TRUE(cache.upload());
+
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  cudaIpcMemHandle_t mem{};
+  ASSERT_EQ(cudaIpcGetMemHandle(&mem, cache.dev), cudaSuccess);
+  cudaEvent_t written = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&written, cudaEventInterprocess | cudaEventDisableTiming), cudaSuccess);
+  cudaIpcEventHandle_t written_handle{};
+  ASSERT_EQ(cudaIpcGetEventHandle(&written_handle, written), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(written, 0), cudaSuccess);
+
+  kdn_gpu_kv_desc desc{};
+  desc.struct_size = sizeof desc;
+  desc.kind = KDN_GPU_MEMORY_IPC;
+  std::memcpy(desc.device_uuid, &prop.uuid, 16);
+  desc.engine_base = uint64_t(uintptr_t(cache.dev));
+  desc.bytes = cache.host.size() * 2;
+  desc.alloc_offset = 0;
+  desc.alloc_bytes = desc.bytes;
+  desc.vmm_fd = -1;
+  std::memcpy(desc.ipc_handle, &mem, sizeof mem);
+  std::memcpy(desc.engine_event, &written_handle, sizeof written_handle);
+  kdn_gpu_kv* kv = nullptr;
+  ASSERT_EQ(kdn_gpu_register(k.c, &desc, &kv), KDN_OK) << d.log();
+
+  // Store chunks 0..3 from engine tokens 0..63 (identity mapping: blocks 0..3).
+  const std::vector<int32_t> toks = doc_tokens(11, kChunks * kT);
+  const kdn_engine_layout src = cache.layout(true, nullptr);
+  uint32_t stored = 0;
+  ASSERT_EQ(kdn_gpu_store(k.c, k.m, toks.data(), toks.size(), 0, kChunks, kv, &src, &stored), KDN_OK) << d.log();
+  EXPECT_EQ(stored, kChunks);
+  // A second store finds them cached.
+  ASSERT_EQ(kdn_gpu_store(k.c, k.m, toks.data(), toks.size(), 0, kChunks, kv, &src, &stored), KDN_OK);
+  EXPECT_EQ(stored, 0u);
+
+  // What kdnd stored is what the CPU gathers from the same blocks.
+  const kernels::ChunkGeometry g = geo(k.m);
+  const size_t chunk_bytes = kdn_model_chunk_bytes(k.m);
+  kdn_lease* lease = nullptr;
+  ASSERT_EQ(kdn_retrieve_lease(k.c, k.m, toks.data(), toks.size(), 0, &lease), KDN_OK);
+  ASSERT_EQ(kdn_lease_chunks(lease), kChunks);
+  std::vector<std::vector<uint8_t>> chunks(kChunks, std::vector<uint8_t>(chunk_bytes));
+  for (uint32_t i = 0; i < kChunks; ++i) {
+    std::memcpy(chunks[i].data(), kdn_lease_chunk_data(lease, i), chunk_bytes);
+    kernels::EngineView view;
+    const kdn_engine_layout host_src = cache.layout(false, nullptr);
+    ASSERT_TRUE(kernels::view_from_abi(host_src, g, {0, int64_t(i) * kT}, &view).ok());
+    std::vector<uint8_t> want(chunk_bytes);
+    ASSERT_TRUE(kernels::gather(view, want.data(), g, kernels::Executor::cpu(1)).ok());
+    EXPECT_EQ(std::memcmp(want.data(), chunks[i].data(), chunk_bytes), 0) << "chunk " << i;
+  }
+  ASSERT_EQ(kdn_lease_release(k.c, lease), KDN_OK);
+
+  // Retrieve into blocks 8..11 (slots 128..191) of a zeroed cache, twice (the second time from
+  // T0 where there is one); the result is what the CPU scatter writes.
+  std::vector<int64_t> slots(kChunks * kT);
+  for (size_t t = 0; t < slots.size(); ++t) slots[t] = 128 + int64_t(t);
+  const kdn_engine_layout dst = cache.layout(true, slots.data());
+  cudaEvent_t done = nullptr;
+  cudaIpcEventHandle_t done_handle;
+  std::memcpy(&done_handle, kdn_gpu_kv_done_event(kv), sizeof done_handle);
+  ASSERT_EQ(cudaIpcOpenEventHandle(&done, done_handle), cudaSuccess);
+  std::vector<uint16_t> want(cache.host.size(), 0);
+  for (uint32_t i = 0; i < kChunks; ++i) {
+    kernels::EngineView view;
+    std::vector<void*> bases;
+    for (uint32_t l = 0; l < kLayers; ++l) bases.push_back(want.data() + l * kLayerElems);
+    kdn_engine_layout host_dst = cache.layout(false, slots.data());
+    host_dst.layer_base = bases.data();
+    ASSERT_TRUE(kernels::view_from_abi(host_dst, g, {0, int64_t(i) * kT}, &view).ok());
+    ASSERT_TRUE(kernels::scatter(chunks[i].data(), g, view, kernels::Executor::cpu(1)).ok());
+  }
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_EQ(cudaMemset(cache.dev, 0, cache.host.size() * 2), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    uint32_t loaded = 0;
+    ASSERT_EQ(kdn_gpu_retrieve(k.c, k.m, toks.data(), toks.size(), 0, kv, &dst, &loaded), KDN_OK) << d.log();
+    EXPECT_EQ(loaded, kChunks);
+    ASSERT_EQ(cudaStreamWaitEvent(0, done, 0), cudaSuccess);
+    const std::vector<uint16_t> got = cache.download();
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 2), 0) << "round " << round;
+  }
+
+  // A layout reaching past the registration is refused, and nothing is written.
+  std::vector<void*> far = cache.dev_bases;
+  far[1] = static_cast<char*>(far[1]) + (1 << 20);
+  kdn_engine_layout bad = dst;
+  bad.layer_base = far.data();
+  uint32_t loaded = 0;
+  EXPECT_EQ(kdn_gpu_retrieve(k.c, k.m, toks.data(), toks.size(), 0, kv, &bad, &loaded), KDN_ERR_INVALID_ARGUMENT);
+  std::vector<int64_t> wild(slots.size(), kBlocks * kBlockSize);  // one block past the cache
+  kdn_engine_layout bad_slots = cache.layout(true, wild.data());
+  EXPECT_EQ(kdn_gpu_retrieve(k.c, k.m, toks.data(), toks.size(), 0, kv, &bad_slots, &loaded), KDN_ERR_INVALID_ARGUMENT);
+
+  EXPECT_EQ(kdn_gpu_unregister(k.c, kv), KDN_OK);
+  cudaEventDestroy(done);
+  cudaEventDestroy(written);
+  EXPECT_EQ(kdn_ping(k.c), KDN_OK);
+}
+
+TEST(GpuEngine, StoreAndRetrieveThroughPinnedHostOnly) {
+  run_store_and_retrieve({"--log-level", "info", "--set", "tier.gpu.enable=on"});
+}
+
+TEST(GpuEngine, StoreAndRetrieveThroughT0) {
+  run_store_and_retrieve({"--log-level", "info", "--set", "tier.gpu.enable=on", "--set", "tier.gpu.bytes=64M",
+                          "--set", "tier.gpu.staging_bytes=8M", "--set", "tier.gpu.slice_bytes=64K"});
+}
+
+}  // namespace
+}  // namespace kdn::testing

@@ -1,0 +1,135 @@
+// The GPU engine API through libkdn and a real kdnd on a machine without a GPU (CI): kdnd
+// starts with its GPU tier off and says why, GPU calls are refused with KDN_ERR_UNSUPPORTED
+// (never a crash, a hang or a wrong answer), `tier.gpu.enable = on` makes kdnd refuse to
+// start, and bad arguments are caught in libkdn. The data path itself needs a device: it is
+// exercised by kdn-gpu-engine on a GPU machine.
+#include "kdnd_process.h"
+
+#include <kdn/kernels/executor.h>
+
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace kdn::testing {
+namespace {
+
+kdn_gpu_kv_desc ipc_desc() {
+  kdn_gpu_kv_desc d{};
+  d.struct_size = sizeof d;
+  d.kind = KDN_GPU_MEMORY_IPC;
+  d.engine_base = 0x7f0000000000ull;
+  d.bytes = 1 << 20;
+  d.alloc_bytes = 1 << 20;
+  d.vmm_fd = -1;
+  d.ipc_handle[0] = 1;
+  return d;
+}
+
+kdn_engine_layout some_layout(void** bases) {
+  kdn_engine_layout l{};
+  l.struct_size = sizeof l;
+  l.engine_dtype = KDN_DTYPE_F16;
+  l.layer_base = bases;
+  l.stride_kv = 1 << 16;
+  l.stride_block = 16 * 2 * 64;
+  l.stride_offset = 2 * 64;
+  l.stride_head = 64;
+  l.stride_dim = 1;
+  l.block_size = 16;
+  return l;
+}
+
+TEST(GpuApi, WithoutAGpuTierRegistrationIsUnsupported) {
+  if (kernels::cuda_device_count() > 0) GTEST_SKIP() << "a GPU is present: kdnd's GPU tier would be on";
+  KdndProcess d({"--log-level", "info"});
+  Conn k(d, tiny_model());
+  ASSERT_TRUE(k.ok());
+  const kdn_gpu_kv_desc desc = ipc_desc();
+  kdn_gpu_kv* kv = reinterpret_cast<kdn_gpu_kv*>(uintptr_t(1));
+  EXPECT_EQ(kdn_gpu_register(k.c, &desc, &kv), KDN_ERR_UNSUPPORTED);
+  EXPECT_EQ(kv, nullptr);
+  EXPECT_EQ(kdn_ping(k.c), KDN_OK) << "the session stays usable";
+  EXPECT_NE(d.log().find("GPU tier off: no CUDA device answers"), std::string::npos) << d.log();
+}
+
+TEST(GpuApi, TierOffByConfigurationIsUnsupported) {
+  KdndProcess d({"--log-level", "info", "--set", "tier.gpu.enable=off"});
+  Conn k(d, tiny_model());
+  ASSERT_TRUE(k.ok());
+  const kdn_gpu_kv_desc desc = ipc_desc();
+  kdn_gpu_kv* kv = nullptr;
+  EXPECT_EQ(kdn_gpu_register(k.c, &desc, &kv), KDN_ERR_UNSUPPORTED);
+  EXPECT_NE(d.log().find("GPU tier off: tier.gpu.enable = off"), std::string::npos) << d.log();
+  // Every other path keeps working.
+  EXPECT_EQ(store_doc(k, 3, 2), 2);
+  EXPECT_EQ(verify_doc(k, 3, 2), 2);
+}
+
+TEST(GpuApi, EnableOnWithoutADeviceRefusesToStart) {
+  if (kernels::cuda_device_count() > 0) GTEST_SKIP() << "a GPU is present";
+  char dir[] = "/tmp/kdn-gpu-test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string sock = std::string(dir) + "/kdnd.sock", log = std::string(dir) + "/kdnd.log";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd >= 0) ::dup2(fd, 2);
+    execl(KDN_KDND_PATH, KDN_KDND_PATH, "--socket", sock.c_str(), "--host-arena-bytes", "64M", "--slab-bytes", "16M",
+          "--no-populate", "--set", "tier.gpu.enable=on", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  std::ifstream f(log);
+  std::stringstream text;
+  text << f.rdbuf();
+  EXPECT_NE(text.str().find("tier.gpu.enable = on but no CUDA device answers"), std::string::npos) << text.str();
+  ::unlink(log.c_str());
+  ::unlink(sock.c_str());
+  ::rmdir(dir);
+}
+
+TEST(GpuApi, BadArgumentsAreCaughtInLibkdn) {
+  KdndProcess d;
+  Conn k(d, tiny_model());
+  ASSERT_TRUE(k.ok());
+  kdn_gpu_kv* kv = nullptr;
+  EXPECT_EQ(kdn_gpu_register(k.c, nullptr, &kv), KDN_ERR_INVALID_ARGUMENT);
+  kdn_gpu_kv_desc desc = ipc_desc();
+  EXPECT_EQ(kdn_gpu_register(nullptr, &desc, &kv), KDN_ERR_INVALID_ARGUMENT);
+  desc.struct_size = 8;
+  EXPECT_EQ(kdn_gpu_register(k.c, &desc, &kv), KDN_ERR_VERSION);
+  desc = ipc_desc();
+  desc.kind = 7;
+  EXPECT_EQ(kdn_gpu_register(k.c, &desc, &kv), KDN_ERR_INVALID_ARGUMENT);
+  desc = ipc_desc();
+  desc.kind = KDN_GPU_MEMORY_VMM_FD;
+  desc.vmm_fd = -1;
+  EXPECT_EQ(kdn_gpu_register(k.c, &desc, &kv), KDN_ERR_INVALID_ARGUMENT);
+  desc = ipc_desc();
+  desc.bytes = 0;
+  EXPECT_EQ(kdn_gpu_register(k.c, &desc, &kv), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_gpu_kv_done_event(nullptr), nullptr);
+  EXPECT_EQ(kdn_gpu_unregister(k.c, nullptr), KDN_ERR_INVALID_ARGUMENT);
+  const std::vector<int32_t> toks = doc_tokens(1, 64);
+  void* bases[2] = {reinterpret_cast<void*>(0x7f0000000000ull), reinterpret_cast<void*>(0x7f0000100000ull)};
+  const kdn_engine_layout l = some_layout(bases);
+  uint32_t n = 99;
+  EXPECT_EQ(kdn_gpu_retrieve(k.c, k.m, toks.data(), toks.size(), 0, nullptr, &l, &n), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(n, 0u);
+  EXPECT_EQ(kdn_gpu_retrieve(k.c, k.m, toks.data(), toks.size(), 0, nullptr, &l, nullptr), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_gpu_store(k.c, k.m, toks.data(), toks.size(), 0, 4, nullptr, &l, &n), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_ping(k.c), KDN_OK);
+}
+
+}  // namespace
+}  // namespace kdn::testing
