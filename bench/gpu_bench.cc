@@ -1,5 +1,5 @@
 // kdn-bench gpu: kdnd's GPU tier with this process as the engine, against cudaMemcpyAsync in
-// the same run (docs/benchmarks.md, "GPU tier").
+// the same run (docs/gpu-engine.md).
 //
 // The bench registers a vLLM-style paged KV cache (llama3-8b geometry, one cudaMalloc) with a
 // kdnd it starts with [tier.gpu] on, and times, from request to kdnd's done event (host clock,
@@ -197,6 +197,7 @@ struct Phase {
   std::string root;
   uint64_t wrong = 0;
   bool failed = false;
+  std::string why;  // the first failure that left figures unmeasured
 
   Result<KdndProcess> start_kdnd(const std::string& tag, std::vector<std::string> sets, std::string* log) {
     KdndOptions ko;
@@ -419,6 +420,7 @@ void main_figures(Phase& ph) {
   if (!kdnd.ok()) {
     say("kdnd did not start: %s\n%s", describe(kdnd.status()).c_str(), file_tail(log).c_str());
     ph.failed = true;
+    ph.why = "kdnd with [tier.gpu] on did not start: " + describe(kdnd.status()) + ": " + file_tail(log, 300);
     return;
   }
   const std::string socket = ph.root + "/kdnd.sock";
@@ -426,6 +428,7 @@ void main_figures(Phase& ph) {
   if (auto st = EngineSession::open(ph.session(socket, ph.o.device, ph.plan.engine_kv_bytes), &s); !st.ok()) {
     say("engine registration failed: %s\n%s", st.message().c_str(), file_tail(log).c_str());
     ph.failed = true;
+    ph.why = "the engine could not register its cache: " + st.message();
     return;
   }
   say("registered %.1f GiB of paged KV (%u blocks of %u tokens) on device %d", s->shape().kv_bytes() / double(1ull << 30),
@@ -519,6 +522,7 @@ int run_gpu_bench(int argc, char** argv) {
   Phase ph{o, plan, r, dir.value().path()};
   main_figures(ph);
   decode_figure(ph);
+  fill_missing_gpu_figures(r, ph.why.empty() ? "not measured: an earlier step failed (see the progress lines)" : ph.why.c_str());
   r.set("kdn.wrong_elements", ph.wrong);
   r.set("machine.loadavg_1m_end", load_average());
   add_gpu_ratios_and_bars(r);

@@ -6,7 +6,8 @@
 // chunks per figure (a retrieve may promote a chunk, so a set is timed once per tier), the
 // median is reported. The engine's cache is the decode step's KV (8 GiB, 2 GiB quick), and at
 // least twice a bulk set. kdnd's host arena holds every set twice over (a write-through T1
-// copy of chunks stored from the GPU may take room too); T0 holds the sets stored from the GPU.
+// copy of chunks stored from the GPU may take room too); T0 holds the sets stored from the GPU
+// and one more (chunks kdnd may promote into it on a retrieve from T1).
 //
 // Thread safety: pure functions.
 #pragma once
@@ -51,5 +52,9 @@ GpuPlan plan_gpu_bench(const GpuBenchSizes& sizes, uint64_t chunk_bytes, uint32_
 //   bars.decode_to_engine_gbps   kdn.decode_to_engine_gbps >= 100
 //   bars.decode_step_slowdown    kdn.decode_step_slowdown <= 1.2
 void add_gpu_ratios_and_bars(Report& r);
+
+// Every figure key kdn-bench gpu reports; one that a failed phase never set becomes null with
+// `<key>_reason` = reason, so a report always has the same keys.
+void fill_missing_gpu_figures(Report& r, const char* reason);
 
 }  // namespace kdn::bench

@@ -56,5 +56,17 @@ TEST(GpuPlan, RatiosAndBarsFollowTheFigures) {
   EXPECT_FALSE(r.all_bars_pass("bars"));
 }
 
+TEST(GpuPlan, MissingFiguresBecomeNullWithAReason) {
+  Report r;
+  r.set("kdn.t1_to_engine_gbps", 40.0);
+  fill_missing_gpu_figures(r, "kdnd did not start");
+  EXPECT_DOUBLE_EQ(*r.number("kdn.t1_to_engine_gbps"), 40.0);
+  EXPECT_EQ(r.find("kdn.t1_to_engine_gbps_reason"), nullptr);
+  ASSERT_NE(r.find("kdn.peer_gbps"), nullptr);
+  EXPECT_TRUE(r.find("kdn.peer_gbps")->is_null());
+  EXPECT_EQ(*r.find("kdn.peer_gbps_reason"), "kdnd did not start");
+  EXPECT_TRUE(r.find("baselines.d2d_gbps")->is_null());
+}
+
 }  // namespace
 }  // namespace kdn::bench

@@ -92,6 +92,7 @@ EngineStatus EngineSession::start() {
 
 EngineStatus EngineSession::register_kv() {
   if (gpu_kv_) return {KDN_ERR_INVALID_ARGUMENT, "already registered"};
+  KDN_CUDA_TRY(cudaSetDevice(options_.device));  // the done event opens in this device's context
   kdn_gpu_kv_desc d;
   kv_->describe(&d);
   static_assert(sizeof(cudaIpcEventHandle_t) == KDN_GPU_HANDLE_BYTES);
@@ -105,7 +106,13 @@ EngineStatus EngineSession::register_kv() {
   cudaIpcEventHandle_t dh;
   std::memcpy(&dh, done, sizeof(dh));
   cudaEvent_t ev = nullptr;
-  KDN_CUDA_TRY(cudaIpcOpenEventHandle(&ev, dh));
+  if (EngineStatus st = cuda_status(cudaIpcOpenEventHandle(&ev, dh), "cudaIpcOpenEventHandle(kdnd's done event)");
+      !st.ok()) {
+    // Registered but unusable: without the event no retrieve could be ordered. Take it back.
+    (void)kdn_gpu_unregister(client_, gpu_kv_);
+    gpu_kv_ = nullptr;
+    return st;
+  }
   done_event_ = ev;
   return {};
 }
@@ -179,6 +186,8 @@ EngineStatus EngineSession::upload_owners(const std::vector<int32_t>& owners) {
 }
 
 EngineStatus EngineSession::fill(uint64_t seed, const std::vector<int32_t>& owners) {
+  // Kernels launch on the calling thread's current device: make it the cache's.
+  KDN_CUDA_TRY(cudaSetDevice(options_.device));
   if (auto st = upload_owners(owners); !st.ok()) return st;
   return launch_fill(view(seed), stream_);
 }
@@ -186,6 +195,7 @@ EngineStatus EngineSession::fill(uint64_t seed, const std::vector<int32_t>& owne
 EngineStatus EngineSession::store(const std::vector<int32_t>& tokens, const EngineLayout& layout, uint32_t first_chunk,
                                   uint32_t n_chunks, uint32_t* stored) {
   if (!gpu_kv_) return {KDN_ERR_INVALID_ARGUMENT, "store: not registered"};
+  KDN_CUDA_TRY(cudaSetDevice(options_.device));
   KDN_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(engine_event_), static_cast<cudaStream_t>(stream_)));
   return EngineStatus::from_kdn(kdn_gpu_store(client_, model_, tokens.data(), tokens.size(), first_chunk, n_chunks,
                                               gpu_kv_, layout.get(), stored),
@@ -195,6 +205,7 @@ EngineStatus EngineSession::store(const std::vector<int32_t>& tokens, const Engi
 EngineStatus EngineSession::retrieve(const std::vector<int32_t>& tokens, const EngineLayout& layout,
                                      uint32_t max_chunks, uint32_t* loaded) {
   if (!gpu_kv_) return {KDN_ERR_INVALID_ARGUMENT, "retrieve: not registered"};
+  KDN_CUDA_TRY(cudaSetDevice(options_.device));
   // kdnd's copies run on its own streams: what we queued before (a fill) must be done first.
   if (auto st = wait(); !st.ok()) return st;
   if (auto st = EngineStatus::from_kdn(kdn_gpu_retrieve(client_, model_, tokens.data(), tokens.size(), max_chunks,
@@ -207,6 +218,7 @@ EngineStatus EngineSession::retrieve(const std::vector<int32_t>& tokens, const E
 }
 
 EngineStatus EngineSession::verify(uint64_t seed, const std::vector<int32_t>& owners, uint64_t* mismatches) {
+  KDN_CUDA_TRY(cudaSetDevice(options_.device));
   auto s = static_cast<cudaStream_t>(stream_);
   // Everything rides the stream behind the done-event wait, so nothing overtakes kdnd's copies.
   if (auto st = upload_owners(owners); !st.ok()) return st;
