@@ -199,12 +199,13 @@ struct Phase {
   bool failed = false;
   std::string why;  // the first failure that left figures unmeasured
 
-  Result<KdndProcess> start_kdnd(const std::string& tag, std::vector<std::string> sets, std::string* log) {
+  Result<KdndProcess> start_kdnd(const std::string& tag, uint64_t arena, std::vector<std::string> sets,
+                                 std::string* log) {
     KdndOptions ko;
     ko.binary = o.kdnd.empty() ? default_kdnd_path() : o.kdnd;
     ko.socket_path = root + "/" + tag + ".sock";
     ko.log_path = *log = root + "/" + tag + ".log";
-    ko.host_arena_bytes = plan.host_arena_bytes;
+    ko.host_arena_bytes = arena;
     std::vector<std::string> gpu = {"tier.gpu.enable=on", "tier.gpu.bytes=" + std::to_string(plan.t0_bytes),
                                     "tier.gpu.pin_host=true"};
     gpu.insert(gpu.end(), sets.begin(), sets.end());
@@ -325,6 +326,10 @@ void decode_slowdown_figure(Phase& ph, EngineSession& s, const Set& set) {
       uint32_t got = 0;
       EngineStatus st = s.retrieve(set.tokens, *layout, 0, &got);
       if (st.ok()) st = s.wait();
+      if (st.ok() && uint64_t(got) * s.chunk_tokens() != tokens) {
+        st = {KDN_ERR_NOT_FOUND, "loaded " + std::to_string(got) + " chunks of a set of " +
+                                     std::to_string(tokens / s.chunk_tokens())};
+      }
       if (!st.ok()) {
         bg_error = st.message();
         return;
@@ -378,7 +383,8 @@ void peer_figure(Phase& ph, const std::string& socket, const Set& set) {
 void decode_figure(Phase& ph) {
   Figure f;
   std::string log;
-  auto kdnd = ph.start_kdnd("kdnd-kivi4", {"tier.gpu.codec=kivi4"}, &log);
+  // Only sets stored from the engine here: T1 needs room for their copies at most.
+  auto kdnd = ph.start_kdnd("kdnd-kivi4", ph.plan.host_arena_bytes / 2, {"tier.gpu.codec=kivi4"}, &log);
   if (!kdnd.ok()) {
     f.fail("kdnd with tier.gpu.codec=kivi4 did not start: " + describe(kdnd.status()) + ": " + file_tail(log, 300));
     return f.put(ph.r, "kdn.decode_to_engine_gbps");
@@ -416,7 +422,7 @@ void decode_figure(Phase& ph) {
 
 void main_figures(Phase& ph) {
   std::string log;
-  auto kdnd = ph.start_kdnd("kdnd", {}, &log);
+  auto kdnd = ph.start_kdnd("kdnd", ph.plan.host_arena_bytes, {}, &log);
   if (!kdnd.ok()) {
     say("kdnd did not start: %s\n%s", describe(kdnd.status()).c_str(), file_tail(log).c_str());
     ph.failed = true;

@@ -16,4 +16,7 @@ grep -q "tests passed" "$out/ctest.txt" || rc=1
 grep -i "skipped" "$out/ctest.txt" | tee "$out/skipped.txt" || true
 build-gpu/bin/kdn-bench kernels --json --gpu > "$out/kernels-gpu.json" 2> "$out/kernels-gpu.log" || rc=1
 cat "$out/kernels-gpu.json"
+# kdnd's GPU tier with the bench as the engine, against cudaMemcpyAsync (docs/gpu-engine.md).
+build-gpu/bin/kdn-bench gpu --json > "$out/gpu-tier.json" 2> "$out/gpu-tier.log" || rc=1
+cat "$out/gpu-tier.json"
 exit $rc
