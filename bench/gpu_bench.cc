@@ -217,7 +217,8 @@ struct Phase {
   SessionOptions session(const std::string& socket, int device, uint64_t kv_bytes) const {
     SessionOptions so;
     so.socket_path = socket;
-    so.name_space = "gpu-bench";
+    // The default namespace: the one --host-arena-bytes sizes (a created one may get less).
+    so.name_space = "";
     so.model = o.model;
     so.device = device;
     so.kv_bytes = kv_bytes;
