@@ -14,6 +14,7 @@ int run_node_bench(int argc, char** argv);       // kdnd end to end with engine 
 int run_disk_bench(int argc, char** argv);       // T2 against fio on the same directory
 int run_soak_bench(int argc, char** argv);       // engines and kdnd SIGKILLed under load; drift
 int run_remote_bench(int argc, char** argv);     // T3 against hiredis on the same Redis Cluster
+int run_gpu_bench(int argc, char** argv);        // kdnd's GPU tier against cudaMemcpyAsync
 
 }  // namespace kdn::bench
 

@@ -35,6 +35,11 @@ constexpr auto kRemote = &kdn::bench::run_remote_bench;
 #else
 constexpr int (*kRemote)(int, char**) = nullptr;
 #endif
+#if KDN_BENCH_HAVE_GPU
+constexpr auto kGpu = &kdn::bench::run_gpu_bench;
+#else
+constexpr int (*kGpu)(int, char**) = nullptr;
+#endif
 #if KDN_BENCH_HAVE_KERNELS
 constexpr auto kKernels = &run_kernels_bench;
 #else
@@ -70,6 +75,10 @@ const Subcommand kSubcommands[] = {
      "T3 on a Redis Cluster it starts: RemoteTier fetch GB/s and lookup RTT against hiredis on the "
      "same cluster (loopback), and fetch GB/s per codec behind a rate-limited link (netns + tc, root)",
      kRemote, "this kdn-bench was built without the remote tier (targets kdn_remote, kdn_redis_servers)"},
+    {"gpu",
+     "kdnd's GPU tier with this process as the engine: T1/T0 -> engine, engine -> T0, kivi4 decode, "
+     "one-chunk latency, decode-step slowdown, against cudaMemcpyAsync h2d/d2h/d2d",
+     kGpu, "this kdn-bench was built without CUDA or libkdn (KDN_WITH_CUDA, target kdn)"},
     {"baselines", "memcpy, Unix-socket echo, spin ping-pong and redis baselines alone",
      &kdn::bench::run_baselines_bench, ""},
     {"kernels", "copy, RoPE, codec and blend kernels (CPU; CUDA where a GPU is present)", kKernels,
