@@ -43,7 +43,7 @@ class EngineProcess {
  public:
   EngineProcess(const KdndProcess& d, std::vector<std::string> args, const std::string& tag)
       : out_(d.dir() + "/engine-" + tag + ".out"), err_(d.dir() + "/engine-" + tag + ".err") {
-    std::vector<std::string> argv = {KDN_GPU_ENGINE_PATH, "--socket", d.socket(), "--json", "--timeout-ms", "60000"};
+    std::vector<std::string> argv = {kdn::testing::binary_beside_self("kdn-gpu-engine", KDN_GPU_ENGINE_PATH), "--socket", d.socket(), "--json", "--timeout-ms", "60000"};
     argv.insert(argv.end(), args.begin(), args.end());
     pid_ = fork();
     if (pid_ == 0) {
