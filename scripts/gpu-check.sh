@@ -8,6 +8,7 @@
 #   scripts/gpu-check.sh [bundle]          # default gpu-bundle/
 #   KDN_GPU_CHECK_BUDGET_S=420             # stop starting test binaries after this many seconds
 #   KDN_GPU_CHECK_SUITE=0                  # the GPU tests and benchmarks only
+#   KDN_GPU_CHECK_KERNELS=0                # without kdn-bench kernels
 #   KDN_GPU_BENCH_ARGS="--quick"           # passed to kdn-bench gpu
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -73,7 +74,7 @@ bench() {
   echo "$name rc=$rc ($(( $(date +%s) - t0 )) s)" >> "$summary"
   if ((rc != 0)); then tail -15 "$logs/$name.log" | sed 's/^/    /' >> "$summary"; fi
 }
-bench kernels-gpu kernels --json --gpu
+[[ "${KDN_GPU_CHECK_KERNELS:-1}" != 0 ]] && bench kernels-gpu kernels --json --gpu
 bench gpu gpu --json ${KDN_GPU_BENCH_ARGS:-}
 
 if [[ "${KDN_GPU_CHECK_SUITE:-1}" != 0 ]]; then

@@ -107,6 +107,8 @@ using detail::cuda_status;
 using detail::require_device;
 using detail::use_device;
 
+Status set_device(int device) noexcept { return use_device(device); }
+
 namespace {
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
@@ -362,6 +364,7 @@ Result<DeviceRegion> region_create(int, uint64_t) noexcept { return kNoCuda; }
 void region_destroy(DeviceRegion& region) noexcept { region = DeviceRegion{}; }
 Result<void*> open_ipc_memory(int, const IpcHandle&) noexcept { return kNoCuda; }
 void close_ipc_memory(int, void*) noexcept {}
+Status set_device(int) noexcept { return kNoCuda; }
 Result<void*> stream_create(int, bool) noexcept { return kNoCuda; }
 void stream_destroy(void*) noexcept {}
 Result<void*> ipc_event_create(int, IpcHandle*) noexcept { return kNoCuda; }

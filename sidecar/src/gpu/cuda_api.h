@@ -41,6 +41,9 @@ bool available() noexcept;
 std::vector<DeviceInfo> devices() noexcept;
 // The ordinal whose uuid is `uuid`, or kNotFound.
 Result<int> device_by_uuid(const uint8_t uuid[16]) noexcept;
+// Makes `device` this thread's current device (its primary context current), for launches
+// that take no device: the kernels of kdn/kernels run on the current device.
+Status set_device(int device) noexcept;
 // cudaDeviceCanAccessPeer(from, to).
 bool can_access_peer(int from, int to) noexcept;
 // Lets `from` address `to`'s memory (idempotent: already-enabled is success).

@@ -374,6 +374,10 @@ Result<uint32_t> GpuService::retrieve(Namespace& ns, Registration& reg, const Ch
     unpin_all();
     return Status(Code::kLimit, "a chunk larger than half of tier.gpu.staging_bytes (the bounce buffer)");
   }
+  if (Status st = set_device(reg.device); !st.ok()) {  // the kernels launch on the current device
+    unpin_all();
+    return st;
+  }
   auto batch = std::make_unique<Batch>();
   batch->token = next_token_++;
   batch->device = reg.device;
@@ -475,6 +479,7 @@ Status GpuService::store(Namespace& ns, Registration& reg, const CheckedLayout& 
   const uint64_t bytes = kernels::chunk_bytes(geo);
   if (bytes > d.bounce_bytes)
     return Status(Code::kLimit, "a chunk larger than half of tier.gpu.staging_bytes (the bounce buffer)");
+  KDN_RETURN_IF_ERROR(set_device(reg.device));  // the kernels launch on the current device
   auto batch = std::make_unique<Batch>();
   batch->token = next_token_++;
   batch->device = reg.device;
