@@ -12,9 +12,11 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
-KDN_SKIP_LLAMA=1 KDN_SKIP_VLLM=1 KDN_BUILD_DIR=build-gpu KDN_CUDA_ARCHS=90 \
-  KDN_CMAKE_ARGS="-DCMAKE_BUILD_TYPE=Release -DKDN_BUILD_PYTHON=OFF -DKDN_WITH_CUDA=ON ${KDN_CMAKE_ARGS:-}" \
-  scripts/setup.sh
+if [[ -z "${KDN_BUNDLE_NO_BUILD:-}" ]]; then  # KDN_BUNDLE_NO_BUILD=1: pack build-gpu/ as it is
+  KDN_SKIP_LLAMA=1 KDN_SKIP_VLLM=1 KDN_BUILD_DIR=build-gpu KDN_CUDA_ARCHS=90 \
+    KDN_CMAKE_ARGS="-DCMAKE_BUILD_TYPE=Release -DKDN_BUILD_PYTHON=OFF -DKDN_WITH_CUDA=ON ${KDN_CMAKE_ARGS:-}" \
+    scripts/setup.sh
+fi
 
 out=${KDN_BUNDLE_DIR:-gpu-bundle}
 limit_mib=${KDN_BUNDLE_LIMIT_MIB:-60}

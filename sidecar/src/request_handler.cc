@@ -313,7 +313,10 @@ Step RequestHandler::lookup(Op& op, uint64_t deadline_ns) {
     Status in = s.shm.payload().copy_in_slice(op.sqe, op.cursor, std::span(keys, m));
     if (!in.ok()) return finish(op, in);
     uint32_t tiers[kTierCount] = {};
-    const uint32_t hits = store.lookup(std::span(keys, m), op.model->chunk_bytes, tiers);
+    std::function<bool(const Entry&)> in_gpu;
+    if (gpu_ != nullptr && gpu_->holds_any())
+      in_gpu = [&](const Entry& e) { return gpu_->holds(s.ns->region_id, e); };
+    const uint32_t hits = store.lookup(std::span(keys, m), op.model->chunk_bytes, tiers, in_gpu ? &in_gpu : nullptr);
     for (uint32_t t = 0; t < kTierCount; ++t) op.cqe.res[1 + t] += tiers[t];
     // Read-ahead: a lease usually follows a lookup; chunks it will need from the disk or the
     // remote tier start their way into the arena now.

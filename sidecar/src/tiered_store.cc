@@ -26,13 +26,13 @@ std::optional<TierId> TierPolicy::demotion_target(TierId from) const noexcept {
 
 // ---- lookup ----------------------------------------------------------------------------------
 
-uint32_t TieredStore::lookup(std::span<const kdn_key> keys, uint64_t bytes,
-                             uint32_t tier_chunks[kTierCount]) noexcept {
+uint32_t TieredStore::lookup(std::span<const kdn_key> keys, uint64_t bytes, uint32_t tier_chunks[kTierCount],
+                             const std::function<bool(const Entry&)>* in_gpu) noexcept {
   uint32_t hits = 0;
   for (const kdn_key& k : keys) {
     const Entry* e = index_.find(k);
     if (e == nullptr || !e->committed() || e->bytes != bytes || e->resident == 0) break;
-    ++tier_chunks[e->fastest_tier()];
+    ++tier_chunks[in_gpu != nullptr && (*in_gpu)(*e) ? tier_index(TierId::kGpu) : e->fastest_tier()];
     ++hits;
   }
   return hits;

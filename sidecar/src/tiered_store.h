@@ -27,6 +27,7 @@
 #include <kdn/common/model.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -111,7 +112,10 @@ class TieredStore {
 
   // ---- LOOKUP: leading keys committed with `bytes` bytes; tier_chunks[t] counts those whose
   // fastest copy is in tier t. (Counting is note_read's, once per request.)
-  uint32_t lookup(std::span<const kdn_key> keys, uint64_t bytes, uint32_t tier_chunks[kTierCount]) noexcept;
+  // `in_gpu` (may be null): whether a chunk also has a copy in the GPU tier, which then counts as
+  // its fastest (T0 lives beside the store, in the GPU service).
+  uint32_t lookup(std::span<const kdn_key> keys, uint64_t bytes, uint32_t tier_chunks[kTierCount],
+                  const std::function<bool(const Entry&)>* in_gpu = nullptr) noexcept;
   // Counts one finished read request: its hits by tier and its misses (a request served in
   // slices counts once, at its end).
   void note_read(ReadOp op, const uint64_t hits[kTierCount], uint64_t misses) noexcept;

@@ -168,6 +168,19 @@ GpuService::~GpuService() {
   for (std::byte* p : pinned_arenas_) host_unregister(p);
 }
 
+bool GpuService::holds_any() const noexcept {
+  for (const auto& d : devices_)
+    if (d->t0_index && d->t0_index->resident_chunks() > 0) return true;
+  return false;
+}
+
+bool GpuService::holds(uint32_t region, const Entry& e) const noexcept {
+  const T0Key key{region, e.key, e.generation};
+  for (const auto& d : devices_)
+    if (d->t0_index && d->t0_index->contains(key)) return true;
+  return false;
+}
+
 int GpuService::wake_fd() const noexcept { return enabled_ && cq_ ? cq_->fd() : -1; }
 
 void GpuService::pin_arena(std::byte* base, uint64_t bytes) noexcept {

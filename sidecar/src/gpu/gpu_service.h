@@ -102,6 +102,11 @@ class GpuService {
   };
   void poll(std::vector<Woken>* wake);
   bool busy() const noexcept { return !batches_.empty(); }
+  // Whether any device's T0 holds a chunk (LOOKUP asks holds() only then).
+  bool holds_any() const noexcept;
+  // Whether some device's T0 has a findable copy of `e`, a chunk of the namespace whose arena is
+  // region `region` (LOOKUP then reports it in tier 0).
+  bool holds(uint32_t region, const Entry& e) const noexcept;
 
   // ---- reporting
   std::vector<DeviceStats> device_stats() const;

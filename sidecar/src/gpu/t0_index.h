@@ -49,6 +49,11 @@ class T0Index {
 
   // The slot offset of `k` (marked most recently used), or nullopt.
   std::optional<uint64_t> find(const T0Key& k) noexcept;
+  // Whether `k` has a findable slot (no recency change, no counters).
+  bool contains(const T0Key& k) const noexcept {
+    auto it = slots_.find(k);
+    return it != slots_.end() && it->second.published;
+  }
   // A slot for `k` of `bytes` (evicting unpinned least recently used slots as needed), or nullopt
   // if every slot is pinned, the size can never fit, or `k` has a slot already. The slot is not
   // findable until publish(): the copy into it is still in flight.
