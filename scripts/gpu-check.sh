@@ -5,14 +5,24 @@
 # line per test binary and benchmark), machine.txt, the benchmarks' JSON and logs.tar.gz.
 # docs/gpu-results.md says how to carry the bundle and records what the runs measured.
 #
-#   scripts/gpu-check.sh [bundle]          # default gpu-bundle/
+#   scripts/gpu-check.sh [bundle]          # gpu-bundle/ or gpu-bundle.tar.xz (default: either)
 #   KDN_GPU_CHECK_BUDGET_S=420             # stop starting test binaries after this many seconds
 #   KDN_GPU_CHECK_SUITE=0                  # the GPU tests and benchmarks only
 #   KDN_GPU_CHECK_KERNELS=0                # without kdn-bench kernels
 #   KDN_GPU_BENCH_ARGS="--quick"           # passed to kdn-bench gpu
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-bundle=$(cd "${1:-$root/gpu-bundle}" 2>/dev/null && pwd) || { echo "gpu-check: no bundle at ${1:-$root/gpu-bundle} (scripts/gpu-bundle.sh makes it)"; exit 2; }
+bundle=${1:-$root/gpu-bundle}
+[[ -e "$bundle" || ! -f "$bundle.tar.xz" ]] || bundle="$bundle.tar.xz"
+if [[ -f "$bundle" && "$bundle" == *.tar.xz ]]; then  # the archive that travels: unpack it first
+  unpacked=$(mktemp -d /tmp/kdn-gpu-bundle-XXXXXX)
+  # tar needs the xz program; Python's lzma is the fallback where xz-utils is missing.
+  tar -C "$unpacked" -xJf "$bundle" 2>/dev/null ||
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$bundle" "$unpacked" ||
+    { echo "gpu-check: cannot unpack $bundle"; exit 2; }
+  bundle=$(find "$unpacked" -mindepth 1 -maxdepth 1 -type d | head -1)
+fi
+bundle=$(cd "$bundle" 2>/dev/null && pwd) || { echo "gpu-check: no bundle at ${1:-$root/gpu-bundle} (scripts/gpu-bundle.sh makes it)"; exit 2; }
 out=${OUT:-$root/gpu-results}
 mkdir -p "$out"
 logs=$(mktemp -d /tmp/kdn-gpu-check-XXXXXX)
