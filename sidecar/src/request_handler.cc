@@ -1,6 +1,7 @@
 #include "request_handler.h"
 
 #include "gpu/gpu_request.h"
+#include "gpu/gpu_rope.h"
 #include "gpu/gpu_service.h"
 
 #include <kdn/common/clock.h>

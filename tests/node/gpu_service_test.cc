@@ -3,9 +3,7 @@
 // other process. Chunks stored from device blocks (GPU_STORE) must be byte for byte what the
 // CPU gather makes of the same blocks; chunks retrieved into other blocks (GPU_RETRIEVE, with
 // and without T0, from T0 the second time) must be byte for byte what the CPU scatter writes;
-// a layout reaching outside the registration is refused; segments retrieved into device blocks
-// (GPU_SEGMENT_RETRIEVE, K re-rotated on kdnd's stream) must be byte for byte what
-// kdn_segment_retrieve_to writes into a host buffer of the same layout. Skips without a device.
+// a layout reaching outside the registration is refused. Skips without a device.
 #include "kdnd_process.h"
 
 #include <kdn/kernels/layout.h>
@@ -188,6 +186,15 @@ void run_store_and_retrieve(const std::vector<std::string>& flags) {
   EXPECT_EQ(kdn_ping(k.c), KDN_OK);
 }
 
+TEST(GpuEngine, StoreAndRetrieveThroughPinnedHostOnly) {
+  run_store_and_retrieve({"--log-level", "info", "--set", "tier.gpu.enable=on"});
+}
+
+TEST(GpuEngine, StoreAndRetrieveThroughT0) {
+  run_store_and_retrieve({"--log-level", "info", "--set", "tier.gpu.enable=on", "--set", "tier.gpu.bytes=64M",
+                          "--set", "tier.gpu.staging_bytes=8M", "--set", "tier.gpu.slice_bytes=64K"});
+}
+
 // Registers `cache` with kdnd (legacy IPC handle, no engine event).
 kdn_gpu_kv* register_cache(Conn& k, const Cache& cache) {
   cudaDeviceProp prop{};
@@ -207,8 +214,10 @@ kdn_gpu_kv* register_cache(Conn& k, const Cache& cache) {
   return kdn_gpu_register(k.c, &desc, &kv) == KDN_OK ? kv : nullptr;
 }
 
-// Segments stored from the host, then loaded at `target` into device blocks by kdnd and into a
-// host buffer of the same layout by libkdn: the two must agree bit for bit. The third segment
+// Segment retrieves on the device (GPU_SEGMENT_RETRIEVE, K re-rotated on kdnd's stream):
+// segments stored from the host, then loaded at `target` into device blocks by kdnd and into a
+// host buffer of the same layout by libkdn (kdn_segment_retrieve_to): the two must agree bit
+// for bit. The third segment
 // is never stored (a miss: both calls skip it and answer KDN_ERR_NOT_FOUND).
 void run_segment_retrieve(const std::vector<std::string>& flags, const int64_t (&target)[3]) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
@@ -307,15 +316,6 @@ TEST(GpuEngine, SegmentsMovedThroughT0MatchTheHostPath) {
 TEST(GpuEngine, SegmentsAtTheirBasePositionAreCopiedAsIs) {
   const int64_t target[3] = {5, 0, 9};  // delta 0 everywhere: plain scatter
   run_segment_retrieve({"--log-level", "info", "--set", "tier.gpu.enable=on"}, target);
-}
-
-TEST(GpuEngine, StoreAndRetrieveThroughPinnedHostOnly) {
-  run_store_and_retrieve({"--log-level", "info", "--set", "tier.gpu.enable=on"});
-}
-
-TEST(GpuEngine, StoreAndRetrieveThroughT0) {
-  run_store_and_retrieve({"--log-level", "info", "--set", "tier.gpu.enable=on", "--set", "tier.gpu.bytes=64M",
-                          "--set", "tier.gpu.staging_bytes=8M", "--set", "tier.gpu.slice_bytes=64K"});
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
 #include "gpu_service.h"
+#include "gpu_rope.h"
 
 #include "../session.h"
 

@@ -20,7 +20,6 @@
 #include "gpu_layout.h"
 #include "gpu_plan.h"
 #include "gpu_registry.h"
-#include "gpu_rope.h"
 #include "t0_index.h"
 
 #include "../chunk_index.h"
@@ -42,6 +41,8 @@ class TieredStore;
 }  // namespace kdn::sidecar
 
 namespace kdn::sidecar::gpu {
+
+struct SegmentPlacement;  // gpu_rope.h
 
 struct GpuCounters {
   uint64_t registrations = 0, unregistrations = 0, stale_refused = 0, bounds_refused = 0;
