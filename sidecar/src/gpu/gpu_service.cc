@@ -1,7 +1,7 @@
 #include "gpu_service.h"
-#include "gpu_rope.h"
 
 #include "../session.h"
+#include "gpu_rope.h"
 
 #include <kdn/kernels/ops.h>
 
