@@ -24,8 +24,9 @@ constexpr OpTable make_table() noexcept {
 constexpr OpTable kOps = make_table<PingOp, RegisterModelOp, LookupOp, ReserveOp, CommitOp, AbortOp,
                                     LeaseOp, ReleaseOp, StatsOp, ListOp, EvictOp, LookupEachOp,
                                     LeaseEachOp, PrefetchOp, TierStatsOp, MetricsOp, GpuRegisterOp,
-                                    GpuUnregisterOp, GpuRetrieveOp, GpuStoreOp, GpuInfoOp>();
-static_assert(PingOp::kOpcode == Opcode(1) && GpuInfoOp::kOpcode == Opcode(kMaxOpcode));
+                                    GpuUnregisterOp, GpuRetrieveOp, GpuStoreOp, GpuInfoOp, GpuSegmentRetrieveOp>();
+static_assert(PingOp::kOpcode == Opcode(1) && GpuSegmentRetrieveOp::kOpcode == Opcode(kMaxOpcode));
+static_assert(GpuInfoOp::kOpcode == Opcode(25));
 static_assert(MetricsOp::kOpcode == Opcode(20) && GpuRegisterOp::kOpcode == Opcode(21) &&
               GpuStoreOp::kOpcode == Opcode(24));
 static_assert(LeaseOp::kOpcode == Opcode(7) && StatsOp::kOpcode == Opcode(9) && EvictOp::kOpcode == Opcode(11));

@@ -354,9 +354,6 @@ TEST(SessionHeader, ClientChecksEveryField) {
   EXPECT_EQ(check_session_header(bad, *l, 77).code(), Code::kProtocol);
 }
 
-}  // namespace
-}  // namespace kdn::ipc
-
 namespace kdn::ipc {
 namespace {
 
@@ -391,6 +388,78 @@ TEST(CheckSqeMutation, AcceptedReferencesStayInsideTheArea) {
     }
   }
   EXPECT_GT(accepted, 1000);
+}
+
+}  // namespace
+}  // namespace kdn::ipc
+
+TEST(CheckSqe, GpuSegmentRetrieveShape) {
+  EXPECT_STREQ(opcode_name(uint8_t(Opcode::kGpuSegmentRetrieve)), "GPU_SEGMENT_RETRIEVE");
+  EXPECT_EQ(uint8_t(Opcode::kGpuSegmentRetrieve), 26);
+  // Keys in, one byte of room per key out.
+  Sqe s = sqe_of(Opcode::kGpuSegmentRetrieve);
+  s.in_len = 3 * sizeof(kdn_key);
+  EXPECT_EQ(check(s), Code::kInvalidArgument) << "no room for the chunk bytes";
+  s.out_off = 4096;
+  s.out_len = 2;
+  EXPECT_EQ(check(s), Code::kInvalidArgument);
+  s.out_len = 3;
+  EXPECT_EQ(check(s), Code::kOk);
+  s.in_len = 17;
+  EXPECT_EQ(check(s), Code::kProtocol);
+}
+
+TEST(OpResults, GpuSegmentRetrieveArgsRoundTrip) {
+  Sqe s{};
+  GpuSegmentRetrieveOp::put({7, {3, 9}, {128, 48}, {4096, 1000}}, s);
+  const auto a = GpuSegmentRetrieveOp::args(s);
+  EXPECT_EQ(a.model_id, 7u);
+  EXPECT_EQ(a.reg.registration, 3u);
+  EXPECT_EQ(a.reg.generation, 9u);
+  EXPECT_EQ(a.chunks.off, 128u);
+  EXPECT_EQ(a.chunks.len, 48u);
+  EXPECT_EQ(a.layout.off, 4096u);
+  EXPECT_EQ(a.layout.len, 1000u);
+}
+
+TEST(OpResults, GpuSegmentRetrieveAnswersAreChecked) {
+  const uint8_t out[4] = {kGpuSegmentLoaded, kGpuSegmentSkipped, kGpuSegmentLoaded, kGpuSegmentSkipped};
+  Cqe c{};
+  c.res[0] = 2;
+  c.res[1] = 1;
+  ASSERT_TRUE(GpuSegmentRetrieveOp::result(c, out, 4).ok());
+  EXPECT_EQ(GpuSegmentRetrieveOp::result(c, out, 4)->loaded, 2u);
+  c.res[0] = 3;  // disagrees with the bytes
+  EXPECT_FALSE(GpuSegmentRetrieveOp::result(c, out, 4).ok());
+  c.res[0] = 2;
+  c.res[1] = 3;  // more from T0 than loaded
+  EXPECT_FALSE(GpuSegmentRetrieveOp::result(c, out, 4).ok());
+  c.res[1] = 0;
+  const uint8_t bad[2] = {kGpuSegmentLoaded, 7};
+  c.res[0] = 1;
+  EXPECT_FALSE(GpuSegmentRetrieveOp::result(c, bad, 2).ok());
+  c.res[0] = 5;
+  EXPECT_FALSE(GpuSegmentRetrieveOp::result(c, out, 4).ok());
+}
+
+TEST(OpResults, GpuSegmentChunkRecordsAreChecked) {
+  using Op = GpuSegmentRetrieveOp;
+  std::vector<GpuSegmentChunkRecord> r = {{100, 0, kGpuSegmentStart}, {-100, 16, 0}};
+  EXPECT_TRUE(Op::check_chunks(r, 2, 16, 32).ok());
+  EXPECT_EQ(Op::check_chunks(r, 3, 16, 32).code(), Code::kInvalidArgument);  // one record per key
+  EXPECT_EQ(Op::check_chunks(r, 2, 16, 31).code(), Code::kInvalidArgument);  // second chunk leaves the layout
+  r[1].first_token = UINT32_MAX;                                            // no wrap-around
+  EXPECT_EQ(Op::check_chunks(r, 2, 16, 32).code(), Code::kInvalidArgument);
+  r[1].first_token = 16;
+  r[1].delta = KDN_MAX_POSITION;
+  EXPECT_TRUE(Op::check_chunks(r, 2, 16, 32).ok());
+  r[1].delta = -KDN_MAX_POSITION - 1;
+  EXPECT_EQ(Op::check_chunks(r, 2, 16, 32).code(), Code::kInvalidArgument);
+  r[1].delta = INT64_MIN;
+  EXPECT_EQ(Op::check_chunks(r, 2, 16, 32).code(), Code::kInvalidArgument);
+  r[1].delta = 0;
+  r[1].flags = 2;
+  EXPECT_EQ(Op::check_chunks(r, 2, 16, 32).code(), Code::kInvalidArgument);
 }
 
 }  // namespace

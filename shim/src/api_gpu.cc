@@ -3,6 +3,7 @@
 // bytes; a VMM registration's fd is named by number and kdnd takes its own copy with
 // pidfd_getfd from this process (docs/gpu.md).
 #include "handles.h"
+#include "segment_plan.h"
 
 #include <kdn/ipc/payload.h>
 #include <kdn/kernels/layout.h>
@@ -29,6 +30,8 @@ constexpr uint16_t kGpuMinor = 4;  // the first protocol minor with the GPU opco
 // The wire form of a layout for chunks [first, first + n): the slot of every token, written
 // out (identity when the caller gave no mapping). `base_chunk` is the chunk whose token 0 is
 // engine token 0 of the mapping.
+std::vector<std::byte> layout_bytes(const kdn_model& m, const kdn_engine_layout& l, const std::vector<int64_t>& slots);
+
 kdn::Result<std::vector<std::byte>> layout_for(const kdn_model& m, const kdn_engine_layout& l, uint32_t first,
                                                uint32_t n, uint32_t base_chunk) {
   const uint64_t T = m.info.chunk_tokens;
@@ -37,6 +40,11 @@ kdn::Result<std::vector<std::byte>> layout_for(const kdn_model& m, const kdn_eng
     const uint64_t t = (uint64_t(first) - base_chunk) * T + i;
     slots[i] = l.slot_mapping ? l.slot_mapping[t] : int64_t(t);
   }
+  return layout_bytes(m, l, slots);
+}
+
+// The wire form of a layout whose slots are written out.
+std::vector<std::byte> layout_bytes(const kdn_model& m, const kdn_engine_layout& l, const std::vector<int64_t>& slots) {
   std::vector<std::byte> out;
   const uint32_t L = m.info.desc.num_layers;
   const bool split = l.v_layer_base != nullptr;
@@ -71,11 +79,12 @@ kdn::Result<std::vector<std::byte>> layout_for(const kdn_model& m, const kdn_eng
   return out;
 }
 
-// Chunks one GPU request carries: its keys and its layout must fit half the payload area.
-uint32_t chunks_per_request(const Client& c, const kdn_model& m, bool split) {
+// Chunks one GPU request carries: its keys and its layout (and `extra` bytes per chunk: a
+// segment retrieve's records and output) must fit half the payload area.
+uint32_t chunks_per_request(const Client& c, const kdn_model& m, bool split, uint64_t extra = 0) {
   const uint64_t budget = c.welcome().payload_bytes / 2;
   const uint64_t fixed = sizeof(kdn::ipc::GpuLayoutRecord) + uint64_t(m.info.desc.num_layers) * 8 * (split ? 2 : 1);
-  const uint64_t per_chunk = sizeof(kdn_key) + uint64_t(m.info.chunk_tokens) * 8;
+  const uint64_t per_chunk = sizeof(kdn_key) + uint64_t(m.info.chunk_tokens) * 8 + extra;
   if (budget <= fixed) return 0;
   return uint32_t(std::min<uint64_t>({(budget - fixed) / per_chunk, kdn::ipc::kMaxKeysPerOp,
                                       kdn::ipc::kGpuMaxLayoutBytes / per_chunk}));
@@ -121,6 +130,85 @@ kdn::Result<kdn::ipc::Cqe> gpu_request(Client& c, Opcode op, const kdn_model& m,
   c.free_payload(*in);
   c.free_payload(*lay);
   return cqe;
+}
+
+// One chunk of a segment retrieve: its segment, its index there, the engine token its row 0
+// goes to (dst's mapping), the rows it holds and how far its K moves.
+struct SegmentChunk {
+  size_t seg;
+  uint64_t index;
+  uint64_t engine_token;
+  uint32_t rows;
+  int64_t delta;
+};
+
+std::vector<SegmentChunk> segment_chunks(const kdn_model& m, const std::vector<SegmentPlan>& plans, const int64_t* target) {
+  const uint64_t T = m.info.chunk_tokens;
+  std::vector<SegmentChunk> out;
+  uint64_t offset = 0;  // segment s starts at engine token n_0 + ... + n_{s-1}
+  for (size_t s = 0; s < plans.size(); ++s) {
+    const kdn_segment& seg = *plans[s].seg;
+    for (uint64_t i = 0; i < plans[s].chunks; ++i)
+      out.push_back({s, i, offset + i * T, uint32_t(std::min<uint64_t>(T, seg.n_tokens - i * T)), target[s] - seg.base_pos});
+    offset += seg.n_tokens;
+  }
+  return out;
+}
+
+// One GPU_SEGMENT_RETRIEVE of the chunks `win`: each chunk's T slots in the layout (-1 past a
+// segment's end), its record, its key. `copied` gets the answer's byte per chunk.
+kdn::Result<kdn::ipc::GpuSegmentRetrieveOp::Result> segment_request(Client& c, const kdn_model& m, const kdn_gpu_kv& kv,
+                                                                    const kdn_engine_layout& dst,
+                                                                    const std::vector<SegmentChunk>& all,
+                                                                    const std::vector<kdn_key>& keys,
+                                                                    const std::vector<size_t>& win,
+                                                                    std::vector<uint8_t>& copied) {
+  using Op = kdn::ipc::GpuSegmentRetrieveOp;
+  const uint32_t T = m.info.chunk_tokens, n = uint32_t(win.size());
+  std::vector<int64_t> slots(uint64_t(n) * T, -1);
+  std::vector<kdn::ipc::GpuSegmentChunkRecord> recs(n);
+  std::vector<kdn_key> wkeys(n);
+  for (uint32_t j = 0; j < n; ++j) {
+    const SegmentChunk& ch = all[win[j]];
+    for (uint32_t r = 0; r < ch.rows; ++r) {
+      const uint64_t t = ch.engine_token + r;
+      slots[uint64_t(j) * T + r] = dst.slot_mapping ? dst.slot_mapping[t] : int64_t(t);
+    }
+    recs[j] = {ch.delta, j * T, ch.index == 0 ? kdn::ipc::kGpuSegmentStart : 0u};
+    wkeys[j] = keys[win[j]];
+  }
+  const std::vector<std::byte> layout = layout_bytes(m, dst, slots);
+  const uint32_t key_bytes = n * uint32_t(sizeof(kdn_key)), rec_bytes = n * uint32_t(sizeof recs[0]);
+  PayloadRange in{}, rp{}, lay{}, out{};
+  auto free_all = [&] {
+    for (PayloadRange* p : {&in, &rp, &lay, &out})
+      if (p->len) c.free_payload(*p);
+  };
+  for (auto [ref, bytes] : {std::pair{&in, key_bytes}, {&rp, rec_bytes}, {&lay, uint32_t(layout.size())}, {&out, n}}) {
+    auto a = c.alloc_payload(bytes);
+    if (!a.ok()) {
+      free_all();
+      return a.status();
+    }
+    *ref = *a;
+  }
+  std::memcpy(c.payload_ptr(in), wkeys.data(), key_bytes);
+  std::memcpy(c.payload_ptr(rp), recs.data(), rec_bytes);
+  std::memcpy(c.payload_ptr(lay), layout.data(), layout.size());
+  Request r;
+  r.sqe.opcode = uint8_t(Op::kOpcode);
+  r.in = in;
+  r.out = out;
+  r.sqe.in_len = key_bytes;
+  r.sqe.out_len = n;
+  Op::put({m.id, kv.ref, {rp.off, rec_bytes}, {lay.off, uint32_t(layout.size())}}, r.sqe);
+  auto cqe = c.call(r);
+  copied.assign(n, kdn::ipc::kGpuSegmentSkipped);
+  if (cqe.ok() && cqe->status == KDN_OK) std::memcpy(copied.data(), c.payload_ptr(out), n);
+  free_all();
+  if (!cqe.ok()) return cqe.status();
+  if (cqe->status != KDN_OK) return Status(Code(cqe->status), "GPU_SEGMENT_RETRIEVE failed");
+  return Op::result(*cqe, copied.data(), n);
 }
 
 }  // namespace
@@ -274,6 +362,55 @@ KDN_API int kdn_gpu_store(kdn_client* client, const kdn_model* model, const int3
       first += n;
     }
     if (stored) *stored = written;
+    return int(KDN_OK);
+  });
+}
+
+KDN_API int kdn_gpu_segment_retrieve(kdn_client* client, const kdn_model* model, const kdn_segment* segs, size_t n_segs,
+                                     const int64_t* target_pos, kdn_gpu_kv* kv, const kdn_engine_layout* dst,
+                                     uint32_t* loaded_chunks) {
+  if (loaded_chunks && segs) std::fill(loaded_chunks, loaded_chunks + n_segs, 0);
+  if (!target_pos) return KDN_ERR_INVALID_ARGUMENT;
+  if (int e = check_gpu_call(client, model, nullptr, 0, kv, dst)) return e;
+  return guarded([&]() -> int {
+    std::vector<SegmentPlan> plans;
+    std::vector<kdn_key> keys;
+    if (Status st = plan_keys(model->info, segs, n_segs, plans, keys); !st.ok()) return rc(st);
+    bool moves = false;
+    for (size_t s = 0; s < n_segs; ++s) {  // the last token's position fits: no overflow below
+      if (target_pos[s] < 0 || target_pos[s] > KDN_MAX_POSITION - int64_t(segs[s].n_tokens))
+        return int(KDN_ERR_INVALID_ARGUMENT);
+      moves = moves || target_pos[s] != segs[s].base_pos;
+    }
+    if (moves && model->info.desc.rope_style == KDN_ROPE_NONE) return int(KDN_ERR_UNSUPPORTED);  // as on the host
+    Client& c = client_of(client);
+    if (c.welcome().proto_minor < kGpuMinor) return int(KDN_ERR_UNSUPPORTED);
+    const uint32_t round =
+        chunks_per_request(c, *model, dst->v_layer_base != nullptr, sizeof(kdn::ipc::GpuSegmentChunkRecord) + 1);
+    if (round == 0) return int(KDN_ERR_LIMIT);
+    const std::vector<SegmentChunk> all = segment_chunks(*model, plans, target_pos);
+    std::vector<uint32_t> loaded(n_segs, 0);
+    std::vector<uint8_t> broken(n_segs, 0), copied;
+    // In rounds of what the payload area holds; a segment that met a miss sends no more chunks.
+    for (size_t next = 0; next < all.size();) {
+      std::vector<size_t> win;
+      for (; next < all.size() && win.size() < round; ++next)
+        if (!broken[all[next].seg]) win.push_back(next);
+      if (win.empty()) break;
+      auto res = segment_request(c, *model, *kv, *dst, all, keys, win, copied);
+      if (!res.ok()) {
+        if (loaded_chunks) std::copy(loaded.begin(), loaded.end(), loaded_chunks);  // queued; the done event follows
+        return rc(res.status());
+      }
+      for (size_t j = 0; j < win.size(); ++j) {
+        const size_t s = all[win[j]].seg;
+        if (copied[j] == kdn::ipc::kGpuSegmentLoaded) ++loaded[s];
+        else broken[s] = 1;
+      }
+    }
+    if (loaded_chunks) std::copy(loaded.begin(), loaded.end(), loaded_chunks);
+    for (size_t s = 0; s < n_segs; ++s)
+      if (loaded[s] < plans[s].chunks) return int(KDN_ERR_NOT_FOUND);
     return int(KDN_OK);
   });
 }

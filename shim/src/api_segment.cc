@@ -3,6 +3,7 @@
 // segments lives here: the keys, the per-chunk hit map (LOOKUP_EACH), leases that do not stop at
 // a miss (LEASE_EACH), partial last chunks and the rotation to the target position.
 #include "handles.h"
+#include "segment_plan.h"
 
 #include <kdn/common/model.h>
 #include <kdn/ipc/payload.h>
@@ -17,14 +18,7 @@ using kdn::Status;
 using kdn::ipc::Opcode;
 using namespace kdn::shim;
 
-namespace {
-
-// One validated segment and where its chunk keys start in a request.
-struct SegmentPlan {
-  const kdn_segment* seg;
-  uint64_t first_key;
-  uint64_t chunks;
-};
+namespace kdn::shim {
 
 Status check_segment(const kdn_segment* s) {
   if (s == nullptr || s->struct_size != sizeof(kdn_segment))
@@ -56,6 +50,10 @@ Status plan_keys(const kdn::ModelInfo& m, const kdn_segment* segs, size_t n, std
   }
   return kdn::OkStatus();
 }
+
+}  // namespace kdn::shim
+
+namespace {
 
 kdn::kernels::ChunkGeometry geometry(const kdn_model& m) {
   return {m.info.desc.num_layers, m.info.desc.num_kv_heads, m.info.desc.head_dim, m.info.chunk_tokens,

@@ -1,6 +1,7 @@
 #include "request_handler.h"
 
 #include "gpu/gpu_request.h"
+#include "gpu/gpu_rope.h"
 #include "gpu/gpu_service.h"
 
 #include <kdn/common/clock.h>
@@ -67,14 +68,15 @@ bool needs_model(uint8_t opcode) {
   return opcode == uint8_t(Opcode::kLookup) || opcode == uint8_t(Opcode::kReserve) ||
          opcode == uint8_t(Opcode::kLease) || opcode == uint8_t(Opcode::kLookupEach) ||
          opcode == uint8_t(Opcode::kLeaseEach) || opcode == uint8_t(Opcode::kPrefetch) ||
-         opcode == uint8_t(Opcode::kGpuRetrieve) || opcode == uint8_t(Opcode::kGpuStore);
+         opcode == uint8_t(Opcode::kGpuRetrieve) || opcode == uint8_t(Opcode::kGpuStore) ||
+         opcode == uint8_t(Opcode::kGpuSegmentRetrieve);
 }
 
 // LEASE serves the longest cached prefix of a chain; LEASE_EACH every key on its own;
-// GPU_RETRIEVE leases a prefix for kdnd's own copies.
+// GPU_RETRIEVE leases a prefix for kdnd's own copies, GPU_SEGMENT_RETRIEVE every key on its own.
 bool is_lease(uint8_t opcode) {
   return opcode == uint8_t(Opcode::kLease) || opcode == uint8_t(Opcode::kLeaseEach) ||
-         opcode == uint8_t(Opcode::kGpuRetrieve);
+         opcode == uint8_t(Opcode::kGpuRetrieve) || opcode == uint8_t(Opcode::kGpuSegmentRetrieve);
 }
 
 }  // namespace
@@ -149,6 +151,7 @@ Step RequestHandler::dispatch(Op& op, uint64_t deadline_ns) {
     case Opcode::kGpuRetrieve: return lease(op, deadline_ns);
     case Opcode::kGpuStore: return gpu_store(op, deadline_ns);
     case Opcode::kGpuInfo: return gpu_info(op);
+    case Opcode::kGpuSegmentRetrieve: return lease(op, deadline_ns);
   }
   return finish(op, Status(Code::kUnsupported, "unknown opcode"));
 }
@@ -562,8 +565,9 @@ Step RequestHandler::abort(Op& op, uint64_t deadline_ns) {
 Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
   Session& s = *op.session;
   TieredStore& store = *s.ns->store;
-  const bool each = op.sqe.opcode == uint8_t(Opcode::kLeaseEach);
-  const bool gpu = op.sqe.opcode == uint8_t(Opcode::kGpuRetrieve);  // leases kept by kdnd itself
+  const bool segment = op.sqe.opcode == uint8_t(Opcode::kGpuSegmentRetrieve);
+  const bool each = op.sqe.opcode == uint8_t(Opcode::kLeaseEach) || segment;
+  const bool gpu = op.sqe.opcode == uint8_t(Opcode::kGpuRetrieve) || segment;  // leases kept by kdnd itself
   const uint32_t wanted =
       each  ? op.shape.in_records
       : gpu ? ipc::GpuRetrieveOp::wanted(ipc::GpuRetrieveOp::args(op.sqe), op.shape.in_records)
@@ -642,6 +646,7 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
             if (gpu) {  // the copies' own lease, released when they land
               try {
                 op.gpu->leased.push_back(e);
+                if (segment) op.gpu->position.push_back(first + filled);  // misses leave gaps
                 make_room(op.taken, 1);
               } catch (...) {
                 if (op.gpu->leased.empty() || op.gpu->leased.back() != e) store.unpin(e);
@@ -699,8 +704,8 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
             });
   if (!touched) return Step::kMore;
   if (gpu) {
-    store.note_read(ReadOp::kLease, op.served_from, wanted - op.taken.size());
-    return gpu_queue_retrieve(op);
+    store.note_read(segment ? ReadOp::kLeaseEach : ReadOp::kLease, op.served_from, wanted - op.taken.size());
+    return segment ? gpu_queue_segment(op) : gpu_queue_retrieve(op);
   }
   Status z = s.shm.payload().zero_out_records<ipc::LeaseRecord>(op.sqe, op.cursor, wanted);
   if (!z.ok()) {
@@ -1076,8 +1081,13 @@ Status RequestHandler::gpu_prepare(Op& op) {
   if (gpu_ == nullptr) return kNoGpuTier;
   Session& s = *op.session;
   const bool store = op.sqe.opcode == uint8_t(Opcode::kGpuStore);
-  const ipc::GpuRegistrationRef ref = store ? ipc::GpuStoreOp::args(op.sqe).reg : ipc::GpuRetrieveOp::args(op.sqe).reg;
-  const ipc::GpuLayoutRef lay = store ? ipc::GpuStoreOp::args(op.sqe).layout : ipc::GpuRetrieveOp::args(op.sqe).layout;
+  const bool segment = op.sqe.opcode == uint8_t(Opcode::kGpuSegmentRetrieve);
+  const ipc::GpuRegistrationRef ref = store     ? ipc::GpuStoreOp::args(op.sqe).reg
+                                      : segment ? ipc::GpuSegmentRetrieveOp::args(op.sqe).reg
+                                                : ipc::GpuRetrieveOp::args(op.sqe).reg;
+  const ipc::GpuLayoutRef lay = store     ? ipc::GpuStoreOp::args(op.sqe).layout
+                                : segment ? ipc::GpuSegmentRetrieveOp::args(op.sqe).layout
+                                          : ipc::GpuRetrieveOp::args(op.sqe).layout;
   auto reg = gpu_->find(s, ref);
   if (!reg.ok()) return reg.status();
   if (lay.len > ipc::kGpuMaxLayoutBytes) return Status(Code::kInvalidArgument, "GPU layout larger than 16 MiB");
@@ -1095,8 +1105,71 @@ Status RequestHandler::gpu_prepare(Op& op) {
   req->store = s.ns->store.get();
   req->ref = ref;
   req->layout = std::move(*checked);
+  if (segment) KDN_RETURN_IF_ERROR(gpu_read_segment_chunks(op, *req));
   op.gpu = std::move(req);
   return OkStatus();
+}
+
+// GPU_SEGMENT_RETRIEVE: kdnd's one copy of the chunk records, checked against the keys and the
+// layout before anything is leased.
+Status RequestHandler::gpu_read_segment_chunks(Op& op, gpu::GpuRequest& req) {
+  const ipc::GpuLayoutRef where = ipc::GpuSegmentRetrieveOp::args(op.sqe).chunks;
+  const uint32_t keys = op.shape.in_records;
+  if (where.len != uint64_t(keys) * sizeof(ipc::GpuSegmentChunkRecord))
+    return Status(Code::kInvalidArgument, "GPU_SEGMENT_RETRIEVE: one chunk record per key");
+  req.segment_chunks.resize(keys);
+  KDN_RETURN_IF_ERROR(op.session->shm.payload().copy_in(where.off, std::as_writable_bytes(std::span(req.segment_chunks))));
+  return ipc::GpuSegmentRetrieveOp::check_chunks(req.segment_chunks, keys, op.model->chunk_tokens,
+                                                 req.layout.slots.size());
+}
+
+// GPU_SEGMENT_RETRIEVE after its leases: per segment the leading cached chunks are queued with
+// their deltas (docs/gpu.md); the others' leases are given back at once.
+Step RequestHandler::gpu_queue_segment(Op& op) {
+  Session& s = *op.session;
+  gpu::GpuRequest& g = *op.gpu;
+  const uint32_t keys = op.shape.in_records;
+  std::vector<uint8_t> cached(keys, 0);
+  for (uint32_t p : g.position) cached[p] = 1;
+  const std::vector<uint8_t> copied = gpu::leading_chunks(g.segment_chunks, cached);
+  Status wrote = s.shm.payload().copy_out_records(op.sqe, std::span<const uint8_t>(copied));
+  if (!wrote.ok()) {
+    rollback(op);
+    return finish(op, wrote);
+  }
+  auto reg = gpu_->find(s, g.ref);  // it may have been unregistered while promotions ran
+  if (!reg.ok()) {
+    rollback(op);
+    return finish(op, reg.status());
+  }
+  std::vector<Entry*> chunks;
+  std::vector<ipc::GpuSegmentChunkRecord> recs;
+  chunks.reserve(g.leased.size());
+  recs.reserve(g.leased.size());
+  for (size_t j = 0; j < g.leased.size(); ++j) {
+    if (!copied[g.position[j]]) continue;
+    chunks.push_back(g.leased[j]);
+    recs.push_back(g.segment_chunks[g.position[j]]);
+  }
+  auto placement = gpu::place_segment_chunks(op.model->desc, recs);
+  if (!placement.ok()) {
+    rollback(op);
+    return finish(op, placement.status());
+  }
+  for (size_t j = 0; j < g.leased.size(); ++j)  // past a miss of its segment: not copied
+    if (!copied[g.position[j]]) s.ns->store->unpin(g.leased[j]);
+  g.leased.clear();
+  g.position.clear();
+  const uint32_t n = uint32_t(chunks.size());
+  if (n == 0) {
+    ipc::GpuSegmentRetrieveOp::put({0, 0}, op.cqe);
+    return finish(op, OkStatus());
+  }
+  // The batch takes the leases over, whatever comes of it.
+  auto from_t0 = gpu_->retrieve(*s.ns, **reg, g.layout, kernels::chunk_geometry_of(*op.model), chunks, &*placement);
+  if (!from_t0.ok()) return finish(op, from_t0.status());
+  ipc::GpuSegmentRetrieveOp::put({n, *from_t0}, op.cqe);
+  return finish(op, OkStatus());
 }
 
 Step RequestHandler::gpu_queue_retrieve(Op& op) {

@@ -177,6 +177,8 @@ class RequestHandler {
   // queues the copies once the prefix is leased.
   Status gpu_prepare(Op& op);
   Step gpu_queue_retrieve(Op& op);
+  Status gpu_read_segment_chunks(Op& op, gpu::GpuRequest& req);
+  Step gpu_queue_segment(Op& op);
   Step gpu_collect(Op& op, uint64_t deadline_ns);
   Step gpu_commit(Op& op, uint64_t deadline_ns);
 

@@ -195,5 +195,128 @@ TEST(GpuEngine, StoreAndRetrieveThroughT0) {
                           "--set", "tier.gpu.staging_bytes=8M", "--set", "tier.gpu.slice_bytes=64K"});
 }
 
+// Registers `cache` with kdnd (legacy IPC handle, no engine event).
+kdn_gpu_kv* register_cache(Conn& k, const Cache& cache) {
+  cudaDeviceProp prop{};
+  cudaIpcMemHandle_t mem{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess || cudaIpcGetMemHandle(&mem, cache.dev) != cudaSuccess)
+    return nullptr;
+  kdn_gpu_kv_desc desc{};
+  desc.struct_size = sizeof desc;
+  desc.kind = KDN_GPU_MEMORY_IPC;
+  std::memcpy(desc.device_uuid, &prop.uuid, 16);
+  desc.engine_base = uint64_t(uintptr_t(cache.dev));
+  desc.bytes = cache.host.size() * 2;
+  desc.alloc_bytes = desc.bytes;
+  desc.vmm_fd = -1;
+  std::memcpy(desc.ipc_handle, &mem, sizeof mem);
+  kdn_gpu_kv* kv = nullptr;
+  return kdn_gpu_register(k.c, &desc, &kv) == KDN_OK ? kv : nullptr;
+}
+
+// Segment retrieves on the device (GPU_SEGMENT_RETRIEVE, K re-rotated on kdnd's stream):
+// segments stored from the host, then loaded at `target` into device blocks by kdnd and into a
+// host buffer of the same layout by libkdn (kdn_segment_retrieve_to): the two must agree bit
+// for bit. The third segment
+// is never stored (a miss: both calls skip it and answer KDN_ERR_NOT_FOUND).
+void run_segment_retrieve(const std::vector<std::string>& flags, const int64_t (&target)[3]) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  KdndProcess d(flags);
+  Conn k(d, tiny_model(kT));
+  ASSERT_TRUE(k.ok()) << d.log();
+  Cache cache;
+  ASSERT_TRUE(cache.init());
+  for (size_t i = 0; i < cache.host.size(); ++i) cache.host[i] = uint16_t(0x3000 + (i * 13 + 5) % 0x0900);
+  // Segment 0: 40 tokens (a partial last chunk), segment 1: 16 tokens, segment 2: never stored.
+  const std::vector<int32_t> t0 = doc_tokens(21, 40), t1 = doc_tokens(22, 16), t2 = doc_tokens(23, 20);
+  kdn_segment segs[3] = {};
+  const std::vector<int32_t>* toks[3] = {&t0, &t1, &t2};
+  const int64_t base[3] = {5, 0, 9};
+  for (int s = 0; s < 3; ++s) {
+    segs[s].struct_size = sizeof(kdn_segment);
+    segs[s].tokens = toks[s]->data();
+    segs[s].n_tokens = toks[s]->size();
+    segs[s].base_pos = base[s];
+  }
+  // Store segments 0 and 1 from the host mirror: segment 0 from engine tokens 0..39, segment 1
+  // from 64..79.
+  std::vector<int64_t> from1(16);
+  for (size_t t = 0; t < from1.size(); ++t) from1[t] = 64 + int64_t(t);
+  const kdn_engine_layout src0 = cache.layout(false, nullptr), src1 = cache.layout(false, from1.data());
+  uint32_t stored = 0;
+  ASSERT_EQ(kdn_segment_store_from(k.c, k.m, &segs[0], &src0, &stored), KDN_OK);
+  EXPECT_EQ(stored, 3u);
+  ASSERT_EQ(kdn_segment_store_from(k.c, k.m, &segs[1], &src1, &stored), KDN_OK);
+  EXPECT_EQ(stored, 1u);
+
+  // Both loads go to slots 128.. (blocks 8..), segment after segment.
+  std::vector<int64_t> slots(40 + 16 + 20);
+  for (size_t t = 0; t < slots.size(); ++t) slots[t] = 128 + int64_t(t);
+  std::vector<uint16_t> want(cache.host.size(), 0);
+  std::vector<void*> want_bases;
+  for (uint32_t l = 0; l < kLayers; ++l) want_bases.push_back(want.data() + l * kLayerElems);
+  kdn_engine_layout host_dst = cache.layout(false, slots.data());
+  host_dst.layer_base = want_bases.data();
+  uint64_t tokens[3] = {};
+  ASSERT_EQ(kdn_segment_retrieve_to(k.c, k.m, segs, 3, target, &host_dst, tokens), KDN_ERR_NOT_FOUND);
+  EXPECT_EQ(tokens[0], 40u);
+  EXPECT_EQ(tokens[1], 16u);
+  EXPECT_EQ(tokens[2], 0u);
+
+  kdn_gpu_kv* kv = register_cache(k, cache);
+  ASSERT_NE(kv, nullptr) << d.log();
+  cudaEvent_t done = nullptr;
+  cudaIpcEventHandle_t done_handle;
+  std::memcpy(&done_handle, kdn_gpu_kv_done_event(kv), sizeof done_handle);
+  ASSERT_EQ(cudaIpcOpenEventHandle(&done, done_handle), cudaSuccess);
+  const kdn_engine_layout dst = cache.layout(true, slots.data());
+  for (int round = 0; round < 2; ++round) {  // the second time from T0 where there is one
+    ASSERT_EQ(cudaMemset(cache.dev, 0, cache.host.size() * 2), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    uint32_t loaded[3] = {9, 9, 9};
+    ASSERT_EQ(kdn_gpu_segment_retrieve(k.c, k.m, segs, 3, target, kv, &dst, loaded), KDN_ERR_NOT_FOUND) << d.log();
+    EXPECT_EQ(loaded[0], 3u);
+    EXPECT_EQ(loaded[1], 1u);
+    EXPECT_EQ(loaded[2], 0u);
+    ASSERT_EQ(cudaStreamWaitEvent(0, done, 0), cudaSuccess);
+    const std::vector<uint16_t> got = cache.download();
+    ASSERT_EQ(got.size(), want.size());
+    size_t first_diff = 0;
+    while (first_diff < got.size() && got[first_diff] == want[first_diff]) ++first_diff;
+    EXPECT_EQ(first_diff, got.size()) << "round " << round << ": first difference at element " << first_diff;
+  }
+  // Segments 0 and 1 alone load whole.
+  uint32_t loaded[2] = {};
+  ASSERT_EQ(kdn_gpu_segment_retrieve(k.c, k.m, segs, 2, target, kv, &dst, loaded), KDN_OK) << d.log();
+  EXPECT_EQ(loaded[0], 3u);
+  EXPECT_EQ(loaded[1], 1u);
+  ASSERT_EQ(cudaStreamWaitEvent(0, done, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  // A target whose segment would end past KDN_MAX_POSITION is refused in libkdn.
+  const int64_t far[2] = {KDN_MAX_POSITION, 0};
+  EXPECT_EQ(kdn_gpu_segment_retrieve(k.c, k.m, segs, 2, far, kv, &dst, loaded), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_gpu_unregister(k.c, kv), KDN_OK);
+  cudaEventDestroy(done);
+  EXPECT_EQ(kdn_ping(k.c), KDN_OK);
+}
+
+TEST(GpuEngine, SegmentsMovedOnTheDeviceMatchTheHostPath) {
+  const int64_t target[3] = {100, 3, 200};
+  run_segment_retrieve({"--log-level", "info", "--set", "tier.gpu.enable=on"}, target);
+}
+
+TEST(GpuEngine, SegmentsMovedThroughT0MatchTheHostPath) {
+  const int64_t target[3] = {1000003, 41, 7};
+  run_segment_retrieve({"--log-level", "info", "--set", "tier.gpu.enable=on", "--set", "tier.gpu.bytes=64M",
+                        "--set", "tier.gpu.staging_bytes=8M", "--set", "tier.gpu.slice_bytes=64K"},
+                       target);
+}
+
+TEST(GpuEngine, SegmentsAtTheirBasePositionAreCopiedAsIs) {
+  const int64_t target[3] = {5, 0, 9};  // delta 0 everywhere: plain scatter
+  run_segment_retrieve({"--log-level", "info", "--set", "tier.gpu.enable=on"}, target);
+}
+
 }  // namespace
 }  // namespace kdn::testing

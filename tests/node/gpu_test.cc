@@ -131,5 +131,29 @@ TEST(GpuApi, BadArgumentsAreCaughtInLibkdn) {
   EXPECT_EQ(kdn_ping(k.c), KDN_OK);
 }
 
+TEST(GpuApi, SegmentRetrieveArgumentsAreCaughtInLibkdn) {
+  KdndProcess d;
+  Conn k(d, tiny_model());
+  ASSERT_TRUE(k.ok());
+  const std::vector<int32_t> toks = doc_tokens(1, 40);
+  kdn_segment seg{};
+  seg.struct_size = sizeof seg;
+  seg.tokens = toks.data();
+  seg.n_tokens = toks.size();
+  seg.base_pos = 4;
+  void* bases[2] = {reinterpret_cast<void*>(0x7f0000000000ull), reinterpret_cast<void*>(0x7f0000100000ull)};
+  const kdn_engine_layout l = some_layout(bases);
+  const int64_t target = 10;
+  uint32_t loaded = 99;
+  // No registration (none can be made without a GPU tier): refused before anything is sent.
+  EXPECT_EQ(kdn_gpu_segment_retrieve(k.c, k.m, &seg, 1, &target, nullptr, &l, &loaded), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(loaded, 0u);
+  EXPECT_EQ(kdn_gpu_segment_retrieve(nullptr, k.m, &seg, 1, &target, nullptr, &l, &loaded), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_gpu_segment_retrieve(k.c, k.m, &seg, 1, nullptr, nullptr, &l, &loaded), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_gpu_segment_retrieve(k.c, k.m, &seg, 1, &target, nullptr, nullptr, &loaded), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_gpu_segment_retrieve(k.c, k.m, nullptr, 1, &target, nullptr, &l, nullptr), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_ping(k.c), KDN_OK);
+}
+
 }  // namespace
 }  // namespace kdn::testing

@@ -468,6 +468,20 @@ KDN_API int kdn_gpu_retrieve(kdn_client* client, const kdn_model* model, const i
 KDN_API int kdn_gpu_store(kdn_client* client, const kdn_model* model, const int32_t* tokens,
                           size_t n_tokens, uint32_t first_chunk, uint32_t n_chunks, kdn_gpu_kv* kv,
                           const kdn_engine_layout* src, uint32_t* stored);
+/* Loads segments into the registered blocks at target positions, as kdn_segment_retrieve_to
+ * does into a host buffer: segment s goes to engine tokens off_s .. off_s + n_tokens_s - 1 of
+ * dst's mapping (off_s = the n_tokens of the segments before it), its leading cached chunks
+ * only (a partial last chunk writes only the segment's rows), with K rotated on kdnd's stream by
+ * target_pos[s] - segs[s].base_pos (delta 0: copied as is). Returns once kdnd has queued the
+ * copies (the done event follows them, as for kdn_gpu_retrieve). loaded_chunks[s] (an array of
+ * n_segs, may be NULL) receives the chunks of segment s that will be written. KDN_OK if every
+ * segment is loaded whole; KDN_ERR_NOT_FOUND if one is not; KDN_ERR_INVALID_ARGUMENT for a
+ * target position that is negative or whose segment would end past KDN_MAX_POSITION, or a bad
+ * layout; KDN_ERR_UNSUPPORTED for a move of a model without RoPE. Added in ABI minor 3
+ * (protocol minor 4: GPU_SEGMENT_RETRIEVE). */
+KDN_API int kdn_gpu_segment_retrieve(kdn_client* client, const kdn_model* model, const kdn_segment* segs,
+                                     size_t n_segs, const int64_t* target_pos, kdn_gpu_kv* kv,
+                                     const kdn_engine_layout* dst, uint32_t* loaded_chunks);
 
 #ifdef __cplusplus
 }  /* extern "C" */

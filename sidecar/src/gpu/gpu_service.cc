@@ -1,6 +1,7 @@
 #include "gpu_service.h"
 
 #include "../session.h"
+#include "gpu_rope.h"
 
 #include <kdn/kernels/ops.h>
 
@@ -322,19 +323,26 @@ Result<Registration*> GpuService::find(const Session& s, ipc::GpuRegistrationRef
 
 // ---- batches ---------------------------------------------------------------------------------------
 
-Result<kernels::EngineView> GpuService::stage_layout(Device& d, const CheckedLayout& layout) {
+Result<kernels::EngineView> GpuService::stage_layout(Device& d, const CheckedLayout& layout, std::span<const float> tail,
+                                                     const float** tail_dev) {
   const uint64_t bases = layout.k_bases.size() * 8, vbases = layout.v_bases.size() * 8;
   const uint64_t slots = layout.slots.size() * 8;
   const uint64_t vat = (bases + kMetaAlign - 1) / kMetaAlign * kMetaAlign;
   const uint64_t sat = vat + (vbases + kMetaAlign - 1) / kMetaAlign * kMetaAlign;
-  auto off = d.meta->alloc(sat + slots);
+  const uint64_t tat = (sat + slots + kMetaAlign - 1) / kMetaAlign * kMetaAlign;
+  const uint64_t total = tail.empty() ? sat + slots : tat + tail.size_bytes();
+  if (total > d.meta->capacity())
+    return Status(Code::kLimit, "a request's GPU metadata is larger than the metadata area (tier.gpu.staging_bytes)");
+  auto off = d.meta->alloc(total);
   if (!off) return Status(Code::kBusy, "the GPU metadata area is full of requests in flight (tier.gpu.staging_bytes)");
   std::byte* host = d.host_meta + *off;
   std::memcpy(host, layout.k_bases.data(), bases);
   if (vbases) std::memcpy(host + vat, layout.v_bases.data(), vbases);
   if (slots) std::memcpy(host + sat, layout.slots.data(), slots);
+  if (!tail.empty()) std::memcpy(host + tat, tail.data(), tail.size_bytes());
   std::byte* dev = static_cast<std::byte*>(d.scratch.base) + d.bounce_bytes + *off;
-  Status st = copy_async(dev, host, sat + slots, d.stream);
+  if (tail_dev) *tail_dev = tail.empty() ? nullptr : reinterpret_cast<const float*>(dev + tat);
+  Status st = copy_async(dev, host, total, d.stream);
   if (!st.ok()) {
     d.meta->undo_newest();  // nothing of this request was queued
     return cuda_error("queueing the layout copy failed", st);
@@ -375,8 +383,28 @@ void GpuService::finish_queued(Device& d, uint64_t token, Status why) noexcept {
   }
 }
 
+Status GpuService::scatter_chunk(const Device& d, const void* src, const kernels::ChunkGeometry& geo,
+                                 kernels::EngineView v, size_t i, const SegmentPlacement* segment,
+                                 const float* table_dev) noexcept {
+  const kernels::Executor ex = kernels::Executor::cuda(d.stream);
+  if (segment == nullptr) {
+    v.first_token = int64_t(i) * geo.tokens;
+    return kernels::scatter(src, geo, v, ex);
+  }
+  if (i >= segment->first_token.size() || i >= segment->row.size())
+    return Status(Code::kInternal, "a segment chunk without its placement");
+  v.first_token = segment->first_token[i];
+  const int32_t row = segment->row[i];
+  if (row < 0) return kernels::scatter(src, geo, v, ex);
+  if (table_dev == nullptr || uint32_t(row) >= segment->rows())
+    return Status(Code::kInternal, "a segment chunk's RoPE row is not staged");
+  const kernels::RopeTable t{segment->style, segment->rotary_dim, table_dev + uint64_t(row) * segment->rotary_dim, 0};
+  return kernels::rope_scatter(src, geo, v, t, ex);
+}
+
 Result<uint32_t> GpuService::retrieve(Namespace& ns, Registration& reg, const CheckedLayout& layout,
-                                      const kernels::ChunkGeometry& geo, std::span<Entry* const> chunks) {
+                                      const kernels::ChunkGeometry& geo, std::span<Entry* const> chunks,
+                                      const SegmentPlacement* segment) {
   if (!enabled_) return Status(Code::kUnsupported, off_status_.c_str());
   auto unpin_all = [&] {
     for (Entry* e : chunks) ns.store->unpin(e);
@@ -397,7 +425,8 @@ Result<uint32_t> GpuService::retrieve(Namespace& ns, Registration& reg, const Ch
   batch->reg = &reg;
   batch->ns = &ns;
   batch->leased.assign(chunks.begin(), chunks.end());  // the batch holds every pin from here
-  auto view = stage_layout(d, layout);
+  const float* table_dev = nullptr;
+  auto view = segment ? stage_layout(d, layout, segment->table, &table_dev) : stage_layout(d, layout);
   if (!view.ok()) {
     unpin_all();
     return view.status();
@@ -456,9 +485,7 @@ Result<uint32_t> GpuService::retrieve(Namespace& ns, Registration& reg, const Ch
         break;
     }
     if (!failed.ok()) break;
-    kernels::EngineView v = *view;
-    v.first_token = int64_t(queued) * geo.tokens;
-    failed = kernels::scatter(src, geo, v, kernels::Executor::cuda(d.stream));
+    failed = scatter_chunk(d, src, geo, *view, queued, segment, table_dev);
   }
   if (failed.ok()) failed = event_record(reg.done_event, d.stream);
   if (failed.ok()) failed = notify_after(d.stream, cq_.get(), batch->token);

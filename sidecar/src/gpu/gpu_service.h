@@ -42,6 +42,8 @@ class TieredStore;
 
 namespace kdn::sidecar::gpu {
 
+struct SegmentPlacement;  // gpu_rope.h
+
 struct GpuCounters {
   uint64_t registrations = 0, unregistrations = 0, stale_refused = 0, bounds_refused = 0;
   uint64_t retrieves = 0, retrieved_chunks = 0, stores = 0, stored_chunks = 0;
@@ -87,8 +89,11 @@ class GpuService {
   // into the registration, chunk i to tokens [i*T, (i+1)*T) of the layout, then records the
   // done event. Returns how many came from a T0 copy. Takes the pins over in every case: they
   // are released when the batch lands (or at once if nothing could be queued).
+  // With `segment` (GPU_SEGMENT_RETRIEVE), chunk i starts at segment->first_token[i] of the
+  // layout instead and its K is rotated by its table row (rope_scatter; row -1: scatter).
   Result<uint32_t> retrieve(Namespace& ns, Registration& reg, const CheckedLayout& layout,
-                            const kernels::ChunkGeometry& geo, std::span<Entry* const> chunks);
+                            const kernels::ChunkGeometry& geo, std::span<Entry* const> chunks,
+                            const SegmentPlacement* segment = nullptr);
   // Queues, after the engine event, the gathers of reserved chunks (chunk_pos[i]: its index in
   // the layout) into their host slots; `op_token` is returned by poll() when they landed (with
   // failed set if they did not). The reservations stay the caller's.
@@ -125,7 +130,13 @@ class GpuService {
   void close(Registration& r) noexcept;
   Result<void*> open_memory(const Session& s, const ipc::GpuRegisterRecord& rec, int device);
   // Stages layout metadata for a batch on device d; fills the device-side view.
-  Result<kernels::EngineView> stage_layout(Device& d, const CheckedLayout& layout);
+  // `tail` (a segment's RoPE table) is staged after it in the same allocation; *tail_dev gets
+  // its device address.
+  Result<kernels::EngineView> stage_layout(Device& d, const CheckedLayout& layout, std::span<const float> tail = {},
+                                           const float** tail_dev = nullptr);
+  // The chunk's copy into the engine's blocks: scatter, or rope_scatter with its table row.
+  Status scatter_chunk(const Device& d, const void* src, const kernels::ChunkGeometry& geo, kernels::EngineView v,
+                       size_t i, const SegmentPlacement* segment, const float* table_dev) noexcept;
   Status copy_sliced(void* dst, const void* src, uint64_t bytes, void* stream) noexcept;
   Status ensure_peer(int engine_device, int t0_device) noexcept;
   // Ends a batch whose queueing failed after work was queued: synchronizes the stream and

@@ -20,6 +20,7 @@
 #include <kdn/ipc/protocol.h>
 
 #include <cstdint>
+#include <span>
 
 namespace kdn::ipc {
 
@@ -554,6 +555,70 @@ struct GpuStoreOp {
   static kdn::Result<Result> result(const Cqe& c, uint32_t keys_sent) noexcept {
     if (c.res[0] + c.res[1] > keys_sent) return Status(Code::kProtocol, "GPU_STORE answered impossible counts");
     return Result{uint32_t(c.res[0]), uint32_t(c.res[1])};
+  }
+};
+
+// ---- GPU_SEGMENT_RETRIEVE (minor 4): segment chunk keys in; one byte per key out ----------------
+// Like LEASE_EACH (a miss does not stop the request) with kdnd as the lessee, then, per segment,
+// the leading cached chunks are scattered into the registration with K rotated by their record's
+// delta (rope_scatter; delta 0 is a plain scatter), and the done event recorded after them.
+// arg1 names kdn's GpuSegmentChunkRecords (one per key) as GpuLayoutRef names the layout.
+// Output byte i: kGpuSegmentLoaded or kGpuSegmentSkipped.
+struct GpuSegmentRetrieveOp {
+  static constexpr Opcode kOpcode = Opcode::kGpuSegmentRetrieve;
+  static constexpr const char* kName = "GPU_SEGMENT_RETRIEVE";
+  static constexpr OpShape kShape{sizeof(kdn_key), false, 1, OpShape::Out::kPerInput};
+  using InRecord = kdn_key;
+  using OutRecord = uint8_t;
+  struct Args {
+    uint32_t model_id = 0;
+    GpuRegistrationRef reg;
+    GpuLayoutRef chunks;  // GpuSegmentChunkRecords: offset | length << 32
+    GpuLayoutRef layout;
+  };
+  struct Result {
+    uint32_t loaded = 0;   // chunks whose copies were queued
+    uint32_t from_t0 = 0;  // of those, served from a T0 copy
+  };
+  static void put(const Args& a, Sqe& q) noexcept {
+    q.model_id = a.model_id;
+    q.arg[0] = a.reg.word();
+    q.arg[1] = a.chunks.word();
+    q.arg[2] = a.layout.word();
+  }
+  static Args args(const Sqe& q) noexcept {
+    return {q.model_id, GpuRegistrationRef::of(q.arg[0]), GpuLayoutRef::of(q.arg[1]), GpuLayoutRef::of(q.arg[2])};
+  }
+  static void put(const Result& r, Cqe& c) noexcept {
+    c.res[0] = r.loaded;
+    c.res[1] = r.from_t0;
+  }
+  // `out` holds the output bytes (one per key sent); they must agree with res0.
+  static kdn::Result<Result> result(const Cqe& c, const uint8_t* out, uint32_t keys_sent) noexcept {
+    if (c.res[0] > keys_sent || c.res[1] > c.res[0])
+      return Status(Code::kProtocol, "GPU_SEGMENT_RETRIEVE answered impossible counts");
+    uint64_t loaded = 0;
+    for (uint32_t i = 0; i < keys_sent; ++i) {
+      if (out[i] != kGpuSegmentLoaded && out[i] != kGpuSegmentSkipped)
+        return Status(Code::kProtocol, "GPU_SEGMENT_RETRIEVE answered an unknown chunk state");
+      loaded += out[i] == kGpuSegmentLoaded;
+    }
+    if (loaded != c.res[0]) return Status(Code::kProtocol, "GPU_SEGMENT_RETRIEVE count does not match its bytes");
+    return Result{uint32_t(c.res[0]), uint32_t(c.res[1])};
+  }
+  // The records' checks (kdnd's, on its copy): shape, known flags, deltas, and each chunk's
+  // tokens inside the layout's `layout_tokens` slots.
+  static Status check_chunks(std::span<const GpuSegmentChunkRecord> recs, uint32_t keys, uint32_t chunk_tokens,
+                             uint64_t layout_tokens) noexcept {
+    if (recs.size() != keys) return Status(Code::kInvalidArgument, "GPU_SEGMENT_RETRIEVE: one chunk record per key");
+    for (const GpuSegmentChunkRecord& r : recs) {
+      if ((r.flags & ~kGpuSegmentStart) != 0) return Status(Code::kInvalidArgument, "GPU_SEGMENT_RETRIEVE: unknown chunk flags");
+      if (r.delta > KDN_MAX_POSITION || r.delta < -KDN_MAX_POSITION)
+        return Status(Code::kInvalidArgument, "GPU_SEGMENT_RETRIEVE: position delta out of range");
+      if (uint64_t(r.first_token) + chunk_tokens > layout_tokens)
+        return Status(Code::kInvalidArgument, "GPU_SEGMENT_RETRIEVE: a chunk's tokens leave the layout");
+    }
+    return OkStatus();
   }
 };
 

@@ -241,10 +241,11 @@ enum class Opcode : uint8_t {
   kGpuRetrieve = 23,    // minor 4
   kGpuStore = 24,       // minor 4
   kGpuInfo = 25,        // minor 4
+  kGpuSegmentRetrieve = 26,  // minor 4: segment chunks re-positioned on the device
 };
 // Opcodes are numbered per feature; a number without an op is answered with
 // KDN_ERR_UNSUPPORTED like any unknown one.
-constexpr uint8_t kMaxOpcode = 25;
+constexpr uint8_t kMaxOpcode = 26;
 
 // SQE flags: none defined in 2.0; nonzero bits are a protocol error.
 constexpr uint8_t kSqeKnownFlags = 0;
@@ -472,6 +473,24 @@ struct GpuLayoutRecord {
 };
 static_assert(sizeof(GpuLayoutRecord) == 96 && std::is_trivially_copyable_v<GpuLayoutRecord>);
 constexpr uint32_t kGpuMaxLayoutBytes = 16u << 20;
+
+// GPU_SEGMENT_RETRIEVE: where one chunk goes and how far its K moves, one record per key sent.
+// `first_token` names the chunk's token 0 in the layout's slots (the chunk's T tokens are
+// slots first_token .. first_token + T - 1; libkdn writes -1 for the rows of a partial last
+// chunk past its segment's end). kGpuSegmentStart marks the first chunk of a segment: a chunk
+// is copied only if it and every chunk since the last start (or since the request's first
+// record) were cached.
+constexpr uint32_t kGpuSegmentStart = 1u << 0;
+struct GpuSegmentChunkRecord {
+  int64_t delta;          // target position - base position; |delta| <= KDN_MAX_POSITION
+  uint32_t first_token;   // first_token + chunk_tokens <= the layout's tokens
+  uint32_t flags;         // kGpuSegmentStart; other bits zero
+};
+static_assert(sizeof(GpuSegmentChunkRecord) == 16 && offsetof(GpuSegmentChunkRecord, first_token) == 8 &&
+              std::is_trivially_copyable_v<GpuSegmentChunkRecord>);
+// Output byte of a chunk: copied or not (a miss, or after a miss of its segment).
+constexpr uint8_t kGpuSegmentLoaded = 1;
+constexpr uint8_t kGpuSegmentSkipped = 0;
 
 // GPU_INFO's output: one record per visible device, with the peer matrix as a row of bits.
 struct GpuDeviceRecord {
