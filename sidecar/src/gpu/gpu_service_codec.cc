@@ -150,9 +150,20 @@ Status GpuService::queue_decode_group(Device& d, Batch& b, const kernels::Engine
                                       std::span<Entry* const> chunks, uint32_t region,
                                       std::span<const std::pair<uint32_t, uint64_t>> hits, uint32_t group) {
   CodedBatch& c = *b.coded;
-  std::vector<const uint8_t*> host_blobs(hits.size()), device_blobs(hits.size());
-  std::vector<size_t> lens(hits.size());
-  std::vector<void*> outs(hits.size());
+  std::vector<const uint8_t*> host_blobs, device_blobs;
+  std::vector<size_t> lens;
+  std::vector<void*> outs;
+  try {
+    host_blobs.resize(hits.size());
+    device_blobs.resize(hits.size());
+    lens.resize(hits.size());
+    outs.resize(hits.size());
+    c.decoded.reserve(c.decoded.size() + hits.size());
+    c.group_end.reserve(c.group_end.size() + 1);
+    b.t0_pins.reserve(b.t0_pins.size() + hits.size());
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "decoding T0 blobs: out of memory");
+  }
   auto* bounce = static_cast<std::byte*>(d.scratch.base);
   for (size_t j = 0; j < hits.size(); ++j) {
     const Entry* e = chunks[hits[j].first];
