@@ -32,6 +32,7 @@
 #include <kdn/kernels/layout.h>
 #include <kdn/sidecar/config.h>
 
+#include <deque>
 #include <memory>
 #include <span>
 #include <string>
@@ -112,7 +113,7 @@ class GpuService {
     bool failed;
   };
   void poll(std::vector<Woken>* wake);
-  bool busy() const noexcept { return !batches_.empty() || encodes_in_flight_ > 0; }
+  bool busy() const noexcept { return !batches_.empty() || encodes_in_flight_ > 0 || !encode_backlog_.empty(); }
   // tier.gpu.codec: after a GPU_STORE committed `keys` (chunks of geometry `geo`), encodes them
   // for the T0 of the device of registration `ref` on worker threads; each blob enters T0 when it
   // is made. Nothing without a codec or when the registration is gone.
@@ -165,6 +166,8 @@ class GpuService {
                             const DecodeArea& area, std::span<Entry* const> chunks, uint32_t region,
                             std::span<const std::pair<uint32_t, uint64_t>> hits, uint32_t group);
   void encode_for_t0(Namespace& ns, int device, const kernels::ChunkGeometry& geo, Entry* e);
+  bool post_encode(Namespace& ns, int device, const kernels::ChunkGeometry& geo, Entry* e);
+  void drain_encode_backlog();
   void poll_encodes();
   void fill_t0(Device& d, T0EncodeJob& job);
   bool coded_failed(Batch& b, bool failed) noexcept;  // reads a batch's decode results
@@ -173,6 +176,15 @@ class GpuService {
   uint8_t codec_id_ = 0;                 // tier.gpu.codec as a tier codec id; 0: T0 holds raw chunks
   std::unique_ptr<Encoders> encoders_;   // first member destroyed in ~GpuService
   uint64_t encodes_in_flight_ = 0;
+  // Chunks waiting for an encoder while kMaxEncodesInFlight run (each keeps its namespace attached).
+  struct EncodeLater {
+    Namespace* ns;
+    int device;
+    kernels::ChunkGeometry geo;
+    kdn_key key;
+    uint64_t generation;
+  };
+  std::deque<EncodeLater> encode_backlog_;
 
   GpuTierConfig cfg_;
   bool enabled_ = false;

@@ -25,7 +25,8 @@ namespace kdn::sidecar::gpu {
 namespace {
 
 constexpr uint32_t kEncodeThreads = 2;
-constexpr uint64_t kMaxEncodesInFlight = 256;  // chunks beyond this are not encoded (served from T1)
+constexpr uint64_t kMaxEncodesInFlight = 256;  // chunks on the encoders' queue (each pins a host copy)
+constexpr uint64_t kMaxEncodeBacklog = 1u << 16;  // chunks beyond this are not encoded (served from T1)
 
 }  // namespace
 
@@ -253,11 +254,38 @@ void GpuService::t0_codec_stats(ipc::TierStatsRecord* r) const noexcept {
 
 void GpuService::encode_for_t0(Namespace& ns, int device, const kernels::ChunkGeometry& geo, Entry* e) {
   Device& d = *devices_[size_t(device)];
-  if (!encoders_ || !d.blobs || encodes_in_flight_ >= kMaxEncodesInFlight) return;
+  if (!encoders_ || !d.blobs || e->bytes != kernels::chunk_bytes(geo)) return;
   const T0Key key{ns.region_id, e->key, e->generation};
-  if (e->bytes != kernels::chunk_bytes(geo) || d.t0_index->contains(key) || d.blobs->encoding(key)) return;
-  if (!ns.store->pin_host_copy(e)) return;
-  auto job = std::make_unique<T0EncodeJob>();
+  if (d.t0_index->contains(key) || d.blobs->encoding(key)) return;
+  if (encodes_in_flight_ < kMaxEncodesInFlight) {
+    (void)post_encode(ns, device, geo, e);
+    return;
+  }
+  if (encode_backlog_.size() >= kMaxEncodeBacklog) return;  // not encoded now; a later retrieve tries again
+  try {
+    encode_backlog_.push_back({&ns, device, geo, e->key, e->generation});
+  } catch (const std::bad_alloc&) {
+    return;
+  }
+  ++ns.attached;  // until the backlog lets go of it
+}
+
+// Pins the chunk's host copy and hands it to an encoder; false if it could not.
+bool GpuService::post_encode(Namespace& ns, int device, const kernels::ChunkGeometry& geo, Entry* e) {
+  Device& d = *devices_[size_t(device)];
+  const T0Key key{ns.region_id, e->key, e->generation};
+  if (!ns.store->pin_host_copy(e)) return false;
+  std::unique_ptr<T0EncodeJob> job;
+  try {
+    job = std::make_unique<T0EncodeJob>();
+    if (!d.blobs->begin_encode(key)) {
+      ns.store->unpin(e);
+      return false;
+    }
+  } catch (const std::bad_alloc&) {
+    ns.store->unpin(e);
+    return false;
+  }
   job->geo = geo;
   job->fingerprint = e->fingerprint;
   job->chunk = ns.host->address(e->placement[tier_index(TierId::kHost)]);
@@ -267,10 +295,6 @@ void GpuService::encode_for_t0(Namespace& ns, int device, const kernels::ChunkGe
   job->ns = &ns;
   job->entry = e;
   try {
-    if (!d.blobs->begin_encode(key)) {
-      ns.store->unpin(e);
-      return;
-    }
     Encoders* pool = encoders_.get();
     T0EncodeJob* j = job.get();
     encoders_->post([pool, j] {
@@ -280,11 +304,23 @@ void GpuService::encode_for_t0(Namespace& ns, int device, const kernels::ChunkGe
   } catch (...) {  // bad_alloc: not encoded, served from T1
     d.blobs->end_encode(key);
     ns.store->unpin(e);
-    return;
+    return false;
   }
   job.release();  // the pool hands it back through take_done
   ++encodes_in_flight_;
   ++ns.attached;  // its arena stays mapped while a worker reads it
+  return true;
+}
+
+// Chunks that waited for an encoder: posted while encoders are free, if still the same chunk.
+void GpuService::drain_encode_backlog() {
+  while (!encode_backlog_.empty() && encodes_in_flight_ < kMaxEncodesInFlight) {
+    const EncodeLater w = encode_backlog_.front();
+    encode_backlog_.pop_front();
+    Entry* e = w.ns->store->index().find(w.key);
+    if (e != nullptr && e->generation == w.generation) encode_for_t0(*w.ns, w.device, w.geo, e);
+    --w.ns->attached;
+  }
 }
 
 void GpuService::encode_stored(const Session& s, ipc::GpuRegistrationRef ref, Namespace& ns,
@@ -316,6 +352,7 @@ void GpuService::poll_encodes() {
     ++counters_.t0_encoded;
     fill_t0(d, *job);
   }
+  drain_encode_backlog();
 }
 
 void GpuService::fill_t0(Device& d, T0EncodeJob& job) {
