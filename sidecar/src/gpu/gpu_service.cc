@@ -140,6 +140,7 @@ GpuService::~GpuService() {
     if (d->t0.base) region_destroy(d->t0);
     if (d->scratch.base) region_destroy(d->scratch);
     if (d->host_meta_pinned) host_unregister(d->host_meta);
+    if (d->blobs) d->blobs->drop_all([](T0Blob& b) { if (b.pinned) host_unregister(b.blob.data()); });
     std::free(d->host_meta);
   }
   for (std::byte* p : pinned_arenas_) host_unregister(p);

@@ -46,7 +46,10 @@ Status GpuService::start_codec() {
       Device& d = *devices_[i];
       d.blobs = std::make_unique<T0BlobStore>();
       T0BlobStore* blobs = d.blobs.get();
-      d.t0_index->on_erase([blobs](const T0Key& k) { blobs->erase(k); });
+      d.t0_index->on_erase([blobs](const T0Key& k) {
+        if (const T0Blob* b = blobs->find(k); b && b->pinned) host_unregister(b->blob.data());
+        blobs->erase(k);
+      });
     }
   } catch (const std::exception&) {  // bad_alloc, or no thread could be started
     return Status(Code::kNoMemory, "starting the T0 encoders failed");
@@ -299,6 +302,9 @@ bool GpuService::post_encode(Namespace& ns, int device, const kernels::ChunkGeom
     T0EncodeJob* j = job.get();
     encoders_->post([pool, j] {
       j->run();
+      // Page-locked here, off the loop: the H2D into T0 is then a DMA that never makes the loop
+      // wait for the stream (a copy from pageable memory may). Unlocked when the blob goes.
+      if (j->status.ok()) j->pinned = host_register(j->encoding.blob.data(), j->encoding.blob.size()).ok();
       pool->done(j);
     });
   } catch (...) {  // bad_alloc: not encoded, served from T1
@@ -351,6 +357,7 @@ void GpuService::poll_encodes() {
     }
     ++counters_.t0_encoded;
     fill_t0(d, *job);
+    if (job->pinned && job->encoding.blob.data()) host_unregister(job->encoding.blob.data());  // not kept
   }
   drain_encode_backlog();
 }
@@ -368,7 +375,7 @@ void GpuService::fill_t0(Device& d, T0EncodeJob& job) {
     batch->t0_fresh.reserve(1);
     off = d.t0_index->insert(key, slot_bytes);
     if (!off) return;  // every slot pinned, or the chunk has a T0 copy already
-    d.blobs->put(key, T0Blob{std::move(job.encoding.blob), blob_bytes, kernels::chunk_bytes(job.geo)});
+    d.blobs->put(key, T0Blob{std::move(job.encoding.blob), blob_bytes, kernels::chunk_bytes(job.geo), job.pinned});
   } catch (const std::bad_alloc&) {
     if (off) d.t0_index->erase(key);
     return;

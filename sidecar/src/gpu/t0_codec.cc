@@ -3,6 +3,7 @@
 #include <kdn/kernels/codec_cuda.h>
 
 #include <algorithm>
+#include <cstring>
 
 namespace kdn::sidecar::gpu {
 
@@ -82,7 +83,19 @@ void T0EncodeJob::run() noexcept {
   b.host_blobs = &blob;
   b.blob_bytes = &len;
   status = kernels::kvc1_validate_batch(b, geo, fingerprint);
-  if (!status.ok()) encoding = ChunkEncoding{};
+  if (!status.ok()) {
+    encoding = ChunkEncoding{};
+    return;
+  }
+  // The host copy lives as long as the T0 slot: keep only the blob's own bytes.
+  AlignedBuffer fitted(encoding.bytes);
+  if (fitted.data() == nullptr) {
+    encoding = ChunkEncoding{};
+    status = Status(Code::kNoMemory, "no memory for the host copy of a T0 blob");
+    return;
+  }
+  std::memcpy(fitted.data(), encoding.blob.data(), encoding.bytes);
+  encoding.blob = std::move(fitted);
 }
 
 }  // namespace kdn::sidecar::gpu

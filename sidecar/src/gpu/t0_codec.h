@@ -60,6 +60,7 @@ struct T0Blob {
   AlignedBuffer blob;  // the blob in its first `bytes` bytes
   uint64_t bytes = 0;
   uint64_t raw_bytes = 0;
+  bool pinned = false;  // page-locked by its owner, who unlocks it before it is freed
 };
 
 // Host copies of the blobs in one device's T0, and the chunks whose encode is in flight.
@@ -75,6 +76,13 @@ class T0BlobStore {
   void put(const T0Key& k, T0Blob b);
   const T0Blob* find(const T0Key& k) const noexcept;
   void erase(const T0Key& k) noexcept;
+  // Calls fn on every blob, then drops them all (the owner unlocks pinned ones in fn).
+  template <class Fn>
+  void drop_all(Fn fn) noexcept {
+    for (auto& [k, b] : blobs_) fn(b);
+    blobs_.clear();
+    raw_bytes_ = stored_bytes_ = 0;
+  }
 
   uint64_t blobs() const noexcept { return blobs_.size(); }
   uint64_t in_flight() const noexcept { return encoding_.size(); }
@@ -101,10 +109,12 @@ struct T0EncodeJob {
   Namespace* ns = nullptr;
   Entry* entry = nullptr;
   // results
-  ChunkEncoding encoding;
+  ChunkEncoding encoding;  // on success, its blob buffer is no larger than the blob (rounded to 4 KiB)
   Status status;
+  bool pinned = false;     // the worker page-locked the blob (the GPU tier's, not run()'s)
 
-  // Encodes the chunk and validates the blob as the CUDA decoder will read it. Any thread.
+  // Encodes the chunk, validates the blob as the CUDA decoder will read it, and moves it into a
+  // buffer of its own size (the encoder's holds the codec's worst case). Any thread.
   void run() noexcept;
 };
 

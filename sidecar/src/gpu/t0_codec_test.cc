@@ -154,6 +154,7 @@ TEST(T0Codec, TheEncodeJobMakesAValidatedBlobThatDecodesLikeTheCpu) {
     job.run();
     ASSERT_TRUE(job.status.ok()) << int(codec) << ": " << job.status.what();
     ASSERT_GT(job.encoding.bytes, 0u);
+    EXPECT_LT(job.encoding.blob.size(), job.encoding.bytes + 4096);  // fitted to the blob
     EXPECT_LT(job.encoding.bytes, kernels::chunk_bytes(g));
     std::vector<uint16_t> back(chunk.size());
     ASSERT_TRUE(kernels::kvc1_decode(reinterpret_cast<const uint8_t*>(job.encoding.blob.data()), job.encoding.bytes, g,
