@@ -32,6 +32,7 @@
 #include <kdn/kernels/layout.h>
 #include <kdn/sidecar/config.h>
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <span>
@@ -119,6 +120,9 @@ class GpuService {
   // is made. Nothing without a codec or when the registration is gone.
   void encode_stored(const Session& s, ipc::GpuRegistrationRef ref, Namespace& ns, const kernels::ChunkGeometry& geo,
                      std::span<const kdn_key> keys);
+  // kdnd is stopping: chunks not yet encoded for T0 are not (the backlog goes, queued jobs end
+  // without encoding), so busy() turns false soon.
+  void stop_encoding() noexcept;
   // The T0 codec ("none", "lossless", "int8", "kivi4").
   const std::string& t0_codec() const noexcept { return cfg_.codec; }
   uint8_t t0_codec_id() const noexcept { return codec_id_; }  // 0 none, 1 lossless, 2 int8, 3 kivi4
@@ -185,6 +189,9 @@ class GpuService {
     uint64_t generation;
   };
   std::deque<EncodeLater> encode_backlog_;
+  // Set by stop_encoding(); read by jobs on workers. Relaxed: a job that misses it only encodes
+  // a chunk that is then dropped, and the loop sees its result through the pool's lock anyway.
+  std::atomic<bool> encode_stop_{false};
 
   GpuTierConfig cfg_;
   bool enabled_ = false;

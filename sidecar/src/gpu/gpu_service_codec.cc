@@ -257,7 +257,7 @@ void GpuService::t0_codec_stats(ipc::TierStatsRecord* r) const noexcept {
 
 void GpuService::encode_for_t0(Namespace& ns, int device, const kernels::ChunkGeometry& geo, Entry* e) {
   Device& d = *devices_[size_t(device)];
-  if (!encoders_ || !d.blobs || e->bytes != kernels::chunk_bytes(geo)) return;
+  if (!encoders_ || !d.blobs || e->bytes != kernels::chunk_bytes(geo) || encode_stop_.load(std::memory_order_relaxed)) return;
   const T0Key key{ns.region_id, e->key, e->generation};
   if (d.t0_index->contains(key) || d.blobs->encoding(key)) return;
   if (encodes_in_flight_ < kMaxEncodesInFlight) {
@@ -300,8 +300,10 @@ bool GpuService::post_encode(Namespace& ns, int device, const kernels::ChunkGeom
   try {
     Encoders* pool = encoders_.get();
     T0EncodeJob* j = job.get();
-    encoders_->post([pool, j] {
-      j->run();
+    const std::atomic<bool>* stop = &encode_stop_;
+    encoders_->post([pool, j, stop] {
+      if (stop->load(std::memory_order_relaxed)) j->status = Status(Code::kUnavailable, "kdnd is stopping");
+      else j->run();
       // Page-locked here, off the loop: the H2D into T0 is then a DMA that never makes the loop
       // wait for the stream (a copy from pageable memory may). Unlocked when the blob goes.
       if (j->status.ok()) j->pinned = host_register(j->encoding.blob.data(), j->encoding.blob.size()).ok();
@@ -318,9 +320,15 @@ bool GpuService::post_encode(Namespace& ns, int device, const kernels::ChunkGeom
   return true;
 }
 
+void GpuService::stop_encoding() noexcept {
+  encode_stop_.store(true, std::memory_order_relaxed);
+  for (const EncodeLater& w : encode_backlog_) --w.ns->attached;
+  encode_backlog_.clear();
+}
+
 // Chunks that waited for an encoder: posted while encoders are free, if still the same chunk.
 void GpuService::drain_encode_backlog() {
-  while (!encode_backlog_.empty() && encodes_in_flight_ < kMaxEncodesInFlight) {
+  while (!encode_backlog_.empty() && encodes_in_flight_ < kMaxEncodesInFlight && !encode_stop_.load(std::memory_order_relaxed)) {
     const EncodeLater w = encode_backlog_.front();
     encode_backlog_.pop_front();
     Entry* e = w.ns->store->index().find(w.key);
@@ -349,6 +357,7 @@ void GpuService::poll_encodes() {
     d.blobs->end_encode(job->key);
     job->ns->store->unpin(job->entry);  // the blob is ours now: the host copy may go
     --job->ns->attached;
+    if (job->status.code() == Code::kUnavailable) continue;  // stop_encoding(): not encoded
     if (!job->status.ok()) {
       if (counters_.t0_encode_failed++ == 0)
         spdlog::warn("GPU tier: a chunk could not enter T0 as {} ({}); such chunks are served from T1",
