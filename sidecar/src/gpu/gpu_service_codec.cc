@@ -238,7 +238,7 @@ bool GpuService::coded_failed(Batch& b, bool failed) noexcept {
 void GpuService::drop_faulty(Batch& b) noexcept {
   T0Index& idx = *devices_[size_t(b.device)]->t0_index;
   for (const T0Key& k : b.coded->faulty) {
-    if (!idx.erase(k)) spdlog::warn("GPU tier: a T0 blob that failed to decode is still in use; dropped when unpinned");
+    if (!idx.erase(k)) spdlog::warn("GPU tier: a T0 blob that failed to decode is still read by another batch, which drops it if it fails too");
   }
 }
 
