@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <optional>
@@ -381,11 +382,15 @@ void peer_figure(Phase& ph, const std::string& socket, const Set& set) {
 }
 
 // kdnd with tier.gpu.bytes holding kivi4 blobs: engine -> T0 (encoded), T0 -> engine (decoded).
+constexpr uint64_t kEncodeWaitNs = 60ull * 1'000'000'000;  // the longest wait for the encodes of one set
 void decode_figure(Phase& ph) {
   Figure f;
   std::string log;
   // Only sets stored from the engine here: T1 needs room for their copies at most.
-  auto kdnd = ph.start_kdnd("kdnd-kivi4", ph.plan.host_arena_bytes / 2, {"tier.gpu.codec=kivi4"}, &log);
+  // A retrieve decodes its T0 blobs in launches of as many chunks as the bounce buffer (half of
+  // staging_bytes) holds outputs for: 1 GiB lets a launch decode 15 llama3-8b chunks.
+  auto kdnd = ph.start_kdnd("kdnd-kivi4", ph.plan.host_arena_bytes / 2,
+                            {"tier.gpu.codec=kivi4", "tier.gpu.staging_bytes=1G"}, &log);
   if (!kdnd.ok()) {
     f.fail("kdnd with tier.gpu.codec=kivi4 did not start: " + describe(kdnd.status()) + ": " + file_tail(log, 300));
     return f.put(ph.r, "kdn.decode_to_engine_gbps");
@@ -403,11 +408,22 @@ void decode_figure(Phase& ph) {
       f.fail(st.code() == KDN_ERR_UNSUPPORTED ? "kdnd does not support codec kivi4 in T0: " + st.message() : st.message());
       break;
     }
-    const auto tiers = tiers_of(*s, set.tokens);
+    // kdnd encodes the stored chunks on worker threads and publishes each blob in T0 once its
+    // copy is queued: wait (bounded) until LOOKUP reports them all there.
+    std::array<uint32_t, KDN_TIER_COUNT> tiers{};
+    const uint64_t wait_from = now_ns();
+    for (uint64_t waited = 0; waited < kEncodeWaitNs; waited = now_ns() - wait_from) {
+      tiers = tiers_of(*s, set.tokens);
+      if (tiers[0] == ph.plan.bulk_chunks) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
     if (tiers[0] != ph.plan.bulk_chunks) {
-      f.fail("kivi4 chunks stored from the engine were not all in T0: " + tiers_text(tiers));
+      f.fail("kivi4 chunks stored from the engine were not all in T0 after " +
+             std::to_string(kEncodeWaitNs / 1'000'000'000) + " s: " + tiers_text(tiers));
       break;
     }
+    say("kivi4: %u chunks encoded into T0 %.0f ms after the store returned", ph.plan.bulk_chunks,
+        double(now_ns() - wait_from) / 1e6);
     // kivi4 is lossy: the bytes cannot equal the pattern, so they are not compared.
     if (auto st = timed_retrieve(*s, set, ph.plan.bulk_chunks, false, &tr); !st.ok()) {
       f.fail(st.message());

@@ -23,4 +23,6 @@ Status kvc1_cuda_result(const void*, void*) noexcept {
   return Status(Code::kUnsupported, "kdn was built without CUDA");
 }
 
+Status kvc1_cuda_result_of(uint32_t) noexcept { return Status(Code::kUnsupported, "kdn was built without CUDA"); }
+
 }  // namespace kdn::kernels

@@ -146,9 +146,14 @@ Status kvc1_cuda_result(const void* device_scratch, void* stream) noexcept {
   if (!device_scratch) return Status(Code::kInvalidArgument, "null scratch");
   KDN_RETURN_IF_ERROR(kvc1::cuda_status(cudaStreamSynchronize(static_cast<cudaStream_t>(stream))));
   uint32_t flag = 0;
-  KDN_RETURN_IF_ERROR(kvc1::cuda_status(cudaMemcpy(&flag, device_scratch, 4, cudaMemcpyDeviceToHost)));
-  if (flag & kvc1::kErrorStructure) return Status(Code::kInternal, "KVC1 blob changed between validation and decode");
-  if (flag) return Status(Code::kCorrupt, "KVC1 entropy-coded stream is corrupt");
+  KDN_RETURN_IF_ERROR(kvc1::cuda_status(cudaMemcpy(&flag, device_scratch, kKvc1CudaResultBytes, cudaMemcpyDeviceToHost)));
+  return kvc1_cuda_result_of(flag);
+}
+
+Status kvc1_cuda_result_of(uint32_t word) noexcept {
+  static_assert(sizeof word == kKvc1CudaResultBytes);
+  if (word & kvc1::kErrorStructure) return Status(Code::kInternal, "KVC1 blob changed between validation and decode");
+  if (word) return Status(Code::kCorrupt, "KVC1 entropy-coded stream is corrupt");
   return OkStatus();
 }
 

@@ -178,6 +178,11 @@ constexpr KeyDef kConfigKeys[] = {
      .help = "per device: the bounce buffer of chunks served without T0 and the metadata of "
              "requests in flight (a chunk larger than half of it is not served by the GPU tier)",
      .min = kMiB, .max = 1ull << 36},
+    {.key = "tier.gpu.codec", .field = &GpuTierConfig::codec, .default_text = "none",
+     .help = "what T0 holds: none (chunks as the engine wrote them) or KVC1 blobs decoded on the "
+             "device at retrieve, lossless (bit-exact) or lossy int8, kivi4 (about 4.5x more "
+             "chunks in T0; applies to every namespace)",
+     .choices = "none|lossless|int8|kivi4"},
     // ---- [tier.disk]
     {.key = "tier.disk.dirs", .field = &DiskTierConfig::dirs, .default_text = "",
      .help = "one directory per NVMe device, each on a file system with O_DIRECT; empty: no disk "

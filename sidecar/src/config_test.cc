@@ -258,14 +258,17 @@ TEST_F(ConfigFiles, TheGpuTierSection) {
   EXPECT_EQ(c.gpu.bytes, 0u);
   EXPECT_TRUE(c.gpu.pin_host);
   EXPECT_EQ(c.gpu.slice_bytes, 8ull << 20);
+  EXPECT_EQ(c.gpu.codec, "none");
   ASSERT_EQ(load(c,
                  "[tier.gpu]\n"
                  "enable = \"on\"\n"
                  "bytes = \"8G\"\n"
                  "pin_host = false\n"
                  "slice_bytes = \"4M\"\n"
-                 "max_registrations = 4\n"),
+                 "max_registrations = 4\n"
+                 "codec = \"kivi4\"\n"),
             "");
+  EXPECT_EQ(c.gpu.codec, "kivi4");
   EXPECT_EQ(c.gpu.enable, "on");
   EXPECT_EQ(c.gpu.bytes, 8ull << 30);
   EXPECT_FALSE(c.gpu.pin_host);
@@ -279,6 +282,11 @@ TEST_F(ConfigFiles, TheGpuTierSection) {
   bad.fill_defaults();
   EXPECT_FALSE(bad.validate(&error).ok());
   EXPECT_THAT(error, HasSubstr("tier.gpu.enable"));
+  Config lossy;
+  ASSERT_EQ(load(lossy, "[tier.gpu]\ncodec = \"kivi2\"\n"), "");
+  lossy.fill_defaults();
+  EXPECT_FALSE(lossy.validate(&error).ok());
+  EXPECT_THAT(error, HasSubstr("tier.gpu.codec"));
   Config small;
   ASSERT_EQ(load(small, "[tier.gpu]\nslice_bytes = 100\n"), "");
   small.fill_defaults();

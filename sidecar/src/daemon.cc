@@ -1086,6 +1086,7 @@ Status DaemonImpl::run() {
     (void)run_slice();
   }
   // GPU batches read arenas and engine memory: they land before either goes.
+  if (gpu_) gpu_->stop_encoding();  // T0 encodes not started yet are not worth the wait
   while (gpu_ && gpu_->busy()) {
     (void)poll_gpu();
     if (gpu_->busy()) (void)::poll(nullptr, 0, 1);

@@ -80,11 +80,17 @@ void gpu_text(std::ostringstream& o, const gpu::GpuService& g) {
       {"kdn_gpu_peer_chunks_total", "counter", "Chunks read from another device's T0 (peer access).", c.peer_chunks},
       {"kdn_gpu_staged_chunks_total", "counter", "Chunks served through the bounce buffer (no T0 slot).", c.staged_chunks},
       {"kdn_gpu_failed_batches_total", "counter", "Copy batches that failed on the device or could not be queued.", c.batches_failed},
+      {"kdn_gpu_t0_encoded_total", "counter", "Chunks encoded into T0 blobs (tier.gpu.codec).", c.t0_encoded},
+      {"kdn_gpu_t0_encode_failed_total", "counter", "Chunks the T0 codec refused (served from the host tier).", c.t0_encode_failed},
+      {"kdn_gpu_t0_decoded_chunks_total", "counter", "Chunks decoded from T0 blobs on a device.", c.t0_decoded_chunks},
+      {"kdn_gpu_t0_decode_faults_total", "counter", "Chunks whose T0 blob failed to decode on the device (entry dropped).", c.t0_decode_faults},
   };
   for (const auto& r : rows) {
     metric(r.name, r.type, r.help);
     o << r.name << ' ' << r.value << '\n';
   }
+  metric("kdn_gpu_t0_codec", "gauge", "1, labelled with what T0 holds (tier.gpu.codec).");
+  o << "kdn_gpu_t0_codec{codec=\"" << g.t0_codec() << "\"} 1\n";
   const auto devs = g.device_stats();
   using Get = uint64_t (*)(const gpu::DeviceStats&);
   const struct {
@@ -99,6 +105,8 @@ void gpu_text(std::ostringstream& o, const gpu::GpuService& g) {
       {"kdn_gpu_t0_hits_total", "counter", "Chunks served from a T0 copy.", [](const gpu::DeviceStats& s) { return s.t0.hits; }},
       {"kdn_gpu_t0_promoted_chunks_total", "counter", "Chunks copied from the host tier into T0.", [](const gpu::DeviceStats& s) { return s.t0.promoted; }},
       {"kdn_gpu_t0_evicted_chunks_total", "counter", "T0 copies dropped to make room (a host copy remains).", [](const gpu::DeviceStats& s) { return s.t0.evicted; }},
+      {"kdn_gpu_t0_raw_bytes", "gauge", "Canonical bytes of the chunks T0's blobs encode (tier.gpu.codec).", [](const gpu::DeviceStats& s) { return s.t0_raw_bytes; }},
+      {"kdn_gpu_t0_stored_bytes", "gauge", "Bytes of the blobs in T0 (tier.gpu.codec).", [](const gpu::DeviceStats& s) { return s.t0_stored_bytes; }},
       {"kdn_gpu_peer_mask", "gauge", "Bit j: the device can read device j's memory.", [](const gpu::DeviceStats& s) { return s.peer_mask; }},
   };
   for (const auto& m : per_dev) {

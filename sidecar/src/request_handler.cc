@@ -930,6 +930,7 @@ std::array<ipc::TierStatsRecord, kTierCount> RequestHandler::tier_stats(const Na
       r.promoted_bytes += d.t0.promoted_bytes;
     }
     r.in_flight = gpu_->busy() ? 1 : 0;
+    gpu_->t0_codec_stats(&r);
   }
   if (const DiskTier* d = ns.disk.get()) {
     ipc::TierStatsRecord& r = out[kDisk];
@@ -1313,6 +1314,7 @@ Step RequestHandler::gpu_commit(Op& op, uint64_t deadline_ns) {
   }
   if (op.waiting > 0) return Step::kWait;
   if (!settle_backwards(op, g.committed, deadline_ns, [&](const kdn_key& k) { store.settle(k); })) return Step::kMore;
+  gpu_->encode_stored(s, g.ref, *s.ns, kernels::chunk_geometry_of(*op.model), g.committed);  // T0 with a codec
   ipc::GpuStoreOp::put({uint32_t(op.done), g.cached}, op.cqe);
   return finish(op, op.first_error);
 }

@@ -432,6 +432,14 @@ void TieredStore::unpin(Entry* e) noexcept {
   --active_leases_;
 }
 
+bool TieredStore::pin_host_copy(Entry* e) noexcept {
+  if (!e->committed() || !e->in_tier(kHost)) return false;
+  ++e->leases;
+  ++active_leases_;
+  e->evicting &= uint8_t(~bit(kHost));  // as acquire: a pinned host copy stays
+  return true;
+}
+
 // ---- admin -------------------------------------------------------------------------------------
 
 bool TieredStore::evict(const kdn_key& key) noexcept {

@@ -160,6 +160,10 @@ class TieredStore {
   // Marks chunks used now, in the order given: the last one touched is the most recent.
   void touch(Entry* e, uint64_t now_ns) noexcept;
   void unpin(Entry* e) noexcept;
+  // Pins the host copy of a committed chunk for kdnd's own reading (the GPU tier encoding it for
+  // T0), as a lease does but without counting a retrieve; undone by unpin(). False (nothing
+  // pinned) when the chunk is not committed or has no host copy.
+  bool pin_host_copy(Entry* e) noexcept;
 
   // ---- admin: drops every copy of unpinned committed chunks; returns how many chunks went.
   // Their copies in persistent tiers are discarded: a restart does not bring them back. The

@@ -3,16 +3,22 @@
 // other process. Chunks stored from device blocks (GPU_STORE) must be byte for byte what the
 // CPU gather makes of the same blocks; chunks retrieved into other blocks (GPU_RETRIEVE, with
 // and without T0, from T0 the second time) must be byte for byte what the CPU scatter writes;
-// a layout reaching outside the registration is refused. Skips without a device.
+// a layout reaching outside the registration is refused; with tier.gpu.codec, chunks decoded from
+// T0 blobs are what the CPU decoder makes of them. Skips without a device.
 #include "kdnd_process.h"
 
+#include <kdn/kernels/codec.h>
+#include <kdn/kernels/dtype.h>
 #include <kdn/kernels/layout.h>
 #include <kdn/kernels/ops.h>
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <random>
+#include <thread>
 #include <vector>
 
 namespace kdn::testing {
@@ -185,6 +191,122 @@ void run_store_and_retrieve(const std::vector<std::string>& flags) {
   cudaEventDestroy(written);
   EXPECT_EQ(kdn_ping(k.c), KDN_OK);
 }
+
+// With tier.gpu.codec, T0 holds KVC1 blobs that kdnd encodes after the store: once LOOKUP
+// reports every chunk in T0, a retrieve decodes them on the device, and the engine's blocks must
+// hold bit for bit what the CPU decoder makes of the same blob (the encoder is deterministic, so
+// the blob is re-made here from the stored chunk), scattered as the CPU scatter does. Lossless
+// must give back the stored bytes themselves.
+void run_coded(const char* codec, kernels::CodecMode mode) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  KdndProcess d({"--log-level", "info", "--set", "tier.gpu.enable=on", "--set", "tier.gpu.bytes=64M", "--set",
+                 "tier.gpu.staging_bytes=8M", "--set", std::string("tier.gpu.codec=") + codec});
+  Conn k(d, tiny_model(kT));
+  ASSERT_TRUE(k.ok()) << d.log();
+  Cache cache;
+  ASSERT_TRUE(cache.init());
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (uint16_t& h : cache.host) h = kernels::f32_to_f16(normal(rng));
+  ASSERT_TRUE(cache.upload());
+  cudaDeviceProp prop{};
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  cudaIpcMemHandle_t mem{};
+  ASSERT_EQ(cudaIpcGetMemHandle(&mem, cache.dev), cudaSuccess);
+  kdn_gpu_kv_desc desc{};
+  desc.struct_size = sizeof desc;
+  desc.kind = KDN_GPU_MEMORY_IPC;
+  std::memcpy(desc.device_uuid, &prop.uuid, 16);
+  desc.engine_base = uint64_t(uintptr_t(cache.dev));
+  desc.bytes = desc.alloc_bytes = cache.host.size() * 2;
+  desc.vmm_fd = -1;
+  std::memcpy(desc.ipc_handle, &mem, sizeof mem);
+  kdn_gpu_kv* kv = nullptr;
+  ASSERT_EQ(kdn_gpu_register(k.c, &desc, &kv), KDN_OK) << d.log();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // no engine event: the blocks are written now
+
+  const std::vector<int32_t> toks = doc_tokens(12, kChunks * kT);
+  const kdn_engine_layout src = cache.layout(true, nullptr);
+  uint32_t stored = 0;
+  ASSERT_EQ(kdn_gpu_store(k.c, k.m, toks.data(), toks.size(), 0, kChunks, kv, &src, &stored), KDN_OK) << d.log();
+  ASSERT_EQ(stored, kChunks);
+  // The encodes run after the store: wait (bounded) until LOOKUP finds every chunk in T0.
+  kdn_lookup_result lr{};
+  for (int i = 0; i < 1000; ++i) {
+    ASSERT_EQ(kdn_lookup(k.c, k.m, toks.data(), toks.size(), &lr), KDN_OK);
+    if (lr.tier_chunks[0] == kChunks) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(lr.tier_chunks[0], kChunks) << d.log();
+
+  // The expected blocks: each stored chunk (from T1) encoded and decoded on the CPU, scattered.
+  const kernels::ChunkGeometry g = geo(k.m);
+  const size_t chunk_bytes = kdn_model_chunk_bytes(k.m);
+  const kdn_model_desc model = tiny_model(kT);
+  kdn_key fingerprint{};
+  ASSERT_EQ(kdn_model_fingerprint(&model, &fingerprint), KDN_OK);
+  kdn_lease* lease = nullptr;
+  ASSERT_EQ(kdn_retrieve_lease(k.c, k.m, toks.data(), toks.size(), 0, &lease), KDN_OK);
+  ASSERT_EQ(kdn_lease_chunks(lease), kChunks);
+  std::vector<int64_t> slots(kChunks * kT);
+  for (size_t t = 0; t < slots.size(); ++t) slots[t] = 128 + int64_t(t);
+  std::vector<uint16_t> want(cache.host.size(), 0);
+  kernels::CodecConfig cfg;
+  cfg.mode = mode;
+  std::vector<uint8_t> blob(kernels::kvc1_max_encoded_size(g, cfg)), scratch(kernels::kvc1_encode_scratch_bytes(g, cfg));
+  std::vector<uint8_t> decoded(chunk_bytes);
+  for (uint32_t i = 0; i < kChunks; ++i) {
+    const void* chunk = kdn_lease_chunk_data(lease, i);
+    size_t written = 0;
+    ASSERT_TRUE(kernels::kvc1_encode(g, fingerprint, chunk, cfg, blob.data(), blob.size(), &written,
+                                     scratch.data(), scratch.size()).ok());
+    ASSERT_TRUE(kernels::kvc1_decode(blob.data(), written, g, fingerprint, decoded.data(), decoded.size()).ok());
+    if (mode == kernels::CodecMode::kLossless) {
+      EXPECT_EQ(std::memcmp(decoded.data(), chunk, chunk_bytes), 0);
+    }
+    std::vector<void*> bases;
+    for (uint32_t l = 0; l < kLayers; ++l) bases.push_back(want.data() + l * kLayerElems);
+    kdn_engine_layout host_dst = cache.layout(false, slots.data());
+    host_dst.layer_base = bases.data();
+    kernels::EngineView view;
+    ASSERT_TRUE(kernels::view_from_abi(host_dst, g, {0, int64_t(i) * kT}, &view).ok());
+    ASSERT_TRUE(kernels::scatter(decoded.data(), g, view, kernels::Executor::cpu(1)).ok());
+  }
+  ASSERT_EQ(kdn_lease_release(k.c, lease), KDN_OK);
+
+  const kdn_engine_layout dst = cache.layout(true, slots.data());
+  cudaEvent_t done = nullptr;
+  cudaIpcEventHandle_t done_handle;
+  std::memcpy(&done_handle, kdn_gpu_kv_done_event(kv), sizeof done_handle);
+  ASSERT_EQ(cudaIpcOpenEventHandle(&done, done_handle), cudaSuccess);
+  const std::vector<uint16_t> original = cache.host;
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_EQ(cudaMemset(cache.dev, 0, cache.host.size() * 2), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    uint32_t loaded = 0;
+    ASSERT_EQ(kdn_gpu_retrieve(k.c, k.m, toks.data(), toks.size(), 0, kv, &dst, &loaded), KDN_OK) << d.log();
+    EXPECT_EQ(loaded, kChunks);
+    ASSERT_EQ(cudaStreamWaitEvent(0, done, 0), cudaSuccess);
+    const std::vector<uint16_t> got = cache.download();
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 2), 0) << codec << " round " << round;
+    if (mode == kernels::CodecMode::kLossless) {  // the stored tokens 0..63 land bit-exact at slots 128..191
+      for (uint32_t l = 0; l < kLayers; ++l)
+        for (int64_t p = 0; p < 2; ++p) {
+          const size_t plane = l * kLayerElems + p * kBlocks * kBlockSize * kHeads * kDim;
+          const size_t n = size_t(kChunks) * kT * kHeads * kDim;
+          EXPECT_EQ(std::memcmp(got.data() + plane + 128 * kHeads * kDim, original.data() + plane, n * 2), 0);
+        }
+    }
+  }
+  EXPECT_EQ(kdn_gpu_unregister(k.c, kv), KDN_OK);
+  cudaEventDestroy(done);
+  EXPECT_EQ(kdn_ping(k.c), KDN_OK);
+}
+
+TEST(GpuEngine, Kivi4BlobsInT0DecodeLikeTheCpuDecoder) { run_coded("kivi4", kernels::CodecMode::kKivi4); }
+TEST(GpuEngine, LosslessBlobsInT0RoundTripExactly) { run_coded("lossless", kernels::CodecMode::kLossless); }
 
 TEST(GpuEngine, StoreAndRetrieveThroughPinnedHostOnly) {
   run_store_and_retrieve({"--log-level", "info", "--set", "tier.gpu.enable=on"});

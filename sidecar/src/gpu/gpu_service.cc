@@ -1,4 +1,5 @@
 #include "gpu_service.h"
+#include "gpu_service_internal.h"
 
 #include "../session.h"
 #include "gpu_rope.h"
@@ -57,31 +58,6 @@ bool all_zero(const uint8_t* p, size_t n) {
 
 }  // namespace
 
-struct GpuService::Device {
-  DeviceInfo info;
-  void* stream = nullptr;
-  DeviceRegion t0;                   // bytes 0: no T0 on this device
-  std::unique_ptr<T0Index> t0_index;
-  DeviceRegion scratch;              // [0, bounce) bounce chunk, [bounce, end) device metadata
-  uint64_t bounce_bytes = 0;
-  std::byte* host_meta = nullptr;    // pinned; mirrors the device metadata area
-  bool host_meta_pinned = false;
-  std::unique_ptr<FifoRing> meta;
-  std::vector<uint8_t> peer_enabled; // by device: 0 unknown, 1 enabled, 2 refused
-};
-
-struct GpuService::Batch {
-  uint64_t token = 0;
-  int device = -1;
-  Registration* reg = nullptr;
-  Namespace* ns = nullptr;
-  bool uses_meta = false;
-  std::vector<Entry*> leased;                    // retrieve: one lease each, released on landing
-  std::vector<std::pair<int, T0Key>> t0_pins;    // slots read by the batch
-  std::vector<std::pair<int, T0Key>> t0_fresh;   // slots written by the batch: published on success
-  uint64_t op_token = 0;                         // store: the request to wake
-};
-
 GpuService::GpuService(const GpuTierConfig& cfg) : cfg_(cfg) {}
 
 Result<std::unique_ptr<GpuService>> GpuService::create(const GpuTierConfig& cfg) {
@@ -126,7 +102,7 @@ Status GpuService::start() {
     devices_.push_back(std::move(d));
   }
   for (auto& d : devices_) d->peer_enabled.assign(devices_.size(), 0);
-  return OkStatus();
+  return start_codec();
 }
 
 Status GpuService::open_device(int ordinal, Device& d) {
@@ -156,6 +132,7 @@ Status GpuService::open_device(int ordinal, Device& d) {
 }
 
 GpuService::~GpuService() {
+  encoders_.reset();  // no job may outlive the arenas it reads
   for (auto& d : devices_)
     if (d->stream) (void)stream_sync(d->stream);  // nothing in flight may outlive what it reads
   registry_.reset();  // closes every registration
@@ -164,6 +141,7 @@ GpuService::~GpuService() {
     if (d->t0.base) region_destroy(d->t0);
     if (d->scratch.base) region_destroy(d->scratch);
     if (d->host_meta_pinned) host_unregister(d->host_meta);
+    if (d->blobs) d->blobs->drop_all([](T0Blob& b) { if (b.pinned) host_unregister(b.blob.data()); });
     std::free(d->host_meta);
   }
   for (std::byte* p : pinned_arenas_) host_unregister(p);
@@ -406,6 +384,7 @@ Result<uint32_t> GpuService::retrieve(Namespace& ns, Registration& reg, const Ch
                                       const kernels::ChunkGeometry& geo, std::span<Entry* const> chunks,
                                       const SegmentPlacement* segment) {
   if (!enabled_) return Status(Code::kUnsupported, off_status_.c_str());
+  if (codec_id_ != 0 && devices_[size_t(reg.device)]->t0_index) return retrieve_coded(ns, reg, layout, geo, chunks);
   auto unpin_all = [&] {
     for (Entry* e : chunks) ns.store->unpin(e);
   };
@@ -535,7 +514,7 @@ Status GpuService::store(Namespace& ns, Registration& reg, const CheckedLayout& 
     Entry* e = reserved[i];
     const T0Key key{ns.region_id, e->key, e->generation};
     void* dst = d.scratch.base;
-    if (d.t0_index && bytes <= d.t0.bytes) {
+    if (d.t0_index && bytes <= d.t0.bytes && codec_id_ == 0) {  // with a codec, blobs enter T0 once encoded
       if (auto off = d.t0_index->insert(key, bytes)) {
         dst = static_cast<std::byte*>(d.t0.base) + *off;
         batch->t0_pins.emplace_back(reg.device, key);
@@ -565,6 +544,7 @@ Status GpuService::store(Namespace& ns, Registration& reg, const CheckedLayout& 
 }
 
 void GpuService::land(Batch& b, bool failed) {
+  if (b.coded) failed = coded_failed(b, failed);
   Device& d = *devices_[size_t(b.device)];
   if (b.uses_meta) d.meta->release_oldest();
   for (auto& [dev, key] : b.t0_pins) devices_[size_t(dev)]->t0_index->unpin(key);
@@ -578,14 +558,16 @@ void GpuService::land(Batch& b, bool failed) {
     ++counters_.batches_failed;
     spdlog::error("GPU tier: copies on device {} failed: {}", b.device, last_error());
   }
-  registry_->end_copy(b.reg);
-  --b.ns->attached;
+  if (b.coded) drop_faulty(b);
+  if (b.reg) registry_->end_copy(b.reg);  // a T0 fill has no registration and no namespace
+  if (b.ns) --b.ns->attached;
 }
 
 void GpuService::poll(std::vector<Woken>* wake) {
   if (!cq_) return;  // drains even with no batch: the eventfd must not stay readable
   std::vector<CompletionQueue::Done> done;
   cq_->drain(&done);
+  if (encoders_) poll_encodes();  // its jobs signal the same eventfd, after queueing their result
   for (const CompletionQueue::Done& c : done) {
     auto it = batches_.find(c.token);
     if (it == batches_.end()) continue;
@@ -610,6 +592,10 @@ std::vector<DeviceStats> GpuService::device_stats() const {
       s.t0_chunks = d.t0_index->resident_chunks();
       s.t0_bytes = d.t0_index->resident_bytes();
       s.t0 = d.t0_index->counters();
+    }
+    if (d.blobs) {
+      s.t0_raw_bytes = d.blobs->raw_bytes();
+      s.t0_stored_bytes = d.blobs->stored_bytes();
     }
     out.push_back(s);
   }

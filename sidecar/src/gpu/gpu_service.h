@@ -20,7 +20,10 @@
 #include "gpu_layout.h"
 #include "gpu_plan.h"
 #include "gpu_registry.h"
+#include "t0_codec.h"
 #include "t0_index.h"
+
+#include "../worker_pool.h"
 
 #include "../chunk_index.h"
 
@@ -29,7 +32,10 @@
 #include <kdn/kernels/layout.h>
 #include <kdn/sidecar/config.h>
 
+#include <atomic>
+#include <deque>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -49,6 +55,11 @@ struct GpuCounters {
   uint64_t retrieves = 0, retrieved_chunks = 0, stores = 0, stored_chunks = 0;
   uint64_t h2d_bytes = 0, d2h_bytes = 0, peer_chunks = 0, staged_chunks = 0;
   uint64_t batches_failed = 0;
+  // tier.gpu.codec: blobs made for T0, chunks that could not be encoded (served from T1 instead),
+  // chunks decoded on the device, and chunks whose decode failed on the device (their T0 copy
+  // is dropped; the batch counts in batches_failed).
+  uint64_t t0_encoded = 0, t0_encode_failed = 0, t0_decoded_chunks = 0, t0_decode_faults = 0;
+  uint64_t t0_raw_bytes_written = 0, t0_stored_bytes_written = 0;  // chunks encoded into T0, and their blobs
 };
 
 // What the daemon reports per device (GPU_INFO, TIER_STATS tier 0, metrics).
@@ -57,6 +68,8 @@ struct DeviceStats {
   uint64_t peer_mask = 0;
   uint64_t t0_capacity = 0, t0_used = 0, t0_chunks = 0, t0_bytes = 0;
   T0Counters t0;
+  // tier.gpu.codec: the chunks T0's blobs encode (their canonical size) and the blobs' own bytes.
+  uint64_t t0_raw_bytes = 0, t0_stored_bytes = 0;
 };
 
 class GpuService {
@@ -106,7 +119,21 @@ class GpuService {
     bool failed;
   };
   void poll(std::vector<Woken>* wake);
-  bool busy() const noexcept { return !batches_.empty(); }
+  bool busy() const noexcept { return !batches_.empty() || encodes_in_flight_ > 0 || !encode_backlog_.empty(); }
+  // tier.gpu.codec: after a GPU_STORE committed `keys` (chunks of geometry `geo`), encodes them
+  // for the T0 of the device of registration `ref` on worker threads; each blob enters T0 when it
+  // is made. Nothing without a codec or when the registration is gone.
+  void encode_stored(const Session& s, ipc::GpuRegistrationRef ref, Namespace& ns, const kernels::ChunkGeometry& geo,
+                     std::span<const kdn_key> keys);
+  // kdnd is stopping: chunks not yet encoded for T0 are not (the backlog goes, queued jobs end
+  // without encoding), so busy() turns false soon.
+  void stop_encoding() noexcept;
+  // The T0 codec ("none", "lossless", "int8", "kivi4").
+  const std::string& t0_codec() const noexcept { return cfg_.codec; }
+  uint8_t t0_codec_id() const noexcept { return codec_id_; }  // 0 none, 1 lossless, 2 int8, 3 kivi4
+  // TIER_STATS tier 0 with a T0 codec: the codec, the canonical and blob bytes encoded into T0,
+  // the chunks whose blob failed to decode on a device; resident_bytes becomes canonical bytes.
+  void t0_codec_stats(ipc::TierStatsRecord* r) const noexcept;
   // Whether any device's T0 holds a chunk (LOOKUP asks holds() only then).
   bool holds_any() const noexcept;
   // Whether some device's T0 has a findable copy of `e`, a chunk of the namespace whose arena is
@@ -143,6 +170,39 @@ class GpuService {
   // feeds the token to the queue by hand, so completion order is kept.
   void finish_queued(Device& d, uint64_t token, Status why) noexcept;
   void land(Batch& b, bool failed);
+
+  // ---- T0 holding KVC1 blobs (tier.gpu.codec; gpu_service_codec.cc)
+  using Encoders = WorkerPool<T0EncodeJob>;
+  Status start_codec();
+  Result<uint32_t> retrieve_coded(Namespace& ns, Registration& reg, const CheckedLayout& layout,
+                                  const kernels::ChunkGeometry& geo, std::span<Entry* const> chunks);
+  // Queues the decode of T0 hits[from, from + n) into the bounce buffer and their scatters.
+  Status queue_decode_group(Device& d, Batch& b, const kernels::EngineView& view, const kernels::ChunkGeometry& geo,
+                            const DecodeArea& area, std::span<Entry* const> chunks, uint32_t region,
+                            std::span<const std::pair<uint32_t, uint64_t>> hits, uint32_t group);
+  void encode_for_t0(Namespace& ns, int device, const kernels::ChunkGeometry& geo, Entry* e);
+  bool post_encode(Namespace& ns, int device, const kernels::ChunkGeometry& geo, Entry* e);
+  void drain_encode_backlog();
+  void poll_encodes();
+  void fill_t0(Device& d, T0EncodeJob& job);
+  bool coded_failed(Batch& b, bool failed) noexcept;  // reads a batch's decode results
+  void drop_faulty(Batch& b) noexcept;
+
+  uint8_t codec_id_ = 0;                 // tier.gpu.codec as a tier codec id; 0: T0 holds raw chunks
+  std::unique_ptr<Encoders> encoders_;   // first member destroyed in ~GpuService
+  uint64_t encodes_in_flight_ = 0;
+  // Chunks waiting for an encoder while kMaxEncodesInFlight run (each keeps its namespace attached).
+  struct EncodeLater {
+    Namespace* ns;
+    int device;
+    kernels::ChunkGeometry geo;
+    kdn_key key;
+    uint64_t generation;
+  };
+  std::deque<EncodeLater> encode_backlog_;
+  // Set by stop_encoding(); read by jobs on workers. Relaxed: a job that misses it only encodes
+  // a chunk that is then dropped, and the loop sees its result through the pool's lock anyway.
+  std::atomic<bool> encode_stop_{false};
 
   GpuTierConfig cfg_;
   bool enabled_ = false;

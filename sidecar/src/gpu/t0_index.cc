@@ -74,7 +74,9 @@ bool T0Index::erase(const T0Key& k) noexcept {
   }
   slabs_.free(it->second.cls, it->second.offset);
   lru_.erase(it->second.lru);
+  const T0Key gone = it->first;
   slots_.erase(it);
+  if (on_erase_) on_erase_(gone);
   return true;
 }
 

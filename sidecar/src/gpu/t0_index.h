@@ -19,6 +19,7 @@
 #include <kdn/kdn.h>
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <optional>
 #include <unordered_map>
@@ -64,6 +65,9 @@ class T0Index {
   void unpin(const T0Key& k) noexcept;
   // Drops `k` (unpinned only); false if absent or pinned.
   bool erase(const T0Key& k) noexcept;
+  // Called with every key whose slot goes (erase, and eviction inside insert), after it went:
+  // whoever keeps something beside a slot (the host copy of a blob) drops it there.
+  void on_erase(std::function<void(const T0Key&)> fn) { on_erase_ = std::move(fn); }
 
   uint64_t capacity() const noexcept { return slabs_.capacity(); }
   uint64_t used() const noexcept { return slabs_.used_bytes(); }
@@ -87,6 +91,7 @@ class T0Index {
   std::list<T0Key> lru_;
   uint64_t published_ = 0, resident_bytes_ = 0;
   T0Counters counters_;
+  std::function<void(const T0Key&)> on_erase_;
 };
 
 }  // namespace kdn::sidecar::gpu

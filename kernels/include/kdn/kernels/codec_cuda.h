@@ -59,4 +59,12 @@ Status kvc1_decode_cuda_validated(const Kvc1CudaBatch& batch, const ChunkGeometr
 // (a CUDA error).
 Status kvc1_cuda_result(const void* device_scratch, void* stream) noexcept;
 
+// The same result without waiting. The device-side result of a launch is the 32-bit word at the
+// start of its device_scratch (zero before the launch's kernel runs, set by the kernel on a
+// failure). A caller that must not block copies those kKvc1CudaResultBytes bytes to host memory
+// on the same stream after the launch (before the next launch on that scratch) and passes the
+// word to kvc1_cuda_result_of once the copy has landed: OK, kCorrupt or kInternal as above.
+constexpr size_t kKvc1CudaResultBytes = 4;
+Status kvc1_cuda_result_of(uint32_t word) noexcept;
+
 }  // namespace kdn::kernels

@@ -77,6 +77,7 @@ struct GpuTierConfig {
   uint64_t slice_bytes = 8ull << 20;      // bulk copies are cut into slices of at most this
   uint32_t max_registrations = 16;        // GPU_REGISTER registrations one session holds at once
   uint64_t staging_bytes = 128ull << 20;  // per device: a chunk bounce buffer and the request metadata
+  std::string codec = "none";             // none | lossless | int8 | kivi4: what T0 holds (KVC1 blobs but for none)
 };
 
 struct RemoteTierConfig {
