@@ -5,6 +5,7 @@
 #include "handles.h"
 #include "segment_plan.h"
 
+#include <kdn/ipc/gpu_layout.h>
 #include <kdn/ipc/payload.h>
 #include <kdn/kernels/layout.h>
 
@@ -30,7 +31,8 @@ constexpr uint16_t kGpuMinor = 4;  // the first protocol minor with the GPU opco
 // The wire form of a layout for chunks [first, first + n): the slot of every token, written
 // out (identity when the caller gave no mapping). `base_chunk` is the chunk whose token 0 is
 // engine token 0 of the mapping.
-std::vector<std::byte> layout_bytes(const kdn_model& m, const kdn_engine_layout& l, const std::vector<int64_t>& slots);
+kdn::Result<std::vector<std::byte>> layout_bytes(const kdn_model& m, const kdn_engine_layout& l,
+                                                 const std::vector<int64_t>& slots);
 
 kdn::Result<std::vector<std::byte>> layout_for(const kdn_model& m, const kdn_engine_layout& l, uint32_t first,
                                                uint32_t n, uint32_t base_chunk) {
@@ -43,40 +45,10 @@ kdn::Result<std::vector<std::byte>> layout_for(const kdn_model& m, const kdn_eng
   return layout_bytes(m, l, slots);
 }
 
-// The wire form of a layout whose slots are written out.
-std::vector<std::byte> layout_bytes(const kdn_model& m, const kdn_engine_layout& l, const std::vector<int64_t>& slots) {
-  std::vector<std::byte> out;
-  const uint32_t L = m.info.desc.num_layers;
-  const bool split = l.v_layer_base != nullptr;
-  out.resize(sizeof(kdn::ipc::GpuLayoutRecord) + uint64_t(L) * 8 * (split ? 2 : 1) + slots.size() * 8);
-  kdn::ipc::GpuLayoutRecord r{};
-  r.engine_dtype = l.engine_dtype;
-  r.flags = split ? kdn::ipc::kGpuLayoutSplitV : 0;
-  r.layers = L;
-  r.tokens = uint32_t(slots.size());
-  r.stride_kv = l.stride_kv;
-  r.stride_block = l.stride_block;
-  r.stride_offset = l.stride_offset;
-  r.stride_head = l.stride_head;
-  r.stride_dim = l.stride_dim;
-  r.block_size = l.block_size;
-  r.v_stride_block = l.v_stride_block;
-  r.v_stride_offset = l.v_stride_offset;
-  r.v_stride_head = l.v_stride_head;
-  r.v_stride_dim = l.v_stride_dim;
-  std::byte* p = out.data();
-  std::memcpy(p, &r, sizeof r);
-  p += sizeof r;
-  for (uint32_t i = 0; i < L; ++i, p += 8) {
-    const uint64_t a = uintptr_t(l.layer_base[i]);
-    std::memcpy(p, &a, 8);
-  }
-  for (uint32_t i = 0; split && i < L; ++i, p += 8) {
-    const uint64_t a = uintptr_t(l.v_layer_base[i]);
-    std::memcpy(p, &a, 8);
-  }
-  if (!slots.empty()) std::memcpy(p, slots.data(), slots.size() * 8);
-  return out;
+// The wire form of a layout whose slots are written out (kdn/ipc/gpu_layout.h).
+kdn::Result<std::vector<std::byte>> layout_bytes(const kdn_model& m, const kdn_engine_layout& l,
+                                                 const std::vector<int64_t>& slots) {
+  return kdn::ipc::encode_gpu_layout(l, m.info.desc.num_layers, slots);
 }
 
 // Chunks one GPU request carries: its keys and its layout (and `extra` bytes per chunk: a
@@ -177,7 +149,9 @@ kdn::Result<kdn::ipc::GpuSegmentRetrieveOp::Result> segment_request(Client& c, c
     recs[j] = {ch.delta, j * T, ch.index == 0 ? kdn::ipc::kGpuSegmentStart : 0u};
     wkeys[j] = keys[win[j]];
   }
-  const std::vector<std::byte> layout = layout_bytes(m, dst, slots);
+  auto wire = layout_bytes(m, dst, slots);
+  if (!wire.ok()) return wire.status();
+  const std::vector<std::byte>& layout = *wire;
   const uint32_t key_bytes = n * uint32_t(sizeof(kdn_key)), rec_bytes = n * uint32_t(sizeof recs[0]);
   PayloadRange in{}, rp{}, lay{}, out{};
   auto free_all = [&] {

@@ -47,7 +47,7 @@ bool inside(uint64_t base, i128 lo, i128 hi, uint32_t es, const RegisteredRange&
 }  // namespace
 
 uint64_t layout_wire_bytes(uint32_t layers, bool split_v, uint64_t tokens) noexcept {
-  return sizeof(ipc::GpuLayoutRecord) + uint64_t(layers) * 8 * (split_v ? 2 : 1) + tokens * 8;
+  return ipc::gpu_layout_wire_bytes(layers, split_v, tokens);
 }
 
 Result<GpuLayout> parse_layout(std::span<const std::byte> bytes) noexcept {
@@ -163,44 +163,5 @@ Result<CheckedLayout> check_and_translate(const GpuLayout& layout, const kernels
   }
 }
 
-Result<std::vector<std::byte>> encode_layout(const kdn_engine_layout& abi, uint32_t layers,
-                                             std::span<const int64_t> slots) noexcept {
-  if (abi.layer_base == nullptr || layers == 0) return invalid("layout: null layer_base");
-  if (slots.size() > UINT32_MAX) return invalid("layout: too many tokens");
-  const bool split = abi.v_layer_base != nullptr;
-  try {
-    std::vector<std::byte> out(layout_wire_bytes(layers, split, slots.size()));
-    ipc::GpuLayoutRecord r{};
-    r.engine_dtype = abi.engine_dtype;
-    r.flags = split ? ipc::kGpuLayoutSplitV : 0;
-    r.layers = layers;
-    r.tokens = uint32_t(slots.size());
-    r.stride_kv = abi.stride_kv;
-    r.stride_block = abi.stride_block;
-    r.stride_offset = abi.stride_offset;
-    r.stride_head = abi.stride_head;
-    r.stride_dim = abi.stride_dim;
-    r.block_size = abi.block_size;
-    r.v_stride_block = abi.v_stride_block;
-    r.v_stride_offset = abi.v_stride_offset;
-    r.v_stride_head = abi.v_stride_head;
-    r.v_stride_dim = abi.v_stride_dim;
-    std::byte* p = out.data();
-    std::memcpy(p, &r, sizeof r);
-    p += sizeof r;
-    for (uint32_t l = 0; l < layers; ++l, p += 8) {
-      const uint64_t a = uintptr_t(abi.layer_base[l]);
-      std::memcpy(p, &a, 8);
-    }
-    for (uint32_t l = 0; split && l < layers; ++l, p += 8) {
-      const uint64_t a = uintptr_t(abi.v_layer_base[l]);
-      std::memcpy(p, &a, 8);
-    }
-    if (!slots.empty()) std::memcpy(p, slots.data(), slots.size() * 8);
-    return out;
-  } catch (const std::bad_alloc&) {
-    return Status(Code::kNoMemory, "layout: out of memory");
-  }
-}
 
 }  // namespace kdn::sidecar::gpu

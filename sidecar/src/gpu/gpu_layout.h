@@ -13,6 +13,7 @@
 #pragma once
 
 #include <kdn/common/status.h>
+#include <kdn/ipc/gpu_layout.h>
 #include <kdn/ipc/protocol.h>
 #include <kdn/kernels/layout.h>
 
@@ -57,8 +58,7 @@ struct CheckedLayout {
 Result<CheckedLayout> check_and_translate(const GpuLayout& layout, const kernels::ChunkGeometry& geo,
                                           uint32_t chunks, const RegisteredRange& range) noexcept;
 
-// Builds the wire form of a layout (the client's side; also used by tests).
-Result<std::vector<std::byte>> encode_layout(const kdn_engine_layout& abi, uint32_t layers,
-                                             std::span<const int64_t> slots) noexcept;
+// The client's side, for tests: libkdn's encoder.
+using ipc::encode_gpu_layout;
 
 }  // namespace kdn::sidecar::gpu

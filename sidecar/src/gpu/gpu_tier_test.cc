@@ -51,7 +51,7 @@ kernels::ChunkGeometry geo() {
 
 Result<CheckedLayout> check(const kdn_engine_layout& abi, std::vector<int64_t> slots, uint32_t chunks,
                             const RegisteredRange& range, uint32_t layers = 2) {
-  auto wire = encode_layout(abi, layers, slots);
+  auto wire = encode_gpu_layout(abi, layers, slots);
   if (!wire.ok()) return wire.status();
   auto parsed = parse_layout(*wire);
   if (!parsed.ok()) return parsed.status();
@@ -128,7 +128,7 @@ TEST(GpuLayout, ShapeMismatchesAreRefused) {
 TEST(GpuLayout, MalformedBlobsAreRefused) {
   PagedCache c;
   std::vector<int64_t> slots = {0, 1, 2, 3};
-  auto wire = encode_layout(c.abi, 2, slots);
+  auto wire = encode_gpu_layout(c.abi, 2, slots);
   ASSERT_TRUE(wire.ok());
   EXPECT_TRUE(parse_layout(*wire).ok());
   for (size_t cut : {size_t(0), size_t(10), sizeof(ipc::GpuLayoutRecord), wire->size() - 1}) {
