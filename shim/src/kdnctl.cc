@@ -139,25 +139,40 @@ const char* codec_label(uint64_t c) {
   return c < 4 ? kCodecs[c] : "?";
 }
 
+// Sends an op that takes no input and writes up to `n` records; its result and the records it
+// wrote, or false when kdnd refused it (the payload is freed either way).
+template <class Op>
+bool call_records(Client& c, uint32_t n, typename Op::Result* result, std::vector<typename Op::OutRecord>* recs) {
+  auto o = c.alloc_payload(n * sizeof(typename Op::OutRecord));
+  if (!o.ok()) return false;
+  Request r;
+  r.sqe.opcode = uint8_t(Op::kOpcode);
+  r.out = *o;
+  r.sqe.out_len = n * sizeof(typename Op::OutRecord);
+  auto cqe = c.call(r);
+  bool ok = cqe.ok() && cqe->status == KDN_OK;
+  if (ok) {
+    auto got = Op::result(*cqe, n);
+    ok = got.ok();
+    if (ok) {
+      *result = *got;
+      recs->resize(got->written);
+      std::memcpy(recs->data(), c.payload_ptr(*o), recs->size() * sizeof(typename Op::OutRecord));
+    }
+  }
+  c.free_payload(*o);
+  return ok;
+}
+
 // TIER_STATS as fields "tier.<name>.<counter>"; empty when kdnd predates it.
 std::vector<Field> tier_fields(Client& c) {
   using Op = kdn::ipc::TierStatsOp;
   std::vector<Field> f;
   if (c.welcome().proto_minor < 1) return f;
   constexpr uint32_t n = kdn::ipc::kTierCount;
-  auto o = c.alloc_payload(n * sizeof(Op::OutRecord));
-  if (!o.ok()) return f;
-  Request r;
-  r.sqe.opcode = uint8_t(Op::kOpcode);
-  r.out = *o;
-  r.sqe.out_len = n * sizeof(Op::OutRecord);
-  auto cqe = c.call(r);
-  if (!cqe.ok() || cqe->status != KDN_OK) return f;
-  auto got = Op::result(*cqe, n);
-  if (!got.ok()) return f;
-  std::vector<Op::OutRecord> recs(got->written);
-  std::memcpy(recs.data(), c.payload_ptr(*o), recs.size() * sizeof(Op::OutRecord));
-  c.free_payload(*o);
+  Op::Result got;
+  std::vector<Op::OutRecord> recs;
+  if (!call_records<Op>(c, n, &got, &recs)) return f;
   static const char* kTiers[] = {"gpu", "host", "disk", "remote"};
   for (const auto& t : recs) {
     if (!t.present || t.tier >= n) continue;
@@ -343,28 +358,12 @@ std::vector<Field> gpu_fields(Client& c, std::vector<std::pair<uint32_t, std::st
   std::vector<Field> f;
   if (c.welcome().proto_minor < 4) return f;
   constexpr uint32_t n = kdn::ipc::kGpuMaxDevices;
-  auto o = c.alloc_payload(n * sizeof(Op::OutRecord));
-  if (!o.ok()) return f;
-  Request r;
-  r.sqe.opcode = uint8_t(Op::kOpcode);
-  r.out = *o;
-  r.sqe.out_len = n * sizeof(Op::OutRecord);
-  auto cqe = c.call(r);
-  if (!cqe.ok() || cqe->status != KDN_OK) {
-    c.free_payload(*o);
-    return f;
-  }
-  auto got = Op::result(*cqe, n);
-  if (!got.ok()) {
-    c.free_payload(*o);
-    return f;
-  }
-  std::vector<Op::OutRecord> recs(got->written);
-  std::memcpy(recs.data(), c.payload_ptr(*o), recs.size() * sizeof(Op::OutRecord));
-  c.free_payload(*o);
-  f.push_back({"gpu.enabled", got->enabled});
-  f.push_back({"gpu.devices", got->devices});
-  f.push_back({"gpu.registrations", got->registrations});
+  Op::Result got;
+  std::vector<Op::OutRecord> recs;
+  if (!call_records<Op>(c, n, &got, &recs)) return f;
+  f.push_back({"gpu.enabled", got.enabled});
+  f.push_back({"gpu.devices", got.devices});
+  f.push_back({"gpu.registrations", got.registrations});
   for (const auto& d : recs) {
     const std::string p = "gpu.device" + std::to_string(d.ordinal) + ".";
     f.push_back({p + "sm", d.sm});
