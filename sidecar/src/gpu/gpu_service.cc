@@ -380,21 +380,27 @@ Status GpuService::scatter_chunk(const Device& d, const void* src, const kernels
   return kernels::rope_scatter(src, geo, v, t, ex);
 }
 
+Status GpuService::begin_retrieve(const Device& d, int device, uint64_t chunk_bytes) noexcept {
+  if (chunk_bytes > d.bounce_bytes)
+    return Status(Code::kLimit, "a chunk larger than half of tier.gpu.staging_bytes (the bounce buffer)");
+  return set_device(device);  // the kernels launch on the current device
+}
+
 Result<uint32_t> GpuService::retrieve(Namespace& ns, Registration& reg, const CheckedLayout& layout,
                                       const kernels::ChunkGeometry& geo, std::span<Entry* const> chunks,
                                       const SegmentPlacement* segment) {
   if (!enabled_) return Status(Code::kUnsupported, off_status_.c_str());
-  if (codec_id_ != 0 && devices_[size_t(reg.device)]->t0_index) return retrieve_coded(ns, reg, layout, geo, chunks);
+  // T0 blobs are decoded and scattered without re-rotation: a segment retrieve with a T0 codec
+  // leaves T0 alone and is served from T1 (below, where a coded T0 is never read or filled).
+  if (codec_id_ != 0 && devices_[size_t(reg.device)]->t0_index && segment == nullptr)
+    return retrieve_coded(ns, reg, layout, geo, chunks);
+  auto raw_t0 = [this](Device& dev) -> T0Index* { return codec_id_ == 0 ? dev.t0_index.get() : nullptr; };
   auto unpin_all = [&] {
     for (Entry* e : chunks) ns.store->unpin(e);
   };
   Device& d = *devices_[size_t(reg.device)];
   const uint64_t bytes = kernels::chunk_bytes(geo);
-  if (bytes > d.bounce_bytes) {
-    unpin_all();
-    return Status(Code::kLimit, "a chunk larger than half of tier.gpu.staging_bytes (the bounce buffer)");
-  }
-  if (Status st = set_device(reg.device); !st.ok()) {  // the kernels launch on the current device
+  if (Status st = begin_retrieve(d, reg.device, bytes); !st.ok()) {
     unpin_all();
     return st;
   }
@@ -419,11 +425,11 @@ Result<uint32_t> GpuService::retrieve(Namespace& ns, Registration& reg, const Ch
     const T0Key key{ns.region_id, e->key, e->generation};
     int t0_dev = -1;
     uint64_t t0_off = 0;
-    if (d.t0_index) {
-      if (auto off = d.t0_index->find(key)) t0_dev = reg.device, t0_off = *off;
+    if (T0Index* t0 = raw_t0(d)) {
+      if (auto off = t0->find(key)) t0_dev = reg.device, t0_off = *off;
     }
     for (size_t o = 0; t0_dev < 0 && o < devices_.size(); ++o) {
-      if (int(o) == reg.device || !devices_[o]->t0_index) continue;
+      if (int(o) == reg.device || !raw_t0(*devices_[o])) continue;
       if (auto off = devices_[o]->t0_index->find(key)) t0_dev = int(o), t0_off = *off;
     }
     RouteInput in;
@@ -432,7 +438,7 @@ Result<uint32_t> GpuService::retrieve(Namespace& ns, Registration& reg, const Ch
     in.peer_ok = t0_dev >= 0 && t0_dev != reg.device && can_access_peer(reg.device, t0_dev) &&
                  ensure_peer(reg.device, t0_dev).ok();
     std::optional<uint64_t> fresh;
-    if (t0_dev != reg.device && !(t0_dev >= 0 && in.peer_ok) && d.t0_index) fresh = d.t0_index->insert(key, bytes);
+    if (t0_dev != reg.device && !(t0_dev >= 0 && in.peer_ok) && raw_t0(d)) fresh = d.t0_index->insert(key, bytes);
     in.t0_room = fresh.has_value();
     const Route rt = route(in);
     const void* src = nullptr;

@@ -67,11 +67,7 @@ Result<uint32_t> GpuService::retrieve_coded(Namespace& ns, Registration& reg, co
   };
   Device& d = *devices_[size_t(reg.device)];
   const uint64_t bytes = kernels::chunk_bytes(geo);
-  if (bytes > d.bounce_bytes) {
-    unpin_all();
-    return Status(Code::kLimit, "a chunk larger than half of tier.gpu.staging_bytes (the bounce buffer)");
-  }
-  if (Status st = set_device(reg.device); !st.ok()) {  // the kernels launch on the current device
+  if (Status st = begin_retrieve(d, reg.device, bytes); !st.ok()) {
     unpin_all();
     return st;
   }
