@@ -24,14 +24,15 @@ constexpr OpTable make_table() noexcept {
 constexpr OpTable kOps = make_table<PingOp, RegisterModelOp, LookupOp, ReserveOp, CommitOp, AbortOp,
                                     LeaseOp, ReleaseOp, StatsOp, ListOp, EvictOp, LookupEachOp,
                                     LeaseEachOp, PrefetchOp, TierStatsOp, MetricsOp, GpuRegisterOp,
-                                    GpuUnregisterOp, GpuRetrieveOp, GpuStoreOp, GpuInfoOp, GpuSegmentRetrieveOp>();
+                                    GpuUnregisterOp, GpuRetrieveOp, GpuStoreOp, GpuInfoOp, GpuSegmentRetrieveOp,
+                                    GpuBlendSelectOp>();
 static_assert(PingOp::kOpcode == Opcode(1) && GpuSegmentRetrieveOp::kOpcode == Opcode(kMaxOpcode));
 static_assert(GpuInfoOp::kOpcode == Opcode(25));
 static_assert(MetricsOp::kOpcode == Opcode(20) && GpuRegisterOp::kOpcode == Opcode(21) &&
               GpuStoreOp::kOpcode == Opcode(24));
 static_assert(LeaseOp::kOpcode == Opcode(7) && StatsOp::kOpcode == Opcode(9) && EvictOp::kOpcode == Opcode(11));
 static_assert(LookupEachOp::kOpcode == Opcode(12) && LeaseEachOp::kOpcode == Opcode(13));
-static_assert(PrefetchOp::kOpcode == Opcode(16));
+static_assert(PrefetchOp::kOpcode == Opcode(16) && GpuBlendSelectOp::kOpcode == Opcode(14));
 
 Status check_header_fields(const Sqe& sqe) noexcept {
   if ((sqe.flags & ~kSqeKnownFlags) != 0) return Status(Code::kProtocol, "unknown SQE flags");

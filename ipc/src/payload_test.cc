@@ -36,7 +36,7 @@ TEST(PayloadRef, OverflowSafeBounds) {
 }
 
 TEST(CheckSqe, UnknownOpcodesAreUnsupported) {
-  for (uint8_t op : {uint8_t{0}, uint8_t{14}, uint8_t{15}, uint8_t{18}, uint8_t{kMaxOpcode + 1}, uint8_t{200}, uint8_t{255}}) {
+  for (uint8_t op : {uint8_t{0}, uint8_t{15}, uint8_t{18}, uint8_t{kMaxOpcode + 1}, uint8_t{200}, uint8_t{255}}) {
     Sqe s{};
     s.opcode = op;
     EXPECT_EQ(check(s), Code::kUnsupported) << int(op);
@@ -460,6 +460,75 @@ TEST(OpResults, GpuSegmentChunkRecordsAreChecked) {
   r[1].delta = 0;
   r[1].flags = 2;
   EXPECT_EQ(Op::check_chunks(r, 2, 16, 32).code(), Code::kInvalidArgument);
+}
+
+
+TEST(CheckSqe, GpuBlendSelectShape) {
+  EXPECT_STREQ(opcode_name(uint8_t(Opcode::kGpuBlendSelect)), "GPU_BLEND_SELECT");
+  EXPECT_EQ(uint8_t(Opcode::kGpuBlendSelect), 14);
+  // Keys in, room for at least one int32 index out.
+  Sqe s = sqe_of(Opcode::kGpuBlendSelect);
+  s.in_len = 3 * sizeof(kdn_key);
+  EXPECT_EQ(check(s), Code::kInvalidArgument) << "no room for an index";
+  s.out_off = 4096;
+  s.out_len = 4;
+  EXPECT_EQ(check(s), Code::kOk);
+  s.in_len = 17;
+  EXPECT_EQ(check(s), Code::kProtocol);
+}
+
+TEST(OpResults, GpuBlendSelectArgsRoundTripAndAreChecked) {
+  using Op = GpuBlendSelectOp;
+  Sqe s{};
+  Op::put({7, {3, 9}, {128, 48}, {4096, 1000}, 29, kGpuBlendPlaneV, 150000}, s);
+  const auto a = Op::args(s);
+  EXPECT_EQ(a.model_id, 7u);
+  EXPECT_EQ(a.reg.registration, 3u);
+  EXPECT_EQ(a.reg.generation, 9u);
+  EXPECT_EQ(a.chunks.off, 128u);
+  EXPECT_EQ(a.chunks.len, 48u);
+  EXPECT_EQ(a.layout.off, 4096u);
+  EXPECT_EQ(a.layout.len, 1000u);
+  EXPECT_EQ(a.check_layer, 29u);
+  EXPECT_EQ(a.plane, kGpuBlendPlaneV);
+  EXPECT_EQ(a.ratio_ppm, 150000u);
+  EXPECT_TRUE(Op::check_args(s, 30).ok());
+  EXPECT_EQ(Op::check_args(s, 29).code(), Code::kInvalidArgument);  // layer 29 of 29
+  Sqe bad = s;
+  bad.arg[3] |= 1ull << 20;  // an undefined bit
+  EXPECT_EQ(Op::check_args(bad, 30).code(), Code::kInvalidArgument);
+  bad = s;
+  bad.arg[3] = (bad.arg[3] & ~(3ull << 16)) | (2ull << 16);  // plane 2
+  EXPECT_EQ(Op::check_args(bad, 30).code(), Code::kInvalidArgument);
+  bad = s;
+  bad.arg[3] = (bad.arg[3] & 0xffffffffull) | (uint64_t(kGpuBlendRatioOne + 1) << 32);
+  EXPECT_EQ(Op::check_args(bad, 30).code(), Code::kInvalidArgument);
+}
+
+TEST(OpResults, GpuBlendSelectAnswersAreChecked) {
+  using Op = GpuBlendSelectOp;
+  const int32_t out[3] = {2, 17, 40};
+  Cqe c{};
+  c.res[0] = 3;   // selected
+  c.res[1] = 50;  // compared
+  c.res[2] = 4;   // chunks
+  c.res[3] = 1;   // from T0
+  auto r = Op::result(c, out, 3, 4, 64);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->selected, 3u);
+  EXPECT_EQ(r->candidates, 50u);
+  EXPECT_FALSE(Op::result(c, out, 2, 4, 64).ok());   // more than the room
+  EXPECT_FALSE(Op::result(c, out, 3, 3, 64).ok());   // more chunks than keys
+  EXPECT_FALSE(Op::result(c, out, 3, 4, 40).ok());   // index 40 outside 40 tokens
+  const int32_t unordered[3] = {2, 40, 17};
+  EXPECT_FALSE(Op::result(c, unordered, 3, 4, 64).ok());
+  const int32_t negative[3] = {-1, 17, 40};
+  EXPECT_FALSE(Op::result(c, negative, 3, 4, 64).ok());
+  c.res[1] = 2;  // fewer compared than selected
+  EXPECT_FALSE(Op::result(c, out, 3, 4, 64).ok());
+  c.res[1] = 50;
+  c.res[3] = 5;  // more from T0 than compared chunks
+  EXPECT_FALSE(Op::result(c, out, 3, 4, 64).ok());
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <kdn/kernels/layout.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 using kdn::Code;
@@ -127,38 +128,51 @@ std::vector<SegmentChunk> segment_chunks(const kdn_model& m, const std::vector<S
   return out;
 }
 
-// One GPU_SEGMENT_RETRIEVE of the chunks `win`: each chunk's T slots in the layout (-1 past a
-// segment's end), its record, its key. `copied` gets the answer's byte per chunk.
-kdn::Result<kdn::ipc::GpuSegmentRetrieveOp::Result> segment_request(Client& c, const kdn_model& m, const kdn_gpu_kv& kv,
-                                                                    const kdn_engine_layout& dst,
-                                                                    const std::vector<SegmentChunk>& all,
-                                                                    const std::vector<kdn_key>& keys,
-                                                                    const std::vector<size_t>& win,
-                                                                    std::vector<uint8_t>& copied) {
-  using Op = kdn::ipc::GpuSegmentRetrieveOp;
+// The wire form of segment chunks `win` of `all`: each chunk's T slots in the layout (-1 past a
+// segment's end), its record, its key.
+struct SegmentWire {
+  std::vector<std::byte> layout;
+  std::vector<kdn::ipc::GpuSegmentChunkRecord> recs;
+  std::vector<kdn_key> keys;
+};
+
+kdn::Result<SegmentWire> segment_wire(const kdn_model& m, const kdn_engine_layout& dst,
+                                      const std::vector<SegmentChunk>& all, const std::vector<kdn_key>& keys,
+                                      const std::vector<size_t>& win) {
   const uint32_t T = m.info.chunk_tokens, n = uint32_t(win.size());
   std::vector<int64_t> slots(uint64_t(n) * T, -1);
-  std::vector<kdn::ipc::GpuSegmentChunkRecord> recs(n);
-  std::vector<kdn_key> wkeys(n);
+  SegmentWire w;
+  w.recs.resize(n);
+  w.keys.resize(n);
   for (uint32_t j = 0; j < n; ++j) {
     const SegmentChunk& ch = all[win[j]];
     for (uint32_t r = 0; r < ch.rows; ++r) {
       const uint64_t t = ch.engine_token + r;
       slots[uint64_t(j) * T + r] = dst.slot_mapping ? dst.slot_mapping[t] : int64_t(t);
     }
-    recs[j] = {ch.delta, j * T, ch.index == 0 ? kdn::ipc::kGpuSegmentStart : 0u};
-    wkeys[j] = keys[win[j]];
+    w.recs[j] = {ch.delta, j * T, ch.index == 0 ? kdn::ipc::kGpuSegmentStart : 0u};
+    w.keys[j] = keys[win[j]];
   }
   auto wire = layout_bytes(m, dst, slots);
   if (!wire.ok()) return wire.status();
-  const std::vector<std::byte>& layout = *wire;
-  const uint32_t key_bytes = n * uint32_t(sizeof(kdn_key)), rec_bytes = n * uint32_t(sizeof recs[0]);
-  PayloadRange in{}, rp{}, lay{}, out{};
+  w.layout = std::move(*wire);
+  return w;
+}
+
+// One request over segment chunks (GPU_SEGMENT_RETRIEVE, GPU_BLEND_SELECT): the keys as input,
+// the records and the layout in the payload area, `out_bytes` of output copied to `out` when it
+// succeeded. `put` encodes the SQE's scalars given where the records and the layout are.
+template <class Put>
+kdn::Result<kdn::ipc::Cqe> segment_call(Client& c, const SegmentWire& w, uint32_t out_bytes, std::vector<std::byte>& out,
+                                        Put put) {
+  const uint32_t key_bytes = uint32_t(w.keys.size() * sizeof(kdn_key));
+  const uint32_t rec_bytes = uint32_t(w.recs.size() * sizeof(kdn::ipc::GpuSegmentChunkRecord));
+  PayloadRange in{}, rp{}, lay{}, o{};
   auto free_all = [&] {
-    for (PayloadRange* p : {&in, &rp, &lay, &out})
+    for (PayloadRange* p : {&in, &rp, &lay, &o})
       if (p->len) c.free_payload(*p);
   };
-  for (auto [ref, bytes] : {std::pair{&in, key_bytes}, {&rp, rec_bytes}, {&lay, uint32_t(layout.size())}, {&out, n}}) {
+  for (auto [ref, bytes] : {std::pair{&in, key_bytes}, {&rp, rec_bytes}, {&lay, uint32_t(w.layout.size())}, {&o, out_bytes}}) {
     auto a = c.alloc_payload(bytes);
     if (!a.ok()) {
       free_all();
@@ -166,22 +180,42 @@ kdn::Result<kdn::ipc::GpuSegmentRetrieveOp::Result> segment_request(Client& c, c
     }
     *ref = *a;
   }
-  std::memcpy(c.payload_ptr(in), wkeys.data(), key_bytes);
-  std::memcpy(c.payload_ptr(rp), recs.data(), rec_bytes);
-  std::memcpy(c.payload_ptr(lay), layout.data(), layout.size());
+  std::memcpy(c.payload_ptr(in), w.keys.data(), key_bytes);
+  std::memcpy(c.payload_ptr(rp), w.recs.data(), rec_bytes);
+  std::memcpy(c.payload_ptr(lay), w.layout.data(), w.layout.size());
   Request r;
-  r.sqe.opcode = uint8_t(Op::kOpcode);
   r.in = in;
-  r.out = out;
+  r.out = o;
   r.sqe.in_len = key_bytes;
-  r.sqe.out_len = n;
-  Op::put({m.id, kv.ref, {rp.off, rec_bytes}, {lay.off, uint32_t(layout.size())}}, r.sqe);
+  r.sqe.out_len = out_bytes;
+  put(r.sqe, kdn::ipc::GpuLayoutRef{rp.off, rec_bytes}, kdn::ipc::GpuLayoutRef{lay.off, uint32_t(w.layout.size())});
   auto cqe = c.call(r);
-  copied.assign(n, kdn::ipc::kGpuSegmentSkipped);
-  if (cqe.ok() && cqe->status == KDN_OK) std::memcpy(copied.data(), c.payload_ptr(out), n);
+  out.assign(out_bytes, std::byte{0});
+  if (cqe.ok() && cqe->status == KDN_OK) std::memcpy(out.data(), c.payload_ptr(o), out_bytes);
   free_all();
+  return cqe;
+}
+
+// One GPU_SEGMENT_RETRIEVE of the chunks `win`. `copied` gets the answer's byte per chunk.
+kdn::Result<kdn::ipc::GpuSegmentRetrieveOp::Result> segment_request(Client& c, const kdn_model& m, const kdn_gpu_kv& kv,
+                                                                    const kdn_engine_layout& dst,
+                                                                    const std::vector<SegmentChunk>& all,
+                                                                    const std::vector<kdn_key>& keys,
+                                                                    const std::vector<size_t>& win,
+                                                                    std::vector<uint8_t>& copied) {
+  using Op = kdn::ipc::GpuSegmentRetrieveOp;
+  auto w = segment_wire(m, dst, all, keys, win);
+  if (!w.ok()) return w.status();
+  const uint32_t n = uint32_t(win.size());
+  std::vector<std::byte> out;
+  auto cqe = segment_call(c, *w, n, out, [&](kdn::ipc::Sqe& q, kdn::ipc::GpuLayoutRef recs, kdn::ipc::GpuLayoutRef lay) {
+    q.opcode = uint8_t(Op::kOpcode);
+    Op::put({m.id, kv.ref, recs, lay}, q);
+  });
+  copied.assign(n, kdn::ipc::kGpuSegmentSkipped);
   if (!cqe.ok()) return cqe.status();
   if (cqe->status != KDN_OK) return Status(Code(cqe->status), "GPU_SEGMENT_RETRIEVE failed");
+  std::memcpy(copied.data(), out.data(), n);
   return Op::result(*cqe, copied.data(), n);
 }
 
@@ -385,6 +419,69 @@ KDN_API int kdn_gpu_segment_retrieve(kdn_client* client, const kdn_model* model,
     if (loaded_chunks) std::copy(loaded.begin(), loaded.end(), loaded_chunks);
     for (size_t s = 0; s < n_segs; ++s)
       if (loaded[s] < plans[s].chunks) return int(KDN_ERR_NOT_FOUND);
+    return int(KDN_OK);
+  });
+}
+
+KDN_API int kdn_gpu_blend_select(kdn_client* client, const kdn_model* model, const kdn_segment* segs, size_t n_segs,
+                                 const int64_t* target_pos, kdn_gpu_kv* kv, const kdn_engine_layout* dst,
+                                 uint32_t check_layer, uint32_t plane, double ratio, int32_t* selected,
+                                 uint32_t capacity, uint32_t* n_selected, uint32_t* n_compared) {
+  using Op = kdn::ipc::GpuBlendSelectOp;
+  if (n_selected) *n_selected = 0;
+  if (n_compared) *n_compared = 0;
+  if (!target_pos || !n_selected || (!selected && capacity > 0)) return KDN_ERR_INVALID_ARGUMENT;
+  if (plane != KDN_BLEND_PLANE_K && plane != KDN_BLEND_PLANE_V) return KDN_ERR_INVALID_ARGUMENT;
+  if (!(ratio >= 0.0 && ratio <= 1.0)) return KDN_ERR_INVALID_ARGUMENT;  // NaN too
+  if (int e = check_gpu_call(client, model, nullptr, 0, kv, dst)) return e;
+  if (check_layer >= model->info.desc.num_layers) return KDN_ERR_INVALID_ARGUMENT;
+  return guarded([&]() -> int {
+    std::vector<SegmentPlan> plans;
+    std::vector<kdn_key> keys;
+    if (Status st = plan_keys(model->info, segs, n_segs, plans, keys); !st.ok()) return rc(st);
+    bool moves = false;
+    for (size_t s = 0; s < n_segs; ++s) {  // as kdn_gpu_segment_retrieve
+      if (target_pos[s] < 0 || target_pos[s] > KDN_MAX_POSITION - int64_t(segs[s].n_tokens))
+        return int(KDN_ERR_INVALID_ARGUMENT);
+      moves = moves || target_pos[s] != segs[s].base_pos;
+    }
+    if (moves && model->info.desc.rope_style == KDN_ROPE_NONE) return int(KDN_ERR_UNSUPPORTED);
+    Client& c = client_of(client);
+    if (c.welcome().proto_minor < 5) return int(KDN_ERR_UNSUPPORTED);  // a kdnd from before GPU_BLEND_SELECT
+    const std::vector<SegmentChunk> all = segment_chunks(*model, plans, target_pos);
+    if (all.empty()) return int(KDN_OK);
+    // One request: the selection ranks every compared token at once.
+    const uint32_t T = model->info.chunk_tokens;
+    const uint32_t round = chunks_per_request(c, *model, dst->v_layer_base != nullptr,
+                                              sizeof(kdn::ipc::GpuSegmentChunkRecord) + uint64_t(T) * 4);
+    if (all.size() > round) return int(KDN_ERR_LIMIT);
+    std::vector<size_t> win(all.size());
+    for (size_t j = 0; j < win.size(); ++j) win[j] = j;
+    auto w = segment_wire(*model, *dst, all, keys, win);
+    if (!w.ok()) return rc(w.status());
+    const uint64_t tokens = uint64_t(all.size()) * T;
+    const uint32_t room = uint32_t(std::max<uint64_t>(1, std::min<uint64_t>({capacity, tokens, kdn::ipc::kMaxKeysPerOp})));
+    const uint32_t ppm = uint32_t(std::llround(ratio * kdn::ipc::kGpuBlendRatioOne));
+    std::vector<std::byte> out;
+    auto cqe = segment_call(c, *w, room * 4, out,
+                            [&](kdn::ipc::Sqe& q, kdn::ipc::GpuLayoutRef recs, kdn::ipc::GpuLayoutRef lay) {
+                              q.opcode = uint8_t(Op::kOpcode);
+                              Op::put({model->id, kv->ref, recs, lay, check_layer, plane, ppm}, q);
+                            });
+    if (!cqe.ok()) return rc(cqe.status());
+    if (cqe->status != KDN_OK) return int(cqe->status);
+    const auto* idx = reinterpret_cast<const int32_t*>(out.data());
+    auto res = Op::result(*cqe, idx, room, uint32_t(all.size()), tokens);
+    if (!res.ok()) return rc(res.status());
+    if (res->selected > capacity) return int(KDN_ERR_LIMIT);
+    for (uint32_t i = 0; i < res->selected; ++i) {  // layout token -> the engine token it stands for
+      const SegmentChunk& ch = all[size_t(idx[i]) / T];
+      const uint32_t r = uint32_t(idx[i]) % T;
+      if (r >= ch.rows) return int(KDN_ERR_PROTOCOL);  // a row past its segment was never a candidate
+      selected[i] = int32_t(ch.engine_token + r);
+    }
+    *n_selected = res->selected;
+    if (n_compared) *n_compared = res->candidates;
     return int(KDN_OK);
   });
 }

@@ -863,7 +863,10 @@ bool DaemonImpl::poll_gpu() {
   gpu_->poll(&gpu_woken_);
   for (const gpu::GpuService::Woken& w : gpu_woken_) {
     auto it = ops_.find(w.op_token);
-    if (it == ops_.end()) continue;
+    if (it == ops_.end()) {
+      (void)gpu_->take_blend(w.op_token);  // nobody waits for its answer any more
+      continue;
+    }
     Op& op = *it->second;
     handler_.on_gpu_done(op, w.failed);
     if (op.waiting == 0) make_runnable(&op);

@@ -69,14 +69,21 @@ bool needs_model(uint8_t opcode) {
          opcode == uint8_t(Opcode::kLease) || opcode == uint8_t(Opcode::kLookupEach) ||
          opcode == uint8_t(Opcode::kLeaseEach) || opcode == uint8_t(Opcode::kPrefetch) ||
          opcode == uint8_t(Opcode::kGpuRetrieve) || opcode == uint8_t(Opcode::kGpuStore) ||
-         opcode == uint8_t(Opcode::kGpuSegmentRetrieve);
+         opcode == uint8_t(Opcode::kGpuSegmentRetrieve) || opcode == uint8_t(Opcode::kGpuBlendSelect);
 }
 
 // LEASE serves the longest cached prefix of a chain; LEASE_EACH every key on its own;
-// GPU_RETRIEVE leases a prefix for kdnd's own copies, GPU_SEGMENT_RETRIEVE every key on its own.
+// GPU_RETRIEVE leases a prefix for kdnd's own copies, GPU_SEGMENT_RETRIEVE and GPU_BLEND_SELECT
+// every key on its own.
 bool is_lease(uint8_t opcode) {
   return opcode == uint8_t(Opcode::kLease) || opcode == uint8_t(Opcode::kLeaseEach) ||
-         opcode == uint8_t(Opcode::kGpuRetrieve) || opcode == uint8_t(Opcode::kGpuSegmentRetrieve);
+         opcode == uint8_t(Opcode::kGpuRetrieve) || opcode == uint8_t(Opcode::kGpuSegmentRetrieve) ||
+         opcode == uint8_t(Opcode::kGpuBlendSelect);
+}
+
+// The GPU requests that read segment chunk records (arg1) and lease every key on its own.
+bool is_segment(uint8_t opcode) {
+  return opcode == uint8_t(Opcode::kGpuSegmentRetrieve) || opcode == uint8_t(Opcode::kGpuBlendSelect);
 }
 
 }  // namespace
@@ -152,6 +159,7 @@ Step RequestHandler::dispatch(Op& op, uint64_t deadline_ns) {
     case Opcode::kGpuStore: return gpu_store(op, deadline_ns);
     case Opcode::kGpuInfo: return gpu_info(op);
     case Opcode::kGpuSegmentRetrieve: return lease(op, deadline_ns);
+    case Opcode::kGpuBlendSelect: return gpu_blend(op, deadline_ns);
   }
   return finish(op, Status(Code::kUnsupported, "unknown opcode"));
 }
@@ -565,7 +573,7 @@ Step RequestHandler::abort(Op& op, uint64_t deadline_ns) {
 Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
   Session& s = *op.session;
   TieredStore& store = *s.ns->store;
-  const bool segment = op.sqe.opcode == uint8_t(Opcode::kGpuSegmentRetrieve);
+  const bool segment = is_segment(op.sqe.opcode);
   const bool each = op.sqe.opcode == uint8_t(Opcode::kLeaseEach) || segment;
   const bool gpu = op.sqe.opcode == uint8_t(Opcode::kGpuRetrieve) || segment;  // leases kept by kdnd itself
   const uint32_t wanted =
@@ -705,6 +713,7 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
   if (!touched) return Step::kMore;
   if (gpu) {
     store.note_read(segment ? ReadOp::kLeaseEach : ReadOp::kLease, op.served_from, wanted - op.taken.size());
+    if (op.sqe.opcode == uint8_t(Opcode::kGpuBlendSelect)) return gpu_queue_blend(op);
     return segment ? gpu_queue_segment(op) : gpu_queue_retrieve(op);
   }
   Status z = s.shm.payload().zero_out_records<ipc::LeaseRecord>(op.sqe, op.cursor, wanted);
@@ -1082,13 +1091,16 @@ Status RequestHandler::gpu_prepare(Op& op) {
   if (gpu_ == nullptr) return kNoGpuTier;
   Session& s = *op.session;
   const bool store = op.sqe.opcode == uint8_t(Opcode::kGpuStore);
-  const bool segment = op.sqe.opcode == uint8_t(Opcode::kGpuSegmentRetrieve);
+  const bool blend = op.sqe.opcode == uint8_t(Opcode::kGpuBlendSelect);
+  const bool segment = is_segment(op.sqe.opcode);
+  // GPU_BLEND_SELECT's registration, records and layout travel as GPU_SEGMENT_RETRIEVE's do.
   const ipc::GpuRegistrationRef ref = store     ? ipc::GpuStoreOp::args(op.sqe).reg
                                       : segment ? ipc::GpuSegmentRetrieveOp::args(op.sqe).reg
                                                 : ipc::GpuRetrieveOp::args(op.sqe).reg;
   const ipc::GpuLayoutRef lay = store     ? ipc::GpuStoreOp::args(op.sqe).layout
                                 : segment ? ipc::GpuSegmentRetrieveOp::args(op.sqe).layout
                                           : ipc::GpuRetrieveOp::args(op.sqe).layout;
+  if (blend) KDN_RETURN_IF_ERROR(ipc::GpuBlendSelectOp::check_args(op.sqe, op.model->desc.num_layers));
   auto reg = gpu_->find(s, ref);
   if (!reg.ok()) return reg.status();
   if (lay.len > ipc::kGpuMaxLayoutBytes) return Status(Code::kInvalidArgument, "GPU layout larger than 16 MiB");
@@ -1124,27 +1136,15 @@ Status RequestHandler::gpu_read_segment_chunks(Op& op, gpu::GpuRequest& req) {
                                                  req.layout.slots.size());
 }
 
-// GPU_SEGMENT_RETRIEVE after its leases: per segment the leading cached chunks are queued with
-// their deltas (docs/gpu.md); the others' leases are given back at once.
-Step RequestHandler::gpu_queue_segment(Op& op) {
+// The chunks of a segment request that are copied (or compared): per segment the leading cached
+// chunks; the others' leases are given back at once.
+Status RequestHandler::gpu_segment_chunks(Op& op, std::vector<Entry*>& chunks,
+                                          std::vector<ipc::GpuSegmentChunkRecord>& recs, std::vector<uint8_t>& copied) {
   Session& s = *op.session;
   gpu::GpuRequest& g = *op.gpu;
-  const uint32_t keys = op.shape.in_records;
-  std::vector<uint8_t> cached(keys, 0);
+  std::vector<uint8_t> cached(op.shape.in_records, 0);
   for (uint32_t p : g.position) cached[p] = 1;
-  const std::vector<uint8_t> copied = gpu::leading_chunks(g.segment_chunks, cached);
-  Status wrote = s.shm.payload().copy_out_records(op.sqe, std::span<const uint8_t>(copied));
-  if (!wrote.ok()) {
-    rollback(op);
-    return finish(op, wrote);
-  }
-  auto reg = gpu_->find(s, g.ref);  // it may have been unregistered while promotions ran
-  if (!reg.ok()) {
-    rollback(op);
-    return finish(op, reg.status());
-  }
-  std::vector<Entry*> chunks;
-  std::vector<ipc::GpuSegmentChunkRecord> recs;
+  copied = gpu::leading_chunks(g.segment_chunks, cached);
   chunks.reserve(g.leased.size());
   recs.reserve(g.leased.size());
   for (size_t j = 0; j < g.leased.size(); ++j) {
@@ -1152,15 +1152,30 @@ Step RequestHandler::gpu_queue_segment(Op& op) {
     chunks.push_back(g.leased[j]);
     recs.push_back(g.segment_chunks[g.position[j]]);
   }
-  auto placement = gpu::place_segment_chunks(op.model->desc, recs);
+  for (size_t j = 0; j < g.leased.size(); ++j)  // past a miss of its segment: not used
+    if (!copied[g.position[j]]) s.ns->store->unpin(g.leased[j]);
+  g.leased = chunks;  // what the request still holds until a batch takes it over
+  g.position.clear();
+  return OkStatus();
+}
+
+// GPU_SEGMENT_RETRIEVE after its leases: the leading cached chunks are queued with their deltas
+// (docs/gpu.md).
+Step RequestHandler::gpu_queue_segment(Op& op) {
+  Session& s = *op.session;
+  gpu::GpuRequest& g = *op.gpu;
+  std::vector<Entry*> chunks;
+  std::vector<ipc::GpuSegmentChunkRecord> recs;
+  std::vector<uint8_t> copied;
+  Status picked = gpu_segment_chunks(op, chunks, recs, copied);
+  if (picked.ok()) picked = s.shm.payload().copy_out_records(op.sqe, std::span<const uint8_t>(copied));
+  auto reg = picked.ok() ? gpu_->find(s, g.ref) : Result<gpu::Registration*>(picked);  // unregistered meanwhile?
+  auto placement = reg.ok() ? gpu::place_segment_chunks(op.model->desc, recs) : Result<gpu::SegmentPlacement>(reg.status());
   if (!placement.ok()) {
     rollback(op);
     return finish(op, placement.status());
   }
-  for (size_t j = 0; j < g.leased.size(); ++j)  // past a miss of its segment: not copied
-    if (!copied[g.position[j]]) s.ns->store->unpin(g.leased[j]);
   g.leased.clear();
-  g.position.clear();
   const uint32_t n = uint32_t(chunks.size());
   if (n == 0) {
     ipc::GpuSegmentRetrieveOp::put({0, 0}, op.cqe);
@@ -1171,6 +1186,55 @@ Step RequestHandler::gpu_queue_segment(Op& op) {
   if (!from_t0.ok()) return finish(op, from_t0.status());
   ipc::GpuSegmentRetrieveOp::put({n, *from_t0}, op.cqe);
   return finish(op, OkStatus());
+}
+
+Step RequestHandler::gpu_blend(Op& op, uint64_t deadline_ns) {
+  if (!op.gpu || op.gpu->phase != gpu::GpuRequest::Phase::kCopying) return lease(op, deadline_ns);
+  if (op.waiting > 0) return Step::kWait;
+  gpu::GpuRequest& g = *op.gpu;
+  auto picked = gpu_->take_blend(op.token);
+  if (g.gpu_failed && picked.ok()) picked = Status(Code::kIo, "the GPU work of this blend selection failed");
+  if (!picked.ok()) return finish(op, picked.status());
+  Status wrote = op.session->shm.payload().copy_out_records(op.sqe, std::span<const int32_t>(*picked));
+  if (!wrote.ok()) return finish(op, wrote);
+  g.blend.selected = uint32_t(picked->size());
+  ipc::GpuBlendSelectOp::put(g.blend, op.cqe);
+  return finish(op, OkStatus());
+}
+
+// GPU_BLEND_SELECT after its leases: the chunks a segment retrieve would copy are compared on the
+// device; the request waits for the answer.
+Step RequestHandler::gpu_queue_blend(Op& op) {
+  Session& s = *op.session;
+  gpu::GpuRequest& g = *op.gpu;
+  std::vector<Entry*> chunks;
+  std::vector<ipc::GpuSegmentChunkRecord> recs;
+  std::vector<uint8_t> copied;
+  Status picked = gpu_segment_chunks(op, chunks, recs, copied);
+  const ipc::GpuBlendSelectOp::Args a = ipc::GpuBlendSelectOp::args(op.sqe);
+  const kernels::ChunkGeometry geo = kernels::chunk_geometry_of(*op.model);
+  auto plan = picked.ok() ? gpu::plan_blend(geo, g.layout.slots, recs, {a.check_layer, a.plane, a.ratio_ppm},
+                                            op.shape.out_capacity)
+                          : Result<gpu::BlendPlan>(picked);
+  auto reg = plan.ok() ? gpu_->find(s, g.ref) : Result<gpu::Registration*>(plan.status());
+  auto placement = reg.ok() ? gpu::place_segment_chunks(op.model->desc, recs) : Result<gpu::SegmentPlacement>(reg.status());
+  if (!placement.ok()) {
+    rollback(op);
+    return finish(op, placement.status());
+  }
+  g.leased.clear();
+  g.blend = {0, plan->n_candidates, uint32_t(chunks.size()), 0};
+  if (chunks.empty()) {
+    ipc::GpuBlendSelectOp::put(g.blend, op.cqe);
+    return finish(op, OkStatus());
+  }
+  // The batch takes the leases over, whatever comes of it.
+  auto from_t0 = gpu_->blend_select(*s.ns, **reg, g.layout, geo, chunks, *placement, std::move(*plan), op.token);
+  if (!from_t0.ok()) return finish(op, from_t0.status());
+  g.blend.from_t0 = *from_t0;
+  g.phase = gpu::GpuRequest::Phase::kCopying;
+  ++op.waiting;  // the batch's token (on_gpu_done)
+  return Step::kWait;
 }
 
 Step RequestHandler::gpu_queue_retrieve(Op& op) {

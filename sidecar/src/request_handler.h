@@ -178,7 +178,15 @@ class RequestHandler {
   Status gpu_prepare(Op& op);
   Step gpu_queue_retrieve(Op& op);
   Status gpu_read_segment_chunks(Op& op, gpu::GpuRequest& req);
+  // The leased chunks a segment retrieve (or a blend selection) of the request's records works
+  // on, and their records; the other leases are given back. `copied` gets a byte per key.
+  Status gpu_segment_chunks(Op& op, std::vector<Entry*>& chunks, std::vector<ipc::GpuSegmentChunkRecord>& recs,
+                            std::vector<uint8_t>& copied);
   Step gpu_queue_segment(Op& op);
+  // GPU_BLEND_SELECT: leases as GPU_SEGMENT_RETRIEVE does, queues the selection, answers once it
+  // landed.
+  Step gpu_blend(Op& op, uint64_t deadline_ns);
+  Step gpu_queue_blend(Op& op);
   Step gpu_collect(Op& op, uint64_t deadline_ns);
   Step gpu_commit(Op& op, uint64_t deadline_ns);
 

@@ -683,6 +683,14 @@ TEST_F(HandlerTest, GpuRequestsWithoutAGpuTierAreUnsupportedAndTakeNothing) {
       run(op);
       EXPECT_EQ(op.cqe.status, KDN_ERR_UNSUPPORTED);
     }
+    {  // GPU_BLEND_SELECT: the same records, int32 indices out
+      Op op = keyed(*s, Opcode::kGpuBlendSelect, m, 0, 4, 4);
+      const ipc::GpuSegmentChunkRecord recs[4] = {{3, 0, ipc::kGpuSegmentStart}, {3, 16, 0}, {0, 32, 0}, {0, 48, 0}};
+      std::memcpy(payload(*s) + 5 * kMiB, recs, sizeof recs);
+      ipc::GpuBlendSelectOp::put({m, {1, 1}, {5 * kMiB, sizeof recs}, {4 * kMiB + 4096, 96}, 0, 0, 150000}, op.sqe);
+      run(op);
+      EXPECT_EQ(op.cqe.status, KDN_ERR_UNSUPPORTED);
+    }
     EXPECT_EQ(ns_.store->active_leases(), 0u);
     Op reg = make(*s, Opcode::kGpuRegister);
     reg.sqe.in_len = sizeof(ipc::GpuRegisterRecord);

@@ -325,8 +325,9 @@ TEST(GpuEngine, StoreAndRetrieveThroughT0) {
                           "--set", "tier.gpu.staging_bytes=8M", "--set", "tier.gpu.slice_bytes=64K"});
 }
 
-// Registers `cache` with kdnd (legacy IPC handle, no engine event).
-kdn_gpu_kv* register_cache(Conn& k, const Cache& cache) {
+// Registers `cache` with kdnd (legacy IPC handle; the engine event, when given, is what kdnd's
+// gathers and comparisons wait for).
+kdn_gpu_kv* register_cache(Conn& k, const Cache& cache, const cudaIpcEventHandle_t* engine_event = nullptr) {
   cudaDeviceProp prop{};
   cudaIpcMemHandle_t mem{};
   if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess || cudaIpcGetMemHandle(&mem, cache.dev) != cudaSuccess)
@@ -340,6 +341,7 @@ kdn_gpu_kv* register_cache(Conn& k, const Cache& cache) {
   desc.alloc_bytes = desc.bytes;
   desc.vmm_fd = -1;
   std::memcpy(desc.ipc_handle, &mem, sizeof mem);
+  if (engine_event) std::memcpy(desc.engine_event, engine_event, sizeof *engine_event);
   kdn_gpu_kv* kv = nullptr;
   return kdn_gpu_register(k.c, &desc, &kv) == KDN_OK ? kv : nullptr;
 }
@@ -446,6 +448,119 @@ TEST(GpuEngine, SegmentsMovedThroughT0MatchTheHostPath) {
 TEST(GpuEngine, SegmentsAtTheirBasePositionAreCopiedAsIs) {
   const int64_t target[3] = {5, 0, 9};  // delta 0 everywhere: plain scatter
   run_segment_retrieve({"--log-level", "info", "--set", "tier.gpu.enable=on"}, target);
+}
+
+// GPU_BLEND_SELECT (the blend's selection run by kdnd on the device): two segments stored from the
+// host and loaded into device blocks at other positions by kdnd (K re-rotated), a third never
+// stored. Then this process plays the check pass: it overwrites layer 1's K rows of four tokens
+// with values of four sizes and the V rows of two others, and records its engine event. kdnd
+// re-rotates its own copy of layer 1 as the segment retrieve did, so every untouched token has
+// deviation 0: exactly the touched tokens come back, the largest changes first when fewer are
+// asked, and with nothing changed (layer 0) the tie rule picks the first compared tokens.
+void run_blend_select(const std::vector<std::string>& flags) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  KdndProcess d(flags);
+  Conn k(d, tiny_model(kT));
+  ASSERT_TRUE(k.ok()) << d.log();
+  Cache cache;
+  ASSERT_TRUE(cache.init());
+  for (size_t i = 0; i < cache.host.size(); ++i) cache.host[i] = uint16_t(0x3000 + (i * 11 + 7) % 0x0900);
+  const std::vector<int32_t> t0 = doc_tokens(31, 40), t1 = doc_tokens(32, 16), t2 = doc_tokens(33, 20);
+  kdn_segment segs[3] = {};
+  const std::vector<int32_t>* toks[3] = {&t0, &t1, &t2};
+  const int64_t base[3] = {5, 0, 9}, target[3] = {100, 3, 200};
+  for (int s = 0; s < 3; ++s) {
+    segs[s].struct_size = sizeof(kdn_segment);
+    segs[s].tokens = toks[s]->data();
+    segs[s].n_tokens = toks[s]->size();
+    segs[s].base_pos = base[s];
+  }
+  std::vector<int64_t> from1(16);
+  for (size_t t = 0; t < from1.size(); ++t) from1[t] = 64 + int64_t(t);
+  const kdn_engine_layout src0 = cache.layout(false, nullptr), src1 = cache.layout(false, from1.data());
+  uint32_t stored = 0;
+  ASSERT_EQ(kdn_segment_store_from(k.c, k.m, &segs[0], &src0, &stored), KDN_OK);
+  ASSERT_EQ(kdn_segment_store_from(k.c, k.m, &segs[1], &src1, &stored), KDN_OK);
+
+  cudaEvent_t written = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&written, cudaEventInterprocess | cudaEventDisableTiming), cudaSuccess);
+  cudaIpcEventHandle_t written_handle{};
+  ASSERT_EQ(cudaIpcGetEventHandle(&written_handle, written), cudaSuccess);
+  kdn_gpu_kv* kv = register_cache(k, cache, &written_handle);
+  ASSERT_NE(kv, nullptr) << d.log();
+  cudaEvent_t done = nullptr;
+  cudaIpcEventHandle_t done_handle;
+  std::memcpy(&done_handle, kdn_gpu_kv_done_event(kv), sizeof done_handle);
+  ASSERT_EQ(cudaIpcOpenEventHandle(&done, done_handle), cudaSuccess);
+
+  // Engine tokens: segment 0 is 0..39, segment 1 40..55, segment 2 56..75 (slots 128..).
+  std::vector<int64_t> slots(40 + 16 + 20);
+  for (size_t t = 0; t < slots.size(); ++t) slots[t] = 128 + int64_t(t);
+  const kdn_engine_layout dst = cache.layout(true, slots.data());
+  ASSERT_EQ(cudaMemset(cache.dev, 0, cache.host.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  uint32_t loaded[3] = {};
+  ASSERT_EQ(kdn_gpu_segment_retrieve(k.c, k.m, segs, 3, target, kv, &dst, loaded), KDN_ERR_NOT_FOUND) << d.log();
+  ASSERT_EQ(cudaStreamWaitEvent(0, done, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  // The check pass: new rows for layer 1.
+  std::vector<uint16_t> rows = cache.download();
+  ASSERT_EQ(rows.size(), cache.host.size());
+  auto set_rows = [&](uint32_t plane, int64_t token, uint16_t value) {
+    const int64_t slot = slots[size_t(token)];
+    const int64_t at = 1 * kLayerElems + plane * (kBlocks * kBlockSize * kHeads * kDim) +
+                       (slot / kBlockSize) * (kBlockSize * kHeads * kDim) + (slot % kBlockSize) * (kHeads * kDim);
+    for (int64_t c = 0; c < kHeads * kDim; ++c) rows[size_t(at + c)] = value;
+  };
+  set_rows(0, 3, 0x4400);   // 4.0: the largest change
+  set_rows(0, 17, 0x4200);  // 3.0
+  set_rows(0, 41, 0x4000);  // 2.0
+  set_rows(0, 50, 0x3C00);  // 1.0
+  set_rows(1, 0, 0x4000);
+  set_rows(1, 45, 0x3C00);
+  set_rows(0, 60, 0x4800);  // segment 2 was never loaded: not compared
+  ASSERT_EQ(cudaMemcpy(cache.dev, rows.data(), rows.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(written, 0), cudaSuccess);
+
+  auto select = [&](uint32_t layer, uint32_t plane, double ratio, uint32_t capacity, std::vector<int32_t>* out) {
+    out->assign(76, -7);
+    uint32_t n = 0, compared = 0;
+    const int rc = kdn_gpu_blend_select(k.c, k.m, segs, 3, target, kv, &dst, layer, plane, ratio, out->data(),
+                                        capacity, &n, &compared);
+    if (rc == KDN_OK) {
+      EXPECT_EQ(compared, 56u) << "40 + 16 loaded tokens";
+      out->resize(n);
+    }
+    return rc;
+  };
+  std::vector<int32_t> got;
+  ASSERT_EQ(select(1, KDN_BLEND_PLANE_K, 4.5 / 56, 76, &got), KDN_OK) << d.log();
+  EXPECT_EQ(got, (std::vector<int32_t>{3, 17, 41, 50}));
+  ASSERT_EQ(select(1, KDN_BLEND_PLANE_K, 2.5 / 56, 76, &got), KDN_OK);
+  EXPECT_EQ(got, (std::vector<int32_t>{3, 17}));
+  ASSERT_EQ(select(1, KDN_BLEND_PLANE_V, 2.5 / 56, 76, &got), KDN_OK);
+  EXPECT_EQ(got, (std::vector<int32_t>{0, 45}));
+  ASSERT_EQ(select(0, KDN_BLEND_PLANE_K, 4.5 / 56, 76, &got), KDN_OK);  // nothing changed: the tie rule
+  EXPECT_EQ(got, (std::vector<int32_t>{0, 1, 2, 3}));
+  ASSERT_EQ(select(1, KDN_BLEND_PLANE_K, 0.0, 76, &got), KDN_OK);
+  EXPECT_TRUE(got.empty());
+  EXPECT_EQ(select(1, KDN_BLEND_PLANE_K, 4.5 / 56, 3, &got), KDN_ERR_LIMIT);  // room for 3 of 4
+  EXPECT_EQ(select(kLayers, KDN_BLEND_PLANE_K, 0.1, 76, &got), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_gpu_unregister(k.c, kv), KDN_OK);
+  cudaEventDestroy(done);
+  cudaEventDestroy(written);
+  EXPECT_EQ(kdn_ping(k.c), KDN_OK);
+}
+
+TEST(GpuEngine, BlendSelectionOnTheDeviceFindsTheChangedRows) {
+  run_blend_select({"--log-level", "info", "--set", "tier.gpu.enable=on"});
+}
+
+TEST(GpuEngine, BlendSelectionReadsT0CopiesAlike) {
+  run_blend_select({"--log-level", "info", "--set", "tier.gpu.enable=on", "--set", "tier.gpu.bytes=64M",
+                    "--set", "tier.gpu.staging_bytes=8M"});
 }
 
 }  // namespace

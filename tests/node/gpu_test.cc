@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -152,6 +153,42 @@ TEST(GpuApi, SegmentRetrieveArgumentsAreCaughtInLibkdn) {
   EXPECT_EQ(kdn_gpu_segment_retrieve(k.c, k.m, &seg, 1, nullptr, nullptr, &l, &loaded), KDN_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(kdn_gpu_segment_retrieve(k.c, k.m, &seg, 1, &target, nullptr, nullptr, &loaded), KDN_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(kdn_gpu_segment_retrieve(k.c, k.m, nullptr, 1, &target, nullptr, &l, nullptr), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_ping(k.c), KDN_OK);
+}
+
+TEST(GpuApi, BlendSelectArgumentsAreCaughtInLibkdn) {
+  KdndProcess d;
+  Conn k(d, tiny_model());
+  ASSERT_TRUE(k.ok());
+  const std::vector<int32_t> toks = doc_tokens(1, 40);
+  kdn_segment seg{};
+  seg.struct_size = sizeof seg;
+  seg.tokens = toks.data();
+  seg.n_tokens = toks.size();
+  seg.base_pos = 4;
+  void* bases[2] = {reinterpret_cast<void*>(0x7f0000000000ull), reinterpret_cast<void*>(0x7f0000100000ull)};
+  const kdn_engine_layout l = some_layout(bases);
+  const int64_t target = 10;
+  int32_t sel[40];
+  uint32_t n = 99, compared = 99;
+  auto call = [&](kdn_client* c, const kdn_segment* s, const int64_t* t, const kdn_engine_layout* lay, uint32_t layer,
+                  uint32_t plane, double ratio, int32_t* out, uint32_t cap, uint32_t* n_out) {
+    return kdn_gpu_blend_select(c, k.m, s, 1, t, nullptr, lay, layer, plane, ratio, out, cap, n_out, &compared);
+  };
+  // No registration (none can be made without a GPU tier): refused before anything is sent.
+  EXPECT_EQ(call(k.c, &seg, &target, &l, 0, KDN_BLEND_PLANE_K, 0.15, sel, 40, &n), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(n, 0u);
+  EXPECT_EQ(compared, 0u);
+  EXPECT_EQ(call(nullptr, &seg, &target, &l, 0, KDN_BLEND_PLANE_K, 0.15, sel, 40, &n), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(call(k.c, &seg, nullptr, &l, 0, KDN_BLEND_PLANE_K, 0.15, sel, 40, &n), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(call(k.c, &seg, &target, nullptr, 0, KDN_BLEND_PLANE_K, 0.15, sel, 40, &n), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(call(k.c, &seg, &target, &l, 0, 2, 0.15, sel, 40, &n), KDN_ERR_INVALID_ARGUMENT);  // no such plane
+  EXPECT_EQ(call(k.c, &seg, &target, &l, 0, KDN_BLEND_PLANE_V, 1.5, sel, 40, &n), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(call(k.c, &seg, &target, &l, 0, KDN_BLEND_PLANE_V, -0.1, sel, 40, &n), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(call(k.c, &seg, &target, &l, 0, KDN_BLEND_PLANE_V, std::nan(""), sel, 40, &n), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(call(k.c, &seg, &target, &l, 0, KDN_BLEND_PLANE_K, 0.15, nullptr, 40, &n), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(call(k.c, &seg, &target, &l, 0, KDN_BLEND_PLANE_K, 0.15, sel, 40, nullptr), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_abi_minor(), 4u);
   EXPECT_EQ(kdn_ping(k.c), KDN_OK);
 }
 

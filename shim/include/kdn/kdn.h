@@ -52,9 +52,10 @@ extern "C" {
 /* Version of this header's ABI. kdn_abi_version() returns the library's. */
 #define KDN_ABI_VERSION 2u
 /* Calls added within ABI 2, by the minor that brought them: 1 kdn_prefetch; 2 the segment calls
- * (kdn_context_key, kdn_segment_*); 3 the GPU calls (kdn_gpu_*). kdn_abi_minor() returns the
- * library's. A call that needs a newer kdnd than the one connected returns KDN_ERR_UNSUPPORTED. */
-#define KDN_ABI_MINOR 3u
+ * (kdn_context_key, kdn_segment_*); 3 the GPU calls (kdn_gpu_*); 4 kdn_gpu_blend_select.
+ * kdn_abi_minor() returns the library's. A call that needs a newer kdnd than the one connected
+ * returns KDN_ERR_UNSUPPORTED. */
+#define KDN_ABI_MINOR 4u
 /* Version of the wire protocol between libkdn and kdnd (checked at handshake). */
 #define KDN_PROTOCOL_VERSION 2u
 
@@ -482,6 +483,30 @@ KDN_API int kdn_gpu_store(kdn_client* client, const kdn_model* model, const int3
 KDN_API int kdn_gpu_segment_retrieve(kdn_client* client, const kdn_model* model, const kdn_segment* segs,
                                      size_t n_segs, const int64_t* target_pos, kdn_gpu_kv* kv,
                                      const kdn_engine_layout* dst, uint32_t* loaded_chunks);
+
+/* The selection step of a blend (CacheBlend's KV deviation, docs/blend.md), run by kdnd on the
+ * device. Call it after kdn_gpu_segment_retrieve of the same segments, target positions and
+ * dst, once the engine's check pass has written fresh K and V of layer `check_layer` for the
+ * segments' tokens into the registered blocks and recorded the engine event (kdnd waits for it).
+ * kdnd compares those rows with its own cached rows of that layer, K re-rotated to the target
+ * positions, and selects the tokens of largest deviation: floor(ratio * compared tokens), at
+ * least one when ratio > 0 (ratio in [0, 1], in steps of 1e-6). `plane` KDN_BLEND_PLANE_K
+ * compares K rows, KDN_BLEND_PLANE_V V rows. Only the chunks a segment retrieve loads are
+ * compared (each segment's leading cached chunks); the other tokens are the engine's to
+ * recompute anyway. selected[] (room for `capacity`) receives the selected engine tokens in
+ * dst's numbering, as kdn_gpu_segment_retrieve places them, ascending; *n_selected their count,
+ * *n_compared (may be NULL) the tokens compared. Returns once the selection is known.
+ * KDN_ERR_LIMIT if `capacity` is below the selection or the segments do not fit one request;
+ * KDN_ERR_INVALID_ARGUMENT for a layer past the model, an unknown plane, a ratio outside [0, 1]
+ * or what kdn_gpu_segment_retrieve refuses. Added in ABI minor 4 (protocol minor 5:
+ * GPU_BLEND_SELECT). */
+#define KDN_BLEND_PLANE_K 0u
+#define KDN_BLEND_PLANE_V 1u
+KDN_API int kdn_gpu_blend_select(kdn_client* client, const kdn_model* model, const kdn_segment* segs,
+                                 size_t n_segs, const int64_t* target_pos, kdn_gpu_kv* kv,
+                                 const kdn_engine_layout* dst, uint32_t check_layer, uint32_t plane,
+                                 double ratio, int32_t* selected, uint32_t capacity, uint32_t* n_selected,
+                                 uint32_t* n_compared);
 
 #ifdef __cplusplus
 }  /* extern "C" */

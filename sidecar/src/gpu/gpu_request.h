@@ -33,6 +33,7 @@ struct GpuRequest {
   std::vector<ipc::GpuSegmentChunkRecord> segment_chunks;  // segment retrieve: one per key
   std::vector<kdn_key> committed; // store: settled tail first at the end
   uint32_t cached = 0;            // store: chunks already cached or being stored by another
+  ipc::GpuBlendSelectOp::Result blend;  // blend selection: what its answer reports
   bool gpu_failed = false;
 
   GpuRequest() = default;

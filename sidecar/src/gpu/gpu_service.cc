@@ -4,6 +4,7 @@
 #include "../session.h"
 #include "gpu_rope.h"
 
+#include <kdn/kernels/blend.h>
 #include <kdn/kernels/ops.h>
 
 #include <spdlog/spdlog.h>
@@ -301,8 +302,9 @@ Result<Registration*> GpuService::find(const Session& s, ipc::GpuRegistrationRef
 
 // ---- batches ---------------------------------------------------------------------------------------
 
-Result<kernels::EngineView> GpuService::stage_layout(Device& d, const CheckedLayout& layout, std::span<const float> tail,
-                                                     const float** tail_dev) {
+Result<kernels::EngineView> GpuService::stage_layout(Device& d, const CheckedLayout& layout,
+                                                     std::span<const std::byte> tail, std::byte** tail_dev,
+                                                     std::byte** tail_host) {
   const uint64_t bases = layout.k_bases.size() * 8, vbases = layout.v_bases.size() * 8;
   const uint64_t slots = layout.slots.size() * 8;
   const uint64_t vat = (bases + kMetaAlign - 1) / kMetaAlign * kMetaAlign;
@@ -319,7 +321,8 @@ Result<kernels::EngineView> GpuService::stage_layout(Device& d, const CheckedLay
   if (slots) std::memcpy(host + sat, layout.slots.data(), slots);
   if (!tail.empty()) std::memcpy(host + tat, tail.data(), tail.size_bytes());
   std::byte* dev = static_cast<std::byte*>(d.scratch.base) + d.bounce_bytes + *off;
-  if (tail_dev) *tail_dev = tail.empty() ? nullptr : reinterpret_cast<const float*>(dev + tat);
+  if (tail_dev) *tail_dev = tail.empty() ? nullptr : dev + tat;
+  if (tail_host) *tail_host = tail.empty() ? nullptr : host + tat;
   Status st = copy_async(dev, host, total, d.stream);
   if (!st.ok()) {
     d.meta->undo_newest();  // nothing of this request was queued
@@ -410,8 +413,9 @@ Result<uint32_t> GpuService::retrieve(Namespace& ns, Registration& reg, const Ch
   batch->reg = &reg;
   batch->ns = &ns;
   batch->leased.assign(chunks.begin(), chunks.end());  // the batch holds every pin from here
-  const float* table_dev = nullptr;
-  auto view = segment ? stage_layout(d, layout, segment->table, &table_dev) : stage_layout(d, layout);
+  std::byte* tail_dev = nullptr;
+  auto view = segment ? stage_layout(d, layout, std::as_bytes(std::span(segment->table)), &tail_dev) : stage_layout(d, layout);
+  const float* table_dev = reinterpret_cast<const float*>(tail_dev);
   if (!view.ok()) {
     unpin_all();
     return view.status();
@@ -549,8 +553,128 @@ Status GpuService::store(Namespace& ns, Registration& reg, const CheckedLayout& 
   return OkStatus();  // the outcome comes with the token (failed set if queueing failed)
 }
 
+Result<uint32_t> GpuService::blend_select(Namespace& ns, Registration& reg, const CheckedLayout& layout,
+                                          const kernels::ChunkGeometry& geo, std::span<Entry* const> chunks,
+                                          const SegmentPlacement& placement, BlendPlan plan, uint64_t op_token) {
+  auto unpin_all = [&] {
+    for (Entry* e : chunks) ns.store->unpin(e);
+  };
+  auto refuse = [&](Status st) -> Result<uint32_t> {
+    unpin_all();
+    return st;
+  };
+  if (!enabled_) return refuse(Status(Code::kUnsupported, off_status_.c_str()));
+  if (chunks.empty() || chunks.size() != plan.first_token.size() || chunks.size() != placement.row.size())
+    return refuse(Status(Code::kInternal, "a blend's chunks, plan and placement disagree"));
+  Device& d = *devices_[size_t(reg.device)];
+  if (Status st = set_device(reg.device); !st.ok()) return refuse(st);  // the kernels launch on the current device
+  const kernels::Executor ex = kernels::Executor::cuda(d.stream);
+  auto topk = kernels::top_k_scratch_bytes(plan.n_tokens, ex);
+  if (!topk.ok()) return refuse(topk.status());
+  if (Status st = place_blend(plan, *topk, placement.table.size() * sizeof(float), d.bounce_bytes); !st.ok())
+    return refuse(st);
+  const std::vector<std::byte> tail = blend_tail(plan, placement.table);
+  std::byte *tail_dev = nullptr, *tail_host = nullptr;
+  auto view = stage_layout(d, layout, tail, &tail_dev, &tail_host);
+  if (!view.ok()) return refuse(view.status());
+  auto batch = std::make_unique<Batch>();
+  batch->token = next_token_++;
+  batch->device = reg.device;
+  batch->reg = &reg;
+  batch->ns = &ns;
+  batch->op_token = op_token;
+  batch->uses_meta = true;
+  batch->leased.assign(chunks.begin(), chunks.end());  // the batch holds every pin from here
+
+  // One layer of the engine's view: its layer-base arrays start at the check layer.
+  kernels::EngineView layer_view = *view;
+  layer_view.layers = 1;
+  layer_view.layer_base[0] = view->layer_base[0] + plan.check_layer;
+  layer_view.layer_base[1] = view->layer_base[1] + plan.check_layer;
+  std::byte* scratch = static_cast<std::byte*>(d.scratch.base);
+  std::byte* cached = scratch + plan.cached_off;
+  std::byte* fresh = scratch + plan.fresh_off;
+  float* deviation = reinterpret_cast<float*>(scratch + plan.dev_off);
+  const auto* candidates = reinterpret_cast<const uint8_t*>(tail_dev + plan.mask_off);
+  const auto* table_dev = reinterpret_cast<const float*>(tail_dev);
+  const uint32_t T = plan.layer.tokens, width = plan.layer.kv_heads * plan.layer.head_dim;
+  const uint64_t plane_off = plan.plane * (plan.layer_bytes / 2);
+  T0Index* t0 = codec_id_ == 0 ? d.t0_index.get() : nullptr;  // blobs of a T0 codec are not read here
+  uint32_t from_t0 = 0;
+  Status failed;
+  if (reg.engine_event) failed = stream_wait_event(d.stream, reg.engine_event);  // the check pass wrote its rows
+  for (size_t i = 0; i < chunks.size() && failed.ok(); ++i) {
+    Entry* e = chunks[i];
+    const std::byte* src = ns.host->address(e->placement[tier_index(TierId::kHost)]);
+    const T0Key key{ns.region_id, e->key, e->generation};
+    if (t0 != nullptr) {
+      if (auto off = t0->find(key)) {
+        src = static_cast<const std::byte*>(d.t0.base) + *off;
+        t0->pin(key);
+        batch->t0_pins.emplace_back(reg.device, key);
+        ++from_t0;
+      }
+    }
+    failed = copy_async(cached, src + plan.layer_offset_bytes, plan.layer_bytes, d.stream);
+    if (!failed.ok()) break;
+    if (const int32_t row = placement.row[i]; row >= 0) {  // K as a segment retrieve places it
+      if (uint32_t(row) >= placement.rows()) {
+        failed = Status(Code::kInternal, "a blend chunk's RoPE row is not staged");
+        break;
+      }
+      const kernels::RopeTable t{placement.style, placement.rotary_dim,
+                                 table_dev + uint64_t(row) * placement.rotary_dim, 0};
+      failed = kernels::rope_chunk(cached, plan.layer, t, ex);
+      if (!failed.ok()) break;
+    }
+    kernels::EngineView v = layer_view;
+    v.first_token = plan.first_token[i];
+    failed = kernels::gather(v, fresh, plan.layer, ex);
+    if (!failed.ok()) break;
+    const kernels::TokenRows f{fresh + plane_off, geo.dtype, width, width};
+    const kernels::TokenRows c{cached + plane_off, geo.dtype, width, width};
+    failed = kernels::kv_deviation(f, c, T, candidates + i * T, deviation + i * T, ex);
+  }
+  if (failed.ok()) {
+    failed = kernels::select_top_k(deviation, candidates, plan.n_tokens, plan.k,
+                                   reinterpret_cast<int32_t*>(scratch + plan.selected_off),
+                                   reinterpret_cast<uint32_t*>(scratch + plan.count_off), scratch + plan.topk_off,
+                                   plan.topk_bytes, ex);
+  }
+  if (failed.ok())
+    failed = copy_async(tail_host + plan.result_off, scratch + plan.count_off, 8 + uint64_t(plan.k) * 4, d.stream);
+  if (failed.ok()) failed = notify_after(d.stream, cq_.get(), batch->token);
+  batch->blend_result = tail_host + plan.result_off;
+  batch->blend = std::make_unique<BlendPlan>(std::move(plan));
+  registry_->begin_copy(&reg);
+  ++ns.attached;
+  if (!failed.ok()) {
+    // Work may have been queued: the batch lands (failed) once it ran, and the request learns so.
+    spdlog::error("GPU tier: queueing a blend selection failed: {} ({})", failed.what(), last_error());
+    finish_queued(d, batch->token, failed);
+  } else {
+    ++counters_.blend_selects;
+    counters_.blend_chunks += chunks.size();
+  }
+  batches_.emplace(batch->token, std::move(batch));
+  return from_t0;
+}
+
+Result<std::vector<int32_t>> GpuService::take_blend(uint64_t op_token) {
+  auto it = blend_answers_.find(op_token);
+  if (it == blend_answers_.end()) return Status(Code::kNotFound, "no blend selection landed for this request");
+  Result<std::vector<int32_t>> out = std::move(it->second);
+  blend_answers_.erase(it);
+  return out;
+}
+
 void GpuService::land(Batch& b, bool failed) {
   if (b.coded) failed = coded_failed(b, failed);
+  if (b.blend) {  // read before the metadata tail is reused
+    blend_answers_.insert_or_assign(b.op_token, failed ? Result<std::vector<int32_t>>(Status(
+                                                             Code::kIo, "the GPU work of this blend selection failed"))
+                                                       : blend_answer(*b.blend, b.blend_result));
+  }
   Device& d = *devices_[size_t(b.device)];
   if (b.uses_meta) d.meta->release_oldest();
   for (auto& [dev, key] : b.t0_pins) devices_[size_t(dev)]->t0_index->unpin(key);

@@ -17,6 +17,7 @@
 // ns.attached counts them).
 #pragma once
 
+#include "gpu_blend.h"
 #include "gpu_layout.h"
 #include "gpu_plan.h"
 #include "gpu_registry.h"
@@ -60,6 +61,7 @@ struct GpuCounters {
   // is dropped; the batch counts in batches_failed).
   uint64_t t0_encoded = 0, t0_encode_failed = 0, t0_decoded_chunks = 0, t0_decode_faults = 0;
   uint64_t t0_raw_bytes_written = 0, t0_stored_bytes_written = 0;  // chunks encoded into T0, and their blobs
+  uint64_t blend_selects = 0, blend_chunks = 0;  // GPU_BLEND_SELECTs queued and the chunks they compared
 };
 
 // What the daemon reports per device (GPU_INFO, TIER_STATS tier 0, metrics).
@@ -113,7 +115,20 @@ class GpuService {
   Status store(Namespace& ns, Registration& reg, const CheckedLayout& layout, const kernels::ChunkGeometry& geo,
                std::span<Entry* const> reserved, std::span<const uint32_t> chunk_pos, uint64_t op_token);
 
-  // Applies landed batches; appends {op_token, failed} of GPU_STORE batches to `wake`.
+  // GPU_BLEND_SELECT: queues, after the engine event, the comparison of the engine's rows of the
+  // plan's check layer with kdnd's copy of each of `chunks` (host-resident, leased by the caller,
+  // one per plan chunk and placement row; K re-rotated by its row), the selection and the copy of
+  // the answer to the host. `op_token` comes back through poll() once it landed; take_blend()
+  // then gives the selected layout tokens. Takes the pins over in every case. Returns how many
+  // chunks were read from T0.
+  Result<uint32_t> blend_select(Namespace& ns, Registration& reg, const CheckedLayout& layout,
+                                const kernels::ChunkGeometry& geo, std::span<Entry* const> chunks,
+                                const SegmentPlacement& placement, BlendPlan plan, uint64_t op_token);
+  // The answer of the GPU_BLEND_SELECT woken with `op_token` (once; kNotFound after).
+  Result<std::vector<int32_t>> take_blend(uint64_t op_token);
+
+  // Applies landed batches; appends {op_token, failed} of GPU_STORE and GPU_BLEND_SELECT batches
+  // to `wake`.
   struct Woken {
     uint64_t op_token;
     bool failed;
@@ -157,10 +172,10 @@ class GpuService {
   void close(Registration& r) noexcept;
   Result<void*> open_memory(const Session& s, const ipc::GpuRegisterRecord& rec, int device);
   // Stages layout metadata for a batch on device d; fills the device-side view.
-  // `tail` (a segment's RoPE table) is staged after it in the same allocation; *tail_dev gets
-  // its device address.
-  Result<kernels::EngineView> stage_layout(Device& d, const CheckedLayout& layout, std::span<const float> tail = {},
-                                           const float** tail_dev = nullptr);
+  // `tail` (a segment's RoPE table, a blend's table, mask and answer room) is staged after it in
+  // the same allocation; *tail_dev and *tail_host get its device and pinned host addresses.
+  Result<kernels::EngineView> stage_layout(Device& d, const CheckedLayout& layout, std::span<const std::byte> tail = {},
+                                           std::byte** tail_dev = nullptr, std::byte** tail_host = nullptr);
   // The chunk's copy into the engine's blocks: scatter, or rope_scatter with its table row.
   Status scatter_chunk(const Device& d, const void* src, const kernels::ChunkGeometry& geo, kernels::EngineView v,
                        size_t i, const SegmentPlacement* segment, const float* table_dev) noexcept;
@@ -220,6 +235,7 @@ class GpuService {
   };
   std::unordered_map<std::string, Mapping> ipc_mappings_;  // device + handle bytes -> opened once
   std::unordered_map<uint64_t, std::unique_ptr<Batch>> batches_;
+  std::unordered_map<uint64_t, Result<std::vector<int32_t>>> blend_answers_;  // by op token, until taken
   std::vector<std::byte*> pinned_arenas_;
   uint64_t next_token_ = 1;
   GpuCounters counters_;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "cuda_api.h"
+#include "gpu_blend.h"
 #include "gpu_service.h"
 #include "t0_codec.h"
 
@@ -53,6 +54,8 @@ struct GpuService::Batch {
   std::vector<std::pair<int, T0Key>> t0_fresh;   // slots written by the batch: published on success
   uint64_t op_token = 0;                         // store: the request to wake
   std::unique_ptr<CodedBatch> coded;             // tier.gpu.codec: decodes and T0 fills
+  std::unique_ptr<BlendPlan> blend;              // GPU_BLEND_SELECT: what the answer is checked against
+  const std::byte* blend_result = nullptr;       // its answer, in the batch's pinned metadata tail
 };
 
 }  // namespace kdn::sidecar::gpu

@@ -622,6 +622,84 @@ struct GpuSegmentRetrieveOp {
   }
 };
 
+// ---- GPU_BLEND_SELECT (minor 5): segment chunk keys in; selected token indices out --------------
+// The selection step of a blend (docs/blend.md) run by kdnd on the device: the engine has
+// loaded its segments (GPU_SEGMENT_RETRIEVE) and run its check pass, which wrote fresh K and V
+// of layer `check_layer` for the documents' tokens into its blocks, and recorded its engine
+// event. kdnd waits for that event on its stream, then, for each cached chunk that a segment
+// retrieve of the same records would copy, compares the engine's rows of that layer with its
+// own copy of the chunk's rows (K re-rotated by the record's delta): KV deviation, then top-k
+// of the candidates (the chunks' tokens whose slot is not -1) with
+// k = recompute_count(candidates, ratio). Chunk records and layout as for GPU_SEGMENT_RETRIEVE;
+// the output holds the selected tokens' indices in the layout's slots (int32, ascending) and
+// must have room for k of them. Completes once the selection is back on the host.
+struct GpuBlendSelectOp {
+  static constexpr Opcode kOpcode = Opcode::kGpuBlendSelect;
+  static constexpr const char* kName = "GPU_BLEND_SELECT";
+  static constexpr OpShape kShape{sizeof(kdn_key), false, sizeof(int32_t), OpShape::Out::kAtLeastOne};
+  using InRecord = kdn_key;
+  using OutRecord = int32_t;
+  struct Args {
+    uint32_t model_id = 0;
+    GpuRegistrationRef reg;
+    GpuLayoutRef chunks;        // GpuSegmentChunkRecords
+    GpuLayoutRef layout;
+    uint32_t check_layer = 0;   // arg3 bits 0..15
+    uint32_t plane = kGpuBlendPlaneK;  // arg3 bits 16..17 (kGpuBlendPlaneK or kGpuBlendPlaneV)
+    uint32_t ratio_ppm = 0;     // arg3 bits 32..63: the recompute ratio in parts per million
+  };
+  struct Result {
+    uint32_t selected = 0;    // indices written
+    uint32_t candidates = 0;  // tokens compared
+    uint32_t chunks = 0;      // chunks compared
+    uint32_t from_t0 = 0;     // of those, read from a T0 copy
+  };
+  static void put(const Args& a, Sqe& q) noexcept {
+    q.model_id = a.model_id;
+    q.arg[0] = a.reg.word();
+    q.arg[1] = a.chunks.word();
+    q.arg[2] = a.layout.word();
+    q.arg[3] = uint64_t(a.check_layer & 0xffffu) | uint64_t(a.plane & 3u) << 16 | uint64_t(a.ratio_ppm) << 32;
+  }
+  static Args args(const Sqe& q) noexcept {
+    Args a{q.model_id, GpuRegistrationRef::of(q.arg[0]), GpuLayoutRef::of(q.arg[1]), GpuLayoutRef::of(q.arg[2])};
+    a.check_layer = uint32_t(q.arg[3] & 0xffffu);
+    a.plane = uint32_t(q.arg[3] >> 16) & 3u;
+    a.ratio_ppm = uint32_t(q.arg[3] >> 32);
+    return a;
+  }
+  // kdnd's checks of the scalars: bits nobody defined are zero, the layer exists, the plane and
+  // the ratio are known.
+  static Status check_args(const Sqe& q, uint32_t layers) noexcept {
+    const Args a = args(q);
+    if ((q.arg[3] & 0xfffc0000ull) != 0)
+      return Status(Code::kInvalidArgument, "GPU_BLEND_SELECT: unknown bits in arg3");
+    if (a.check_layer >= layers) return Status(Code::kInvalidArgument, "GPU_BLEND_SELECT: check layer past the model's layers");
+    if (a.plane != kGpuBlendPlaneK && a.plane != kGpuBlendPlaneV)
+      return Status(Code::kInvalidArgument, "GPU_BLEND_SELECT: plane is neither K nor V");
+    if (a.ratio_ppm > kGpuBlendRatioOne) return Status(Code::kInvalidArgument, "GPU_BLEND_SELECT: ratio above 1");
+    return OkStatus();
+  }
+  static void put(const Result& r, Cqe& c) noexcept {
+    c.res[0] = r.selected;
+    c.res[1] = r.candidates;
+    c.res[2] = r.chunks;
+    c.res[3] = r.from_t0;
+  }
+  // `out` holds the indices written (res0 of them, room for `room`); each must be a slot index
+  // of the layout (< layout_tokens), strictly ascending.
+  static kdn::Result<Result> result(const Cqe& c, const int32_t* out, uint32_t room, uint32_t keys_sent,
+                                    uint64_t layout_tokens) noexcept {
+    if (c.res[0] > room || c.res[0] > c.res[1] || c.res[1] > layout_tokens || c.res[2] > keys_sent || c.res[3] > c.res[2])
+      return Status(Code::kProtocol, "GPU_BLEND_SELECT answered impossible counts");
+    for (uint64_t i = 0; i < c.res[0]; ++i) {
+      if (out[i] < 0 || uint64_t(out[i]) >= layout_tokens || (i > 0 && out[i] <= out[i - 1]))
+        return Status(Code::kProtocol, "GPU_BLEND_SELECT answered a token outside the layout or out of order");
+    }
+    return Result{uint32_t(c.res[0]), uint32_t(c.res[1]), uint32_t(c.res[2]), uint32_t(c.res[3])};
+  }
+};
+
 // ---- GPU_INFO (minor 4): one GpuDeviceRecord per device out -------------------------------------
 // Answered by every minor-4 kdnd: with the GPU tier off, `enabled` is 0 and no record is written.
 struct GpuInfoOp {

@@ -45,7 +45,8 @@ constexpr uint16_t kProtocolMajor = KDN_PROTOCOL_VERSION;
 // TierStatsRecord::lease_hit_chunks, LIST's ListRecordExt (arg1 = 1), RESERVE's chain
 // position and head (arg0..arg2). Minor 4: the GPU tier — GPU_REGISTER (21), GPU_UNREGISTER
 // (22), GPU_RETRIEVE (23), GPU_STORE (24), GPU_INFO (25) and their records (docs/gpu.md).
-constexpr uint16_t kProtocolMinor = 4;
+// Minor 5: GPU_BLEND_SELECT (14), the blend's selection run by kdnd on the device.
+constexpr uint16_t kProtocolMinor = 5;
 
 // ---- limits ------------------------------------------------------------------------------
 constexpr uint32_t kMinRingEntries = 16;
@@ -231,7 +232,8 @@ enum class Opcode : uint8_t {
   kEvict = 11,
   kLookupEach = 12,  // minor 2: per-key presence (segment lookups)
   kLeaseEach = 13,   // minor 2: per-key leases that do not stop at a miss (segment retrieves)
-  // 14..15 are reserved for blending.
+  kGpuBlendSelect = 14,  // minor 5: the tokens a blend recomputes, chosen on the device (docs/blend.md)
+  // 15 is reserved for blending.
   kPrefetch = 16,    // minor 1
   kTierStats = 17,   // minor 1
   // 18..19 are reserved for the disk tier.
@@ -491,6 +493,11 @@ static_assert(sizeof(GpuSegmentChunkRecord) == 16 && offsetof(GpuSegmentChunkRec
 // Output byte of a chunk: copied or not (a miss, or after a miss of its segment).
 constexpr uint8_t kGpuSegmentLoaded = 1;
 constexpr uint8_t kGpuSegmentSkipped = 0;
+
+// GPU_BLEND_SELECT: which rows of the check layer are compared (arg3 bits 16..17).
+constexpr uint32_t kGpuBlendPlaneK = 0;
+constexpr uint32_t kGpuBlendPlaneV = 1;
+constexpr uint32_t kGpuBlendRatioOne = 1'000'000;  // recompute ratios travel in parts per million
 
 // GPU_INFO's output: one record per visible device, with the peer matrix as a row of bits.
 struct GpuDeviceRecord {
