@@ -531,5 +531,39 @@ TEST(OpResults, GpuBlendSelectAnswersAreChecked) {
   EXPECT_FALSE(Op::result(c, out, 3, 4, 64).ok());
 }
 
+
+TEST(OpResults, GpuCheckArgsRoundTripAndRetrieveTicketsAreChecked) {
+  Sqe s{};
+  GpuCheckOp::put({{3, 9}, 17, 42}, s);
+  s.opcode = uint8_t(Opcode::kGpuCheck);
+  EXPECT_EQ(check(s), Code::kOk);
+  EXPECT_STREQ(opcode_name(s.opcode), "GPU_CHECK");
+  const auto a = GpuCheckOp::args(s);
+  EXPECT_EQ(a.reg.registration, 3u);
+  EXPECT_EQ(a.reg.generation, 9u);
+  EXPECT_EQ(a.first, 17u);
+  EXPECT_EQ(a.last, 42u);
+  s.in_len = 8;  // no payload
+  EXPECT_EQ(check(s), Code::kProtocol);
+
+  Cqe c{};
+  GpuRetrieveOp::put({2, 1, 77}, c);
+  auto r = GpuRetrieveOp::result(c, 4);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->ticket, 77u);
+  GpuRetrieveOp::put({0, 0, 77}, c);  // a ticket for no copy
+  EXPECT_FALSE(GpuRetrieveOp::result(c, 4).ok());
+  GpuRetrieveOp::put({0, 0, 0}, c);
+  EXPECT_TRUE(GpuRetrieveOp::result(c, 4).ok());
+  const uint8_t none[2] = {kGpuSegmentSkipped, kGpuSegmentSkipped};
+  GpuSegmentRetrieveOp::put({0, 0, 5}, c);
+  EXPECT_FALSE(GpuSegmentRetrieveOp::result(c, none, 2).ok());
+  const uint8_t one[2] = {kGpuSegmentLoaded, kGpuSegmentSkipped};
+  GpuSegmentRetrieveOp::put({1, 0, 5}, c);
+  auto sr = GpuSegmentRetrieveOp::result(c, one, 2);
+  ASSERT_TRUE(sr.ok());
+  EXPECT_EQ(sr->ticket, 5u);
+}
+
 }  // namespace
 }  // namespace kdn::ipc

@@ -23,11 +23,20 @@ struct kdn_gpu_kv {
   kdn::ipc::GpuRegistrationRef ref;
   uint32_t device = 0;
   uint8_t done_event[KDN_GPU_HANDLE_BYTES] = {};
+  uint64_t unchecked_first = 0, unchecked_last = 0;  // tickets of retrieves since the last kdn_gpu_check
 };
 
 namespace {
 
 constexpr uint16_t kGpuMinor = 4;  // the first protocol minor with the GPU opcodes
+constexpr uint16_t kTicketMinor = 5;  // GPU_BLEND_SELECT, GPU_CHECK and retrieve tickets
+
+// A retrieve round queued copies under `ticket` (0: none, or a kdnd without tickets).
+void note_ticket(kdn_gpu_kv& kv, uint64_t ticket) {
+  if (ticket == 0) return;
+  if (kv.unchecked_first == 0) kv.unchecked_first = ticket;
+  kv.unchecked_last = std::max(kv.unchecked_last, ticket);
+}
 
 // The wire form of a layout for chunks [first, first + n): the slot of every token, written
 // out (identity when the caller gave no mapping). `base_chunk` is the chunk whose token 0 is
@@ -328,6 +337,7 @@ KDN_API int kdn_gpu_retrieve(kdn_client* client, const kdn_model* model, const i
       }
       auto res = kdn::ipc::GpuRetrieveOp::result(*cqe, n);
       if (!res.ok()) return rc(res.status());
+      note_ticket(*kv, res->ticket);
       loaded += res->loaded;
       if (res->loaded < n) break;  // the prefix ends in this window
       first += n;
@@ -410,6 +420,7 @@ KDN_API int kdn_gpu_segment_retrieve(kdn_client* client, const kdn_model* model,
         if (loaded_chunks) std::copy(loaded.begin(), loaded.end(), loaded_chunks);  // queued; the done event follows
         return rc(res.status());
       }
+      note_ticket(*kv, res->ticket);
       for (size_t j = 0; j < win.size(); ++j) {
         const size_t s = all[win[j]].seg;
         if (copied[j] == kdn::ipc::kGpuSegmentLoaded) ++loaded[s];
@@ -447,7 +458,7 @@ KDN_API int kdn_gpu_blend_select(kdn_client* client, const kdn_model* model, con
     }
     if (moves && model->info.desc.rope_style == KDN_ROPE_NONE) return int(KDN_ERR_UNSUPPORTED);
     Client& c = client_of(client);
-    if (c.welcome().proto_minor < 5) return int(KDN_ERR_UNSUPPORTED);  // a kdnd from before GPU_BLEND_SELECT
+    if (c.welcome().proto_minor < kTicketMinor) return int(KDN_ERR_UNSUPPORTED);  // a kdnd from before GPU_BLEND_SELECT
     const std::vector<SegmentChunk> all = segment_chunks(*model, plans, target_pos);
     if (all.empty()) return int(KDN_OK);
     // One request: the selection ranks every compared token at once.
@@ -483,5 +494,22 @@ KDN_API int kdn_gpu_blend_select(kdn_client* client, const kdn_model* model, con
     *n_selected = res->selected;
     if (n_compared) *n_compared = res->candidates;
     return int(KDN_OK);
+  });
+}
+
+KDN_API int kdn_gpu_check(kdn_client* client, kdn_gpu_kv* kv) {
+  if (!client || !kv) return KDN_ERR_INVALID_ARGUMENT;
+  if (!client->c || kv->owner != client->c.get()) return KDN_ERR_UNAVAILABLE;  // registered before kdnd restarted
+  return guarded([&]() -> int {
+    Client& c = client_of(client);
+    if (c.welcome().proto_minor < kTicketMinor) return int(KDN_ERR_UNSUPPORTED);
+    if (kv->unchecked_first == 0) return int(KDN_OK);  // nothing retrieved since the last check
+    Request r;
+    r.sqe.opcode = uint8_t(Opcode::kGpuCheck);
+    kdn::ipc::GpuCheckOp::put({kv->ref, kv->unchecked_first, kv->unchecked_last}, r.sqe);
+    auto cqe = c.call(r);
+    if (!cqe.ok()) return rc(cqe.status());
+    kv->unchecked_first = kv->unchecked_last = 0;  // answered: the next check starts after these
+    return int(cqe->status);
   });
 }

@@ -160,6 +160,7 @@ Step RequestHandler::dispatch(Op& op, uint64_t deadline_ns) {
     case Opcode::kGpuInfo: return gpu_info(op);
     case Opcode::kGpuSegmentRetrieve: return lease(op, deadline_ns);
     case Opcode::kGpuBlendSelect: return gpu_blend(op, deadline_ns);
+    case Opcode::kGpuCheck: return gpu_check(op);
   }
   return finish(op, Status(Code::kUnsupported, "unknown opcode"));
 }
@@ -1184,7 +1185,7 @@ Step RequestHandler::gpu_queue_segment(Op& op) {
   // The batch takes the leases over, whatever comes of it.
   auto from_t0 = gpu_->retrieve(*s.ns, **reg, g.layout, kernels::chunk_geometry_of(*op.model), chunks, &*placement);
   if (!from_t0.ok()) return finish(op, from_t0.status());
-  ipc::GpuSegmentRetrieveOp::put({n, *from_t0}, op.cqe);
+  ipc::GpuSegmentRetrieveOp::put({n, *from_t0, gpu_->last_ticket()}, op.cqe);
   return finish(op, OkStatus());
 }
 
@@ -1254,7 +1255,7 @@ Step RequestHandler::gpu_queue_retrieve(Op& op) {
   chunks.swap(g.leased);  // the batch takes the leases over, whatever comes of it
   auto from_t0 = gpu_->retrieve(*s.ns, **reg, g.layout, kernels::chunk_geometry_of(*op.model), chunks);
   if (!from_t0.ok()) return finish(op, from_t0.status());
-  ipc::GpuRetrieveOp::put({n, *from_t0}, op.cqe);
+  ipc::GpuRetrieveOp::put({n, *from_t0, gpu_->last_ticket()}, op.cqe);
   return finish(op, OkStatus());
 }
 
@@ -1381,6 +1382,30 @@ Step RequestHandler::gpu_commit(Op& op, uint64_t deadline_ns) {
   gpu_->encode_stored(s, g.ref, *s.ns, kernels::chunk_geometry_of(*op.model), g.committed);  // T0 with a codec
   ipc::GpuStoreOp::put({uint32_t(op.done), g.cached}, op.cqe);
   return finish(op, op.first_error);
+}
+
+// GPU_CHECK: answers once the registration's batches behind the tickets have landed.
+Step RequestHandler::gpu_check(Op& op) {
+  if (op.waiting > 0) return Step::kWait;
+  if (gpu_ == nullptr) return finish(op, kNoGpuTier);
+  const ipc::GpuCheckOp::Args a = ipc::GpuCheckOp::args(op.sqe);
+  auto reg = gpu_->find(*op.session, a.reg);
+  if (!reg.ok()) return finish(op, reg.status());
+  uint64_t wait_on = 0;
+  switch (gpu_->check_tickets(**reg, a.first, a.last, &wait_on)) {
+    case gpu::GpuService::Tickets::kOk: return finish(op, OkStatus());
+    case gpu::GpuService::Tickets::kFailed:
+      return finish(op, Status(Code::kIo, "a GPU copy behind these tickets failed: the blocks hold bytes kdnd did not write"));
+    case gpu::GpuService::Tickets::kTooOld:
+      return finish(op, Status(Code::kNotFound, "tickets older than the GPU failures kdnd remembers"));
+    case gpu::GpuService::Tickets::kInvalid:
+      return finish(op, Status(Code::kInvalidArgument, "GPU_CHECK: an empty ticket range or a ticket not issued yet"));
+    case gpu::GpuService::Tickets::kWait:
+      if (!gpu_->wait_batch(wait_on, op.token)) return finish(op, Status(Code::kInternal, "GPU_CHECK lost its batch"));
+      ++op.waiting;  // the batch's landing (on_gpu_done), then the tickets are checked again
+      return Step::kWait;
+  }
+  return finish(op, Status(Code::kInternal, "GPU_CHECK: an unknown ticket state"));
 }
 
 void RequestHandler::on_gpu_done(Op& op, bool failed) noexcept {

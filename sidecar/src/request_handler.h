@@ -187,6 +187,7 @@ class RequestHandler {
   // landed.
   Step gpu_blend(Op& op, uint64_t deadline_ns);
   Step gpu_queue_blend(Op& op);
+  Step gpu_check(Op& op);
   Step gpu_collect(Op& op, uint64_t deadline_ns);
   Step gpu_commit(Op& op, uint64_t deadline_ns);
 

@@ -692,6 +692,10 @@ TEST_F(HandlerTest, GpuRequestsWithoutAGpuTierAreUnsupportedAndTakeNothing) {
       EXPECT_EQ(op.cqe.status, KDN_ERR_UNSUPPORTED);
     }
     EXPECT_EQ(ns_.store->active_leases(), 0u);
+    Op check = make(*s, Opcode::kGpuCheck);
+    ipc::GpuCheckOp::put({{1, 1}, 1, 1}, check.sqe);
+    run(check);
+    EXPECT_EQ(check.cqe.status, KDN_ERR_UNSUPPORTED);
     Op reg = make(*s, Opcode::kGpuRegister);
     reg.sqe.in_len = sizeof(ipc::GpuRegisterRecord);
     reg.sqe.out_off = 4 * kMiB;

@@ -563,5 +563,51 @@ TEST(GpuEngine, BlendSelectionReadsT0CopiesAlike) {
                     "--set", "tier.gpu.staging_bytes=8M"});
 }
 
+// GPU_CHECK: a retrieve's answer comes once its copies are queued, and its ticket names them;
+// kdn_gpu_check says whether they landed whole. The GPU tier's fault seam reports the second
+// retrieve's batch as failed when it lands (as a copy that failed on the device would be): the
+// check after it says KDN_ERR_IO, the checks before and after KDN_OK.
+TEST(GpuEngine, ACheckReportsACopyThatFailedAfterTheAnswer) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  ASSERT_EQ(setenv("KDN_TEST_GPU_FAIL_RETRIEVE", "2", 1), 0);
+  KdndProcess d({"--log-level", "info", "--set", "tier.gpu.enable=on"});
+  unsetenv("KDN_TEST_GPU_FAIL_RETRIEVE");
+  Conn k(d, tiny_model(kT));
+  ASSERT_TRUE(k.ok()) << d.log();
+  Cache cache;
+  ASSERT_TRUE(cache.init());
+  for (size_t i = 0; i < cache.host.size(); ++i) cache.host[i] = uint16_t(0x3000 + (i * 5 + 1) % 0x0700);
+  ASSERT_TRUE(cache.upload());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  kdn_gpu_kv* kv = register_cache(k, cache);
+  ASSERT_NE(kv, nullptr) << d.log();
+  const std::vector<int32_t> toks = doc_tokens(41, 2 * kT);
+  const kdn_engine_layout src = cache.layout(true, nullptr);
+  uint32_t stored = 0;
+  ASSERT_EQ(kdn_gpu_store(k.c, k.m, toks.data(), toks.size(), 0, 2, kv, &src, &stored), KDN_OK) << d.log();
+  EXPECT_EQ(stored, 2u);
+  EXPECT_EQ(kdn_gpu_check(k.c, kv), KDN_OK) << "nothing retrieved yet";
+
+  std::vector<int64_t> slots(2 * kT);
+  for (size_t t = 0; t < slots.size(); ++t) slots[t] = 128 + int64_t(t);
+  const kdn_engine_layout dst = cache.layout(true, slots.data());
+  for (int round = 1; round <= 3; ++round) {
+    uint32_t loaded = 0;
+    ASSERT_EQ(kdn_gpu_retrieve(k.c, k.m, toks.data(), toks.size(), 0, kv, &dst, &loaded), KDN_OK) << d.log();
+    EXPECT_EQ(loaded, 2u);
+    EXPECT_EQ(kdn_gpu_check(k.c, kv), round == 2 ? KDN_ERR_IO : KDN_OK) << "round " << round;
+  }
+  // Two retrieves, one check: both landed whole.
+  for (int round = 0; round < 2; ++round) {
+    uint32_t loaded = 0;
+    ASSERT_EQ(kdn_gpu_retrieve(k.c, k.m, toks.data(), toks.size(), 0, kv, &dst, &loaded), KDN_OK);
+  }
+  EXPECT_EQ(kdn_gpu_check(k.c, kv), KDN_OK);
+  EXPECT_NE(d.log().find("copies on device 0 failed"), std::string::npos) << d.log();
+  EXPECT_EQ(kdn_gpu_unregister(k.c, kv), KDN_OK);
+  EXPECT_EQ(kdn_ping(k.c), KDN_OK);
+}
+
 }  // namespace
 }  // namespace kdn::testing

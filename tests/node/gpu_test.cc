@@ -189,6 +189,8 @@ TEST(GpuApi, BlendSelectArgumentsAreCaughtInLibkdn) {
   EXPECT_EQ(call(k.c, &seg, &target, &l, 0, KDN_BLEND_PLANE_K, 0.15, nullptr, 40, &n), KDN_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(call(k.c, &seg, &target, &l, 0, KDN_BLEND_PLANE_K, 0.15, sel, 40, nullptr), KDN_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(kdn_abi_minor(), 4u);
+  EXPECT_EQ(kdn_gpu_check(k.c, nullptr), KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kdn_gpu_check(nullptr, nullptr), KDN_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(kdn_ping(k.c), KDN_OK);
 }
 

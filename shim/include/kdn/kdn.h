@@ -52,7 +52,7 @@ extern "C" {
 /* Version of this header's ABI. kdn_abi_version() returns the library's. */
 #define KDN_ABI_VERSION 2u
 /* Calls added within ABI 2, by the minor that brought them: 1 kdn_prefetch; 2 the segment calls
- * (kdn_context_key, kdn_segment_*); 3 the GPU calls (kdn_gpu_*); 4 kdn_gpu_blend_select.
+ * (kdn_context_key, kdn_segment_*); 3 the GPU calls (kdn_gpu_*); 4 kdn_gpu_blend_select and kdn_gpu_check.
  * kdn_abi_minor() returns the library's. A call that needs a newer kdnd than the one connected
  * returns KDN_ERR_UNSUPPORTED. */
 #define KDN_ABI_MINOR 4u
@@ -500,6 +500,16 @@ KDN_API int kdn_gpu_segment_retrieve(kdn_client* client, const kdn_model* model,
  * KDN_ERR_INVALID_ARGUMENT for a layer past the model, an unknown plane, a ratio outside [0, 1]
  * or what kdn_gpu_segment_retrieve refuses. Added in ABI minor 4 (protocol minor 5:
  * GPU_BLEND_SELECT). */
+/* Whether the copies of every kdn_gpu_retrieve and kdn_gpu_segment_retrieve of `kv` since the
+ * last kdn_gpu_check landed whole. Those calls return once kdnd has queued the copies, and a copy
+ * can still fail on the device after that (a broken device or context): the done event fires all
+ * the same and the blocks then hold bytes kdnd did not write. This call waits on the host until
+ * the copies have landed (call it after the engine's stream waited on the done event, or before
+ * the step that reads the KV): KDN_OK if they landed whole, KDN_ERR_IO if one failed (recompute
+ * what those retrieves loaded), KDN_ERR_UNSUPPORTED for a kdnd older than protocol minor 5.
+ * Added in ABI minor 4. */
+KDN_API int kdn_gpu_check(kdn_client* client, kdn_gpu_kv* kv);
+
 #define KDN_BLEND_PLANE_K 0u
 #define KDN_BLEND_PLANE_V 1u
 KDN_API int kdn_gpu_blend_select(kdn_client* client, const kdn_model* model, const kdn_segment* segs,

@@ -59,7 +59,13 @@ bool all_zero(const uint8_t* p, size_t n) {
 
 }  // namespace
 
-GpuService::GpuService(const GpuTierConfig& cfg) : cfg_(cfg) {}
+GpuService::GpuService(const GpuTierConfig& cfg) : cfg_(cfg) {
+  // The fault seam of the GPU tier's tests: the batch of the N-th retrieve is reported failed
+  // when it lands (its copies ran), as a copy that failed on the device would be.
+  if (const char* n = std::getenv("KDN_TEST_GPU_FAIL_RETRIEVE")) fail_retrieve_ = std::strtoull(n, nullptr, 10);
+}
+
+bool GpuService::inject_failure() noexcept { return fail_retrieve_ != 0 && ++retrieves_seen_ == fail_retrieve_; }
 
 Result<std::unique_ptr<GpuService>> GpuService::create(const GpuTierConfig& cfg) {
   std::unique_ptr<GpuService> s(new GpuService(cfg));
@@ -413,6 +419,7 @@ Result<uint32_t> GpuService::retrieve(Namespace& ns, Registration& reg, const Ch
   batch->reg = &reg;
   batch->ns = &ns;
   batch->leased.assign(chunks.begin(), chunks.end());  // the batch holds every pin from here
+  batch->inject_failure = inject_failure();
   std::byte* tail_dev = nullptr;
   auto view = segment ? stage_layout(d, layout, std::as_bytes(std::span(segment->table)), &tail_dev) : stage_layout(d, layout);
   const float* table_dev = reinterpret_cast<const float*>(tail_dev);
@@ -687,6 +694,13 @@ void GpuService::land(Batch& b, bool failed) {
   if (failed) {
     ++counters_.batches_failed;
     spdlog::error("GPU tier: copies on device {} failed: {}", b.device, last_error());
+    if (b.reg) {  // GPU_CHECK reports it to the engine
+      failed_tickets_.emplace(b.token, uint64_t(b.reg->id) | uint64_t(b.reg->generation) << 32);
+      while (failed_tickets_.size() > kMaxFailedTickets) {
+        failed_horizon_ = failed_tickets_.begin()->first + 1;
+        failed_tickets_.erase(failed_tickets_.begin());
+      }
+    }
   }
   if (b.coded) drop_faulty(b);
   if (b.reg) registry_->end_copy(b.reg);  // a T0 fill has no registration and no namespace
@@ -702,10 +716,35 @@ void GpuService::poll(std::vector<Woken>* wake) {
     auto it = batches_.find(c.token);
     if (it == batches_.end()) continue;
     Batch& b = *it->second;
-    land(b, c.failed);
-    if (b.op_token) wake->push_back({b.op_token, c.failed});
+    const bool failed = c.failed || b.inject_failure;
+    land(b, failed);
+    if (b.op_token) wake->push_back({b.op_token, failed});
+    for (uint64_t w : b.waiters) wake->push_back({w, failed});
     batches_.erase(it);
   }
+}
+
+GpuService::Tickets GpuService::check_tickets(const Registration& reg, uint64_t first, uint64_t last,
+                                              uint64_t* wait_on) const noexcept {
+  if (first == 0 || first > last || last >= next_token_) return Tickets::kInvalid;
+  if (first < failed_horizon_) return Tickets::kTooOld;
+  const uint64_t who = uint64_t(reg.id) | uint64_t(reg.generation) << 32;
+  for (auto it = failed_tickets_.lower_bound(first); it != failed_tickets_.end() && it->first <= last; ++it)
+    if (it->second == who) return Tickets::kFailed;
+  // One stream per device runs a registration's batches in order: the newest in flight lands last.
+  uint64_t newest = 0;
+  for (const auto& [token, b] : batches_)
+    if (token >= first && token <= last && b->reg == &reg && token > newest) newest = token;
+  if (newest == 0) return Tickets::kOk;
+  *wait_on = newest;
+  return Tickets::kWait;
+}
+
+bool GpuService::wait_batch(uint64_t ticket, uint64_t op_token) {
+  auto it = batches_.find(ticket);
+  if (it == batches_.end()) return false;
+  it->second->waiters.push_back(op_token);
+  return true;
 }
 
 std::vector<DeviceStats> GpuService::device_stats() const {

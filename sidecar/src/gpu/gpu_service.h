@@ -35,6 +35,7 @@
 
 #include <atomic>
 #include <deque>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -127,8 +128,19 @@ class GpuService {
   // The answer of the GPU_BLEND_SELECT woken with `op_token` (once; kNotFound after).
   Result<std::vector<int32_t>> take_blend(uint64_t op_token);
 
-  // Applies landed batches; appends {op_token, failed} of GPU_STORE and GPU_BLEND_SELECT batches
-  // to `wake`.
+  // GPU_CHECK: the ticket of the batch the last retrieve queued (0 before any).
+  uint64_t last_ticket() const noexcept { return next_token_ - 1; }
+  // What became of registration `reg`'s batches with tickets in [first, last]: kOk (all landed
+  // whole), kFailed (one failed), kWait (*wait_on: the newest still in flight; wait_batch on it
+  // and ask again), kTooOld (before what kdnd remembers failures for), kInvalid (empty range or
+  // a ticket not issued yet).
+  enum class Tickets : uint8_t { kOk, kFailed, kWait, kTooOld, kInvalid };
+  Tickets check_tickets(const Registration& reg, uint64_t first, uint64_t last, uint64_t* wait_on) const noexcept;
+  // Wakes `op_token` through poll() when batch `ticket` lands (false: it already has).
+  bool wait_batch(uint64_t ticket, uint64_t op_token);
+
+  // Applies landed batches; appends {op_token, failed} of GPU_STORE and GPU_BLEND_SELECT batches,
+  // and of the GPU_CHECKs waiting for a batch, to `wake`.
   struct Woken {
     uint64_t op_token;
     bool failed;
@@ -236,8 +248,16 @@ class GpuService {
   std::unordered_map<std::string, Mapping> ipc_mappings_;  // device + handle bytes -> opened once
   std::unordered_map<uint64_t, std::unique_ptr<Batch>> batches_;
   std::unordered_map<uint64_t, Result<std::vector<int32_t>>> blend_answers_;  // by op token, until taken
+  // Failed batches of registrations (ticket -> registration id | generation << 32), the newest
+  // kMaxFailedTickets; tickets below failed_horizon_ may have failed unremembered.
+  static constexpr size_t kMaxFailedTickets = 4096;
+  std::map<uint64_t, uint64_t> failed_tickets_;
+  uint64_t failed_horizon_ = 1;
   std::vector<std::byte*> pinned_arenas_;
   uint64_t next_token_ = 1;
+  // Tests' fault seam (KDN_TEST_GPU_FAIL_RETRIEVE=N): the N-th retrieve's batch lands failed.
+  bool inject_failure() noexcept;
+  uint64_t fail_retrieve_ = 0, retrieves_seen_ = 0;
   GpuCounters counters_;
 };
 

@@ -92,6 +92,7 @@ Result<uint32_t> GpuService::retrieve_coded(Namespace& ns, Registration& reg, co
   batch->reg = &reg;
   batch->ns = &ns;
   batch->leased.assign(chunks.begin(), chunks.end());  // the batch holds every pin from here
+  batch->inject_failure = inject_failure();
   batch->coded = std::make_unique<CodedBatch>();
   auto view = stage_layout(d, layout);
   if (!view.ok()) {

@@ -56,6 +56,8 @@ struct GpuService::Batch {
   std::unique_ptr<CodedBatch> coded;             // tier.gpu.codec: decodes and T0 fills
   std::unique_ptr<BlendPlan> blend;              // GPU_BLEND_SELECT: what the answer is checked against
   const std::byte* blend_result = nullptr;       // its answer, in the batch's pinned metadata tail
+  std::vector<uint64_t> waiters;                 // GPU_CHECK requests woken when it lands
+  bool inject_failure = false;                   // KDN_TEST_GPU_FAIL_RETRIEVE: lands as failed
 };
 
 }  // namespace kdn::sidecar::gpu

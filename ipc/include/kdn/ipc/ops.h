@@ -498,6 +498,7 @@ struct GpuRetrieveOp {
   struct Result {
     uint32_t loaded = 0;      // leading chunks whose copies were queued
     uint32_t from_t0 = 0;     // of those, served from a T0 copy
+    uint64_t ticket = 0;      // minor 5: names the copies for GPU_CHECK (0: none queued)
   };
   static void put(const Args& a, Sqe& q) noexcept {
     q.model_id = a.model_id;
@@ -515,10 +516,12 @@ struct GpuRetrieveOp {
   static void put(const Result& r, Cqe& c) noexcept {
     c.res[0] = r.loaded;
     c.res[1] = r.from_t0;
+    c.res[2] = r.ticket;
   }
   static kdn::Result<Result> result(const Cqe& c, uint32_t wanted) noexcept {
     if (c.res[0] > wanted || c.res[1] > c.res[0]) return Status(Code::kProtocol, "GPU_RETRIEVE answered impossible counts");
-    return Result{uint32_t(c.res[0]), uint32_t(c.res[1])};
+    if (c.res[0] == 0 && c.res[2] != 0) return Status(Code::kProtocol, "GPU_RETRIEVE answered a ticket for no copy");
+    return Result{uint32_t(c.res[0]), uint32_t(c.res[1]), c.res[2]};
   }
 };
 
@@ -579,6 +582,7 @@ struct GpuSegmentRetrieveOp {
   struct Result {
     uint32_t loaded = 0;   // chunks whose copies were queued
     uint32_t from_t0 = 0;  // of those, served from a T0 copy
+    uint64_t ticket = 0;   // minor 5: names the copies for GPU_CHECK (0: none queued)
   };
   static void put(const Args& a, Sqe& q) noexcept {
     q.model_id = a.model_id;
@@ -592,6 +596,7 @@ struct GpuSegmentRetrieveOp {
   static void put(const Result& r, Cqe& c) noexcept {
     c.res[0] = r.loaded;
     c.res[1] = r.from_t0;
+    c.res[2] = r.ticket;
   }
   // `out` holds the output bytes (one per key sent); they must agree with res0.
   static kdn::Result<Result> result(const Cqe& c, const uint8_t* out, uint32_t keys_sent) noexcept {
@@ -604,7 +609,8 @@ struct GpuSegmentRetrieveOp {
       loaded += out[i] == kGpuSegmentLoaded;
     }
     if (loaded != c.res[0]) return Status(Code::kProtocol, "GPU_SEGMENT_RETRIEVE count does not match its bytes");
-    return Result{uint32_t(c.res[0]), uint32_t(c.res[1])};
+    if (c.res[0] == 0 && c.res[2] != 0) return Status(Code::kProtocol, "GPU_SEGMENT_RETRIEVE answered a ticket for no copy");
+    return Result{uint32_t(c.res[0]), uint32_t(c.res[1]), c.res[2]};
   }
   // The records' checks (kdnd's, on its copy): shape, known flags, deltas, and each chunk's
   // tokens inside the layout's `layout_tokens` slots.
@@ -698,6 +704,32 @@ struct GpuBlendSelectOp {
     }
     return Result{uint32_t(c.res[0]), uint32_t(c.res[1]), uint32_t(c.res[2]), uint32_t(c.res[3])};
   }
+};
+
+// ---- GPU_CHECK (minor 5): no payload; did the copies of tickets [first, last] land whole? ----------
+// A retrieve's CQE comes once its copies are queued; its ticket (res2) names them. GPU_CHECK on
+// the registration they were queued for completes once every batch of that registration with a
+// ticket in [first, last] has landed: KDN_OK if all of them landed whole, KDN_ERR_IO if one
+// failed (the engine's blocks then hold bytes kdnd did not write: recompute them), KDN_ERR_NOT_FOUND
+// for tickets older than kdnd still remembers failures for, KDN_ERR_INVALID_ARGUMENT for a range
+// that is empty or names tickets not issued yet.
+struct GpuCheckOp {
+  static constexpr Opcode kOpcode = Opcode::kGpuCheck;
+  static constexpr const char* kName = "GPU_CHECK";
+  static constexpr OpShape kShape{};
+  struct Args {
+    GpuRegistrationRef reg;
+    uint64_t first = 0, last = 0;
+  };
+  struct Result {};
+  static void put(const Args& a, Sqe& q) noexcept {
+    q.arg[0] = a.reg.word();
+    q.arg[1] = a.first;
+    q.arg[2] = a.last;
+  }
+  static Args args(const Sqe& q) noexcept { return {GpuRegistrationRef::of(q.arg[0]), q.arg[1], q.arg[2]}; }
+  static void put(const Result&, Cqe&) noexcept {}
+  static kdn::Result<Result> result(const Cqe&) noexcept { return Result{}; }
 };
 
 // ---- GPU_INFO (minor 4): one GpuDeviceRecord per device out -------------------------------------
