@@ -75,6 +75,8 @@ void gpu_text(std::ostringstream& o, const gpu::GpuService& g) {
       {"kdn_gpu_retrieves_total", "counter", "GPU_RETRIEVE requests whose copies were queued.", c.retrieves},
       {"kdn_gpu_retrieved_chunks_total", "counter", "Chunks scattered into engine memory.", c.retrieved_chunks},
       {"kdn_gpu_stores_total", "counter", "GPU_STORE requests whose gathers were queued.", c.stores},
+      {"kdn_gpu_blend_selects_total", "counter", "GPU_BLEND_SELECT requests whose comparisons were queued.", c.blend_selects},
+      {"kdn_gpu_blend_chunks_total", "counter", "Chunks compared by blend selections.", c.blend_chunks},
       {"kdn_gpu_h2d_bytes_total", "counter", "Bytes copied from the host tier to devices.", c.h2d_bytes},
       {"kdn_gpu_d2h_bytes_total", "counter", "Bytes copied from devices to the host tier.", c.d2h_bytes},
       {"kdn_gpu_peer_chunks_total", "counter", "Chunks read from another device's T0 (peer access).", c.peer_chunks},

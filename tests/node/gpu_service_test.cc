@@ -82,6 +82,27 @@ kernels::ChunkGeometry geo(const kdn_model* m) {
   return g;
 }
 
+// Registers `cache` with kdnd (legacy IPC handle; the engine event, when given, is what kdnd's
+// gathers and comparisons wait for).
+kdn_gpu_kv* register_cache(Conn& k, const Cache& cache, const cudaIpcEventHandle_t* engine_event = nullptr) {
+  cudaDeviceProp prop{};
+  cudaIpcMemHandle_t mem{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess || cudaIpcGetMemHandle(&mem, cache.dev) != cudaSuccess)
+    return nullptr;
+  kdn_gpu_kv_desc desc{};
+  desc.struct_size = sizeof desc;
+  desc.kind = KDN_GPU_MEMORY_IPC;
+  std::memcpy(desc.device_uuid, &prop.uuid, 16);
+  desc.engine_base = uint64_t(uintptr_t(cache.dev));
+  desc.bytes = cache.host.size() * 2;
+  desc.alloc_bytes = desc.bytes;
+  desc.vmm_fd = -1;
+  std::memcpy(desc.ipc_handle, &mem, sizeof mem);
+  if (engine_event) std::memcpy(desc.engine_event, engine_event, sizeof *engine_event);
+  kdn_gpu_kv* kv = nullptr;
+  return kdn_gpu_register(k.c, &desc, &kv) == KDN_OK ? kv : nullptr;
+}
+
 void run_store_and_retrieve(const std::vector<std::string>& flags) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
@@ -93,29 +114,13 @@ void run_store_and_retrieve(const std::vector<std::string>& flags) {
   for (size_t i = 0; i < cache.host.size(); ++i) cache.host[i] = uint16_t(0x3000 + (i * 7 + 3) % 0x0800);
   ASSERT_TRUE(cache.upload());
 
-  cudaDeviceProp prop{};
-  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
-  cudaIpcMemHandle_t mem{};
-  ASSERT_EQ(cudaIpcGetMemHandle(&mem, cache.dev), cudaSuccess);
   cudaEvent_t written = nullptr;
   ASSERT_EQ(cudaEventCreateWithFlags(&written, cudaEventInterprocess | cudaEventDisableTiming), cudaSuccess);
   cudaIpcEventHandle_t written_handle{};
   ASSERT_EQ(cudaIpcGetEventHandle(&written_handle, written), cudaSuccess);
   ASSERT_EQ(cudaEventRecord(written, 0), cudaSuccess);
-
-  kdn_gpu_kv_desc desc{};
-  desc.struct_size = sizeof desc;
-  desc.kind = KDN_GPU_MEMORY_IPC;
-  std::memcpy(desc.device_uuid, &prop.uuid, 16);
-  desc.engine_base = uint64_t(uintptr_t(cache.dev));
-  desc.bytes = cache.host.size() * 2;
-  desc.alloc_offset = 0;
-  desc.alloc_bytes = desc.bytes;
-  desc.vmm_fd = -1;
-  std::memcpy(desc.ipc_handle, &mem, sizeof mem);
-  std::memcpy(desc.engine_event, &written_handle, sizeof written_handle);
-  kdn_gpu_kv* kv = nullptr;
-  ASSERT_EQ(kdn_gpu_register(k.c, &desc, &kv), KDN_OK) << d.log();
+  kdn_gpu_kv* kv = register_cache(k, cache, &written_handle);
+  ASSERT_NE(kv, nullptr) << d.log();
 
   // Store chunks 0..3 from engine tokens 0..63 (identity mapping: blocks 0..3).
   const std::vector<int32_t> toks = doc_tokens(11, kChunks * kT);
@@ -218,20 +223,8 @@ void run_coded(const char* codec, kernels::CodecMode mode) {
     h = kernels::f32_to_f16(grid ? std::round(v * 4.f) / 4.f : v);
   }
   ASSERT_TRUE(cache.upload());
-  cudaDeviceProp prop{};
-  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
-  cudaIpcMemHandle_t mem{};
-  ASSERT_EQ(cudaIpcGetMemHandle(&mem, cache.dev), cudaSuccess);
-  kdn_gpu_kv_desc desc{};
-  desc.struct_size = sizeof desc;
-  desc.kind = KDN_GPU_MEMORY_IPC;
-  std::memcpy(desc.device_uuid, &prop.uuid, 16);
-  desc.engine_base = uint64_t(uintptr_t(cache.dev));
-  desc.bytes = desc.alloc_bytes = cache.host.size() * 2;
-  desc.vmm_fd = -1;
-  std::memcpy(desc.ipc_handle, &mem, sizeof mem);
-  kdn_gpu_kv* kv = nullptr;
-  ASSERT_EQ(kdn_gpu_register(k.c, &desc, &kv), KDN_OK) << d.log();
+  kdn_gpu_kv* kv = register_cache(k, cache);
+  ASSERT_NE(kv, nullptr) << d.log();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // no engine event: the blocks are written now
 
   const std::vector<int32_t> toks = doc_tokens(12, kChunks * kT);
@@ -325,26 +318,6 @@ TEST(GpuEngine, StoreAndRetrieveThroughT0) {
                           "--set", "tier.gpu.staging_bytes=8M", "--set", "tier.gpu.slice_bytes=64K"});
 }
 
-// Registers `cache` with kdnd (legacy IPC handle; the engine event, when given, is what kdnd's
-// gathers and comparisons wait for).
-kdn_gpu_kv* register_cache(Conn& k, const Cache& cache, const cudaIpcEventHandle_t* engine_event = nullptr) {
-  cudaDeviceProp prop{};
-  cudaIpcMemHandle_t mem{};
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess || cudaIpcGetMemHandle(&mem, cache.dev) != cudaSuccess)
-    return nullptr;
-  kdn_gpu_kv_desc desc{};
-  desc.struct_size = sizeof desc;
-  desc.kind = KDN_GPU_MEMORY_IPC;
-  std::memcpy(desc.device_uuid, &prop.uuid, 16);
-  desc.engine_base = uint64_t(uintptr_t(cache.dev));
-  desc.bytes = cache.host.size() * 2;
-  desc.alloc_bytes = desc.bytes;
-  desc.vmm_fd = -1;
-  std::memcpy(desc.ipc_handle, &mem, sizeof mem);
-  if (engine_event) std::memcpy(desc.engine_event, engine_event, sizeof *engine_event);
-  kdn_gpu_kv* kv = nullptr;
-  return kdn_gpu_register(k.c, &desc, &kv) == KDN_OK ? kv : nullptr;
-}
 
 // Segment retrieves on the device (GPU_SEGMENT_RETRIEVE, K re-rotated on kdnd's stream):
 // segments stored from the host, then loaded at `target` into device blocks by kdnd and into a

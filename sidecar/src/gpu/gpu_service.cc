@@ -308,6 +308,24 @@ Result<Registration*> GpuService::find(const Session& s, ipc::GpuRegistrationRef
 
 // ---- batches ---------------------------------------------------------------------------------------
 
+std::unique_ptr<GpuService::Batch> GpuService::new_batch(Namespace& ns, Registration& reg,
+                                                         std::span<Entry* const> leased) {
+  auto b = std::make_unique<Batch>();
+  b->token = next_token_++;
+  b->device = reg.device;
+  b->reg = &reg;
+  b->ns = &ns;
+  b->leased.assign(leased.begin(), leased.end());  // the batch holds these pins from here
+  return b;
+}
+
+void GpuService::start_batch(std::unique_ptr<Batch> b) {
+  registry_->begin_copy(b->reg);
+  ++b->ns->attached;
+  const uint64_t token = b->token;
+  batches_.emplace(token, std::move(b));
+}
+
 Result<kernels::EngineView> GpuService::stage_layout(Device& d, const CheckedLayout& layout,
                                                      std::span<const std::byte> tail, std::byte** tail_dev,
                                                      std::byte** tail_host) {
@@ -413,12 +431,7 @@ Result<uint32_t> GpuService::retrieve(Namespace& ns, Registration& reg, const Ch
     unpin_all();
     return st;
   }
-  auto batch = std::make_unique<Batch>();
-  batch->token = next_token_++;
-  batch->device = reg.device;
-  batch->reg = &reg;
-  batch->ns = &ns;
-  batch->leased.assign(chunks.begin(), chunks.end());  // the batch holds every pin from here
+  auto batch = new_batch(ns, reg, chunks);
   batch->inject_failure = inject_failure();
   std::byte* tail_dev = nullptr;
   auto view = segment ? stage_layout(d, layout, std::as_bytes(std::span(segment->table)), &tail_dev) : stage_layout(d, layout);
@@ -489,9 +502,7 @@ Result<uint32_t> GpuService::retrieve(Namespace& ns, Registration& reg, const Ch
     // Work may have been queued: it must land before the pins and the metadata go, so the
     // batch is kept (failed) and releases them when its token comes back.
     finish_queued(d, batch->token, failed);
-    registry_->begin_copy(&reg);
-    ++ns.attached;
-    batches_.emplace(batch->token, std::move(batch));
+    start_batch(std::move(batch));
     spdlog::error("GPU tier: queueing copies failed: {} ({})", failed.what(), last_error());
     return Status(Code::kInternal, "queueing GPU copies failed (see kdnd's log)");
   }
@@ -500,11 +511,9 @@ Result<uint32_t> GpuService::retrieve(Namespace& ns, Registration& reg, const Ch
     ++c.promoted;
     c.promoted_bytes += bytes;
   }
-  registry_->begin_copy(&reg);
-  ++ns.attached;
   ++counters_.retrieves;
   counters_.retrieved_chunks += chunks.size();
-  batches_.emplace(batch->token, std::move(batch));
+  start_batch(std::move(batch));
   return from_t0;
 }
 
@@ -516,11 +525,7 @@ Status GpuService::store(Namespace& ns, Registration& reg, const CheckedLayout& 
   if (bytes > d.bounce_bytes)
     return Status(Code::kLimit, "a chunk larger than half of tier.gpu.staging_bytes (the bounce buffer)");
   KDN_RETURN_IF_ERROR(set_device(reg.device));  // the kernels launch on the current device
-  auto batch = std::make_unique<Batch>();
-  batch->token = next_token_++;
-  batch->device = reg.device;
-  batch->reg = &reg;
-  batch->ns = &ns;
+  auto batch = new_batch(ns, reg, {});
   batch->op_token = op_token;
   auto view = stage_layout(d, layout);
   if (!view.ok()) return view.status();
@@ -548,15 +553,13 @@ Status GpuService::store(Namespace& ns, Registration& reg, const CheckedLayout& 
     counters_.d2h_bytes += bytes;
   }
   if (failed.ok()) failed = notify_after(d.stream, cq_.get(), batch->token);
-  registry_->begin_copy(&reg);
-  ++ns.attached;
   if (!failed.ok()) {
     finish_queued(d, batch->token, failed);
     ++counters_.batches_failed;
   } else {
     ++counters_.stores;
   }
-  batches_.emplace(batch->token, std::move(batch));
+  start_batch(std::move(batch));
   return OkStatus();  // the outcome comes with the token (failed set if queueing failed)
 }
 
@@ -584,14 +587,9 @@ Result<uint32_t> GpuService::blend_select(Namespace& ns, Registration& reg, cons
   std::byte *tail_dev = nullptr, *tail_host = nullptr;
   auto view = stage_layout(d, layout, tail, &tail_dev, &tail_host);
   if (!view.ok()) return refuse(view.status());
-  auto batch = std::make_unique<Batch>();
-  batch->token = next_token_++;
-  batch->device = reg.device;
-  batch->reg = &reg;
-  batch->ns = &ns;
+  auto batch = new_batch(ns, reg, chunks);
   batch->op_token = op_token;
   batch->uses_meta = true;
-  batch->leased.assign(chunks.begin(), chunks.end());  // the batch holds every pin from here
 
   // One layer of the engine's view: its layer-base arrays start at the check layer.
   kernels::EngineView layer_view = *view;
@@ -653,8 +651,6 @@ Result<uint32_t> GpuService::blend_select(Namespace& ns, Registration& reg, cons
   if (failed.ok()) failed = notify_after(d.stream, cq_.get(), batch->token);
   batch->blend_result = tail_host + plan.result_off;
   batch->blend = std::make_unique<BlendPlan>(std::move(plan));
-  registry_->begin_copy(&reg);
-  ++ns.attached;
   if (!failed.ok()) {
     // Work may have been queued: the batch lands (failed) once it ran, and the request learns so.
     spdlog::error("GPU tier: queueing a blend selection failed: {} ({})", failed.what(), last_error());
@@ -663,7 +659,7 @@ Result<uint32_t> GpuService::blend_select(Namespace& ns, Registration& reg, cons
     ++counters_.blend_selects;
     counters_.blend_chunks += chunks.size();
   }
-  batches_.emplace(batch->token, std::move(batch));
+  start_batch(std::move(batch));
   return from_t0;
 }
 

@@ -196,6 +196,10 @@ class GpuService {
   // Ends a batch whose queueing failed after work was queued: synchronizes the stream and
   // feeds the token to the queue by hand, so completion order is kept.
   void finish_queued(Device& d, uint64_t token, Status why) noexcept;
+  // A batch of `reg`'s copies, holding the pins of `leased` from here on.
+  std::unique_ptr<Batch> new_batch(Namespace& ns, Registration& reg, std::span<Entry* const> leased);
+  // Hands a queued batch to poll(); its registration and namespace stay in use until it lands.
+  void start_batch(std::unique_ptr<Batch> b);
   void land(Batch& b, bool failed);
 
   // ---- T0 holding KVC1 blobs (tier.gpu.codec; gpu_service_codec.cc)

@@ -86,12 +86,7 @@ Result<uint32_t> GpuService::retrieve_coded(Namespace& ns, Registration& reg, co
     unpin_all();
     return Status(Code::kNoMemory, "GPU_RETRIEVE: out of memory");
   }
-  auto batch = std::make_unique<Batch>();
-  batch->token = next_token_++;
-  batch->device = reg.device;
-  batch->reg = &reg;
-  batch->ns = &ns;
-  batch->leased.assign(chunks.begin(), chunks.end());  // the batch holds every pin from here
+  auto batch = new_batch(ns, reg, chunks);
   batch->inject_failure = inject_failure();
   batch->coded = std::make_unique<CodedBatch>();
   auto view = stage_layout(d, layout);
@@ -130,18 +125,16 @@ Result<uint32_t> GpuService::retrieve_coded(Namespace& ns, Registration& reg, co
   }
   if (failed.ok()) failed = event_record(reg.done_event, d.stream);
   if (failed.ok()) failed = notify_after(d.stream, cq_.get(), batch->token);
-  registry_->begin_copy(&reg);
-  ++ns.attached;
   if (!failed.ok()) {
     // As retrieve(): what was queued lands before the pins and the metadata go.
     finish_queued(d, batch->token, failed);
-    batches_.emplace(batch->token, std::move(batch));
+    start_batch(std::move(batch));
     spdlog::error("GPU tier: queueing copies or decodes failed: {} ({})", failed.what(), last_error());
     return Status(Code::kInternal, "queueing GPU copies failed (see kdnd's log)");
   }
   ++counters_.retrieves;
   counters_.retrieved_chunks += chunks.size();
-  batches_.emplace(batch->token, std::move(batch));
+  start_batch(std::move(batch));
   for (uint32_t i : misses) encode_for_t0(ns, reg.device, geo, chunks[i]);  // they enter T0 for next time
   return uint32_t(hits.size());
 }
