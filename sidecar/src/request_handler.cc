@@ -1137,26 +1137,32 @@ Status RequestHandler::gpu_read_segment_chunks(Op& op, gpu::GpuRequest& req) {
                                                  req.layout.slots.size());
 }
 
-// The chunks of a segment request that are copied (or compared): per segment the leading cached
-// chunks; the others' leases are given back at once.
-Status RequestHandler::gpu_segment_chunks(Op& op, std::vector<Entry*>& chunks,
-                                          std::vector<ipc::GpuSegmentChunkRecord>& recs, std::vector<uint8_t>& copied) {
+// What a segment request works on once leased: per segment the leading cached chunks (the other
+// leases are given back at once), their records, the registration (it may have been
+// unregistered while promotions ran) and the chunks' placement.
+Status RequestHandler::gpu_segment_work(Op& op, gpu::SegmentWork& w) {
   Session& s = *op.session;
   gpu::GpuRequest& g = *op.gpu;
   std::vector<uint8_t> cached(op.shape.in_records, 0);
   for (uint32_t p : g.position) cached[p] = 1;
-  copied = gpu::leading_chunks(g.segment_chunks, cached);
-  chunks.reserve(g.leased.size());
-  recs.reserve(g.leased.size());
+  w.copied = gpu::leading_chunks(g.segment_chunks, cached);
+  w.chunks.reserve(g.leased.size());
+  w.recs.reserve(g.leased.size());
   for (size_t j = 0; j < g.leased.size(); ++j) {
-    if (!copied[g.position[j]]) continue;
-    chunks.push_back(g.leased[j]);
-    recs.push_back(g.segment_chunks[g.position[j]]);
+    if (!w.copied[g.position[j]]) continue;
+    w.chunks.push_back(g.leased[j]);
+    w.recs.push_back(g.segment_chunks[g.position[j]]);
   }
   for (size_t j = 0; j < g.leased.size(); ++j)  // past a miss of its segment: not used
-    if (!copied[g.position[j]]) s.ns->store->unpin(g.leased[j]);
-  g.leased = chunks;  // what the request still holds until a batch takes it over
+    if (!w.copied[g.position[j]]) s.ns->store->unpin(g.leased[j]);
+  g.leased = w.chunks;  // what the request still holds until a batch takes it over
   g.position.clear();
+  auto reg = gpu_->find(s, g.ref);
+  if (!reg.ok()) return reg.status();
+  w.reg = *reg;
+  auto placement = gpu::place_segment_chunks(op.model->desc, w.recs);
+  if (!placement.ok()) return placement.status();
+  w.placement = std::move(*placement);
   return OkStatus();
 }
 
@@ -1164,26 +1170,22 @@ Status RequestHandler::gpu_segment_chunks(Op& op, std::vector<Entry*>& chunks,
 // (docs/gpu.md).
 Step RequestHandler::gpu_queue_segment(Op& op) {
   Session& s = *op.session;
-  gpu::GpuRequest& g = *op.gpu;
-  std::vector<Entry*> chunks;
-  std::vector<ipc::GpuSegmentChunkRecord> recs;
-  std::vector<uint8_t> copied;
-  Status picked = gpu_segment_chunks(op, chunks, recs, copied);
-  if (picked.ok()) picked = s.shm.payload().copy_out_records(op.sqe, std::span<const uint8_t>(copied));
-  auto reg = picked.ok() ? gpu_->find(s, g.ref) : Result<gpu::Registration*>(picked);  // unregistered meanwhile?
-  auto placement = reg.ok() ? gpu::place_segment_chunks(op.model->desc, recs) : Result<gpu::SegmentPlacement>(reg.status());
-  if (!placement.ok()) {
+  gpu::SegmentWork w;
+  Status st = gpu_segment_work(op, w);
+  if (st.ok()) st = s.shm.payload().copy_out_records(op.sqe, std::span<const uint8_t>(w.copied));
+  if (!st.ok()) {
     rollback(op);
-    return finish(op, placement.status());
+    return finish(op, st);
   }
-  g.leased.clear();
-  const uint32_t n = uint32_t(chunks.size());
+  op.gpu->leased.clear();
+  const uint32_t n = uint32_t(w.chunks.size());
   if (n == 0) {
     ipc::GpuSegmentRetrieveOp::put({0, 0}, op.cqe);
     return finish(op, OkStatus());
   }
   // The batch takes the leases over, whatever comes of it.
-  auto from_t0 = gpu_->retrieve(*s.ns, **reg, g.layout, kernels::chunk_geometry_of(*op.model), chunks, &*placement);
+  auto from_t0 = gpu_->retrieve(*s.ns, *w.reg, op.gpu->layout, kernels::chunk_geometry_of(*op.model), w.chunks,
+                                &w.placement);
   if (!from_t0.ok()) return finish(op, from_t0.status());
   ipc::GpuSegmentRetrieveOp::put({n, *from_t0, gpu_->last_ticket()}, op.cqe);
   return finish(op, OkStatus());
@@ -1208,29 +1210,25 @@ Step RequestHandler::gpu_blend(Op& op, uint64_t deadline_ns) {
 Step RequestHandler::gpu_queue_blend(Op& op) {
   Session& s = *op.session;
   gpu::GpuRequest& g = *op.gpu;
-  std::vector<Entry*> chunks;
-  std::vector<ipc::GpuSegmentChunkRecord> recs;
-  std::vector<uint8_t> copied;
-  Status picked = gpu_segment_chunks(op, chunks, recs, copied);
+  gpu::SegmentWork w;
+  Status st = gpu_segment_work(op, w);
   const ipc::GpuBlendSelectOp::Args a = ipc::GpuBlendSelectOp::args(op.sqe);
   const kernels::ChunkGeometry geo = kernels::chunk_geometry_of(*op.model);
-  auto plan = picked.ok() ? gpu::plan_blend(geo, g.layout.slots, recs, {a.check_layer, a.plane, a.ratio_ppm},
-                                            op.shape.out_capacity)
-                          : Result<gpu::BlendPlan>(picked);
-  auto reg = plan.ok() ? gpu_->find(s, g.ref) : Result<gpu::Registration*>(plan.status());
-  auto placement = reg.ok() ? gpu::place_segment_chunks(op.model->desc, recs) : Result<gpu::SegmentPlacement>(reg.status());
-  if (!placement.ok()) {
+  auto plan = st.ok() ? gpu::plan_blend(geo, g.layout.slots, w.recs, {a.check_layer, a.plane, a.ratio_ppm},
+                                        op.shape.out_capacity)
+                      : Result<gpu::BlendPlan>(st);
+  if (!plan.ok()) {
     rollback(op);
-    return finish(op, placement.status());
+    return finish(op, plan.status());
   }
   g.leased.clear();
-  g.blend = {0, plan->n_candidates, uint32_t(chunks.size()), 0};
-  if (chunks.empty()) {
+  g.blend = {0, plan->n_candidates, uint32_t(w.chunks.size()), 0};
+  if (w.chunks.empty()) {
     ipc::GpuBlendSelectOp::put(g.blend, op.cqe);
     return finish(op, OkStatus());
   }
   // The batch takes the leases over, whatever comes of it.
-  auto from_t0 = gpu_->blend_select(*s.ns, **reg, g.layout, geo, chunks, *placement, std::move(*plan), op.token);
+  auto from_t0 = gpu_->blend_select(*s.ns, *w.reg, g.layout, geo, w.chunks, w.placement, std::move(*plan), op.token);
   if (!from_t0.ok()) return finish(op, from_t0.status());
   g.blend.from_t0 = *from_t0;
   g.phase = gpu::GpuRequest::Phase::kCopying;

@@ -34,6 +34,7 @@ namespace kdn::sidecar {
 namespace gpu {
 class GpuService;
 struct GpuRequest;
+struct SegmentWork;
 }  // namespace gpu
 
 // Why a connection did not become a session.
@@ -178,10 +179,9 @@ class RequestHandler {
   Status gpu_prepare(Op& op);
   Step gpu_queue_retrieve(Op& op);
   Status gpu_read_segment_chunks(Op& op, gpu::GpuRequest& req);
-  // The leased chunks a segment retrieve (or a blend selection) of the request's records works
-  // on, and their records; the other leases are given back. `copied` gets a byte per key.
-  Status gpu_segment_chunks(Op& op, std::vector<Entry*>& chunks, std::vector<ipc::GpuSegmentChunkRecord>& recs,
-                            std::vector<uint8_t>& copied);
+  // What a segment retrieve (or a blend selection) works on once leased; the other leases are
+  // given back.
+  Status gpu_segment_work(Op& op, gpu::SegmentWork& w);
   Step gpu_queue_segment(Op& op);
   // GPU_BLEND_SELECT: leases as GPU_SEGMENT_RETRIEVE does, queues the selection, answers once it
   // landed.

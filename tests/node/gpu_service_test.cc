@@ -324,6 +324,36 @@ TEST(GpuEngine, StoreAndRetrieveThroughT0) {
 // host buffer of the same layout by libkdn (kdn_segment_retrieve_to): the two must agree bit
 // for bit. The third segment
 // is never stored (a miss: both calls skip it and answer KDN_ERR_NOT_FOUND).
+// Three segments of a test: 40 tokens (a partial last chunk) at base 5, 16 at base 0, and 20 at
+// base 9 that are never stored. store() stores the first two from the host mirror of `cache`:
+// segment 0 from engine tokens 0..39, segment 1 from 64..79.
+struct ThreeSegments {
+  std::vector<int32_t> toks[3];
+  kdn_segment segs[3] = {};
+  ThreeSegments(const ThreeSegments&) = delete;  // segs point into toks
+  explicit ThreeSegments(uint32_t seed) {
+    const size_t n[3] = {40, 16, 20};
+    const int64_t base[3] = {5, 0, 9};
+    for (int s = 0; s < 3; ++s) {
+      toks[s] = doc_tokens(seed + uint32_t(s), n[s]);
+      segs[s].struct_size = sizeof(kdn_segment);
+      segs[s].tokens = toks[s].data();
+      segs[s].n_tokens = toks[s].size();
+      segs[s].base_pos = base[s];
+    }
+  }
+  void store(Conn& k, const Cache& cache) const {
+    std::vector<int64_t> from1(16);
+    for (size_t t = 0; t < from1.size(); ++t) from1[t] = 64 + int64_t(t);
+    const kdn_engine_layout src0 = cache.layout(false, nullptr), src1 = cache.layout(false, from1.data());
+    uint32_t stored = 0;
+    ASSERT_EQ(kdn_segment_store_from(k.c, k.m, &segs[0], &src0, &stored), KDN_OK);
+    EXPECT_EQ(stored, 3u);
+    ASSERT_EQ(kdn_segment_store_from(k.c, k.m, &segs[1], &src1, &stored), KDN_OK);
+    EXPECT_EQ(stored, 1u);
+  }
+};
+
 void run_segment_retrieve(const std::vector<std::string>& flags, const int64_t (&target)[3]) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
@@ -333,27 +363,9 @@ void run_segment_retrieve(const std::vector<std::string>& flags, const int64_t (
   Cache cache;
   ASSERT_TRUE(cache.init());
   for (size_t i = 0; i < cache.host.size(); ++i) cache.host[i] = uint16_t(0x3000 + (i * 13 + 5) % 0x0900);
-  // Segment 0: 40 tokens (a partial last chunk), segment 1: 16 tokens, segment 2: never stored.
-  const std::vector<int32_t> t0 = doc_tokens(21, 40), t1 = doc_tokens(22, 16), t2 = doc_tokens(23, 20);
-  kdn_segment segs[3] = {};
-  const std::vector<int32_t>* toks[3] = {&t0, &t1, &t2};
-  const int64_t base[3] = {5, 0, 9};
-  for (int s = 0; s < 3; ++s) {
-    segs[s].struct_size = sizeof(kdn_segment);
-    segs[s].tokens = toks[s]->data();
-    segs[s].n_tokens = toks[s]->size();
-    segs[s].base_pos = base[s];
-  }
-  // Store segments 0 and 1 from the host mirror: segment 0 from engine tokens 0..39, segment 1
-  // from 64..79.
-  std::vector<int64_t> from1(16);
-  for (size_t t = 0; t < from1.size(); ++t) from1[t] = 64 + int64_t(t);
-  const kdn_engine_layout src0 = cache.layout(false, nullptr), src1 = cache.layout(false, from1.data());
-  uint32_t stored = 0;
-  ASSERT_EQ(kdn_segment_store_from(k.c, k.m, &segs[0], &src0, &stored), KDN_OK);
-  EXPECT_EQ(stored, 3u);
-  ASSERT_EQ(kdn_segment_store_from(k.c, k.m, &segs[1], &src1, &stored), KDN_OK);
-  EXPECT_EQ(stored, 1u);
+  const ThreeSegments three(21);
+  const kdn_segment* segs = three.segs;
+  ASSERT_NO_FATAL_FAILURE(three.store(k, cache));
 
   // Both loads go to slots 128.. (blocks 8..), segment after segment.
   std::vector<int64_t> slots(40 + 16 + 20);
@@ -439,22 +451,10 @@ void run_blend_select(const std::vector<std::string>& flags) {
   Cache cache;
   ASSERT_TRUE(cache.init());
   for (size_t i = 0; i < cache.host.size(); ++i) cache.host[i] = uint16_t(0x3000 + (i * 11 + 7) % 0x0900);
-  const std::vector<int32_t> t0 = doc_tokens(31, 40), t1 = doc_tokens(32, 16), t2 = doc_tokens(33, 20);
-  kdn_segment segs[3] = {};
-  const std::vector<int32_t>* toks[3] = {&t0, &t1, &t2};
-  const int64_t base[3] = {5, 0, 9}, target[3] = {100, 3, 200};
-  for (int s = 0; s < 3; ++s) {
-    segs[s].struct_size = sizeof(kdn_segment);
-    segs[s].tokens = toks[s]->data();
-    segs[s].n_tokens = toks[s]->size();
-    segs[s].base_pos = base[s];
-  }
-  std::vector<int64_t> from1(16);
-  for (size_t t = 0; t < from1.size(); ++t) from1[t] = 64 + int64_t(t);
-  const kdn_engine_layout src0 = cache.layout(false, nullptr), src1 = cache.layout(false, from1.data());
-  uint32_t stored = 0;
-  ASSERT_EQ(kdn_segment_store_from(k.c, k.m, &segs[0], &src0, &stored), KDN_OK);
-  ASSERT_EQ(kdn_segment_store_from(k.c, k.m, &segs[1], &src1, &stored), KDN_OK);
+  const ThreeSegments three(31);
+  const kdn_segment* segs = three.segs;
+  const int64_t target[3] = {100, 3, 200};
+  ASSERT_NO_FATAL_FAILURE(three.store(k, cache));
 
   cudaEvent_t written = nullptr;
   ASSERT_EQ(cudaEventCreateWithFlags(&written, cudaEventInterprocess | cudaEventDisableTiming), cudaSuccess);

@@ -132,19 +132,30 @@ TEST(GpuApi, BadArgumentsAreCaughtInLibkdn) {
   EXPECT_EQ(kdn_ping(k.c), KDN_OK);
 }
 
+// One 40-token segment at base 4, moved to 10, and a layout of device addresses nobody mapped.
+struct OneSegment {
+  std::vector<int32_t> toks = doc_tokens(1, 40);
+  kdn_segment seg{};
+  void* bases[2] = {reinterpret_cast<void*>(0x7f0000000000ull), reinterpret_cast<void*>(0x7f0000100000ull)};
+  kdn_engine_layout l = some_layout(bases);
+  int64_t target = 10;
+  OneSegment() {
+    seg.struct_size = sizeof seg;
+    seg.tokens = toks.data();
+    seg.n_tokens = toks.size();
+    seg.base_pos = 4;
+  }
+  OneSegment(const OneSegment&) = delete;  // seg and l point into the members
+};
+
 TEST(GpuApi, SegmentRetrieveArgumentsAreCaughtInLibkdn) {
   KdndProcess d;
   Conn k(d, tiny_model());
   ASSERT_TRUE(k.ok());
-  const std::vector<int32_t> toks = doc_tokens(1, 40);
-  kdn_segment seg{};
-  seg.struct_size = sizeof seg;
-  seg.tokens = toks.data();
-  seg.n_tokens = toks.size();
-  seg.base_pos = 4;
-  void* bases[2] = {reinterpret_cast<void*>(0x7f0000000000ull), reinterpret_cast<void*>(0x7f0000100000ull)};
-  const kdn_engine_layout l = some_layout(bases);
-  const int64_t target = 10;
+  const OneSegment one;
+  const kdn_segment& seg = one.seg;
+  const kdn_engine_layout& l = one.l;
+  const int64_t& target = one.target;
   uint32_t loaded = 99;
   // No registration (none can be made without a GPU tier): refused before anything is sent.
   EXPECT_EQ(kdn_gpu_segment_retrieve(k.c, k.m, &seg, 1, &target, nullptr, &l, &loaded), KDN_ERR_INVALID_ARGUMENT);
@@ -160,15 +171,10 @@ TEST(GpuApi, BlendSelectArgumentsAreCaughtInLibkdn) {
   KdndProcess d;
   Conn k(d, tiny_model());
   ASSERT_TRUE(k.ok());
-  const std::vector<int32_t> toks = doc_tokens(1, 40);
-  kdn_segment seg{};
-  seg.struct_size = sizeof seg;
-  seg.tokens = toks.data();
-  seg.n_tokens = toks.size();
-  seg.base_pos = 4;
-  void* bases[2] = {reinterpret_cast<void*>(0x7f0000000000ull), reinterpret_cast<void*>(0x7f0000100000ull)};
-  const kdn_engine_layout l = some_layout(bases);
-  const int64_t target = 10;
+  const OneSegment one;
+  const kdn_segment& seg = one.seg;
+  const kdn_engine_layout& l = one.l;
+  const int64_t& target = one.target;
   int32_t sel[40];
   uint32_t n = 99, compared = 99;
   auto call = [&](kdn_client* c, const kdn_segment* s, const int64_t* t, const kdn_engine_layout* lay, uint32_t layer,

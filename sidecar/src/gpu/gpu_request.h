@@ -10,6 +10,8 @@
 #pragma once
 
 #include "gpu_layout.h"
+#include "gpu_registry.h"
+#include "gpu_rope.h"
 
 #include "../tiered_store.h"
 
@@ -18,6 +20,17 @@
 #include <vector>
 
 namespace kdn::sidecar::gpu {
+
+// What a segment request (GPU_SEGMENT_RETRIEVE, GPU_BLEND_SELECT) works on once leased: the
+// chunks copied or compared, their records, one byte per key sent (used or not), the
+// registration and the chunks' placement.
+struct SegmentWork {
+  std::vector<Entry*> chunks;
+  std::vector<ipc::GpuSegmentChunkRecord> recs;
+  std::vector<uint8_t> copied;
+  Registration* reg = nullptr;
+  SegmentPlacement placement;
+};
 
 struct GpuRequest {
   enum class Phase : uint8_t { kCollect, kCopying, kCommitting, kSettling };
