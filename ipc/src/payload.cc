@@ -25,8 +25,9 @@ constexpr OpTable kOps = make_table<PingOp, RegisterModelOp, LookupOp, ReserveOp
                                     LeaseOp, ReleaseOp, StatsOp, ListOp, EvictOp, LookupEachOp,
                                     LeaseEachOp, PrefetchOp, TierStatsOp, MetricsOp, GpuRegisterOp,
                                     GpuUnregisterOp, GpuRetrieveOp, GpuStoreOp, GpuInfoOp, GpuSegmentRetrieveOp,
-                                    GpuBlendSelectOp, GpuCheckOp>();
-static_assert(PingOp::kOpcode == Opcode(1) && GpuCheckOp::kOpcode == Opcode(kMaxOpcode));
+                                    GpuBlendSelectOp, GpuCheckOp, GpuPrefetchOp>();
+static_assert(PingOp::kOpcode == Opcode(1) && GpuPrefetchOp::kOpcode == Opcode(kMaxOpcode));
+static_assert(GpuCheckOp::kOpcode == Opcode(27));
 static_assert(GpuSegmentRetrieveOp::kOpcode == Opcode(26));
 static_assert(GpuInfoOp::kOpcode == Opcode(25));
 static_assert(MetricsOp::kOpcode == Opcode(20) && GpuRegisterOp::kOpcode == Opcode(21) &&

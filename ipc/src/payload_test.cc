@@ -565,5 +565,32 @@ TEST(OpResults, GpuCheckArgsRoundTripAndRetrieveTicketsAreChecked) {
   EXPECT_EQ(sr->ticket, 5u);
 }
 
+
+TEST(OpResults, GpuPrefetchShapeArgsAndAnswers) {
+  Sqe s = sqe_of(Opcode::kGpuPrefetch);
+  s.in_len = 3 * sizeof(kdn_key);
+  EXPECT_EQ(check(s), Code::kOk);
+  EXPECT_STREQ(opcode_name(s.opcode), "GPU_PREFETCH");
+  s.out_off = 4096;
+  s.out_len = 8;
+  EXPECT_EQ(check(s), Code::kProtocol) << "no output";
+  GpuPrefetchOp::put({7, {3, 9}, 2}, s);
+  const auto a = GpuPrefetchOp::args(s);
+  EXPECT_EQ(a.model_id, 7u);
+  EXPECT_EQ(a.reg.registration, 3u);
+  EXPECT_EQ(a.reg.generation, 9u);
+  EXPECT_EQ(GpuPrefetchOp::wanted(a, 5), 2u);
+  EXPECT_EQ(GpuPrefetchOp::wanted({7, {3, 9}, 0}, 5), 5u);
+  Cqe c{};
+  GpuPrefetchOp::put({4, 3, 1}, c);
+  auto r = GpuPrefetchOp::result(c, 4);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->queued, 3u);
+  EXPECT_EQ(r->resident, 1u);
+  EXPECT_FALSE(GpuPrefetchOp::result(c, 3).ok());  // more found than asked
+  GpuPrefetchOp::put({4, 3, 2}, c);                // queued + resident > found
+  EXPECT_FALSE(GpuPrefetchOp::result(c, 4).ok());
+}
+
 }  // namespace
 }  // namespace kdn::ipc

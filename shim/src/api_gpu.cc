@@ -513,3 +513,51 @@ KDN_API int kdn_gpu_check(kdn_client* client, kdn_gpu_kv* kv) {
     return int(cqe->status);
   });
 }
+
+KDN_API int kdn_gpu_prefetch(kdn_client* client, const kdn_model* model, const int32_t* tokens, size_t n_tokens,
+                             kdn_gpu_kv* kv, uint32_t* cached_chunks, uint32_t* queued_chunks) {
+  if (cached_chunks) *cached_chunks = 0;
+  if (queued_chunks) *queued_chunks = 0;
+  if (int e = check_model_call(client, model, tokens, n_tokens)) return e;
+  if (!kv) return KDN_ERR_INVALID_ARGUMENT;
+  if (kv->owner != client->c.get()) return KDN_ERR_UNAVAILABLE;  // registered before kdnd restarted
+  return guarded([&]() -> int {
+    Client& c = client_of(client);
+    if (c.welcome().proto_minor < kTicketMinor) return int(KDN_ERR_UNSUPPORTED);
+    const uint64_t whole = n_tokens / model->info.chunk_tokens;
+    if (whole == 0) return int(KDN_OK);
+    std::vector<kdn_key> keys(whole);
+    kdn::prefix_keys(model->info, {tokens, size_t(whole) * model->info.chunk_tokens}, keys);
+    const uint32_t round = uint32_t(std::min<uint64_t>(kdn::ipc::kMaxKeysPerOp, c.welcome().payload_bytes / 2 / sizeof(kdn_key)));
+    if (round == 0) return int(KDN_ERR_LIMIT);
+    uint32_t cached = 0, queued = 0;
+    for (uint32_t first = 0; first < whole;) {
+      const uint32_t n = uint32_t(std::min<uint64_t>(round, whole - first));
+      auto in = c.alloc_payload(n * uint32_t(sizeof(kdn_key)));
+      if (!in.ok()) return rc(in.status());
+      std::memcpy(c.payload_ptr(*in), keys.data() + first, n * sizeof(kdn_key));
+      Request r;
+      r.sqe.opcode = uint8_t(Opcode::kGpuPrefetch);
+      r.in = *in;
+      r.sqe.in_len = n * uint32_t(sizeof(kdn_key));
+      kdn::ipc::GpuPrefetchOp::put({model->id, kv->ref, 0}, r.sqe);
+      auto cqe = c.call(r);
+      c.free_payload(*in);
+      if (!cqe.ok()) return rc(cqe.status());
+      if (cqe->status != KDN_OK) {  // what earlier rounds queued stands
+        if (cached_chunks) *cached_chunks = cached;
+        if (queued_chunks) *queued_chunks = queued;
+        return int(cqe->status);
+      }
+      auto res = kdn::ipc::GpuPrefetchOp::result(*cqe, n);
+      if (!res.ok()) return rc(res.status());
+      cached += res->cached;
+      queued += res->queued;
+      if (res->cached < n) break;  // the prefix ends in this window
+      first += n;
+    }
+    if (cached_chunks) *cached_chunks = cached;
+    if (queued_chunks) *queued_chunks = queued;
+    return int(KDN_OK);
+  });
+}

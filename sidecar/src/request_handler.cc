@@ -69,16 +69,17 @@ bool needs_model(uint8_t opcode) {
          opcode == uint8_t(Opcode::kLease) || opcode == uint8_t(Opcode::kLookupEach) ||
          opcode == uint8_t(Opcode::kLeaseEach) || opcode == uint8_t(Opcode::kPrefetch) ||
          opcode == uint8_t(Opcode::kGpuRetrieve) || opcode == uint8_t(Opcode::kGpuStore) ||
-         opcode == uint8_t(Opcode::kGpuSegmentRetrieve) || opcode == uint8_t(Opcode::kGpuBlendSelect);
+         opcode == uint8_t(Opcode::kGpuSegmentRetrieve) || opcode == uint8_t(Opcode::kGpuBlendSelect) ||
+         opcode == uint8_t(Opcode::kGpuPrefetch);
 }
 
 // LEASE serves the longest cached prefix of a chain; LEASE_EACH every key on its own;
-// GPU_RETRIEVE leases a prefix for kdnd's own copies, GPU_SEGMENT_RETRIEVE and GPU_BLEND_SELECT
-// every key on its own.
+// GPU_RETRIEVE and GPU_PREFETCH lease a prefix for kdnd's own copies, GPU_SEGMENT_RETRIEVE and
+// GPU_BLEND_SELECT every key on its own.
 bool is_lease(uint8_t opcode) {
   return opcode == uint8_t(Opcode::kLease) || opcode == uint8_t(Opcode::kLeaseEach) ||
          opcode == uint8_t(Opcode::kGpuRetrieve) || opcode == uint8_t(Opcode::kGpuSegmentRetrieve) ||
-         opcode == uint8_t(Opcode::kGpuBlendSelect);
+         opcode == uint8_t(Opcode::kGpuBlendSelect) || opcode == uint8_t(Opcode::kGpuPrefetch);
 }
 
 // The GPU requests that read segment chunk records (arg1) and lease every key on its own.
@@ -161,6 +162,7 @@ Step RequestHandler::dispatch(Op& op, uint64_t deadline_ns) {
     case Opcode::kGpuSegmentRetrieve: return lease(op, deadline_ns);
     case Opcode::kGpuBlendSelect: return gpu_blend(op, deadline_ns);
     case Opcode::kGpuCheck: return gpu_check(op);
+    case Opcode::kGpuPrefetch: return lease(op, deadline_ns);
   }
   return finish(op, Status(Code::kUnsupported, "unknown opcode"));
 }
@@ -576,11 +578,13 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
   TieredStore& store = *s.ns->store;
   const bool segment = is_segment(op.sqe.opcode);
   const bool each = op.sqe.opcode == uint8_t(Opcode::kLeaseEach) || segment;
-  const bool gpu = op.sqe.opcode == uint8_t(Opcode::kGpuRetrieve) || segment;  // leases kept by kdnd itself
+  const bool prefetch = op.sqe.opcode == uint8_t(Opcode::kGpuPrefetch);
+  const bool gpu = op.sqe.opcode == uint8_t(Opcode::kGpuRetrieve) || prefetch || segment;  // leases kept by kdnd
   const uint32_t wanted =
-      each  ? op.shape.in_records
-      : gpu ? ipc::GpuRetrieveOp::wanted(ipc::GpuRetrieveOp::args(op.sqe), op.shape.in_records)
-            : ipc::LeaseOp::wanted(ipc::LeaseOp::args(op.sqe), op.shape.in_records);
+      each       ? op.shape.in_records
+      : prefetch ? ipc::GpuPrefetchOp::wanted(ipc::GpuPrefetchOp::args(op.sqe), op.shape.in_records)
+      : gpu      ? ipc::GpuRetrieveOp::wanted(ipc::GpuRetrieveOp::args(op.sqe), op.shape.in_records)
+                 : ipc::LeaseOp::wanted(ipc::LeaseOp::args(op.sqe), op.shape.in_records);
   if (gpu && !op.gpu) {
     Status prepared = gpu_prepare(op);
     if (!prepared.ok()) return finish(op, prepared);
@@ -713,6 +717,7 @@ Step RequestHandler::lease(Op& op, uint64_t deadline_ns) {
             });
   if (!touched) return Step::kMore;
   if (gpu) {
+    if (prefetch) return gpu_queue_prefetch(op);  // not a read: the retrieve that follows counts
     store.note_read(segment ? ReadOp::kLeaseEach : ReadOp::kLease, op.served_from, wanted - op.taken.size());
     if (op.sqe.opcode == uint8_t(Opcode::kGpuBlendSelect)) return gpu_queue_blend(op);
     return segment ? gpu_queue_segment(op) : gpu_queue_retrieve(op);
@@ -1094,6 +1099,15 @@ Status RequestHandler::gpu_prepare(Op& op) {
   const bool store = op.sqe.opcode == uint8_t(Opcode::kGpuStore);
   const bool blend = op.sqe.opcode == uint8_t(Opcode::kGpuBlendSelect);
   const bool segment = is_segment(op.sqe.opcode);
+  if (op.sqe.opcode == uint8_t(Opcode::kGpuPrefetch)) {  // no layout: nothing reaches the engine
+    const ipc::GpuRegistrationRef ref = ipc::GpuPrefetchOp::args(op.sqe).reg;
+    KDN_RETURN_IF_ERROR(gpu_->find(s, ref).status());
+    auto req = std::make_shared<gpu::GpuRequest>();
+    req->store = s.ns->store.get();
+    req->ref = ref;
+    op.gpu = std::move(req);
+    return OkStatus();
+  }
   // GPU_BLEND_SELECT's registration, records and layout travel as GPU_SEGMENT_RETRIEVE's do.
   const ipc::GpuRegistrationRef ref = store     ? ipc::GpuStoreOp::args(op.sqe).reg
                                       : segment ? ipc::GpuSegmentRetrieveOp::args(op.sqe).reg
@@ -1254,6 +1268,29 @@ Step RequestHandler::gpu_queue_retrieve(Op& op) {
   auto from_t0 = gpu_->retrieve(*s.ns, **reg, g.layout, kernels::chunk_geometry_of(*op.model), chunks);
   if (!from_t0.ok()) return finish(op, from_t0.status());
   ipc::GpuRetrieveOp::put({n, *from_t0, gpu_->last_ticket()}, op.cqe);
+  return finish(op, OkStatus());
+}
+
+// GPU_PREFETCH after its leases: the prefix's chunks are copied into T0 (the leases go with the
+// batch, or at once when nothing needed copying).
+Step RequestHandler::gpu_queue_prefetch(Op& op) {
+  Session& s = *op.session;
+  gpu::GpuRequest& g = *op.gpu;
+  const uint32_t n = uint32_t(g.leased.size());
+  if (n == 0) {
+    ipc::GpuPrefetchOp::put({0, 0, 0}, op.cqe);
+    return finish(op, OkStatus());
+  }
+  auto reg = gpu_->find(s, g.ref);  // it may have been unregistered while promotions ran
+  if (!reg.ok()) {
+    rollback(op);
+    return finish(op, reg.status());
+  }
+  std::vector<Entry*> chunks;
+  chunks.swap(g.leased);  // the service takes the leases over, whatever comes of it
+  auto done = gpu_->prefetch(*s.ns, **reg, kernels::chunk_geometry_of(*op.model), chunks);
+  if (!done.ok()) return finish(op, done.status());
+  ipc::GpuPrefetchOp::put({n, done->queued, done->resident}, op.cqe);
   return finish(op, OkStatus());
 }
 

@@ -188,6 +188,7 @@ class RequestHandler {
   Step gpu_blend(Op& op, uint64_t deadline_ns);
   Step gpu_queue_blend(Op& op);
   Step gpu_check(Op& op);
+  Step gpu_queue_prefetch(Op& op);
   Step gpu_collect(Op& op, uint64_t deadline_ns);
   Step gpu_commit(Op& op, uint64_t deadline_ns);
 

@@ -668,7 +668,7 @@ TEST_F(HandlerTest, GpuRequestsWithoutAGpuTierAreUnsupportedAndTakeNothing) {
   store(*s, m, 0, 4, chunk);
   for (gpu::GpuService* g : {static_cast<gpu::GpuService*>(nullptr), svc->get()}) {
     handler_->set_gpu(g);
-    for (Opcode code : {Opcode::kGpuRetrieve, Opcode::kGpuStore}) {
+    for (Opcode code : {Opcode::kGpuRetrieve, Opcode::kGpuStore, Opcode::kGpuPrefetch}) {
       Op op = keyed(*s, code, m, 0, 4);
       op.sqe.arg[0] = ipc::GpuRegistrationRef{1, 1}.word();
       op.sqe.arg[2] = ipc::GpuLayoutRef{4 * kMiB, 96}.word();

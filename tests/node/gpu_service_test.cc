@@ -582,5 +582,72 @@ TEST(GpuEngine, ACheckReportsACopyThatFailedAfterTheAnswer) {
   EXPECT_EQ(kdn_ping(k.c), KDN_OK);
 }
 
+// GPU_PREFETCH: chunks stored from the host are brought into T0 ahead of their retrieve; LOOKUP
+// then reports them in tier 0, a second prefetch finds them there, and the retrieve that follows
+// writes what the CPU scatter of the stored chunks writes. Without T0 the call is refused.
+TEST(GpuEngine, PrefetchBringsAPrefixIntoT0) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  KdndProcess d({"--log-level", "info", "--set", "tier.gpu.enable=on", "--set", "tier.gpu.bytes=64M", "--set",
+                 "tier.gpu.staging_bytes=8M"});
+  Conn k(d, tiny_model(kT));
+  ASSERT_TRUE(k.ok()) << d.log();
+  Cache cache;
+  ASSERT_TRUE(cache.init());
+  for (size_t i = 0; i < cache.host.size(); ++i) cache.host[i] = uint16_t(0x3000 + (i * 3 + 2) % 0x0A00);
+  const std::vector<int32_t> toks = doc_tokens(51, kChunks * kT);
+  const kdn_engine_layout host_src = cache.layout(false, nullptr);
+  uint32_t stored = 0;
+  ASSERT_EQ(kdn_store_from(k.c, k.m, toks.data(), toks.size(), 0, kChunks, &host_src, &stored), KDN_OK);
+  ASSERT_EQ(stored, kChunks);
+  kdn_gpu_kv* kv = register_cache(k, cache);
+  ASSERT_NE(kv, nullptr) << d.log();
+
+  uint32_t cached = 0, queued = 0;
+  ASSERT_EQ(kdn_gpu_prefetch(k.c, k.m, toks.data(), toks.size(), kv, &cached, &queued), KDN_OK) << d.log();
+  EXPECT_EQ(cached, kChunks);
+  EXPECT_EQ(queued, kChunks);
+  kdn_lookup_result look{};
+  for (int i = 0; i < 200; ++i) {  // the copies land in the background
+    ASSERT_EQ(kdn_lookup(k.c, k.m, toks.data(), toks.size(), &look), KDN_OK);
+    if (look.tier_chunks[0] == kChunks) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(look.tier_chunks[0], kChunks) << "every chunk in T0";
+  ASSERT_EQ(kdn_gpu_prefetch(k.c, k.m, toks.data(), toks.size(), kv, &cached, &queued), KDN_OK);
+  EXPECT_EQ(cached, kChunks);
+  EXPECT_EQ(queued, 0u) << "already there";
+
+  // The retrieve reads T0: the blocks hold what the CPU scatter of the stored chunks writes.
+  std::vector<int64_t> slots(kChunks * kT);
+  for (size_t t = 0; t < slots.size(); ++t) slots[t] = 128 + int64_t(t);
+  std::vector<uint16_t> want = cache.host;  // the source rows stay; slots 128.. are overwritten
+  std::vector<void*> want_bases;
+  for (uint32_t l = 0; l < kLayers; ++l) want_bases.push_back(want.data() + l * kLayerElems);
+  kdn_engine_layout host_dst = cache.layout(false, slots.data());
+  host_dst.layer_base = want_bases.data();
+  uint32_t loaded = 0;
+  ASSERT_EQ(kdn_retrieve_to(k.c, k.m, toks.data(), toks.size(), 0, &host_dst, &loaded), KDN_OK);
+  ASSERT_EQ(loaded, kChunks);
+  ASSERT_TRUE(cache.upload());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const kdn_engine_layout dst = cache.layout(true, slots.data());
+  ASSERT_EQ(kdn_gpu_retrieve(k.c, k.m, toks.data(), toks.size(), 0, kv, &dst, &loaded), KDN_OK) << d.log();
+  EXPECT_EQ(loaded, kChunks);
+  EXPECT_EQ(kdn_gpu_check(k.c, kv), KDN_OK);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cache.download(), want);
+  EXPECT_EQ(kdn_gpu_unregister(k.c, kv), KDN_OK);
+
+  KdndProcess no_t0({"--log-level", "info", "--set", "tier.gpu.enable=on"});
+  Conn k2(no_t0, tiny_model(kT));
+  ASSERT_TRUE(k2.ok());
+  ASSERT_EQ(kdn_store_from(k2.c, k2.m, toks.data(), toks.size(), 0, kChunks, &host_src, &stored), KDN_OK);
+  kdn_gpu_kv* kv2 = register_cache(k2, cache);
+  ASSERT_NE(kv2, nullptr) << no_t0.log();
+  EXPECT_EQ(kdn_gpu_prefetch(k2.c, k2.m, toks.data(), toks.size(), kv2, &cached, &queued), KDN_ERR_UNSUPPORTED);
+  EXPECT_EQ(kdn_gpu_unregister(k2.c, kv2), KDN_OK);
+}
+
 }  // namespace
 }  // namespace kdn::testing

@@ -196,6 +196,13 @@ TEST(GpuApi, BlendSelectArgumentsAreCaughtInLibkdn) {
   EXPECT_EQ(call(k.c, &seg, &target, &l, 0, KDN_BLEND_PLANE_K, 0.15, sel, 40, nullptr), KDN_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(kdn_abi_minor(), 4u);
   EXPECT_EQ(kdn_gpu_check(k.c, nullptr), KDN_ERR_INVALID_ARGUMENT);
+  uint32_t cached = 9, queued = 9;
+  EXPECT_EQ(kdn_gpu_prefetch(k.c, k.m, one.toks.data(), one.toks.size(), nullptr, &cached, &queued),
+            KDN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(cached, 0u);
+  EXPECT_EQ(queued, 0u);
+  EXPECT_EQ(kdn_gpu_prefetch(nullptr, k.m, one.toks.data(), one.toks.size(), nullptr, &cached, &queued),
+            KDN_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(kdn_gpu_check(nullptr, nullptr), KDN_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(kdn_ping(k.c), KDN_OK);
 }

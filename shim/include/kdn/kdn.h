@@ -52,7 +52,7 @@ extern "C" {
 /* Version of this header's ABI. kdn_abi_version() returns the library's. */
 #define KDN_ABI_VERSION 2u
 /* Calls added within ABI 2, by the minor that brought them: 1 kdn_prefetch; 2 the segment calls
- * (kdn_context_key, kdn_segment_*); 3 the GPU calls (kdn_gpu_*); 4 kdn_gpu_blend_select and kdn_gpu_check.
+ * (kdn_context_key, kdn_segment_*); 3 the GPU calls (kdn_gpu_*); 4 kdn_gpu_blend_select, kdn_gpu_check and kdn_gpu_prefetch.
  * kdn_abi_minor() returns the library's. A call that needs a newer kdnd than the one connected
  * returns KDN_ERR_UNSUPPORTED. */
 #define KDN_ABI_MINOR 4u
@@ -500,6 +500,16 @@ KDN_API int kdn_gpu_segment_retrieve(kdn_client* client, const kdn_model* model,
  * KDN_ERR_INVALID_ARGUMENT for a layer past the model, an unknown plane, a ratio outside [0, 1]
  * or what kdn_gpu_segment_retrieve refuses. Added in ABI minor 4 (protocol minor 5:
  * GPU_BLEND_SELECT). */
+/* Brings the longest cached prefix of `tokens` into T0 of the registration's device ahead of its
+ * kdn_gpu_retrieve (promoting chunks from disk or the shared tier into host memory first, as a
+ * retrieve does), so the retrieve then reads it device to device; nothing is written into the
+ * engine's blocks. Returns once kdnd has queued the copies (with tier.gpu.codec: the encodings).
+ * *cached_chunks (may be NULL) receives the prefix length found, *queued_chunks (may be NULL) how
+ * many of those were not in T0 yet and are on their way. KDN_ERR_UNSUPPORTED when the device has
+ * no T0 (tier.gpu.bytes = 0) or kdnd is older than protocol minor 5. Added in ABI minor 4. */
+KDN_API int kdn_gpu_prefetch(kdn_client* client, const kdn_model* model, const int32_t* tokens,
+                             size_t n_tokens, kdn_gpu_kv* kv, uint32_t* cached_chunks, uint32_t* queued_chunks);
+
 /* Whether the copies of every kdn_gpu_retrieve and kdn_gpu_segment_retrieve of `kv` since the
  * last kdn_gpu_check landed whole. Those calls return once kdnd has queued the copies, and a copy
  * can still fail on the device after that (a broken device or context): the done event fires all

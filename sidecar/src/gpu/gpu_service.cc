@@ -663,6 +663,71 @@ Result<uint32_t> GpuService::blend_select(Namespace& ns, Registration& reg, cons
   return from_t0;
 }
 
+Result<GpuService::Prefetched> GpuService::prefetch(Namespace& ns, Registration& reg,
+                                                    const kernels::ChunkGeometry& geo,
+                                                    std::span<Entry* const> chunks) {
+  auto unpin = [&](std::span<Entry* const> some) {
+    for (Entry* e : some) ns.store->unpin(e);
+  };
+  Device& d = *devices_[size_t(reg.device)];
+  if (!enabled_ || !d.t0_index) {
+    unpin(chunks);
+    return Status(Code::kUnsupported, enabled_ ? "no T0 on this device (tier.gpu.bytes = 0)" : off_status_.c_str());
+  }
+  Prefetched out;
+  const uint64_t bytes = kernels::chunk_bytes(geo);
+  if (codec_id_ != 0) {  // blobs enter T0 once encoded; the encoder pins its own host copy
+    for (Entry* e : chunks) {
+      const T0Key key{ns.region_id, e->key, e->generation};
+      if (d.t0_index->contains(key) || d.blobs->encoding(key)) {
+        ++out.resident;
+        continue;
+      }
+      encode_for_t0(ns, reg.device, geo, e);
+      ++out.queued;
+    }
+    unpin(chunks);
+    return out;
+  }
+  auto batch = new_batch(ns, reg, chunks);
+  Status failed;
+  size_t i = 0;
+  for (; i < chunks.size() && failed.ok(); ++i) {
+    Entry* e = chunks[i];
+    const T0Key key{ns.region_id, e->key, e->generation};
+    if (d.t0_index->contains(key)) {
+      ++out.resident;
+      continue;
+    }
+    const std::optional<uint64_t> off = bytes <= d.t0.bytes ? d.t0_index->insert(key, bytes) : std::nullopt;
+    if (!off) break;  // every slot pinned: the rest stays in T1
+    d.t0_index->pin(key);
+    batch->t0_pins.emplace_back(reg.device, key);
+    batch->t0_fresh.emplace_back(reg.device, key);
+    const std::byte* host = ns.host->address(e->placement[tier_index(TierId::kHost)]);
+    failed = copy_sliced(static_cast<std::byte*>(d.t0.base) + *off, host, bytes, d.stream);
+    counters_.h2d_bytes += bytes;
+    ++out.queued;
+  }
+  if (out.queued == 0) {  // nothing to copy: no batch, the pins go now
+    batch->leased.clear();
+    unpin(chunks);
+    return out;
+  }
+  if (failed.ok()) failed = notify_after(d.stream, cq_.get(), batch->token);
+  if (!failed.ok()) {
+    finish_queued(d, batch->token, failed);  // lands failed: its fresh slots are dropped
+    start_batch(std::move(batch));
+    spdlog::error("GPU tier: queueing a prefetch into T0 failed: {} ({})", failed.what(), last_error());
+    return Status(Code::kInternal, "queueing GPU copies failed (see kdnd's log)");
+  }
+  T0Counters& c = d.t0_index->counters();
+  c.promoted += out.queued;
+  c.promoted_bytes += out.queued * bytes;
+  start_batch(std::move(batch));
+  return out;
+}
+
 Result<std::vector<int32_t>> GpuService::take_blend(uint64_t op_token) {
   auto it = blend_answers_.find(op_token);
   if (it == blend_answers_.end()) return Status(Code::kNotFound, "no blend selection landed for this request");

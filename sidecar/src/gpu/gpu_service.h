@@ -128,6 +128,16 @@ class GpuService {
   // The answer of the GPU_BLEND_SELECT woken with `op_token` (once; kNotFound after).
   Result<std::vector<int32_t>> take_blend(uint64_t op_token);
 
+  // GPU_PREFETCH: queues a copy into a fresh T0 slot of the registration's device for each of
+  // `chunks` (host-resident, leased by the caller) without a T0 copy there (with a T0 codec,
+  // their encoding); stops at a T0 full of pinned slots. Takes the pins over in every case.
+  // kUnsupported without T0 on that device.
+  struct Prefetched {
+    uint32_t queued = 0, resident = 0;
+  };
+  Result<Prefetched> prefetch(Namespace& ns, Registration& reg, const kernels::ChunkGeometry& geo,
+                              std::span<Entry* const> chunks);
+
   // GPU_CHECK: the ticket of the batch the last retrieve queued (0 before any).
   uint64_t last_ticket() const noexcept { return next_token_ - 1; }
   // What became of registration `reg`'s batches with tickets in [first, last]: kOk (all landed

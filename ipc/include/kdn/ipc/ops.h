@@ -732,6 +732,49 @@ struct GpuCheckOp {
   static kdn::Result<Result> result(const Cqe&) noexcept { return Result{}; }
 };
 
+// ---- GPU_PREFETCH (minor 5): keys in; the cached prefix is brought into T0 -----------------------
+// Like GPU_RETRIEVE (the prefix leased by kdnd, promoted from T2/T3 into the host tier first) but
+// nothing is copied into the engine: each chunk without a T0 copy on the registration's device
+// is copied into a fresh T0 slot (with tier.gpu.codec: encoded on kdnd's workers and then
+// copied), so a later retrieve reads it device to device. Completes once the copies are queued.
+struct GpuPrefetchOp {
+  static constexpr Opcode kOpcode = Opcode::kGpuPrefetch;
+  static constexpr const char* kName = "GPU_PREFETCH";
+  static constexpr OpShape kShape{sizeof(kdn_key)};
+  using InRecord = kdn_key;
+  struct Args {
+    uint32_t model_id = 0;
+    GpuRegistrationRef reg;
+    uint32_t max_chunks = 0;  // 0 = as many as keys
+  };
+  struct Result {
+    uint32_t cached = 0;    // leading chunks found (the prefix)
+    uint32_t queued = 0;    // of those, copies (or encodes) into T0 queued
+    uint32_t resident = 0;  // of those, already in T0 (or being filled)
+  };
+  static void put(const Args& a, Sqe& q) noexcept {
+    q.model_id = a.model_id;
+    q.arg[0] = a.reg.word();
+    q.arg[1] = a.max_chunks;
+  }
+  static Args args(const Sqe& q) noexcept {
+    return {q.model_id, GpuRegistrationRef::of(q.arg[0]), q.arg[1] > UINT32_MAX ? UINT32_MAX : uint32_t(q.arg[1])};
+  }
+  static uint32_t wanted(const Args& a, uint32_t keys) noexcept {
+    return a.max_chunks != 0 && a.max_chunks < keys ? a.max_chunks : keys;
+  }
+  static void put(const Result& r, Cqe& c) noexcept {
+    c.res[0] = r.cached;
+    c.res[1] = r.queued;
+    c.res[2] = r.resident;
+  }
+  static kdn::Result<Result> result(const Cqe& c, uint32_t wanted) noexcept {
+    if (c.res[0] > wanted || c.res[1] + c.res[2] > c.res[0])
+      return Status(Code::kProtocol, "GPU_PREFETCH answered impossible counts");
+    return Result{uint32_t(c.res[0]), uint32_t(c.res[1]), uint32_t(c.res[2])};
+  }
+};
+
 // ---- GPU_INFO (minor 4): one GpuDeviceRecord per device out -------------------------------------
 // Answered by every minor-4 kdnd: with the GPU tier off, `enabled` is 0 and no record is written.
 struct GpuInfoOp {

@@ -46,7 +46,7 @@ constexpr uint16_t kProtocolMajor = KDN_PROTOCOL_VERSION;
 // position and head (arg0..arg2). Minor 4: the GPU tier — GPU_REGISTER (21), GPU_UNREGISTER
 // (22), GPU_RETRIEVE (23), GPU_STORE (24), GPU_INFO (25) and their records (docs/gpu.md).
 // Minor 5: GPU_BLEND_SELECT (14), the blend's selection run by kdnd on the device; GPU_CHECK (27)
-// and the tickets GPU_RETRIEVE and GPU_SEGMENT_RETRIEVE answer in res2.
+// and the tickets GPU_RETRIEVE and GPU_SEGMENT_RETRIEVE answer in res2; GPU_PREFETCH (28).
 constexpr uint16_t kProtocolMinor = 5;
 
 // ---- limits ------------------------------------------------------------------------------
@@ -246,10 +246,11 @@ enum class Opcode : uint8_t {
   kGpuInfo = 25,        // minor 4
   kGpuSegmentRetrieve = 26,  // minor 4: segment chunks re-positioned on the device
   kGpuCheck = 27,            // minor 5: did the copies behind a retrieve's tickets land whole?
+  kGpuPrefetch = 28,         // minor 5: a cached prefix brought into T0 ahead of its retrieve
 };
 // Opcodes are numbered per feature; a number without an op is answered with
 // KDN_ERR_UNSUPPORTED like any unknown one.
-constexpr uint8_t kMaxOpcode = 27;
+constexpr uint8_t kMaxOpcode = 28;
 
 // SQE flags: none defined in 2.0; nonzero bits are a protocol error.
 constexpr uint8_t kSqeKnownFlags = 0;
