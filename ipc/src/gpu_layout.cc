@@ -50,4 +50,33 @@ Result<std::vector<std::byte>> encode_gpu_layout(const kdn_engine_layout& abi, u
   }
 }
 
+Result<GpuLayout> decode_gpu_layout(std::span<const std::byte> bytes) noexcept {
+  auto invalid = [](const char* what) { return Status(Code::kInvalidArgument, what); };
+  if (bytes.size() < sizeof(GpuLayoutRecord)) return invalid("GPU layout: shorter than its record");
+  try {
+    GpuLayout l;
+    std::memcpy(&l.record, bytes.data(), sizeof l.record);
+    const GpuLayoutRecord& r = l.record;
+    if (r.flags & ~kGpuLayoutSplitV) return invalid("GPU layout: unknown flags");
+    if (r.layers == 0 || r.layers > 4096) return invalid("GPU layout: layers out of range");
+    const bool split = r.flags & kGpuLayoutSplitV;
+    if (gpu_layout_wire_bytes(r.layers, split, r.tokens) != bytes.size())
+      return invalid("GPU layout: length does not match layers and tokens");
+    const std::byte* p = bytes.data() + sizeof r;
+    l.k_bases.resize(r.layers);
+    std::memcpy(l.k_bases.data(), p, r.layers * 8ull);
+    p += r.layers * 8ull;
+    if (split) {
+      l.v_bases.resize(r.layers);
+      std::memcpy(l.v_bases.data(), p, r.layers * 8ull);
+      p += r.layers * 8ull;
+    }
+    l.slots.resize(r.tokens);
+    std::memcpy(l.slots.data(), p, r.tokens * 8ull);
+    return l;
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "GPU layout: out of memory");
+  }
+}
+
 }  // namespace kdn::ipc

@@ -1121,7 +1121,7 @@ Status RequestHandler::gpu_prepare(Op& op) {
   if (lay.len > ipc::kGpuMaxLayoutBytes) return Status(Code::kInvalidArgument, "GPU layout larger than 16 MiB");
   std::vector<std::byte> bytes(lay.len);
   KDN_RETURN_IF_ERROR(s.shm.payload().copy_in(lay.off, std::span(bytes)));  // the one read of it
-  auto layout = gpu::parse_layout(bytes);
+  auto layout = ipc::decode_gpu_layout(bytes);
   if (!layout.ok()) return layout.status();
   auto checked = gpu::check_and_translate(*layout, kernels::chunk_geometry_of(*op.model), op.shape.in_records,
                                           gpu::GpuService::range_of(**reg));

@@ -46,38 +46,6 @@ bool inside(uint64_t base, i128 lo, i128 hi, uint32_t es, const RegisteredRange&
 
 }  // namespace
 
-uint64_t layout_wire_bytes(uint32_t layers, bool split_v, uint64_t tokens) noexcept {
-  return ipc::gpu_layout_wire_bytes(layers, split_v, tokens);
-}
-
-Result<GpuLayout> parse_layout(std::span<const std::byte> bytes) noexcept {
-  if (bytes.size() < sizeof(ipc::GpuLayoutRecord)) return invalid("GPU layout: shorter than its record");
-  try {
-    GpuLayout l;
-    std::memcpy(&l.record, bytes.data(), sizeof l.record);
-    const ipc::GpuLayoutRecord& r = l.record;
-    if (r.flags & ~ipc::kGpuLayoutSplitV) return invalid("GPU layout: unknown flags");
-    if (r.layers == 0 || r.layers > 4096) return invalid("GPU layout: layers out of range");
-    const bool split = r.flags & ipc::kGpuLayoutSplitV;
-    if (layout_wire_bytes(r.layers, split, r.tokens) != bytes.size())
-      return invalid("GPU layout: length does not match layers and tokens");
-    const std::byte* p = bytes.data() + sizeof r;
-    l.k_bases.resize(r.layers);
-    std::memcpy(l.k_bases.data(), p, r.layers * 8ull);
-    p += r.layers * 8ull;
-    if (split) {
-      l.v_bases.resize(r.layers);
-      std::memcpy(l.v_bases.data(), p, r.layers * 8ull);
-      p += r.layers * 8ull;
-    }
-    l.slots.resize(r.tokens);
-    std::memcpy(l.slots.data(), p, r.tokens * 8ull);
-    return l;
-  } catch (const std::bad_alloc&) {
-    return Status(Code::kNoMemory, "GPU layout: out of memory");
-  }
-}
-
 Result<CheckedLayout> check_and_translate(const GpuLayout& layout, const kernels::ChunkGeometry& geo,
                                           uint32_t chunks, const RegisteredRange& range) noexcept {
   const ipc::GpuLayoutRecord& r = layout.record;

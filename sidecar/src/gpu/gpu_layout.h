@@ -1,8 +1,8 @@
 // GpuLayout: a GPU request's engine layout, read from the wire and checked against the
 // registration it names before kdnd touches a byte of engine memory.
 //
-// A hostile client chooses every number here. parse_layout() copies the record and its arrays
-// out of the client's bytes once; check_and_translate() computes, for every plane and layer,
+// A hostile client chooses every number here. ipc::decode_gpu_layout() copies the record and
+// its arrays out of the client's bytes once; check_and_translate() computes, for every plane and layer,
 // the lowest and highest byte any token of the request can reach (all slots of the mapping,
 // every head and channel, in 128-bit arithmetic) and refuses the layout (kInvalidArgument naming
 // the field) unless that range lies inside [engine_base, engine_base + bytes). Only then are the
@@ -23,18 +23,7 @@
 
 namespace kdn::sidecar::gpu {
 
-struct GpuLayout {
-  ipc::GpuLayoutRecord record{};
-  std::vector<uint64_t> k_bases;  // engine addresses (K, or K|V when not split)
-  std::vector<uint64_t> v_bases;  // split V only
-  std::vector<int64_t> slots;     // record.tokens entries
-};
-
-// Reads a layout from `bytes` (the client's, already copied into kdnd's memory). Checks sizes
-// only; kInvalidArgument on a malformed blob.
-Result<GpuLayout> parse_layout(std::span<const std::byte> bytes) noexcept;
-// Bytes a layout of `layers` layers, split V or not, and `tokens` slots takes on the wire.
-uint64_t layout_wire_bytes(uint32_t layers, bool split_v, uint64_t tokens) noexcept;
+using ipc::GpuLayout;
 
 // The registered range, in the engine's addresses, and where kdnd maps it.
 struct RegisteredRange {
@@ -58,7 +47,8 @@ struct CheckedLayout {
 Result<CheckedLayout> check_and_translate(const GpuLayout& layout, const kernels::ChunkGeometry& geo,
                                           uint32_t chunks, const RegisteredRange& range) noexcept;
 
-// The client's side, for tests: libkdn's encoder.
+// Both directions of the wire form, for tests: libkdn's encoder and kdnd's decoder.
+using ipc::decode_gpu_layout;
 using ipc::encode_gpu_layout;
 
 }  // namespace kdn::sidecar::gpu

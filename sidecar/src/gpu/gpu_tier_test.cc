@@ -53,7 +53,7 @@ Result<CheckedLayout> check(const kdn_engine_layout& abi, std::vector<int64_t> s
                             const RegisteredRange& range, uint32_t layers = 2) {
   auto wire = encode_gpu_layout(abi, layers, slots);
   if (!wire.ok()) return wire.status();
-  auto parsed = parse_layout(*wire);
+  auto parsed = decode_gpu_layout(*wire);
   if (!parsed.ok()) return parsed.status();
   return check_and_translate(*parsed, geo(), chunks, range);
 }
@@ -130,17 +130,17 @@ TEST(GpuLayout, MalformedBlobsAreRefused) {
   std::vector<int64_t> slots = {0, 1, 2, 3};
   auto wire = encode_gpu_layout(c.abi, 2, slots);
   ASSERT_TRUE(wire.ok());
-  EXPECT_TRUE(parse_layout(*wire).ok());
+  EXPECT_TRUE(decode_gpu_layout(*wire).ok());
   for (size_t cut : {size_t(0), size_t(10), sizeof(ipc::GpuLayoutRecord), wire->size() - 1}) {
-    EXPECT_FALSE(parse_layout(std::span(wire->data(), cut)).ok()) << cut;
+    EXPECT_FALSE(decode_gpu_layout(std::span(wire->data(), cut)).ok()) << cut;
   }
   auto bad = *wire;
   bad[4] = std::byte{0x80};  // unknown flag
-  EXPECT_FALSE(parse_layout(bad).ok());
+  EXPECT_FALSE(decode_gpu_layout(bad).ok());
   bad = *wire;
   const uint32_t huge = 0xFFFFFFFFu;
   std::memcpy(bad.data() + 12, &huge, 4);  // tokens: the length no longer matches
-  EXPECT_FALSE(parse_layout(bad).ok());
+  EXPECT_FALSE(decode_gpu_layout(bad).ok());
 }
 
 // Whatever a client sends, a layout that passes reaches only bytes inside the registration:
