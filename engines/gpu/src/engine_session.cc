@@ -227,6 +227,11 @@ EngineStatus EngineSession::verify(uint64_t seed, const std::vector<int32_t>& ow
   *host_counter_ = ~0ull;
   KDN_CUDA_TRY(cudaMemcpyAsync(host_counter_, counter_, sizeof(*counter_), cudaMemcpyDeviceToHost, s));
   if (auto st = wait(); !st.ok()) return st;
+  // kdnd answered the retrieves once their copies were queued: whether they landed whole is
+  // asked now (nothing is sent when nothing was retrieved since the last check).
+  if (gpu_kv_) {
+    if (auto st = EngineStatus::from_kdn(kdn_gpu_check(client_, gpu_kv_), "kdn_gpu_check"); !st.ok()) return st;
+  }
   *mismatches = *host_counter_;
   return {};
 }

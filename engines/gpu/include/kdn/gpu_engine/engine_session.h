@@ -8,7 +8,8 @@
 //   store():    records the engine event after the fill, then kdn_gpu_store.
 //   retrieve(): waits for the session's stream (kdnd's copies must land after our own writes),
 //               kdn_gpu_retrieve, then cudaStreamWaitEvent(done event) on the stream.
-//   verify():   the verify kernel after the retrieve, bounded wait, the mismatch count.
+//   verify():   the verify kernel after the retrieve, bounded wait, kdn_gpu_check (kdnd says
+//               whether its copies landed whole), the mismatch count.
 //
 // Every wait on the device is bounded (wait_ms): a stream that does not drain in time is
 // KDN_ERR_TIMEOUT, never a hang.
