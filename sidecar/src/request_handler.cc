@@ -1167,9 +1167,10 @@ Status RequestHandler::gpu_segment_work(Op& op, gpu::SegmentWork& w) {
     w.chunks.push_back(g.leased[j]);
     w.recs.push_back(g.segment_chunks[g.position[j]]);
   }
+  std::vector<Entry*> keep = w.chunks;  // (may throw: nothing given back yet)
   for (size_t j = 0; j < g.leased.size(); ++j)  // past a miss of its segment: not used
     if (!w.copied[g.position[j]]) s.ns->store->unpin(g.leased[j]);
-  g.leased = w.chunks;  // what the request still holds until a batch takes it over
+  g.leased.swap(keep);  // what the request still holds until a batch takes it over
   g.position.clear();
   auto reg = gpu_->find(s, g.ref);
   if (!reg.ok()) return reg.status();
