@@ -669,10 +669,14 @@ Result<GpuService::Prefetched> GpuService::prefetch(Namespace& ns, Registration&
   auto unpin = [&](std::span<Entry* const> some) {
     for (Entry* e : some) ns.store->unpin(e);
   };
-  Device& d = *devices_[size_t(reg.device)];
-  if (!enabled_ || !d.t0_index) {
+  if (!enabled_) {
     unpin(chunks);
-    return Status(Code::kUnsupported, enabled_ ? "no T0 on this device (tier.gpu.bytes = 0)" : off_status_.c_str());
+    return Status(Code::kUnsupported, off_status_.c_str());
+  }
+  Device& d = *devices_[size_t(reg.device)];
+  if (!d.t0_index) {
+    unpin(chunks);
+    return Status(Code::kUnsupported, "no T0 on this device (tier.gpu.bytes = 0)");
   }
   Prefetched out;
   const uint64_t bytes = kernels::chunk_bytes(geo);
