@@ -1251,22 +1251,29 @@ Step RequestHandler::gpu_queue_blend(Op& op) {
   return Step::kWait;
 }
 
+// The prefix a GPU_RETRIEVE or GPU_PREFETCH leased moves to `chunks` (the batch takes the leases
+// over, whatever comes of it) once its registration is found again: it may have been unregistered
+// while promotions ran, and then the leases are given back.
+Result<gpu::Registration*> RequestHandler::gpu_take_prefix(Op& op, std::vector<Entry*>& chunks) {
+  auto reg = gpu_->find(*op.session, op.gpu->ref);
+  if (!reg.ok()) {
+    rollback(op);
+    return reg.status();
+  }
+  chunks.swap(op.gpu->leased);
+  return reg;
+}
+
 Step RequestHandler::gpu_queue_retrieve(Op& op) {
-  Session& s = *op.session;
-  gpu::GpuRequest& g = *op.gpu;
-  const uint32_t n = uint32_t(g.leased.size());
+  const uint32_t n = uint32_t(op.gpu->leased.size());
   if (n == 0) {
     ipc::GpuRetrieveOp::put({0, 0}, op.cqe);
     return finish(op, OkStatus());
   }
-  auto reg = gpu_->find(s, g.ref);  // it may have been unregistered while promotions ran
-  if (!reg.ok()) {
-    rollback(op);
-    return finish(op, reg.status());
-  }
   std::vector<Entry*> chunks;
-  chunks.swap(g.leased);  // the batch takes the leases over, whatever comes of it
-  auto from_t0 = gpu_->retrieve(*s.ns, **reg, g.layout, kernels::chunk_geometry_of(*op.model), chunks);
+  auto reg = gpu_take_prefix(op, chunks);
+  if (!reg.ok()) return finish(op, reg.status());
+  auto from_t0 = gpu_->retrieve(*op.session->ns, **reg, op.gpu->layout, kernels::chunk_geometry_of(*op.model), chunks);
   if (!from_t0.ok()) return finish(op, from_t0.status());
   ipc::GpuRetrieveOp::put({n, *from_t0, gpu_->last_ticket()}, op.cqe);
   return finish(op, OkStatus());
@@ -1275,21 +1282,15 @@ Step RequestHandler::gpu_queue_retrieve(Op& op) {
 // GPU_PREFETCH after its leases: the prefix's chunks are copied into T0 (the leases go with the
 // batch, or at once when nothing needed copying).
 Step RequestHandler::gpu_queue_prefetch(Op& op) {
-  Session& s = *op.session;
-  gpu::GpuRequest& g = *op.gpu;
-  const uint32_t n = uint32_t(g.leased.size());
+  const uint32_t n = uint32_t(op.gpu->leased.size());
   if (n == 0) {
     ipc::GpuPrefetchOp::put({0, 0, 0}, op.cqe);
     return finish(op, OkStatus());
   }
-  auto reg = gpu_->find(s, g.ref);  // it may have been unregistered while promotions ran
-  if (!reg.ok()) {
-    rollback(op);
-    return finish(op, reg.status());
-  }
   std::vector<Entry*> chunks;
-  chunks.swap(g.leased);  // the service takes the leases over, whatever comes of it
-  auto done = gpu_->prefetch(*s.ns, **reg, kernels::chunk_geometry_of(*op.model), chunks);
+  auto reg = gpu_take_prefix(op, chunks);
+  if (!reg.ok()) return finish(op, reg.status());
+  auto done = gpu_->prefetch(*op.session->ns, **reg, kernels::chunk_geometry_of(*op.model), chunks);
   if (!done.ok()) return finish(op, done.status());
   ipc::GpuPrefetchOp::put({n, done->queued, done->resident}, op.cqe);
   return finish(op, OkStatus());

@@ -34,6 +34,7 @@ namespace kdn::sidecar {
 namespace gpu {
 class GpuService;
 struct GpuRequest;
+struct Registration;
 struct SegmentWork;
 }  // namespace gpu
 
@@ -178,6 +179,7 @@ class RequestHandler {
   // queues the copies once the prefix is leased.
   Status gpu_prepare(Op& op);
   Step gpu_queue_retrieve(Op& op);
+  Result<gpu::Registration*> gpu_take_prefix(Op& op, std::vector<Entry*>& chunks);
   Status gpu_read_segment_chunks(Op& op, gpu::GpuRequest& req);
   // What a segment retrieve (or a blend selection) works on once leased; the other leases are
   // given back.
