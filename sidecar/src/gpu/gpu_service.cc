@@ -407,7 +407,7 @@ Status GpuService::scatter_chunk(const Device& d, const void* src, const kernels
   return kernels::rope_scatter(src, geo, v, t, ex);
 }
 
-Status GpuService::begin_retrieve(const Device& d, int device, uint64_t chunk_bytes) noexcept {
+Status GpuService::begin_copies(const Device& d, int device, uint64_t chunk_bytes) noexcept {
   if (chunk_bytes > d.bounce_bytes)
     return Status(Code::kLimit, "a chunk larger than half of tier.gpu.staging_bytes (the bounce buffer)");
   return set_device(device);  // the kernels launch on the current device
@@ -427,7 +427,7 @@ Result<uint32_t> GpuService::retrieve(Namespace& ns, Registration& reg, const Ch
   };
   Device& d = *devices_[size_t(reg.device)];
   const uint64_t bytes = kernels::chunk_bytes(geo);
-  if (Status st = begin_retrieve(d, reg.device, bytes); !st.ok()) {
+  if (Status st = begin_copies(d, reg.device, bytes); !st.ok()) {
     unpin_all();
     return st;
   }
@@ -522,9 +522,7 @@ Status GpuService::store(Namespace& ns, Registration& reg, const CheckedLayout& 
   if (!enabled_) return Status(Code::kUnsupported, off_status_.c_str());
   Device& d = *devices_[size_t(reg.device)];
   const uint64_t bytes = kernels::chunk_bytes(geo);
-  if (bytes > d.bounce_bytes)
-    return Status(Code::kLimit, "a chunk larger than half of tier.gpu.staging_bytes (the bounce buffer)");
-  KDN_RETURN_IF_ERROR(set_device(reg.device));  // the kernels launch on the current device
+  KDN_RETURN_IF_ERROR(begin_copies(d, reg.device, bytes));
   auto batch = new_batch(ns, reg, {});
   batch->op_token = op_token;
   auto view = stage_layout(d, layout);

@@ -215,9 +215,9 @@ class GpuService {
   // ---- T0 holding KVC1 blobs (tier.gpu.codec; gpu_service_codec.cc)
   using Encoders = WorkerPool<T0EncodeJob>;
   Status start_codec();
-  // A retrieve's checks before anything is queued: the chunk fits the bounce buffer, the device
-  // is current. The caller unpins its chunks on failure.
-  Status begin_retrieve(const Device& d, int device, uint64_t chunk_bytes) noexcept;
+  // A retrieve's or a store's checks before anything is queued: the chunk fits the bounce buffer,
+  // the device is current. A retrieve's caller unpins its chunks on failure.
+  Status begin_copies(const Device& d, int device, uint64_t chunk_bytes) noexcept;
   Result<uint32_t> retrieve_coded(Namespace& ns, Registration& reg, const CheckedLayout& layout,
                                   const kernels::ChunkGeometry& geo, std::span<Entry* const> chunks);
   // Queues the decode of T0 hits[from, from + n) into the bounce buffer and their scatters.

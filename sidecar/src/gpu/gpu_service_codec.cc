@@ -67,7 +67,7 @@ Result<uint32_t> GpuService::retrieve_coded(Namespace& ns, Registration& reg, co
   };
   Device& d = *devices_[size_t(reg.device)];
   const uint64_t bytes = kernels::chunk_bytes(geo);
-  if (Status st = begin_retrieve(d, reg.device, bytes); !st.ok()) {
+  if (Status st = begin_copies(d, reg.device, bytes); !st.ok()) {
     unpin_all();
     return st;
   }
