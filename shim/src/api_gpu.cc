@@ -395,11 +395,7 @@ KDN_API int kdn_gpu_segment_retrieve(kdn_client* client, const kdn_model* model,
     std::vector<kdn_key> keys;
     if (Status st = plan_keys(model->info, segs, n_segs, plans, keys); !st.ok()) return rc(st);
     bool moves = false;
-    for (size_t s = 0; s < n_segs; ++s) {  // the last token's position fits: no overflow below
-      if (target_pos[s] < 0 || target_pos[s] > KDN_MAX_POSITION - int64_t(segs[s].n_tokens))
-        return int(KDN_ERR_INVALID_ARGUMENT);
-      moves = moves || target_pos[s] != segs[s].base_pos;
-    }
+    if (Status st = check_targets(segs, n_segs, target_pos, &moves); !st.ok()) return rc(st);
     if (moves && model->info.desc.rope_style == KDN_ROPE_NONE) return int(KDN_ERR_UNSUPPORTED);  // as on the host
     Client& c = client_of(client);
     if (c.welcome().proto_minor < kGpuMinor) return int(KDN_ERR_UNSUPPORTED);
@@ -451,12 +447,8 @@ KDN_API int kdn_gpu_blend_select(kdn_client* client, const kdn_model* model, con
     std::vector<kdn_key> keys;
     if (Status st = plan_keys(model->info, segs, n_segs, plans, keys); !st.ok()) return rc(st);
     bool moves = false;
-    for (size_t s = 0; s < n_segs; ++s) {  // as kdn_gpu_segment_retrieve
-      if (target_pos[s] < 0 || target_pos[s] > KDN_MAX_POSITION - int64_t(segs[s].n_tokens))
-        return int(KDN_ERR_INVALID_ARGUMENT);
-      moves = moves || target_pos[s] != segs[s].base_pos;
-    }
-    if (moves && model->info.desc.rope_style == KDN_ROPE_NONE) return int(KDN_ERR_UNSUPPORTED);
+    if (Status st = check_targets(segs, n_segs, target_pos, &moves); !st.ok()) return rc(st);
+    if (moves && model->info.desc.rope_style == KDN_ROPE_NONE) return int(KDN_ERR_UNSUPPORTED);  // as on the host
     Client& c = client_of(client);
     if (c.welcome().proto_minor < kTicketMinor) return int(KDN_ERR_UNSUPPORTED);  // a kdnd from before GPU_BLEND_SELECT
     const std::vector<SegmentChunk> all = segment_chunks(*model, plans, target_pos);

@@ -51,6 +51,17 @@ Status plan_keys(const kdn::ModelInfo& m, const kdn_segment* segs, size_t n, std
   return kdn::OkStatus();
 }
 
+Status check_targets(const kdn_segment* segs, size_t n, const int64_t* target, bool* moves) {
+  bool moved = false;
+  for (size_t s = 0; s < n; ++s) {  // the last token's position fits: no overflow below
+    if (target[s] < 0 || target[s] > KDN_MAX_POSITION - int64_t(segs[s].n_tokens))
+      return Status(Code::kInvalidArgument, "segment: target position out of range");
+    moved = moved || target[s] != segs[s].base_pos;
+  }
+  if (moves) *moves = moved;
+  return OkStatus();
+}
+
 }  // namespace kdn::shim
 
 namespace {
@@ -312,9 +323,7 @@ KDN_API int kdn_segment_retrieve_to(kdn_client* client, const kdn_model* model, 
     std::vector<kdn_key> keys;
     if (Status st = plan_keys(model->info, segs, n_segs, plans, keys); !st.ok()) return rc(st);
     if (loaded_tokens) std::fill(loaded_tokens, loaded_tokens + n_segs, 0);
-    for (size_t s = 0; s < n_segs; ++s)  // the last token's position fits: no overflow below
-      if (target_pos[s] < 0 || target_pos[s] > KDN_MAX_POSITION - int64_t(segs[s].n_tokens))
-        return int(KDN_ERR_INVALID_ARGUMENT);
+    if (Status st = check_targets(segs, n_segs, target_pos, nullptr); !st.ok()) return rc(st);
     kdn::kernels::EngineView view;
     if (Status vs = kdn::kernels::view_from_abi(*dst, geometry(*model), {}, &view); !vs.ok()) return rc(vs);
     Client& c = client_of(client);

@@ -26,4 +26,8 @@ Status check_segment(const kdn_segment* s);
 Status plan_keys(const kdn::ModelInfo& m, const kdn_segment* segs, size_t n, std::vector<SegmentPlan>& plans,
                  std::vector<kdn_key>& keys);
 
+// kInvalidArgument unless every target position is non-negative and puts its segment's last
+// token within KDN_MAX_POSITION. *moves (may be null) says whether a segment leaves its base.
+Status check_targets(const kdn_segment* segs, size_t n, const int64_t* target, bool* moves);
+
 }  // namespace kdn::shim
