@@ -7,26 +7,24 @@ namespace {
 
 struct OpEntry {
   OpShape shape;
+  OpTraits traits;
   const char* name = nullptr;  // null: no op has this number
+  uint32_t (*wanted)(const Sqe&, uint32_t in_records) = nullptr;  // output records needed
 };
 
 using OpTable = std::array<OpEntry, kMaxOpcode>;
 
-// Indexed by opcode - 1; built from the op structs of ops.h, so the shapes live in one place.
+// Indexed by opcode - 1; built from AllOps (ops.h), so shapes and traits live in one place.
 // Each op lands at its own number, so features that number their ops apart leave gaps.
 template <class... Ops>
-constexpr OpTable make_table() noexcept {
+constexpr OpTable make_table(OpList<Ops...>) noexcept {
   OpTable t{};
-  ((t[size_t(Ops::kOpcode) - 1] = OpEntry{Ops::kShape, Ops::kName}), ...);
+  ((t[size_t(Ops::kOpcode) - 1] = OpEntry{Ops::kShape, traits_of<Ops>(), Ops::kName, &records_wanted<Ops>}), ...);
   return t;
 }
 
-constexpr OpTable kOps = make_table<PingOp, RegisterModelOp, LookupOp, ReserveOp, CommitOp, AbortOp,
-                                    LeaseOp, ReleaseOp, StatsOp, ListOp, EvictOp, LookupEachOp,
-                                    LeaseEachOp, PrefetchOp, TierStatsOp, MetricsOp, GpuRegisterOp,
-                                    GpuUnregisterOp, GpuRetrieveOp, GpuStoreOp, GpuInfoOp, GpuSegmentRetrieveOp,
-                                    GpuBlendSelectOp, GpuCheckOp, GpuPrefetchOp>();
-static_assert(PingOp::kOpcode == Opcode(1) && GpuPrefetchOp::kOpcode == Opcode(kMaxOpcode));
+constexpr OpTable kOps = make_table(AllOps{});
+static_assert(PingOp::kOpcode == Opcode(1) && GpuPrefetchOp::kOpcode == Opcode(kMaxOpcode) && kMaxOpcode == 28);
 static_assert(GpuCheckOp::kOpcode == Opcode(27));
 static_assert(GpuSegmentRetrieveOp::kOpcode == Opcode(26));
 static_assert(GpuInfoOp::kOpcode == Opcode(25));
@@ -35,6 +33,11 @@ static_assert(MetricsOp::kOpcode == Opcode(20) && GpuRegisterOp::kOpcode == Opco
 static_assert(LeaseOp::kOpcode == Opcode(7) && StatsOp::kOpcode == Opcode(9) && EvictOp::kOpcode == Opcode(11));
 static_assert(LookupEachOp::kOpcode == Opcode(12) && LeaseEachOp::kOpcode == Opcode(13));
 static_assert(PrefetchOp::kOpcode == Opcode(16) && GpuBlendSelectOp::kOpcode == Opcode(14));
+
+const OpEntry* entry_of(uint8_t opcode) noexcept {
+  if (opcode == 0 || opcode > kMaxOpcode || kOps[opcode - 1].name == nullptr) return nullptr;
+  return &kOps[opcode - 1];
+}
 
 Status check_header_fields(const Sqe& sqe) noexcept {
   if ((sqe.flags & ~kSqeKnownFlags) != 0) return Status(Code::kProtocol, "unknown SQE flags");
@@ -64,9 +67,7 @@ uint32_t required_output(const Sqe& sqe, const OpShape& op, uint32_t in_records)
   switch (op.out) {
     case OpShape::Out::kNone: return 0;
     case OpShape::Out::kAtLeastOne: return 1;
-    case OpShape::Out::kPerInput:
-      return sqe.opcode == uint8_t(Opcode::kLease) ? LeaseOp::wanted(LeaseOp::args(sqe), in_records)
-                                                   : in_records;
+    case OpShape::Out::kPerInput: return entry_of(sqe.opcode)->wanted(sqe, in_records);
   }
   return 0;
 }
@@ -104,13 +105,18 @@ Status check_evict_mode(const Sqe& sqe, const SqeShape& shape) noexcept {
 }  // namespace
 
 const OpShape* op_shape(uint8_t opcode) noexcept {
-  if (opcode == 0 || opcode > kMaxOpcode || kOps[opcode - 1].name == nullptr) return nullptr;
-  return &kOps[opcode - 1].shape;
+  const OpEntry* e = entry_of(opcode);
+  return e ? &e->shape : nullptr;
+}
+
+const OpTraits* op_traits(uint8_t opcode) noexcept {
+  const OpEntry* e = entry_of(opcode);
+  return e ? &e->traits : nullptr;
 }
 
 const char* opcode_name(uint8_t opcode) noexcept {
-  if (opcode == 0 || opcode > kMaxOpcode || kOps[opcode - 1].name == nullptr) return "unknown";
-  return kOps[opcode - 1].name;
+  const OpEntry* e = entry_of(opcode);
+  return e ? e->name : "unknown";
 }
 
 Result<SqeShape> check_sqe(const Sqe& sqe, uint32_t payload_bytes, bool admin_session) noexcept {

@@ -91,7 +91,8 @@ enum class TierFd : uint64_t { kHostWake = 0, kDiskWake = 1, kRemoteWake = 2, kR
 // Requests that still finish after their session closed: a COMMIT and a GPU_STORE settle the
 // chunks their copies published (or give back the slots they reserved).
 bool settles_after_close(const Op& op) {
-  return op.sqe.opcode == uint8_t(ipc::Opcode::kCommit) || op.sqe.opcode == uint8_t(ipc::Opcode::kGpuStore);
+  const ipc::OpTraits* traits = ipc::op_traits(op.sqe.opcode);
+  return traits != nullptr && traits->settles_after_close;
 }
 
 constexpr uint64_t wake_id(uint32_t region, TierFd which) { return (uint64_t(region) << 2) | uint64_t(which); }

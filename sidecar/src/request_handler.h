@@ -16,17 +16,19 @@
 // Not thread-safe: the daemon's event loop owns the handler and every Op.
 #pragma once
 
+#include "daemon_counters.h"
 #include "model_table.h"
 #include "session.h"
 
+#include <kdn/ipc/ops.h>
 #include <kdn/ipc/payload.h>
 #include <kdn/ipc/protocol.h>
 #include <kdn/sidecar/config.h>
 
+#include <array>
 #include <functional>
 #include <memory>
-#include <iterator>
-#include <array>
+#include <optional>
 #include <vector>
 
 namespace kdn::sidecar {
@@ -38,50 +40,15 @@ struct Registration;
 struct SegmentWork;
 }  // namespace gpu
 
-// Why a connection did not become a session.
-enum class Refusal : uint8_t {
-  kUid,        // at accept: its uid and groups open no namespace and may create none
-  kPending,    // at accept: max_pending_handshakes (in all, or of its uid) are waiting
-  kTimeout,    // no hello within handshake_timeout_ms
-  kHello,      // a malformed hello
-  kVersion,    // another protocol major
-  kAccess,     // the namespace does not exist, or refuses this uid or token
-  kLimit,      // a session cap
-  kResources,  // kdnd could not set the session up (memory, descriptors)
-  kCount
-};
-const char* refusal_name(Refusal r) noexcept;
-
-// Request latency, from the loop's first look at a request to its completion being queued for
-// the client, in fixed buckets (Prometheus' cumulative form is made when rendering).
-struct LatencyHistogram {
-  static constexpr uint64_t kBoundsNs[] = {1'000,     2'500,     5'000,      10'000,     25'000,      50'000,
-                                           100'000,   250'000,   500'000,    1'000'000,  2'500'000,   10'000'000,
-                                           100'000'000, 1'000'000'000};
-  static constexpr size_t kBuckets = std::size(kBoundsNs) + 1;  // the last: above every bound
-  uint64_t buckets[kBuckets] = {};
-  uint64_t count = 0, sum_ns = 0;
-  void observe(uint64_t ns) noexcept {
-    size_t b = 0;
-    while (b < std::size(kBoundsNs) && ns > kBoundsNs[b]) ++b;
-    ++buckets[b];
-    ++count;
-    sum_ns += ns;
-  }
-};
-
-struct DaemonCounters {
-  static constexpr size_t kOpcodeSlots = 32;  // latency[op]; opcodes past it count in [0]
-  uint64_t sessions_total = 0, sessions_active = 0, protocol_errors = 0, requests = 0;
-  uint64_t handshakes_refused = 0, limit_errors = 0, namespaces = 0;
-  uint64_t pending_handshakes = 0;
-  uint64_t refused[size_t(Refusal::kCount)] = {};  // handshakes_refused by reason
-  LatencyHistogram latency[kOpcodeSlots];
-  void refuse(Refusal r) noexcept {
-    ++handshakes_refused;
-    ++refused[size_t(r)];
-  }
-  void observe(uint8_t opcode, uint64_t ns) noexcept { latency[opcode < kOpcodeSlots ? opcode : 0].observe(ns); }
+// What a request that reads chunks (LOOKUP, LOOKUP_EACH, PREFETCH, the leasing opcodes) has
+// learned so far, kept across its steps.
+struct ReadProgress {
+  uint32_t stop_at = UINT32_MAX;   // a record that must be treated as a miss (failed promotion)
+  uint32_t waited_at = UINT32_MAX; // the record a promotion was last awaited for
+  uint32_t read_ahead = 0;         // promotions this request started ahead of its records
+  bool remote_asked = false;       // the shared tier (T3) was asked about its local misses (once)
+  TierId promoted_from = TierId::kHost;   // the tier the awaited promotion came from
+  uint64_t per_tier[kTierCount] = {};     // hits (lookups) or records served (leases), by tier
 };
 
 // A request being served.
@@ -91,28 +58,25 @@ struct Op {
   Session* session = nullptr;
   ipc::Sqe sqe{};
   ipc::SqeShape shape{};
-  ipc::Cqe cqe{};              // results so far
+  const ipc::OpTraits* traits = nullptr;  // set with shape by the check
+  ipc::Cqe cqe{};              // the completion, written once the op ends
   bool checked = false;        // the SQE passed check_sqe and the op's preconditions
   bool queued = false;         // in the daemon's runnable queue (at most once)
   uint32_t cursor = 0;         // input records done
   uint32_t waiting = 0;        // transfers it waits for
-  bool wants_room = false;     // waiting for room in a full tier (RESERVE)
+  bool wants_room = false;     // waiting for room in a full tier (RESERVE, LEASE, GPU_STORE)
   uint64_t room_deadline_ns = 0;
-  uint32_t stop_at = UINT32_MAX;  // a record that must be treated as a miss (failed promotion)
-  uint32_t waited_at = UINT32_MAX; // the record a promotion was last awaited for
-  uint32_t read_ahead = 0;     // promotions this request started ahead of its records
-  bool remote_asked = false;   // the shared tier (T3) was asked about its local misses (once)
-  TierId promoted_from = TierId::kHost;  // LEASE: the tier the awaited promotion came from
-  uint64_t served_from[kTierCount] = {};  // LEASE: records served, by the tier they came from
   const ModelInfo* model = nullptr;
   Status first_error;          // kept to answer with once the op ends
+  uint64_t done = 0;           // records finished (committed, leased, evicted, ...)
+  uint64_t skipped = 0;        // records passed over (EVICT: leased or moving)
   bool unknown_handle = false; // an id in COMMIT/ABORT/RELEASE was not this session's
-  uint64_t done = 0;           // records finished (committed, leased, ...)
   bool finishing = false;      // past its records: settling what it took (also in slices)
   size_t settled = 0;          // of op.taken / op.committed, from the back
+  ReadProgress read;
   std::vector<uint64_t> taken; // handles this request created, for rollback and touch order
   std::vector<kdn_key> committed;  // COMMIT: keys copied, settled tail first at the end
-  std::shared_ptr<gpu::GpuRequest> gpu;  // GPU_RETRIEVE / GPU_STORE: what it holds meanwhile
+  std::shared_ptr<gpu::GpuRequest> gpu;  // the GPU opcodes: what it holds meanwhile
 };
 
 enum class Step : uint8_t {
@@ -150,34 +114,60 @@ class RequestHandler {
   std::array<ipc::TierStatsRecord, kTierCount> tier_stats(const Namespace& ns) const noexcept;
 
  private:
-  std::function<std::string()> render_metrics_;
+  using Serve = Step (RequestHandler::*)(Op&, uint64_t deadline_ns);
+  template <class... Ops>
+  static constexpr std::array<Serve, ipc::kMaxOpcode + 1> dispatch_table(ipc::OpList<Ops...>) noexcept;
+  template <class O>
+  Step serve_as(Op& op, uint64_t deadline_ns) { return serve(op, deadline_ns, O{}); }
+
+  // The frame (request_handler.cc).
   Step dispatch(Op& op, uint64_t deadline_ns);
   Status check(Op& op);
   void rollback(Op& op) noexcept;
   Step finish(Op& op, Status status);
 
-  Step ping(Op& op);
-  Step register_model(Op& op);
-  Step lookup(Op& op, uint64_t deadline_ns);
-  Step reserve(Op& op, uint64_t deadline_ns);
-  Step commit(Op& op, uint64_t deadline_ns);
-  Step abort(Op& op, uint64_t deadline_ns);
-  Step lookup_each(Op& op, uint64_t deadline_ns);
-  Step lease(Op& op, uint64_t deadline_ns);
-  Step release(Op& op, uint64_t deadline_ns);
-  Step stats(Op& op);
-  Step list(Op& op);
-  Step evict(Op& op, uint64_t deadline_ns);
-  Step prefetch(Op& op, uint64_t deadline_ns);
-  Step tier_stats(Op& op);
-  Step metrics(Op& op);
-  Step gpu_register(Op& op);
-  Step gpu_unregister(Op& op);
-  Step gpu_info(Op& op);
-  Step gpu_store(Op& op, uint64_t deadline_ns);
-  // GPU_RETRIEVE leases through lease(); this checks its registration and layout first, and
-  // queues the copies once the prefix is leased.
+  // One handler per opcode, by family. Data (request_data.cc):
+  Step serve(Op& op, uint64_t deadline_ns, ipc::PingOp);
+  Step serve(Op& op, uint64_t deadline_ns, ipc::RegisterModelOp);
+  Step serve(Op& op, uint64_t deadline_ns, ipc::LookupOp);
+  Step serve(Op& op, uint64_t deadline_ns, ipc::LookupEachOp);
+  Step serve(Op& op, uint64_t deadline_ns, ipc::PrefetchOp);
+  Step serve(Op& op, uint64_t deadline_ns, ipc::ReserveOp);
+  Step serve(Op& op, uint64_t deadline_ns, ipc::CommitOp);
+  Step serve(Op& op, uint64_t deadline_ns, ipc::AbortOp);
+  Step serve(Op& op, uint64_t deadline_ns, ipc::ReleaseOp);
+  // Leases (request_lease.cc):
+  Step serve(Op& op, uint64_t deadline_ns, ipc::LeaseOp);
+  Step serve(Op& op, uint64_t deadline_ns, ipc::LeaseEachOp);
+  // Admin and introspection (request_admin.cc):
+  Step serve(Op& op, uint64_t deadline_ns, ipc::StatsOp);
+  Step serve(Op& op, uint64_t deadline_ns, ipc::ListOp);
+  Step serve(Op& op, uint64_t deadline_ns, ipc::EvictOp);
+  Step serve(Op& op, uint64_t deadline_ns, ipc::TierStatsOp);
+  Step serve(Op& op, uint64_t deadline_ns, ipc::MetricsOp);
+  // The GPU tier (gpu/gpu_requests.cc):
+  Step serve(Op& op, uint64_t deadline_ns, ipc::GpuRegisterOp);
+  Step serve(Op& op, uint64_t deadline_ns, ipc::GpuUnregisterOp);
+  Step serve(Op& op, uint64_t deadline_ns, ipc::GpuInfoOp);
+  Step serve(Op& op, uint64_t deadline_ns, ipc::GpuRetrieveOp);
+  Step serve(Op& op, uint64_t deadline_ns, ipc::GpuSegmentRetrieveOp);
+  Step serve(Op& op, uint64_t deadline_ns, ipc::GpuBlendSelectOp);
+  Step serve(Op& op, uint64_t deadline_ns, ipc::GpuPrefetchOp);
+  Step serve(Op& op, uint64_t deadline_ns, ipc::GpuStoreOp);
+  Step serve(Op& op, uint64_t deadline_ns, ipc::GpuCheckOp);
+
+  // The leasing loop of every opcode whose traits lease (request_lease.cc): leases the first
+  // `wanted` records as the traits say (a prefix or each key; for the session or for kdnd's
+  // copies), promoting from slower tiers, then touches what it took. Returns nothing once that
+  // is done (the opcode's continuation answers), or the step to return now.
+  std::optional<Step> lease_records(Op& op, uint64_t deadline_ns, uint32_t wanted);
+  // Counts a finished leasing loop's hits and misses in the store's read counters.
+  void note_leases(const Op& op, uint32_t wanted) const noexcept;
+
+  // GPU requests: checks a request's registration and layout before anything is taken.
   Status gpu_prepare(Op& op);
+  // A GPU request that leases: prepares it once, then runs the leasing loop.
+  std::optional<Step> gpu_lease(Op& op, uint64_t deadline_ns, uint32_t wanted);
   Step gpu_queue_retrieve(Op& op);
   Result<gpu::Registration*> gpu_take_prefix(Op& op, std::vector<Entry*>& chunks);
   Status gpu_read_segment_chunks(Op& op, gpu::GpuRequest& req);
@@ -185,15 +175,12 @@ class RequestHandler {
   // given back.
   Status gpu_segment_work(Op& op, gpu::SegmentWork& w);
   Step gpu_queue_segment(Op& op);
-  // GPU_BLEND_SELECT: leases as GPU_SEGMENT_RETRIEVE does, queues the selection, answers once it
-  // landed.
-  Step gpu_blend(Op& op, uint64_t deadline_ns);
   Step gpu_queue_blend(Op& op);
-  Step gpu_check(Op& op);
   Step gpu_queue_prefetch(Op& op);
   Step gpu_collect(Op& op, uint64_t deadline_ns);
   Step gpu_commit(Op& op, uint64_t deadline_ns);
 
+  // ABORT and RELEASE: each id this session holds is finished by `finish_one`.
   template <class Holds, class FinishOne>
   Step finish_handles(Op& op, uint64_t deadline_ns, Holds holds, FinishOne finish_one, const char* unknown);
   // A local miss at record `at`: asks the shared tier (once per request) about records [at, end)
@@ -205,6 +192,7 @@ class RequestHandler {
   void release_lease(Session& s, uint64_t id, uint32_t count) noexcept;
   ipc::SlotRef arena_ref(const Session& s, const Entry* e) const noexcept;
 
+  std::function<std::string()> render_metrics_;
   ModelTable& models_;
   DaemonCounters& counters_;
   const Config& config_;

@@ -38,6 +38,25 @@ struct OpShape {
   bool admin = false;        // needs a session granted kHelloFlagAdmin
 };
 
+// What serving an opcode needs beyond its payload, declared beside its shape: the daemon's
+// checks, its dispatch and its teardown read these rather than lists of opcodes.
+struct OpTraits {
+  enum class Lease : uint8_t {
+    kNone,    // takes no leases
+    kPrefix,  // leases the longest cached prefix of a chain; the first miss ends it
+    kEach,    // leases every key on its own; a miss does not stop it
+  };
+  enum class Holder : uint8_t {
+    kSession,  // the leases are the client's (LeaseRecords out, RELEASE gives them back)
+    kDaemon,   // kdnd holds them for its own copies and releases them when those land
+  };
+  bool model = false;            // Sqe::model_id names a model the session registered
+  Lease lease = Lease::kNone;
+  Holder holder = Holder::kSession;
+  bool segment_records = false;  // arg1 names GpuSegmentChunkRecords, one per key
+  bool settles_after_close = false;  // still finishes once its client is gone (copies it made)
+};
+
 // ---- PING: a round trip with no work -------------------------------------------------------------
 struct PingOp {
   static constexpr Opcode kOpcode = Opcode::kPing;
@@ -88,6 +107,7 @@ struct LookupOp {
   static constexpr Opcode kOpcode = Opcode::kLookup;
   static constexpr const char* kName = "LOOKUP";
   static constexpr OpShape kShape{sizeof(kdn_key)};
+  static constexpr OpTraits kTraits{.model = true};
   using InRecord = kdn_key;
   struct Args { uint32_t model_id = 0; };
   struct Result {
@@ -124,6 +144,7 @@ struct ReserveOp {
   static constexpr Opcode kOpcode = Opcode::kReserve;
   static constexpr const char* kName = "RESERVE";
   static constexpr OpShape kShape{sizeof(kdn_key), false, sizeof(ReserveRecord), OpShape::Out::kPerInput};
+  static constexpr OpTraits kTraits{.model = true};
   using InRecord = kdn_key;
   using OutRecord = ReserveRecord;
   // Minor 3: where the keys sit in their prefix chain, for LIST (kdnctl ls): the position of
@@ -171,6 +192,8 @@ struct HandleOp {
                                        : kOp == Opcode::kAbort ? "ABORT"
                                                                : "RELEASE";
   static constexpr OpShape kShape{sizeof(uint64_t)};
+  // A COMMIT settles the chunks its copies published even when its client is gone.
+  static constexpr OpTraits kTraits{.settles_after_close = kOp == Opcode::kCommit};
   using InRecord = uint64_t;
   struct Args {};
   struct Result { uint32_t done = 0; };
@@ -195,6 +218,7 @@ struct LeaseOp {
   static constexpr Opcode kOpcode = Opcode::kLease;
   static constexpr const char* kName = "LEASE";
   static constexpr OpShape kShape{sizeof(kdn_key), false, sizeof(LeaseRecord), OpShape::Out::kPerInput};
+  static constexpr OpTraits kTraits{.model = true, .lease = OpTraits::Lease::kPrefix};
   using InRecord = kdn_key;
   using OutRecord = LeaseRecord;
   struct Args {
@@ -300,6 +324,7 @@ struct LookupEachOp {
   static constexpr Opcode kOpcode = Opcode::kLookupEach;
   static constexpr const char* kName = "LOOKUP_EACH";
   static constexpr OpShape kShape{sizeof(kdn_key), false, sizeof(uint8_t), OpShape::Out::kPerInput};
+  static constexpr OpTraits kTraits{.model = true};
   using InRecord = kdn_key;
   using OutRecord = uint8_t;
   struct Args { uint32_t model_id = 0; };
@@ -341,6 +366,7 @@ struct LeaseEachOp {
   static constexpr Opcode kOpcode = Opcode::kLeaseEach;
   static constexpr const char* kName = "LEASE_EACH";
   static constexpr OpShape kShape{sizeof(kdn_key), false, sizeof(LeaseRecord), OpShape::Out::kPerInput};
+  static constexpr OpTraits kTraits{.model = true, .lease = OpTraits::Lease::kEach};
   using InRecord = kdn_key;
   using OutRecord = LeaseRecord;
   struct Args { uint32_t model_id = 0; };
@@ -363,6 +389,7 @@ struct PrefetchOp {
   static constexpr Opcode kOpcode = Opcode::kPrefetch;
   static constexpr const char* kName = "PREFETCH";
   static constexpr OpShape kShape{sizeof(kdn_key)};
+  static constexpr OpTraits kTraits{.model = true};
   using InRecord = kdn_key;
   struct Args { uint32_t model_id = 0; };
   struct Result {
@@ -488,6 +515,9 @@ struct GpuRetrieveOp {
   static constexpr Opcode kOpcode = Opcode::kGpuRetrieve;
   static constexpr const char* kName = "GPU_RETRIEVE";
   static constexpr OpShape kShape{sizeof(kdn_key)};
+  static constexpr OpTraits kTraits{.model = true,
+                                    .lease = OpTraits::Lease::kPrefix,
+                                    .holder = OpTraits::Holder::kDaemon};
   using InRecord = kdn_key;
   struct Args {
     uint32_t model_id = 0;
@@ -533,6 +563,7 @@ struct GpuStoreOp {
   static constexpr Opcode kOpcode = Opcode::kGpuStore;
   static constexpr const char* kName = "GPU_STORE";
   static constexpr OpShape kShape{sizeof(kdn_key)};
+  static constexpr OpTraits kTraits{.model = true, .settles_after_close = true};
   using InRecord = kdn_key;
   struct Args {
     uint32_t model_id = 0;
@@ -571,6 +602,10 @@ struct GpuSegmentRetrieveOp {
   static constexpr Opcode kOpcode = Opcode::kGpuSegmentRetrieve;
   static constexpr const char* kName = "GPU_SEGMENT_RETRIEVE";
   static constexpr OpShape kShape{sizeof(kdn_key), false, 1, OpShape::Out::kPerInput};
+  static constexpr OpTraits kTraits{.model = true,
+                                    .lease = OpTraits::Lease::kEach,
+                                    .holder = OpTraits::Holder::kDaemon,
+                                    .segment_records = true};
   using InRecord = kdn_key;
   using OutRecord = uint8_t;
   struct Args {
@@ -643,6 +678,10 @@ struct GpuBlendSelectOp {
   static constexpr Opcode kOpcode = Opcode::kGpuBlendSelect;
   static constexpr const char* kName = "GPU_BLEND_SELECT";
   static constexpr OpShape kShape{sizeof(kdn_key), false, sizeof(int32_t), OpShape::Out::kAtLeastOne};
+  static constexpr OpTraits kTraits{.model = true,
+                                    .lease = OpTraits::Lease::kEach,
+                                    .holder = OpTraits::Holder::kDaemon,
+                                    .segment_records = true};
   using InRecord = kdn_key;
   using OutRecord = int32_t;
   struct Args {
@@ -741,6 +780,9 @@ struct GpuPrefetchOp {
   static constexpr Opcode kOpcode = Opcode::kGpuPrefetch;
   static constexpr const char* kName = "GPU_PREFETCH";
   static constexpr OpShape kShape{sizeof(kdn_key)};
+  static constexpr OpTraits kTraits{.model = true,
+                                    .lease = OpTraits::Lease::kPrefix,
+                                    .holder = OpTraits::Holder::kDaemon};
   using InRecord = kdn_key;
   struct Args {
     uint32_t model_id = 0;
@@ -804,7 +846,45 @@ struct GpuInfoOp {
   }
 };
 
-// The shape of `opcode`, or null for an unknown opcode (table built from the structs above).
+// ---- every opcode ----------------------------------------------------------------------------------
+// The one list of op structs: the shape table, the traits table, the daemon's dispatch and
+// kMaxOpcode are all built from it. A new opcode is its struct, its place here, its handler
+// and its tests.
+template <class... Ops>
+struct OpList {};
+using AllOps = OpList<PingOp, RegisterModelOp, LookupOp, ReserveOp, CommitOp, AbortOp, LeaseOp, ReleaseOp, StatsOp,
+                      ListOp, EvictOp, LookupEachOp, LeaseEachOp, PrefetchOp, TierStatsOp, MetricsOp, GpuRegisterOp,
+                      GpuUnregisterOp, GpuRetrieveOp, GpuStoreOp, GpuInfoOp, GpuSegmentRetrieveOp, GpuBlendSelectOp,
+                      GpuCheckOp, GpuPrefetchOp>;
+
+template <class... Ops>
+constexpr uint8_t max_opcode(OpList<Ops...>) noexcept {
+  uint8_t m = 0;
+  ((m = uint8_t(Ops::kOpcode) > m ? uint8_t(Ops::kOpcode) : m), ...);
+  return m;
+}
+// Opcodes are numbered per feature; a number without an op is answered with
+// KDN_ERR_UNSUPPORTED like any unknown one.
+constexpr uint8_t kMaxOpcode = max_opcode(AllOps{});
+
+// An op's traits (none declared: it needs nothing beyond its payload).
+template <class O>
+constexpr OpTraits traits_of() noexcept {
+  if constexpr (requires { O::kTraits; }) return O::kTraits;
+  else return OpTraits{};
+}
+
+// Output records a request must have room for: one per input record, or what its `wanted`
+// says (LEASE with max_chunks).
+template <class O>
+constexpr uint32_t records_wanted(const Sqe& q, uint32_t in_records) noexcept {
+  if constexpr (requires { O::wanted(O::args(q), in_records); }) return O::wanted(O::args(q), in_records);
+  else return in_records;
+}
+
+// The shape of `opcode`, or null for an unknown opcode (table built from AllOps).
 const OpShape* op_shape(uint8_t opcode) noexcept;
+// The traits of `opcode`, or null for an unknown opcode.
+const OpTraits* op_traits(uint8_t opcode) noexcept;
 
 }  // namespace kdn::ipc

@@ -248,9 +248,7 @@ enum class Opcode : uint8_t {
   kGpuCheck = 27,            // minor 5: did the copies behind a retrieve's tickets land whole?
   kGpuPrefetch = 28,         // minor 5: a cached prefix brought into T0 ahead of its retrieve
 };
-// Opcodes are numbered per feature; a number without an op is answered with
-// KDN_ERR_UNSUPPORTED like any unknown one.
-constexpr uint8_t kMaxOpcode = 28;
+// Opcodes are numbered per feature; kMaxOpcode (ipc/ops.h) is the highest of them.
 
 // SQE flags: none defined in 2.0; nonzero bits are a protocol error.
 constexpr uint8_t kSqeKnownFlags = 0;
