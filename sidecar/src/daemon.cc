@@ -7,6 +7,7 @@
 #include "prefault.h"
 #include "request_handler.h"
 #include "session.h"
+#include "tier_factory.h"
 
 #include <kdn/common/clock.h>
 #include <kdn/common/files.h>
@@ -86,8 +87,9 @@ ipc::ListenOptions listen_options(const Config& c) {
   o.socket_mode = others ? 0666 : 0600;
   return o;
 }
-// A tier fd's epoll id: the namespace's region id and which fd of its tiers.
-enum class TierFd : uint64_t { kHostWake = 0, kDiskWake = 1, kRemoteWake = 2, kRemoteSockets = 3 };
+// A tier fd's epoll id: the namespace's region id, the tier, and which of its fds (its wake fd
+// or the descriptor it polls).
+enum class TierFd : uint64_t { kWake = 0, kPoll = 1 };
 // Requests that still finish after their session closed: a COMMIT and a GPU_STORE settle the
 // chunks their copies published (or give back the slots they reserved).
 bool settles_after_close(const Op& op) {
@@ -95,36 +97,19 @@ bool settles_after_close(const Op& op) {
   return traits != nullptr && traits->settles_after_close;
 }
 
-constexpr uint64_t wake_id(uint32_t region, TierFd which) { return (uint64_t(region) << 2) | uint64_t(which); }
-constexpr uint32_t wake_region(uint64_t id) { return uint32_t(id >> 2); }
-constexpr TierFd wake_which(uint64_t id) { return TierFd(id & 3); }
-
-// The remote tier's fault causes, logged once each per namespace.
-struct RemoteFault {
-  const char* cause;
-  uint64_t RemoteCounters::*count;
-  const char* meaning;
-};
-constexpr RemoteFault kRemoteFaults[] = {
-    {"missing", &RemoteCounters::missing, "a value was gone (evicted, deleted or flushed)"},
-    {"foreign", &RemoteCounters::foreign, "a value of another chunk, model or namespace sat under a key"},
-    {"bad_length", &RemoteCounters::bad_length, "a value had the wrong length"},
-    {"bad_header", &RemoteCounters::bad_header, "a value's header failed its checks"},
-    {"crc", &RemoteCounters::crc_mismatch, "a payload failed its CRC32C"},
-    {"decode", &RemoteCounters::decode_errors, "a compressed value did not decode"},
-    {"wrong_type", &RemoteCounters::wrong_type, "a key held another type (WRONGTYPE)"},
-    {"no_space", &RemoteCounters::no_space, "the store refused a write with OOM (maxmemory)"},
-    {"timeout", &RemoteCounters::timeouts, "a request got no answer by tier.remote.timeout_ms"},
-    {"unavailable", &RemoteCounters::unavailable, "a node was down or unreachable"},
-    {"error_reply", &RemoteCounters::error_replies, "the store answered with an error"},
-};
+constexpr uint64_t wake_id(uint32_t region, TierId tier, TierFd which) {
+  return (uint64_t(region) << 3) | (uint64_t(tier_index(tier)) << 1) | uint64_t(which);
+}
+constexpr uint32_t wake_region(uint64_t id) { return uint32_t(id >> 3); }
+constexpr TierId wake_tier(uint64_t id) { return TierId((id >> 1) & 3); }
+constexpr TierFd wake_which(uint64_t id) { return TierFd(id & 1); }
 
 }  // namespace
 
 class DaemonImpl {
  public:
-  explicit DaemonImpl(Config c)
-      : cfg_(std::move(c)), models_(cfg_.max_models_total), handler_(models_, counters_, cfg_) {
+  DaemonImpl(Config c, DaemonFaults faults)
+      : cfg_(std::move(c)), faults_(faults), models_(cfg_.max_models_total), handler_(models_, counters_, cfg_) {
     handler_.set_metrics_renderer([this] { return prometheus_text(counters_, metrics_namespaces(), gpu_.get()); });
   }
 
@@ -178,11 +163,11 @@ class DaemonImpl {
   // An arena for `name`, mapped but not pre-faulted (the Prefaulter does that for declared
   // namespaces after kdnd listens).
   Result<Namespace*> open_namespace(const std::string& name, const NamespaceConfig& policy, bool configured);
-  Status open_disk_tier(Namespace& ns, std::array<Tier*, kTierCount>& tiers, std::array<TierRules, kTierCount>& rules,
-                        std::vector<RecoveredChunk>* recovered);
-  Status open_remote_tier(Namespace& ns, std::array<Tier*, kTierCount>& tiers, std::array<TierRules, kTierCount>& rules);
-  void log_remote_faults(Namespace& ns);
+  // The namespace's tiers' descriptors in the loop's epoll set, or out of it.
+  Status poll_tiers_of(const Namespace& ns);
+  void unpoll_tiers_of(const Namespace& ns);
   void write_down_on_stop();
+  void write_down(const std::string& name, Namespace& ns, Tier& target);
   void release_namespaces(uint64_t now);
   void close_session(Session* s, const char* why);
   void destroy_session(Session* s);
@@ -190,6 +175,7 @@ class DaemonImpl {
   std::vector<NamespaceMetrics> metrics_namespaces() const;
 
   Config cfg_;
+  DaemonFaults faults_;
   ipc::UniqueFd listen_, signal_fd_, stop_fd_;
   ipc::EventPoller poller_;
   std::map<std::string, std::unique_ptr<Namespace>> namespaces_;
@@ -244,7 +230,7 @@ Status DaemonImpl::start() {
   stop_fd_.reset(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!signal_fd_ || !stop_fd_) return Status::from_errno("signalfd/eventfd", errno);
 
-  auto gpu = gpu::GpuService::create(cfg_.gpu);
+  auto gpu = gpu::GpuService::create(cfg_.gpu, faults_.fail_gpu_retrieve);
   if (!gpu.ok()) {
     spdlog::error("{}", gpu.status().what());
     return gpu.status();
@@ -331,20 +317,16 @@ Result<Namespace*> DaemonImpl::open_namespace(const std::string& name, const Nam
   if (!host.ok()) return host.status();
   EvictionKind ev = EvictionKind::kLru;
   (void)parse_eviction_kind(cfg_.host.eviction, &ev);
-  std::array<Tier*, kTierCount> tiers{};
-  tiers[tier_index(TierId::kHost)] = host->get();
-  std::array<TierRules, kTierCount> rules{};
-  rules[tier_index(TierId::kHost)] = TierRules{EvictAction::kDrop, ev};
+  TierSetup setup;
+  setup.tiers[tier_index(TierId::kHost)] = host->get();
+  setup.rules[tier_index(TierId::kHost)] = TierRules{EvictAction::kDrop, ev};
+  setup.store.max_demotions = cfg_.host.max_demotions;
   auto ns = std::make_unique<Namespace>();
-  std::vector<RecoveredChunk> recovered;
   ns->name = name;
   ns->policy = policy;
   ns->host = std::move(*host);
   if (gpu_) gpu_->pin_arena(ns->host->arena().data(), ns->host->arena().size());
-  // T2 for declared namespaces: a client-created namespace is released with its memory after
-  // namespace_grace_s, and a persistent copy of it would outlive the namespace.
-  if (configured && !cfg_.disk.dirs.empty()) KDN_RETURN_IF_ERROR(open_disk_tier(*ns, tiers, rules, &recovered));
-  if (configured && !cfg_.remote.seeds.empty()) KDN_RETURN_IF_ERROR(open_remote_tier(*ns, tiers, rules));
+  KDN_RETURN_IF_ERROR(open_lower_tiers(cfg_, configured, *ns, setup));
   ns->token = token;
   ns->configured = configured;
   auto& region = regions_[name];
@@ -352,24 +334,11 @@ Result<Namespace*> DaemonImpl::open_namespace(const std::string& name, const Nam
   ++region.second;  // memory under this id is new: references to the old arena are stale
   ns->region_id = region.first;
   ns->region_generation = region.second;
-  StoreOptions so;
-  so.max_demotions = cfg_.host.max_demotions;
-  so.write_through = ns->disk && cfg_.disk.policy == "write_through";
-  so.drop_on_failed_demotion = cfg_.disk.write_error != "keep";
-  if (ns->remote)
-    so.upload = cfg_.remote.policy == "write_back" ? StoreOptions::Upload::kBack : StoreOptions::Upload::kThrough;
-  ns->store = std::make_unique<TieredStore>(TierPolicy(tiers, rules), so);
+  ns->store = std::make_unique<TieredStore>(TierPolicy(setup.tiers, setup.rules), setup.store);
   ns->empty_since_ns = now_ns();
-  for (const RecoveredChunk& rc : recovered)
-    (void)ns->store->adopt(rc.key, rc.fingerprint, rc.raw_bytes, TierId::kDisk, rc.placement, ns->empty_since_ns);
-  KDN_RETURN_IF_ERROR(poller_.add(ns->host->wake_fd(), tag(kTierWake, wake_id(ns->region_id, TierFd::kHostWake))));
-  if (ns->disk)
-    KDN_RETURN_IF_ERROR(poller_.add(ns->disk->wake_fd(), tag(kTierWake, wake_id(ns->region_id, TierFd::kDiskWake))));
-  if (ns->remote) {
-    KDN_RETURN_IF_ERROR(poller_.add(ns->remote->wake_fd(), tag(kTierWake, wake_id(ns->region_id, TierFd::kRemoteWake))));
-    KDN_RETURN_IF_ERROR(
-        poller_.add(ns->remote->poll_fd(), tag(kTierWake, wake_id(ns->region_id, TierFd::kRemoteSockets))));
-  }
+  for (const RecoveredChunk& rc : setup.recovered)
+    (void)ns->store->adopt(rc.key, rc.fingerprint, rc.raw_bytes, setup.recovered_in, rc.placement, ns->empty_since_ns);
+  KDN_RETURN_IF_ERROR(poll_tiers_of(*ns));
   spdlog::info("namespace '{}': host arena {} MiB mapped in {:.0f} ms{}", name, ns->host->arena().size() >> 20,
                (now_ns() - t0) / 1e6, configured ? "" : " (created by a client)");
   Namespace* raw = ns.get();
@@ -378,120 +347,24 @@ Result<Namespace*> DaemonImpl::open_namespace(const std::string& name, const Nam
   return raw;
 }
 
-Status DaemonImpl::open_disk_tier(Namespace& ns, std::array<Tier*, kTierCount>& tiers,
-                                  std::array<TierRules, kTierCount>& rules, std::vector<RecoveredChunk>* recovered) {
-  DiskTierOptions o;
-  o.dirs = cfg_.disk.dirs;
-  o.name_space = ns.name;
-  o.bytes_per_dir = ns.policy.disk_bytes ? ns.policy.disk_bytes : cfg_.disk.bytes;
-  o.slab_bytes = cfg_.disk.slab_bytes;
-  o.queue_depth = cfg_.disk.queue_depth;
-  o.register_buffers = cfg_.disk.register_buffers;
-  o.workers = cfg_.disk.workers;
-  (void)disk::parse_disk_codec(ns.policy.disk_codec, &o.codec);
-  o.encode_queue = cfg_.disk.encode_queue;
-  o.reencode = cfg_.disk.reencode;
-  o.fsync_batch = cfg_.disk.fsync == "batch";
-  o.arena = std::span(ns.host->arena().data(), ns.host->arena().size());
-  spdlog::info("namespace '{}': opening the disk tier ({} dir(s), {} MiB each, codec {}, {})", ns.name, o.dirs.size(),
-               o.bytes_per_dir >> 20, disk::disk_codec_name(o.codec), cfg_.disk.policy);
-  RecoveryReport report;
-  auto disk = DiskTier::open(o, DiskIo::system(), recovered, &report);
-  if (!disk.ok()) {
-    spdlog::error("namespace '{}': the disk tier did not open: {}", ns.name, disk.status().what());
-    return disk.status();
+Status DaemonImpl::poll_tiers_of(const Namespace& ns) {
+  for (uint32_t t = tier_index(TierId::kHost); t < kTierCount; ++t) {
+    const Tier* tier = ns.tier(TierId(t));
+    if (tier == nullptr) continue;
+    if (tier->wake_fd() >= 0)
+      KDN_RETURN_IF_ERROR(poller_.add(tier->wake_fd(), tag(kTierWake, wake_id(ns.region_id, TierId(t), TierFd::kWake))));
+    if (tier->poll_fd() >= 0)
+      KDN_RETURN_IF_ERROR(poller_.add(tier->poll_fd(), tag(kTierWake, wake_id(ns.region_id, TierId(t), TierFd::kPoll))));
   }
-  ns.disk = std::move(disk.value());
-  spdlog::info("namespace '{}': disk tier ready: {} chunks ({} MiB) recovered from {} slot headers in {} slabs in "
-               "{:.3f} s ({} older copies, {} empty or invalid slots){}",
-               ns.name, report.chunks, report.bytes >> 20, report.headers_read, report.slabs_scanned, report.seconds,
-               report.stale, report.invalid, report.created ? "; new slab file(s) created" : "");
-  EvictionKind ev = EvictionKind::kLru;
-  (void)parse_eviction_kind(cfg_.disk.eviction, &ev);
-  tiers[tier_index(TierId::kDisk)] = ns.disk.get();
-  rules[tier_index(TierId::kHost)].on_evict = EvictAction::kDemote;
-  rules[tier_index(TierId::kDisk)] = TierRules{EvictAction::kDrop, ev};
   return OkStatus();
 }
 
-// T3: the namespace's own client (connections, slot map) to the store the configuration names.
-// kdnd does not start against a store it cannot use: the seeds must answer a lookup within
-// the request deadline (and be a cluster in cluster mode), so a typo or a firewall is an error
-// at start, not a silent miss on every request.
-Status DaemonImpl::open_remote_tier(Namespace& ns, std::array<Tier*, kTierCount>& tiers,
-                                    std::array<TierRules, kTierCount>& rules) {
-  const RemoteTierConfig& rc = cfg_.remote;
-  RemoteTierOptions o;
-  for (const std::string& seed : rc.seeds) o.redis.seeds.push_back(*parse_address(seed));  // validate() parsed them
-  o.redis.cluster = rc.mode != "standalone";
-  o.redis.pool_size = rc.pool;
-  o.redis.conn.username = rc.username;
-  o.redis.conn.connect_timeout = std::chrono::milliseconds(rc.timeout_ms);
-  if (!rc.password_file.empty()) {
-    std::string error;
-    const std::string what = "tier.remote.password_file = \"" + rc.password_file + "\"";
-    if (Status st = read_secret_file(rc.password_file, what, 4096, &o.redis.conn.password, &error); !st.ok()) {
-      spdlog::error("{}", error.empty() ? st.what() : error);
-      return st;
-    }
-  }
-  o.name_space = ns.name;
-  o.timeout = std::chrono::milliseconds(rc.timeout_ms);
-  o.capacity_bytes = rc.bytes;
-  o.max_in_flight = rc.max_in_flight;
-  // Uploads are in the background: a burst of commits waits for the encoders (up to an eighth
-  // of the transfers, so reads always find room) rather than going raw at once.
-  o.encode_queue = std::max(4u, rc.max_in_flight / 8);
-  o.encode_wait = std::chrono::milliseconds(10'000);
-  (void)remote::parse_remote_codec(ns.policy.remote_codec, &o.codec);
-  const std::string where = (rc.mode == "standalone" ? "the Redis server " : "the Redis Cluster seeds ") +
-                            fmt::format("{}", fmt::join(rc.seeds, ", "));
-  auto remote = RemoteTier::create(o);
-  if (!remote.ok()) {
-    spdlog::error("namespace '{}': the remote tier at {} did not open: {}", ns.name, where, remote.status().what());
-    return remote.status();
-  }
-  // One lookup of a key nobody writes, waited for here: it connects, loads the slot map and
-  // authenticates, or says why not.
-  RemoteTier& t = **remote;
-  const uint64_t t0 = now_ns();
-  std::vector<uint8_t> exists;
-  const ChunkIdentity nothing{};
-  Status st = t.probe(1, std::span(&nothing, 1), &exists);
-  TierCompletion done{};
-  while (st.ok() && t.reap(std::span(&done, 1)) == 0) {
-    pollfd p{t.poll_fd(), POLLIN, 0};
-    (void)::poll(&p, 1, 10);
-    t.service();
-  }
-  if (st.ok()) st = done.status;
-  if (!st.ok()) {
-    const Status refresh = t.client().refresh_status();
-    spdlog::error("namespace '{}': {} did not answer a lookup within tier.remote.timeout_ms = {}: {}{}{}", ns.name,
-                  where, rc.timeout_ms, st.what(), refresh.ok() ? "" : "; the slot map: ", refresh.ok() ? "" : refresh.what());
-    return Status(Code::kUnavailable, "the remote tier is unreachable");
-  }
-  ns.remote = std::move(*remote);
-  tiers[tier_index(TierId::kRemote)] = ns.remote.get();
-  rules[tier_index(TierId::kRemote)] = TierRules{EvictAction::kDrop, EvictionKind::kLru};
-  // write_back without a disk tier: the host tier's evictions are uploads (with one, the
-  // store uploads what the disk demotion took out of memory).
-  if (rc.policy == "write_back" && !ns.disk) rules[tier_index(TierId::kHost)].on_evict = EvictAction::kDemote;
-  spdlog::info("namespace '{}': remote tier ready: {} ({} connection(s) per master, timeout {} ms, {}, codec {}), "
-               "answered in {:.1f} ms",
-               ns.name, where, rc.pool, rc.timeout_ms, rc.policy, ns.policy.remote_codec, (now_ns() - t0) / 1e6);
-  return OkStatus();
-}
-
-void DaemonImpl::log_remote_faults(Namespace& ns) {
-  const RemoteCounters& c = ns.remote->counters();
-  for (size_t i = 0; i < std::size(kRemoteFaults); ++i) {
-    const RemoteFault& f = kRemoteFaults[i];
-    if ((ns.remote_faults_logged >> i) & 1u || c.*f.count == 0) continue;
-    ns.remote_faults_logged |= 1u << i;
-    spdlog::warn("namespace '{}': remote tier: {} ({} so far); each is a local miss, never an error; logged once, "
-                 "counted in kdn_remote_faults_{}_total",
-                 ns.name, f.meaning, c.*f.count, f.cause);
+void DaemonImpl::unpoll_tiers_of(const Namespace& ns) {
+  for (uint32_t t = tier_index(TierId::kHost); t < kTierCount; ++t) {
+    const Tier* tier = ns.tier(TierId(t));
+    if (tier == nullptr) continue;
+    if (tier->wake_fd() >= 0) (void)poller_.remove(tier->wake_fd());
+    if (tier->poll_fd() >= 0) (void)poller_.remove(tier->poll_fd());
   }
 }
 
@@ -509,12 +382,7 @@ void DaemonImpl::release_namespaces(uint64_t now) {
     }
     spdlog::info("namespace '{}' released after {} s without sessions ({} chunks dropped)", ns.name,
                  cfg_.namespace_grace_s, ns.store->index().size());
-    (void)poller_.remove(ns.host->wake_fd());
-    if (ns.disk) (void)poller_.remove(ns.disk->wake_fd());
-    if (ns.remote) {
-      (void)poller_.remove(ns.remote->wake_fd());
-      (void)poller_.remove(ns.remote->poll_fd());
-    }
+    unpoll_tiers_of(ns);
     if (gpu_) gpu_->unpin_arena(ns.host->arena().data());  // no GPU batch uses it: attached is 0
     it = namespaces_.erase(it);
   }
@@ -879,23 +747,16 @@ bool DaemonImpl::poll_gpu() {
 bool DaemonImpl::poll_tiers() {
   bool any = gpu_ && gpu_->busy() ? poll_gpu() : false;
   for (auto& [name, ns] : namespaces_) {
-    // Work of the disk tier nobody waits for (slab table writes, re-encoding, fdatasync)
-    // moves on here; transfers are reaped by the store below.
-    if (ns->disk && ns->disk->background_busy() && ns->store->transfers_in_flight() == 0) ns->disk->service();
-    // Checksums the disk tier computes on the loop, in slices: not a reason to sleep.
-    if (ns->disk && ns->disk->has_loop_work()) any = true;
-    // The remote tier's sockets: replies are read (into arena slots) as they come; timers
-    // (deadlines, reconnects, slot map refreshes) fire here too.
-    if (ns->remote) {
-      const auto now = RedisClock::now();
-      if (ns->remote->in_flight() > 0 || ns->remote->next_deadline() <= now) ns->remote->service(now);
-    }
+    // Work of the tiers nobody waits for (background writes, sockets, timers) moves on here;
+    // transfers are reaped by the store below.
+    const bool store_idle = ns->store->transfers_in_flight() == 0;
+    ns->for_each_lower([&](Tier& t) { any |= t.advance(store_idle); });
     if (ns->store->transfers_in_flight() == 0) continue;
     events_.clear();
     bool room = false;
     if (ns->store->poll(events_, &room) == 0) continue;
     any = true;
-    if (ns->remote) log_remote_faults(*ns);  // a fault is logged as it happens, once per cause
+    ns->for_each_lower([&](Tier& t) { t.log_new_faults(ns->name); });  // as they happen, once per cause
     for (const StoreEvent& ev : events_) {
       auto it = ops_.find(ev.waiter);
       if (it == ops_.end()) continue;  // the request ended meanwhile
@@ -928,7 +789,7 @@ void DaemonImpl::housekeeping(uint64_t now) {
     }
   }
   for (auto& [name, ns] : namespaces_) {
-    if (ns->disk) ns->disk->housekeeping(now);
+    ns->for_each_lower([&](Tier& t) { t.housekeeping(now); });
   }
   release_namespaces(now);
 }
@@ -942,19 +803,19 @@ int DaemonImpl::next_timeout_ms() const {
   bool timed = !ops_.empty();
   for (auto& [name, ns] : namespaces_) {
     timed |= !ns->configured && ns->sessions == 0;
-    timed |= ns->disk && (ns->disk->pending_reencode() > 0 || ns->disk->background_busy());
+    ns->for_each_lower([&](const Tier& t) { timed |= t.wants_housekeeping(); });
   }
   for (const Session* s : active_) timed |= !s->reservations.empty();
   if (timed) at_most(int(kHousekeepingNs / 1000000));
   const uint64_t now = now_ns();
   for (auto& [fd, p] : pending_) at_most(p.deadline_ns > now ? int((p.deadline_ns - now) / 1000000) + 1 : 0);
-  // The remote tier's deadlines (request timeouts, reconnect backoff, slot map refreshes).
-  const auto clock_now = RedisClock::now();
+  // The tiers' own deadlines (request timeouts, reconnect backoff, slot map refreshes).
   for (auto& [name, ns] : namespaces_) {
-    if (!ns->remote) continue;
-    const auto next = ns->remote->next_deadline();
-    if (next == RedisClock::time_point::max()) continue;
-    at_most(next <= clock_now ? 0 : int(std::chrono::duration_cast<std::chrono::milliseconds>(next - clock_now).count()) + 1);
+    ns->for_each_lower([&](const Tier& tier) {
+      const uint64_t next = tier.next_deadline_ns();
+      if (next == UINT64_MAX) return;
+      at_most(next <= now ? 0 : int(std::min<uint64_t>((next - now) / 1'000'000, INT32_MAX - 1)) + 1);
+    });
   }
   return t;
 }
@@ -1002,18 +863,14 @@ Status DaemonImpl::service_control(int timeout_ms) {
         // which would otherwise wake every epoll_wait at once (an idle daemon at 100% CPU).
         for (auto& [name, ns] : namespaces_) {
           if (ns->region_id != wake_region(id)) continue;
-          int fd = ns->host->wake_fd();
-          switch (wake_which(id)) {
-            case TierFd::kHostWake: break;
-            case TierFd::kDiskWake: fd = ns->disk ? ns->disk->wake_fd() : -1; break;
-            case TierFd::kRemoteWake: fd = ns->remote ? ns->remote->wake_fd() : -1; break;
-            case TierFd::kRemoteSockets:
-              fd = -1;
-              if (ns->remote) ns->remote->service();  // replies, connects; completions follow on its wake fd
-              break;
+          Tier* tier = ns->tier(wake_tier(id));
+          if (tier == nullptr) continue;
+          if (wake_which(id) == TierFd::kPoll) {
+            tier->on_poll_fd();  // sockets: its completions follow on its wake fd
+            continue;
           }
           uint64_t count;
-          if (fd >= 0) (void)!::read(fd, &count, sizeof count);
+          if (tier->wake_fd() >= 0) (void)!::read(tier->wake_fd(), &count, sizeof count);
         }
         break;
       }
@@ -1101,43 +958,51 @@ Status DaemonImpl::run() {
   return OkStatus();
 }
 
-// SIGTERM: chunks held only in the arena are written to the disk tier, so a restart serves them.
+// SIGTERM: chunks held only in the arena are written down to the tier a restart rebuilds the
+// index from (T2), so a restart serves them.
 void DaemonImpl::write_down_on_stop() {
   for (auto& [name, ns] : namespaces_) {
-    if (!ns->disk) continue;
-    const uint64_t t0 = now_ns();
-    uint64_t started = 0, last_log = t0;
-    if (cfg_.disk.flush_on_stop) {
-      const uint64_t written_before = ns->store->counters().written_through_chunks;
-      // Each chunk is tried once: a disk that fails them all must not keep kdnd from exiting.
-      const uint64_t budget = ns->store->host_only_chunks();
-      if (budget > 0)
-        spdlog::info("namespace '{}': writing {} chunks held only in the arena to the disk tier before exiting",
-                     name, budget);
-      for (;;) {
-        // Keep the device's queue full, not the whole arena in flight at once.
-        const uint64_t room = 4ull * cfg_.disk.queue_depth * ns->disk->devices();
-        const uint64_t in_flight = ns->store->transfers_in_flight();
-        if (in_flight < room) {
-          const uint64_t n = started < budget ? ns->store->write_down(std::min(room - in_flight, budget - started)) : 0;
-          started += n;
-          if (n == 0 && in_flight == 0) break;
-        }
-        events_.clear();
-        bool room_freed = false;
-        if (ns->store->poll(events_, &room_freed) == 0 && ns->store->transfers_in_flight() > 0) ns->disk->service();
-        if (now_ns() - last_log > 1'000'000'000) {
-          spdlog::info("namespace '{}': writing the arena down before exiting: {} chunks so far", name,
-                       ns->store->counters().written_through_chunks - written_before);
-          last_log = now_ns();
-        }
-      }
-      if (started > 0)
-        spdlog::info("namespace '{}': wrote {} arena chunks to the disk tier in {:.2f} s before exiting", name,
-                     ns->store->counters().written_through_chunks - written_before, (now_ns() - t0) / 1e9);
-    }
-    ns->disk->drain();
+    Tier* target = nullptr;
+    ns->for_each_lower([&](Tier& t) {
+      if (target == nullptr && t.capabilities().indexed_at_start) target = &t;
+    });
+    if (target == nullptr) continue;
+    if (cfg_.disk.flush_on_stop) write_down(name, *ns, *target);
+    ns->for_each_lower([](Tier& t) { t.drain(); });
   }
+}
+
+// Each chunk is tried once: a tier that fails them all must not keep kdnd from exiting.
+void DaemonImpl::write_down(const std::string& name, Namespace& ns, Tier& target) {
+  const uint64_t t0 = now_ns();
+  uint64_t started = 0, last_log = t0;
+  const char* where = tier_name(target.id());
+  const uint64_t written_before = ns.store->counters().written_through_chunks;
+  const uint64_t budget = ns.store->host_only_chunks();
+  if (budget > 0)
+    spdlog::info("namespace '{}': writing {} chunks held only in the arena to the {} tier before exiting", name,
+                 budget, where);
+  for (;;) {
+    // Keep the device's queue full, not the whole arena in flight at once.
+    const uint64_t room = target.queue_room();
+    const uint64_t in_flight = ns.store->transfers_in_flight();
+    if (in_flight < room) {
+      const uint64_t n = started < budget ? ns.store->write_down(std::min(room - in_flight, budget - started)) : 0;
+      started += n;
+      if (n == 0 && in_flight == 0) break;
+    }
+    events_.clear();
+    bool room_freed = false;
+    if (ns.store->poll(events_, &room_freed) == 0 && ns.store->transfers_in_flight() > 0) (void)target.advance(true);
+    if (now_ns() - last_log > 1'000'000'000) {
+      spdlog::info("namespace '{}': writing the arena down before exiting: {} chunks so far", name,
+                   ns.store->counters().written_through_chunks - written_before);
+      last_log = now_ns();
+    }
+  }
+  if (started > 0)
+    spdlog::info("namespace '{}': wrote {} arena chunks to the {} tier in {:.2f} s before exiting", name,
+                 ns.store->counters().written_through_chunks - written_before, where, (now_ns() - t0) / 1e9);
 }
 
 std::vector<NamespaceMetrics> DaemonImpl::metrics_namespaces() const {
@@ -1158,7 +1023,8 @@ void DaemonImpl::write_metrics() {
   }
 }
 
-Daemon::Daemon(Config config) : impl_(std::make_unique<DaemonImpl>(std::move(config))) {}
+Daemon::Daemon(Config config, DaemonFaults faults)
+    : impl_(std::make_unique<DaemonImpl>(std::move(config), faults)) {}
 Daemon::~Daemon() = default;
 Status Daemon::start() { return impl_->start(); }
 Status Daemon::run() { return impl_->run(); }

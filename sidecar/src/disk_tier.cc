@@ -92,7 +92,7 @@ bool DiskTier::locate(const Placement& p, uint32_t* device, uint64_t* header_off
   return true;
 }
 
-void DiskTier::learn_model(const ModelInfo& model) noexcept { geometries_.learn(model); }
+
 
 // ---- space -------------------------------------------------------------------------------------------
 

@@ -77,14 +77,6 @@ struct DiskTierOptions {
   std::span<std::byte> arena;          // the host arena: registered as fixed buffers
 };
 
-// A chunk found by recovery, for the index to adopt.
-struct RecoveredChunk {
-  kdn_key key{};
-  kdn_key fingerprint{};
-  uint64_t raw_bytes = 0;
-  Placement placement;
-};
-
 struct RecoveryReport {
   uint64_t slabs_scanned = 0, headers_read = 0, chunks = 0, bytes = 0;
   uint64_t stale = 0;    // older copies of a key a newer slot holds
@@ -117,7 +109,7 @@ class DiskTier final : public Tier {
 
   // ---- Tier
   TierId id() const noexcept override { return TierId::kDisk; }
-  TierCapabilities capabilities() const noexcept override { return {false, true, true}; }
+  TierCapabilities capabilities() const noexcept override { return {false, true, true, true}; }
   uint64_t capacity_bytes() const noexcept override;
   uint64_t used_bytes() const noexcept override;
   Result<uint16_t> slot_class(uint64_t bytes) noexcept override;
@@ -129,20 +121,26 @@ class DiskTier final : public Tier {
   size_t reap(std::span<TierCompletion> out) noexcept override;
   uint64_t in_flight() const noexcept override { return submitted_ - reaped_; }
 
-  // ---- the rest of the loop's work
+  // ---- the daemon's loop (tier.h's hooks; disk_tier_hooks.cc)
+  void learn_model(const ModelInfo& model) noexcept override;  // its demotions can be encoded
+  // Background work (slab table writes, re-encoding, fdatasync) moves on while no transfer is
+  // in flight (the store's reaps move it on otherwise); checksums computed on the loop keep it
+  // awake.
+  bool advance(bool store_idle) noexcept override;
+  bool wants_housekeeping() const noexcept override { return pending_reencode_ > 0 || background_busy(); }
+  // Starts background work that is due: re-encoding when idle, batched fdatasync.
+  void housekeeping(uint64_t now_ns) noexcept override;
+  uint64_t queue_room() const noexcept override;
+  void drain() noexcept override;  // waits for every operation in flight (shutdown)
+  void describe_stats(ipc::TierStatsRecord& r) const noexcept override;
+  void describe_metrics(MetricsSink& sink) const override;
+
   // Moves every stage of every operation on (completions, worker results, queued
-  // submissions) and flushes submissions. reap() calls it; the daemon calls it when
-  // background_busy() and no transfer is in flight.
+  // submissions) and flushes submissions. reap() and advance() call it.
   void service() noexcept;
   bool background_busy() const noexcept { return background_ops_ > 0; }
   // Checksums wait to be computed on the loop: keep calling service() rather than sleeping.
   bool has_loop_work() const noexcept { return !checksums_.empty(); }
-  // Starts background work that is due: re-encoding when idle, batched fdatasync.
-  void housekeeping(uint64_t now_ns) noexcept;
-  // The geometry of a model's chunks, so its demotions can be encoded.
-  void learn_model(const ModelInfo& model) noexcept;
-  // Waits for every operation in flight (shutdown).
-  void drain() noexcept;
 
   const DiskCounters& counters() const noexcept { return counters_; }
   RingCounters ring_counters() const noexcept;

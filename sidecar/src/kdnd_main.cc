@@ -146,7 +146,12 @@ int run_daemon(const Config& cfg) {
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(cfg.log_level));
 
-  kdn::sidecar::Daemon daemon(cfg);
+  kdn::sidecar::DaemonFaults faults;
+#if KDN_TEST_SEAMS
+  // kdnd-test only (built with the tests): faults the multi-process tests inject.
+  if (const char* n = std::getenv("KDN_TEST_GPU_FAIL_RETRIEVE")) faults.fail_gpu_retrieve = std::strtoull(n, nullptr, 10);
+#endif
+  kdn::sidecar::Daemon daemon(cfg, faults);
   if (kdn::Status st = daemon.start(); !st.ok()) {
     spdlog::error("cannot start: {}{}{}", st.what(), st.sys_errno() ? ": " : "",
                   st.sys_errno() ? std::strerror(st.sys_errno()) : "");

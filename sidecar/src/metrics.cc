@@ -4,6 +4,7 @@
 
 #include <kdn/common/files.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <iterator>
@@ -44,6 +45,54 @@ void read_path_families(std::ostream& o, const std::vector<NamespaceMetrics>& ns
         o << "kdn_tier_bytes_total{namespace=\"" << n.name << "\",tier=\"" << tier << "\",direction=\""
           << (f == Flow::kIn ? "in" : "out") << "\"} " << n.ns->store->counters().tier_bytes[t][size_t(f)] << '\n';
     });
+}
+
+// The lower tiers' own counters (each tier describes them: Tier::describe_metrics), then what the
+// store counts of them, for the namespaces that have them; a family's samples stay together.
+template <class Metric>
+void tier_families(std::ostream& o, const std::vector<NamespaceMetrics>& ns, Metric metric) {
+  struct Family {
+    std::string name;
+    MetricsSink::Kind kind;
+    const char* help;
+    std::vector<std::pair<const std::string*, uint64_t>> samples;
+  };
+  struct Collector final : MetricsSink {
+    std::vector<Family> families;
+    const std::string* ns = nullptr;
+    void add(const char* name, Kind kind, const char* help, uint64_t value) override {
+      auto f = std::find_if(families.begin(), families.end(), [&](const Family& x) { return x.name == name; });
+      if (f == families.end()) f = families.insert(families.end(), Family{name, kind, help, {}});
+      f->samples.emplace_back(ns, value);
+    }
+  } c;
+  for (const NamespaceMetrics& n : ns) {
+    c.ns = &n.name;
+    n.ns->for_each_lower([&](const Tier& t) { t.describe_metrics(c); });
+  }
+  using Get = uint64_t (*)(const StoreCounters&);
+  struct StoreCol { const char* name; const char* help; TierId tier; Get get; };
+  static const StoreCol store_cols[] = {
+      {"kdn_disk_recovered_chunks", "Chunks found on disk at start.", TierId::kDisk, [](const StoreCounters& k) { return k.recovered_chunks; }},
+      {"kdn_remote_probes_total", "Remote lookups on local misses (one pipelined EXISTS batch each).", TierId::kRemote, [](const StoreCounters& k) { return k.remote_probes; }},
+      {"kdn_remote_probe_keys_total", "Keys those lookups asked about.", TierId::kRemote, [](const StoreCounters& k) { return k.remote_probe_keys; }},
+      {"kdn_remote_found_chunks_total", "Chunks remote lookups found (other nodes' or earlier uploads).", TierId::kRemote, [](const StoreCounters& k) { return k.remote_found_chunks; }},
+      {"kdn_remote_failed_probes_total", "Remote lookups that did not fully answer in time (what did not answer is a miss).", TierId::kRemote, [](const StoreCounters& k) { return k.remote_failed_probes; }},
+      {"kdn_remote_uploads_total", "Chunks uploaded to the remote tier.", TierId::kRemote, [](const StoreCounters& k) { return k.uploaded_chunks; }},
+      {"kdn_remote_failed_uploads_total", "Uploads that failed (the chunk stayed on this node alone).", TierId::kRemote, [](const StoreCounters& k) { return k.failed_uploads; }},
+  };
+  for (const StoreCol& col : store_cols) {
+    for (const NamespaceMetrics& n : ns) {
+      if (n.ns->tier(col.tier) == nullptr) continue;
+      c.ns = &n.name;
+      c.add(col.name, col.tier == TierId::kDisk ? MetricsSink::Kind::kGauge : MetricsSink::Kind::kCounter, col.help,
+            col.get(n.ns->store->counters()));
+    }
+  }
+  for (const Family& f : c.families) {
+    metric(f.name.c_str(), f.kind == MetricsSink::Kind::kCounter ? "counter" : "gauge", f.help);
+    for (const auto& [name, value] : f.samples) o << f.name << "{namespace=\"" << *name << "\"} " << value << '\n';
+  }
 }
 
 }  // namespace
@@ -172,54 +221,7 @@ std::string prometheus_text(const DaemonCounters& d, const std::vector<Namespace
     metric(c.name, c.type, c.help);
     for (const NamespaceMetrics& n : ns) o << c.name << "{namespace=\"" << n.name << "\"} " << c.get(*n.ns) << '\n';
   }
-  // The disk and remote tiers' own counters, for namespaces that have them.
-  using DiskGet = uint64_t (*)(const Namespace&);
-  struct DiskCol { const char* name; const char* type; const char* help; DiskGet get; bool remote = false; };
-  static const DiskCol disk_cols[] = {
-      {"kdn_disk_reads_total", "counter", "Chunk payloads read from the disk tier.", [](const Namespace& n) { return n.disk->counters().reads; }},
-      {"kdn_disk_read_bytes_total", "counter", "Bytes read from the disk tier.", [](const Namespace& n) { return n.disk->counters().read_bytes; }},
-      {"kdn_disk_writes_total", "counter", "Chunks written to the disk tier.", [](const Namespace& n) { return n.disk->counters().writes; }},
-      {"kdn_disk_write_bytes_total", "counter", "Bytes written to the disk tier (headers included).", [](const Namespace& n) { return n.disk->counters().write_bytes; }},
-      {"kdn_disk_raw_bytes_written_total", "counter", "Canonical bytes of the chunks written (codec ratio: raw / stored).", [](const Namespace& n) { return n.disk->counters().raw_bytes_written; }},
-      {"kdn_disk_stored_bytes_written_total", "counter", "Stored bytes of the chunks written.", [](const Namespace& n) { return n.disk->counters().stored_bytes_written; }},
-      {"kdn_disk_recovered_chunks", "gauge", "Chunks found on disk at start.", [](const Namespace& n) { return n.store->counters().recovered_chunks; }},
-      {"kdn_disk_faults_io_total", "counter", "Disk I/O errors (EIO and others).", [](const Namespace& n) { return n.disk->counters().io_errors; }},
-      {"kdn_disk_faults_no_space_total", "counter", "Disk writes refused with ENOSPC.", [](const Namespace& n) { return n.disk->counters().no_space; }},
-      {"kdn_disk_faults_end_of_file_total", "counter", "Reads past the end of a slab file.", [](const Namespace& n) { return n.disk->counters().end_of_file; }},
-      {"kdn_disk_faults_crc_total", "counter", "Disk chunks that failed their CRC32C.", [](const Namespace& n) { return n.disk->counters().crc_mismatch; }},
-      {"kdn_disk_faults_decode_total", "counter", "Compressed disk chunks that did not decode.", [](const Namespace& n) { return n.disk->counters().decode_errors; }},
-      {"kdn_remote_reads_total", "counter", "Values read from the remote tier (GET).", [](const Namespace& n) { return n.remote->counters().reads; }, true},
-      {"kdn_remote_read_bytes_total", "counter", "Chunk bytes read from the remote tier (decoded).", [](const Namespace& n) { return n.remote->counters().read_bytes; }, true},
-      {"kdn_remote_stored_bytes_read_total", "counter", "Payload bytes read from the remote tier (as stored: the codec's ratio is read_bytes / this).", [](const Namespace& n) { return n.remote->counters().stored_bytes_read; }, true},
-      {"kdn_remote_writes_total", "counter", "Values written to the remote tier (SET).", [](const Namespace& n) { return n.remote->counters().writes; }, true},
-      {"kdn_remote_write_bytes_total", "counter", "Chunk bytes written to the remote tier.", [](const Namespace& n) { return n.remote->counters().write_bytes; }, true},
-      {"kdn_remote_stored_bytes_written_total", "counter", "Payload bytes written to the remote tier (as stored: the codec's ratio is write_bytes / this).", [](const Namespace& n) { return n.remote->counters().stored_bytes_written; }, true},
-      {"kdn_remote_encoded_writes_total", "counter", "Values written encoded with remote_codec.", [](const Namespace& n) { return n.remote->counters().encoded_writes; }, true},
-      {"kdn_remote_raw_writes_total", "counter", "Values written raw under a remote_codec (encoders busy, model unknown, no gain).", [](const Namespace& n) { return n.remote->counters().raw_writes; }, true},
-      {"kdn_remote_probes_total", "counter", "Remote lookups on local misses (one pipelined EXISTS batch each).", [](const Namespace& n) { return n.store->counters().remote_probes; }, true},
-      {"kdn_remote_probe_keys_total", "counter", "Keys those lookups asked about.", [](const Namespace& n) { return n.store->counters().remote_probe_keys; }, true},
-      {"kdn_remote_found_chunks_total", "counter", "Chunks remote lookups found (other nodes' or earlier uploads).", [](const Namespace& n) { return n.store->counters().remote_found_chunks; }, true},
-      {"kdn_remote_failed_probes_total", "counter", "Remote lookups that did not fully answer in time (what did not answer is a miss).", [](const Namespace& n) { return n.store->counters().remote_failed_probes; }, true},
-      {"kdn_remote_uploads_total", "counter", "Chunks uploaded to the remote tier.", [](const Namespace& n) { return n.store->counters().uploaded_chunks; }, true},
-      {"kdn_remote_failed_uploads_total", "counter", "Uploads that failed (the chunk stayed on this node alone).", [](const Namespace& n) { return n.store->counters().failed_uploads; }, true},
-      {"kdn_remote_faults_missing_total", "counter", "Remote reads that found no value (evicted, deleted, flushed).", [](const Namespace& n) { return n.remote->counters().missing; }, true},
-      {"kdn_remote_faults_foreign_total", "counter", "Remote values of another chunk, model or namespace, refused.", [](const Namespace& n) { return n.remote->counters().foreign; }, true},
-      {"kdn_remote_faults_bad_length_total", "counter", "Remote values of the wrong length, refused unread.", [](const Namespace& n) { return n.remote->counters().bad_length; }, true},
-      {"kdn_remote_faults_bad_header_total", "counter", "Remote values whose header failed its checks.", [](const Namespace& n) { return n.remote->counters().bad_header; }, true},
-      {"kdn_remote_faults_crc_total", "counter", "Remote payloads that failed their CRC32C.", [](const Namespace& n) { return n.remote->counters().crc_mismatch; }, true},
-      {"kdn_remote_faults_decode_total", "counter", "Remote KVC1 payloads that did not decode (or, lossless, to other bytes).", [](const Namespace& n) { return n.remote->counters().decode_errors; }, true},
-      {"kdn_remote_faults_wrong_type_total", "counter", "Remote keys holding another type (WRONGTYPE).", [](const Namespace& n) { return n.remote->counters().wrong_type; }, true},
-      {"kdn_remote_faults_no_space_total", "counter", "Remote writes refused with OOM (maxmemory).", [](const Namespace& n) { return n.remote->counters().no_space; }, true},
-      {"kdn_remote_faults_timeout_total", "counter", "Remote requests unanswered by their deadline (tier.remote.timeout_ms).", [](const Namespace& n) { return n.remote->counters().timeouts; }, true},
-      {"kdn_remote_faults_unavailable_total", "counter", "Remote requests failed by a node down, a lost connection or redirects.", [](const Namespace& n) { return n.remote->counters().unavailable; }, true},
-      {"kdn_remote_faults_error_reply_total", "counter", "Remote requests answered with another error (CLUSTERDOWN, TRYAGAIN, ...).", [](const Namespace& n) { return n.remote->counters().error_replies; }, true},
-  };
-  for (const DiskCol& c : disk_cols) {
-    metric(c.name, c.type, c.help);
-    for (const NamespaceMetrics& n : ns)
-      if (c.remote ? n.ns->remote != nullptr : n.ns->disk != nullptr)
-        o << c.name << "{namespace=\"" << n.name << "\"} " << c.get(*n.ns) << '\n';
-  }
+  tier_families(o, ns, metric);
   read_path_families(o, ns, metric);
   struct TierCol { const char* name; const char* help; bool capacity; bool bytes; };
   static const TierCol tier_cols[] = {

@@ -139,11 +139,20 @@ class RemoteTier final : public Tier {
   // failed reads 0 and makes the completion's status kIo. Exactly one completion with `id`
   // follows through reap() (a non-ok return: none). The caller keeps *exists alive until then.
   Status probe(TransferId id, std::span<const ChunkIdentity> chunks, std::vector<uint8_t>* exists) noexcept override;
+  // ---- the daemon's loop (tier.h's hooks; remote_tier_hooks.cc)
   // The geometry of a model's chunks, so that its writes can be encoded (reads need none).
-  void learn_model(const ModelInfo& model) noexcept { geometries_.learn(model); }
+  void learn_model(const ModelInfo& model) noexcept override { geometries_.learn(model); }
+  // Replies are read (into arena slots) as they come; timers (deadlines, reconnects, slot map
+  // refreshes) fire here too.
+  bool advance(bool store_idle) noexcept override;
+  int poll_fd() const noexcept override { return client_->fd(); }
+  void on_poll_fd() noexcept override { service(); }  // replies, connects; completions follow on wake_fd
+  uint64_t next_deadline_ns() const noexcept override;
+  // Each fault cause is logged once, when first met: every fault is a local miss, never an error.
+  void log_new_faults(std::string_view ns) noexcept override;
+  void describe_stats(ipc::TierStatsRecord& r) const noexcept override;
+  void describe_metrics(MetricsSink& sink) const override;
 
-  // ---- the event loop
-  int poll_fd() const noexcept { return client_->fd(); }
   RedisClock::time_point next_deadline() const noexcept { return client_->next_deadline(); }
   void service(RedisClock::time_point now) noexcept;
   void service() noexcept { service(RedisClock::now()); }
@@ -209,6 +218,7 @@ class RemoteTier final : public Tier {
   uint64_t submitted_ = 0, reaped_ = 0;
   uint32_t transfers_ = 0;                   // transfers in flight (not yet completed)
   RemoteCounters counters_;
+  uint32_t faults_logged_ = 0;               // a bit per fault cause already logged
   std::unique_ptr<RedisCluster> client_;     // last: destroyed first, failing what is in flight
 };
 

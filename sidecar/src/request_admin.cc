@@ -189,55 +189,24 @@ std::array<ipc::TierStatsRecord, kTierCount> RequestHandler::tier_stats(const Na
     r.in_flight = gpu_->busy() ? 1 : 0;
     gpu_->t0_codec_stats(&r);
   }
-  if (const DiskTier* d = ns.disk.get()) {
+  // What the store counts of the tiers below the host, then what each tier counts itself.
+  if (ns.tier(TierId::kDisk) != nullptr) {
     ipc::TierStatsRecord& r = out[kDisk];
-    const DiskCounters& c = d->counters();
-    const RingCounters rc = d->ring_counters();
     r.promoted_chunks = k.promoted_from_chunks[kDisk];
     r.promoted_bytes = k.promoted_from_bytes[kDisk];
     r.demoted_chunks = k.demoted_chunks;
     r.demoted_bytes = k.demoted_bytes;
     r.written_through_chunks = k.written_through_chunks;
-    r.reads = c.reads;
-    r.read_bytes = c.read_bytes;
-    r.writes = c.writes;
-    r.write_bytes = c.write_bytes;
-    r.raw_bytes_written = c.raw_bytes_written;
-    r.stored_bytes_written = c.stored_bytes_written;
-    r.reencoded_chunks = c.reencoded;
-    r.pending_reencode = d->pending_reencode();
-    r.fault_io = c.io_errors;
-    r.fault_no_space = c.no_space;
-    r.fault_eof = c.end_of_file;
-    r.fault_crc = c.crc_mismatch;
-    r.fault_decode = c.decode_errors;
-    r.retries = rc.retries;
-    r.short_transfers = rc.short_transfers;
     r.recovered_chunks = k.recovered_chunks;
-    r.queue_depth = config_.disk.queue_depth;
-    r.codec = uint64_t(d->codec());
-    r.flags = (d->buffers_registered() ? ipc::kTierStatsFixedBuffers : 0) |
-              (d->degraded() ? ipc::kTierStatsDegraded : 0);
   }
-  if (const RemoteTier* remote = ns.remote.get()) {
+  if (ns.tier(TierId::kRemote) != nullptr) {
     ipc::TierStatsRecord& r = out[kRemote];
-    const RemoteCounters& c = remote->counters();
     r.promoted_chunks = k.promoted_from_chunks[kRemote];
     r.promoted_bytes = k.promoted_from_bytes[kRemote];
     r.written_through_chunks = k.uploaded_chunks;  // uploads, at commit or as chunks leave memory
-    r.reads = c.reads;
-    r.read_bytes = c.read_bytes;
-    r.writes = c.writes;
-    r.write_bytes = c.write_bytes;
-    r.fault_io = c.timeouts + c.unavailable + c.error_replies;
-    r.fault_no_space = c.no_space;
-    r.fault_eof = c.missing;  // the value is gone
-    r.fault_crc = c.crc_mismatch + c.bad_header + c.bad_length + c.foreign + c.wrong_type;
-    r.fault_decode = c.decode_errors;
-    r.raw_bytes_written = c.write_bytes;
-    r.stored_bytes_written = c.stored_bytes_written;
-    r.recovered_chunks = k.remote_found_chunks;  // found by lookups on local misses
+    r.recovered_chunks = k.remote_found_chunks;    // found by lookups on local misses
   }
+  ns.for_each_lower([&](const Tier& t) { t.describe_stats(out[tier_index(t.id())]); });
   return out;
 }
 

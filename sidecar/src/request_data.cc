@@ -64,8 +64,7 @@ Step RequestHandler::serve(Op& op, uint64_t, ipc::RegisterModelOp) {
     id = *got;
     s.models.push_back(id);
   }
-  if (s.ns->disk) s.ns->disk->learn_model(*info);  // its demotions can be encoded now
-  if (s.ns->remote) s.ns->remote->learn_model(*info);  // and its uploads (remote_codec)
+  s.ns->for_each_lower([&](Tier& t) { t.learn_model(*info); });  // its demotions and uploads can be encoded now
   ipc::RegisterModelOp::put({id, info->chunk_bytes, info->chunk_tokens, info->fingerprint}, op.cqe);
   return finish(op, OkStatus());
 }

@@ -11,10 +11,9 @@
 // Everything here is owned by the daemon's event loop thread.
 #pragma once
 
-#include "disk_tier.h"
 #include "host_arena_tier.h"
-#include "remote_tier.h"
 #include "staging.h"
+#include "tier.h"
 #include "tiered_store.h"
 
 #include <kdn/common/model.h>
@@ -22,6 +21,7 @@
 #include <kdn/ipc/session.h>
 #include <kdn/sidecar/config.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -43,19 +43,27 @@ struct Namespace {
   bool configured = false;         // declared in the configuration (never released)
   uint32_t region_id = 0;          // its arena's region, and the generation of that memory
   uint32_t region_generation = 0;
-  std::unique_ptr<HostArenaTier> host;
-  std::unique_ptr<DiskTier> disk;  // T2, for namespaces declared in the configuration; may be null
+  std::unique_ptr<HostArenaTier> host;  // T1: every namespace's; engines map its arena
   std::unique_ptr<TieredStore> store;
-  // T3, for namespaces declared in the configuration; may be null. Declared after the store,
-  // so it goes first: its destructor fails the probes in flight, whose answers the store owns.
-  std::unique_ptr<RemoteTier> remote;
-  uint32_t remote_faults_logged = 0;   // bit per fault cause already logged (once per cause)
+  // The tiers below T1 by TierId (T2, T3; the tier factory opens them for namespaces declared
+  // in the configuration), null where absent. Declared after the store, so they go first: T3's
+  // destructor fails the probes in flight, whose answers the store owns.
+  std::array<std::unique_ptr<Tier>, kTierCount> lower;
   uint32_t sessions = 0;           // open sessions
   uint32_t attached = 0;           // Session objects, closed ones whose copies are in flight too
   uint64_t staging_bytes = 0;      // of its sessions
   uint64_t empty_since_ns = 0;     // when its last session ended (client-created namespaces)
   std::atomic<uint64_t> prefault_left{0};  // arena bytes the Prefaulter has still to fault in
   NamespaceCounters counters;
+
+  // The namespace's tier `t` (the host's or one below it), or null.
+  Tier* tier(TierId t) const noexcept { return t == TierId::kHost ? host.get() : lower[tier_index(t)].get(); }
+  // Visits the tiers below the host that the namespace has.
+  template <class F>
+  void for_each_lower(F visit) const {
+    for (const std::unique_ptr<Tier>& t : lower)
+      if (t) visit(*t);
+  }
 };
 
 struct LeaseHold {

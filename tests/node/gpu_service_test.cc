@@ -544,7 +544,7 @@ TEST(GpuEngine, ACheckReportsACopyThatFailedAfterTheAnswer) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   ASSERT_EQ(setenv("KDN_TEST_GPU_FAIL_RETRIEVE", "2", 1), 0);
-  KdndProcess d({"--log-level", "info", "--set", "tier.gpu.enable=on"});
+  KdndProcess d({"--log-level", "info", "--set", "tier.gpu.enable=on"}, "", kdn::testing::kdnd_test_binary());
   unsetenv("KDN_TEST_GPU_FAIL_RETRIEVE");
   Conn k(d, tiny_model(kT));
   ASSERT_TRUE(k.ok()) << d.log();

@@ -42,11 +42,11 @@ const char* binary_beside_self(const char* name, const char* built) {
   return it->second.c_str();
 }
 
-KdndProcess::KdndProcess(std::vector<std::string> extra, const std::string& tag) {
+KdndProcess::KdndProcess(std::vector<std::string> extra, const std::string& tag, const char* binary) {
   char tmpl[] = "/tmp/kdn-test-XXXXXX";
   dir_ = mkdtemp(tmpl);
   socket_ = dir_ + "/kdnd" + tag + ".sock";
-  std::vector<std::string> args = {kdnd_binary(), "--socket", socket_, "--host-arena-bytes", "256M",
+  std::vector<std::string> args = {binary ? binary : kdnd_binary(), "--socket", socket_, "--host-arena-bytes", "256M",
                                    "--slab-bytes", "16M", "--log-level", "warn", "--no-populate"};
   for (size_t i = 0; i < extra.size(); ++i) {
     if (extra[i] == "--token" && i + 1 < extra.size()) token_ = extra[i + 1];

@@ -17,11 +17,15 @@ namespace kdn::testing {
 const char* binary_beside_self(const char* name, const char* built);
 // kdnd's path, by the rule above.
 inline const char* kdnd_binary() { return binary_beside_self("kdnd", KDN_KDND_PATH); }
+// kdnd with its test seams on (DaemonFaults from the environment; sidecar/src/kdnd_main.cc).
+inline const char* kdnd_test_binary() { return binary_beside_self("kdnd-test", KDN_KDND_TEST_PATH); }
 
 class KdndProcess {
  public:
-  // Starts kdnd with `extra` flags and waits until it answers a ping (fails the test if not).
-  explicit KdndProcess(std::vector<std::string> extra = {}, const std::string& tag = "");
+  // Starts kdnd (or `binary`, e.g. kdnd_test_binary()) with `extra` flags and waits until it
+  // answers a ping (fails the test if not).
+  explicit KdndProcess(std::vector<std::string> extra = {}, const std::string& tag = "",
+                       const char* binary = nullptr);
   ~KdndProcess();
 
   const std::string& socket() const { return socket_; }

@@ -59,16 +59,14 @@ bool all_zero(const uint8_t* p, size_t n) {
 
 }  // namespace
 
-GpuService::GpuService(const GpuTierConfig& cfg) : cfg_(cfg) {
-  // The fault seam of the GPU tier's tests: the batch of the N-th retrieve is reported failed
-  // when it lands (its copies ran), as a copy that failed on the device would be.
-  if (const char* n = std::getenv("KDN_TEST_GPU_FAIL_RETRIEVE")) fail_retrieve_ = std::strtoull(n, nullptr, 10);
-}
+// The fault seam of the GPU tier's tests: the batch of the N-th retrieve is reported failed
+// when it lands (its copies ran), as a copy that failed on the device would be.
+GpuService::GpuService(const GpuTierConfig& cfg, uint64_t fail_retrieve) : cfg_(cfg), fail_retrieve_(fail_retrieve) {}
 
 bool GpuService::inject_failure() noexcept { return fail_retrieve_ != 0 && ++retrieves_seen_ == fail_retrieve_; }
 
-Result<std::unique_ptr<GpuService>> GpuService::create(const GpuTierConfig& cfg) {
-  std::unique_ptr<GpuService> s(new GpuService(cfg));
+Result<std::unique_ptr<GpuService>> GpuService::create(const GpuTierConfig& cfg, uint64_t fail_retrieve) {
+  std::unique_ptr<GpuService> s(new GpuService(cfg, fail_retrieve));
   if (cfg.enable == "off") {
     s->off_reason_ = "tier.gpu.enable = off";
     s->off_status_ = "GPU tier off: " + s->off_reason_;

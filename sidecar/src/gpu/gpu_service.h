@@ -79,7 +79,9 @@ class GpuService {
  public:
   // Starts the tier from [tier.gpu]. kUnavailable (kdnd must not start) only for enable = "on"
   // without a usable device or when setting one up fails; otherwise a service that may be off.
-  static Result<std::unique_ptr<GpuService>> create(const GpuTierConfig& cfg);
+  // `fail_retrieve` (a test build's fault seam, DaemonFaults): the N-th retrieve's batch lands
+  // failed, as a copy that failed on the device would; 0 for none.
+  static Result<std::unique_ptr<GpuService>> create(const GpuTierConfig& cfg, uint64_t fail_retrieve = 0);
   ~GpuService();
 
   bool enabled() const noexcept { return enabled_; }
@@ -188,7 +190,7 @@ class GpuService {
  private:
   struct Device;
   struct Batch;
-  explicit GpuService(const GpuTierConfig& cfg);
+  GpuService(const GpuTierConfig& cfg, uint64_t fail_retrieve);
   Status start();
   Status open_device(int ordinal, Device& d);
   void close(Registration& r) noexcept;
@@ -269,7 +271,7 @@ class GpuService {
   uint64_t failed_horizon_ = 1;
   std::vector<std::byte*> pinned_arenas_;
   uint64_t next_token_ = 1;
-  // Tests' fault seam (KDN_TEST_GPU_FAIL_RETRIEVE=N): the N-th retrieve's batch lands failed.
+  // Tests' fault seam (create's fail_retrieve): the N-th retrieve's batch lands failed.
   bool inject_failure() noexcept;
   uint64_t fail_retrieve_ = 0, retrieves_seen_ = 0;
   GpuCounters counters_;

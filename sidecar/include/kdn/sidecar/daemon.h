@@ -20,9 +20,15 @@ namespace kdn::sidecar {
 
 class DaemonImpl;
 
+// Faults injected through the daemon's seams by a test build of kdnd (kdnd-test, built with the
+// tests); the shipped kdnd injects none and reads no variable that would.
+struct DaemonFaults {
+  uint64_t fail_gpu_retrieve = 0;  // the N-th GPU retrieve's batch lands failed (0: none)
+};
+
 class Daemon {
  public:
-  explicit Daemon(Config config);
+  explicit Daemon(Config config, DaemonFaults faults = {});
   ~Daemon();
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
