@@ -1,6 +1,7 @@
 #include "baselines.h"
 #include "process.h"
 
+#include <kdn/common/testing/require.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -137,9 +138,9 @@ TEST(SpinPingPongBaselineTest, StopsAtTheTimeBudget) {
 
 TEST(RedisBaselineTest, SetsAndGetsThroughARealServer) {
 #if !KDN_BENCH_HAVE_HIREDIS
-  GTEST_SKIP() << "built without hiredis";
+  KDN_SKIP_OR_FAIL("HIREDIS", "built without hiredis");
 #endif
-  if (find_on_path("redis-server").empty()) GTEST_SKIP() << "redis-server is not installed";
+  if (find_on_path("redis-server").empty()) KDN_SKIP_OR_FAIL("REDIS", "redis-server is not installed");
   RedisOptions options;
   options.value_bytes = 1 << 20;
   options.total_bytes = 8 << 20;

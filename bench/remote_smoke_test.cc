@@ -5,6 +5,8 @@
 // figures (that is the benchmark's job). Skipped where Debian's redis-server is not installed.
 #include "smoke_util.h"
 
+#include <kdn/common/testing/require.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -28,7 +30,7 @@ bool process_mentions(const std::string& dir) {
 }
 
 TEST(RemoteBenchSmokeTest, MeasuresFetchAndLookupAgainstHiredisOnLoopback) {
-  if (!redis_installed()) GTEST_SKIP() << "redis-server is not installed (Debian: redis-server)";
+  if (!redis_installed()) KDN_SKIP_OR_FAIL("REDIS", "redis-server is not installed (Debian: redis-server)");
   BenchRun run = run_bench(
       "remote --json --no-link --chunk-bytes 262144 --chunks 48 --depth 8 --repeats 2 --probe-samples 200 "
       "--llama-size 512 --llama-reps 1");
@@ -78,7 +80,7 @@ TEST(RemoteBenchSmokeTest, MeasuresFetchAndLookupAgainstHiredisOnLoopback) {
 // and hiredis measured, every other codec measured or null with the tier's reason, nothing
 // wrong, and the namespace and its servers gone afterwards.
 TEST(RemoteBenchSmokeTest, ReadsEveryCodecBehindARateLimitedLink) {
-  if (!redis_installed()) GTEST_SKIP() << "redis-server is not installed (Debian: redis-server)";
+  if (!redis_installed()) KDN_SKIP_OR_FAIL("REDIS", "redis-server is not installed (Debian: redis-server)");
   BenchRun run = run_bench(
       "remote --json --no-llama --chunk-bytes 262144 --chunks 16 --depth 4 --repeats 1 --probe-samples 50 --link-mib 1");
   ASSERT_EQ(run.exit_code, 0) << run.said();
@@ -87,7 +89,8 @@ TEST(RemoteBenchSmokeTest, ReadsEveryCodecBehindARateLimitedLink) {
   if (j["link"].contains("skipped")) {
     EXPECT_FALSE(at(j, "link.skipped").get<std::string>().empty());
     EXPECT_TRUE(at(j, "link.kdn.t3_fetch_gbps_by_codec.none").is_null());
-    GTEST_SKIP() << "the link was skipped: " << at(j, "link.skipped");
+    KDN_SKIP_OR_FAIL("IPROUTE", "the rate-limited link was skipped (it needs root and iproute2's ip and tc): " +
+                                    at(j, "link.skipped").get<std::string>());
   }
   EXPECT_GT(at(j, "link.kdn.t3_fetch_gbps_by_codec.none").get<double>(), 0.0) << run.said();
   EXPECT_GT(at(j, "link.baselines.redis_get_gbps").get<double>(), 0.0) << run.said();

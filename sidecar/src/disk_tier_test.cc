@@ -9,6 +9,7 @@
 #include <kdn/common/model_presets.h>
 #include <kdn/kernels/synthetic.h>
 
+#include <kdn/common/testing/require.h>
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -442,7 +443,8 @@ TEST_F(DiskTierTest, UnregisteredBuffersWorkTheSame) {
 
 TEST_F(DiskTierTest, FixedBuffersServeArenaTransfers) {
   ASSERT_TRUE(open().ok());
-  if (!tier_->buffers_registered()) GTEST_SKIP() << "this process may not register buffers (RLIMIT_MEMLOCK)";
+  if (!tier_->buffers_registered())
+    KDN_SKIP_OR_FAIL("MEMLOCK", "this process may not register buffers (RLIMIT_MEMLOCK)");
   fill(0, 4);
   const Placement p = alloc();
   ASSERT_TRUE(write(p, 0, 1).ok());

@@ -10,6 +10,7 @@
 #include <kdn/common/clock.h>
 #include <kdn/common/model.h>
 
+#include <kdn/common/testing/require.h>
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -222,7 +223,7 @@ TEST(Contract, ASessionKdndClosedWritesNoChunk) {
 class Tenants : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (::getuid() != 0) GTEST_SKIP() << "acting as other uids needs root";
+    if (::getuid() != 0) KDN_SKIP_OR_FAIL("ROOT", "acting as other uids needs root");
     char tmpl[] = "/tmp/kdn-tenants-XXXXXX";
     conf_dir_ = ::mkdtemp(tmpl);
     conf_ = conf_dir_ + "/kdnd.toml";

@@ -7,6 +7,7 @@
 #include "cluster_suite.h"
 #include "redis_servers.h"
 
+#include <kdn/common/testing/require.h>
 #include <gtest/gtest.h>
 #include <sys/epoll.h>
 #include <unistd.h>
@@ -165,7 +166,7 @@ RedisClusterOptions standalone_options(int port) {
 #define SKIP_WITHOUT_REDIS()                                          \
   do {                                                                \
     if (std::string why = testing::redis_missing(); !why.empty()) {   \
-      GTEST_SKIP() << why;                                            \
+      KDN_SKIP_OR_FAIL("REDIS", why);                                 \
     }                                                                 \
   } while (0)
 

@@ -18,6 +18,7 @@
 #include <kdn/kernels/codec.h>
 #include <kdn/kernels/synthetic.h>
 
+#include <kdn/common/testing/require.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/epoll.h>
@@ -50,7 +51,7 @@ RedisClock::time_point now() { return RedisClock::now(); }
 #define SKIP_WITHOUT_REDIS()                                        \
   do {                                                              \
     if (std::string why = testing::redis_missing(); !why.empty()) { \
-      GTEST_SKIP() << why;                                          \
+      KDN_SKIP_OR_FAIL("REDIS", why);                               \
     }                                                               \
   } while (0)
 

@@ -13,6 +13,7 @@
 #include <kdn/kernels/codec.h>
 #include <kdn/kernels/synthetic.h>
 
+#include <kdn/common/testing/require.h>
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -109,7 +110,7 @@ std::pair<int, std::string> run_kdnd(std::vector<std::string> args) {
 class TwoNodes : public ClusterSuite<TwoNodes> {
  protected:
   void SetUp() override {
-    if (!redis_missing().empty()) GTEST_SKIP() << redis_missing();
+    if (!redis_missing().empty()) KDN_SKIP_OR_FAIL("REDIS", redis_missing());
     ASSERT_NE(servers_, nullptr) << why_;
     ASSERT_TRUE(servers_->wait_cluster_ok(20));
     for (auto& s : servers_->servers())
@@ -305,7 +306,7 @@ TEST_F(TwoNodes, AKilledMasterMeansMissesUntilItsReplicaTakesOver) {
 }
 
 TEST(TwoNodesStandalone, AFullStoreLeavesChunksOnTheirNodeAndCommitsSucceed) {
-  if (!redis_missing().empty()) GTEST_SKIP() << redis_missing();
+  if (!redis_missing().empty()) KDN_SKIP_OR_FAIL("REDIS", redis_missing());
   std::string why;
   auto redis = RedisServers::standalone({"--maxmemory", "2mb", "--maxmemory-policy", "noeviction"}, &why);
   ASSERT_NE(redis, nullptr) << why;
@@ -341,7 +342,7 @@ TEST(TwoNodesStandalone, AFullStoreLeavesChunksOnTheirNodeAndCommitsSucceed) {
 }
 
 TEST(TwoNodesWriteBack, ChunksLeavingNodeAsMemoryReachNodeB) {
-  if (!redis_missing().empty()) GTEST_SKIP() << redis_missing();
+  if (!redis_missing().empty()) KDN_SKIP_OR_FAIL("REDIS", redis_missing());
   std::string why;
   auto redis = RedisServers::standalone({}, &why);
   ASSERT_NE(redis, nullptr) << why;
@@ -366,7 +367,7 @@ TEST(TwoNodesWriteBack, ChunksLeavingNodeAsMemoryReachNodeB) {
 }
 
 TEST(TwoNodesConfig, UnreachableSeedsAndAServerThatIsNoClusterStopKdndAtStart) {
-  if (!redis_missing().empty()) GTEST_SKIP() << redis_missing();
+  if (!redis_missing().empty()) KDN_SKIP_OR_FAIL("REDIS", redis_missing());
   // Nothing listens on port 1.
   auto [rc, log] = run_kdnd({"--set", "tier.remote.seeds=127.0.0.1:1", "--set", "tier.remote.timeout_ms=300"});
   EXPECT_NE(rc, 0);
