@@ -2,7 +2,10 @@
 //
 // Baselines (fio, on a file in DIR in the state of kdn's slab files: fallocated, then written
 // once with O_DIRECT; one job, O_DIRECT, io_uring with fixed buffers and registered files,
-// blocks of one chunk, the queue depth kdnd uses): random read, sequential read, overwrite.
+// blocks of one chunk, the queue depth kdnd uses): random read, sequential read, random
+// overwrite and sequential write. A demotion writes slab slots in ascending order (the slab
+// allocator hands them out so), so its write is set beside both: sequential write is the
+// like-for-like limit, random overwrite the harder pattern.
 //
 // kdn (a kdnd of this build with its disk tier in DIR):
 //   t2_write_gbps            demotion: the arena holds `data` bytes of chunks; an operator's
@@ -18,7 +21,11 @@
 //   prefetch_hidden_fraction an engine prefetches a disk-only document, computes for as long as
 //                            the cold lease took, then leases: 1 - (lease wait / cold lease)
 //   lookup latency           LOOKUP round trips of a cached document, idle and while other
-//                            engines keep promotions saturating the disk
+//                            engines keep promotions saturating the disk. kdn_lookup from
+//                            token ids: libkdn hashes the document's tokens first, so the
+//                            idle figure is the hashing plus the round trip; the keys-only
+//                            figure (kdn_lookup_keys, the keys hashed once) is what
+//                            `kdn-bench node` calls lookup_rtt
 // Ratios are paired: each kdn write and read pass runs right after an fio run of its kind on
 // the same file, and the ratio reported is the median of the pairs (a shared machine's load
 // moves both alike). (A VM's disk may sit on the host's cache: the figures are claimed only
@@ -318,7 +325,7 @@ void main_phases(Report& r, const DiskOptions& o, const std::string& root, const
   // overwrite run right before it, so both see the same machine.
   std::vector<std::vector<uint8_t>> content(1, std::vector<uint8_t>(chunk));
   for (uint64_t i = 0; i < chunk; ++i) content[0][i] = uint8_t(i * 131 + 7);
-  std::vector<double> writes, write_pairs, reads, read_pairs, fio_w, fio_r;
+  std::vector<double> writes, write_pairs, seq_write_pairs, reads, read_pairs, fio_w, fio_sw, fio_r;
   for (uint32_t pass = 0; pass < o.read_passes; ++pass) {
     if (pass > 0) {  // start over: drop every copy (an operator's evict --all), store again
       if (!admin.evict_all()) break;
@@ -334,6 +341,7 @@ void main_phases(Report& r, const DiskOptions& o, const std::string& root, const
     }
     const auto before = admin.disk_stats();
     const auto fw = fio.run("randwrite");
+    const auto fsw = fio.run("write");  // sequential: the order the slab allocator writes in
     std::fprintf(stderr, "kdn-bench disk: pass %u: demotion of everything to disk...\n", pass + 1);
     uint64_t t0 = now_ns();
     const bool demoted = admin.demote_all();
@@ -348,6 +356,10 @@ void main_phases(Report& r, const DiskOptions& o, const std::string& root, const
     if (fw) {
       fio_w.push_back(*fw);
       write_pairs.push_back(w / *fw);
+    }
+    if (fsw) {
+      fio_sw.push_back(*fsw);
+      seq_write_pairs.push_back(w / *fsw);
     }
     r.set("kdn.fixed_buffers", (after->flags & ipc::kTierStatsFixedBuffers) != 0);
     // Promotion of all of it, in random document order.
@@ -367,6 +379,8 @@ void main_phases(Report& r, const DiskOptions& o, const std::string& root, const
   set_runs(r, "kdn.t2_write_gbps", writes);
   set_runs(r, "kdn.t2_read_gbps", reads);
   set_runs(r, "baselines.paired.fio_overwrite_gbps", fio_w);
+  set_runs(r, "baselines.paired.fio_seqwrite_gbps", fio_sw);
+  set_runs(r, "ratios.paired.write_vs_fio_seqwrite", seq_write_pairs);
   set_runs(r, "baselines.paired.fio_randread_gbps", fio_r);
   set_runs(r, "ratios.paired.write_vs_fio", write_pairs);
   set_runs(r, "ratios.paired.read_vs_fio", read_pairs);
@@ -422,6 +436,23 @@ void main_phases(Report& r, const DiskOptions& o, const std::string& root, const
         return summarize_ns(ns);
       };
       const LatencySummary idle = sample(o.lookup_samples);
+      // The same lookups with the keys hashed once (what kdn-bench node's lookup_rtt times).
+      std::vector<kdn_key> keys(tok.size() / T);
+      size_t n_keys = 0;
+      if (kdn_prefix_keys(&desc, tok.data(), tok.size(), keys.data(), keys.size(), &n_keys) == KDN_OK) {
+        std::vector<uint64_t> ns;
+        ns.reserve(o.lookup_samples);
+        kdn_lookup_result res{};
+        for (uint32_t i = 0; i < o.lookup_samples; ++i) {
+          const uint64_t a = now_ns();
+          if (kdn_lookup_keys(probe.c, probe.m, keys.data(), n_keys, &res) != KDN_OK || res.hit_chunks != kDocChunks) break;
+          ns.push_back(now_ns() - a);
+        }
+        const LatencySummary keyed = summarize_ns(ns);
+        r.set("kdn.lookup.idle_keys_p50_us", keyed.p50_us);
+        r.set("kdn.lookup.idle_keys_p99_us", keyed.p99_us);
+        r.set("kdn.lookup.tokens_per_lookup", uint64_t(tok.size()));
+      }
       std::atomic<bool> stop{false};
       std::atomic<uint64_t> promoted{0};
       std::thread load([&] {
@@ -603,11 +634,13 @@ int run_disk_bench(int argc, char** argv) {
     r.set("baselines.fio_randread_gbps", run_fio(fio, fio_file, data, "randread", chunk, o.queue_depth, o.fio_seconds, &raw));
     r.set("baselines.fio_seqread_gbps", run_fio(fio, fio_file, data, "read", chunk, o.queue_depth, o.fio_seconds, &raw));
     r.set("baselines.fio_overwrite_gbps", run_fio(fio, fio_file, data, "randwrite", chunk, o.queue_depth, o.fio_seconds, &raw));
+    r.set("baselines.fio_seqwrite_gbps", run_fio(fio, fio_file, data, "write", chunk, o.queue_depth, o.fio_seconds, &raw));
     r.set_json("baselines.fio", Report::Json::parse(raw.dump()));
   }
   if (!r.number("baselines.fio_randread_gbps")) r.set_null("baselines.fio_randread_gbps");
   if (!r.number("baselines.fio_seqread_gbps")) r.set_null("baselines.fio_seqread_gbps");
   if (!r.number("baselines.fio_overwrite_gbps")) r.set_null("baselines.fio_overwrite_gbps");
+  if (!r.number("baselines.fio_seqwrite_gbps")) r.set_null("baselines.fio_seqwrite_gbps");
 
   FioPair pair{fio, std::filesystem::exists(fio_file) ? fio_file : "", data, chunk, o.queue_depth};
   main_phases(r, o, root, desc, pair);
@@ -620,6 +653,7 @@ int run_disk_bench(int argc, char** argv) {
   const auto read = r.number("kdn.t2_read_gbps"), write = r.number("kdn.t2_write_gbps");
   r.set("ratios.read_vs_fio", r.number("ratios.paired.read_vs_fio"));
   r.set("ratios.write_vs_fio", r.number("ratios.paired.write_vs_fio"));
+  r.set("ratios.write_vs_fio_seqwrite", r.number("ratios.paired.write_vs_fio_seqwrite"));
   r.set("ratios.read_vs_fio_baseline_run", ratio(read, r.number("baselines.fio_randread_gbps")));
   r.set("ratios.write_vs_fio_baseline_run", ratio(write, r.number("baselines.fio_overwrite_gbps")));
   r.set("ratios.read_vs_fio_seqread", ratio(read, r.number("baselines.fio_seqread_gbps")));

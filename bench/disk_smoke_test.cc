@@ -25,7 +25,7 @@ TEST(DiskBenchSmokeTest, MeasuresEveryFigureAgainstARealKdnd) {
   ASSERT_FALSE(j.is_discarded()) << run.stdout_text;
   for (const char* key :
        {"kdn.t2_read_gbps", "kdn.t2_write_gbps", "kdn.recovery_s_10k", "kdn.prefetch_hidden_fraction",
-        "kdn.lookup.idle_p50_us", "kdn.lookup.loaded_p50_us", "kdn.lookup.loaded_max_us",
+        "kdn.lookup.idle_p50_us", "kdn.lookup.idle_keys_p50_us", "kdn.lookup.loaded_p50_us", "kdn.lookup.loaded_max_us",
         "kdn.t2_read_gbps_by_codec.none", "kdn.t2_read_gbps_by_codec.lossless", "kdn.t2_read_gbps_by_codec.int8",
         "kdn.t2_read_gbps_by_codec.kivi4", "kdn.codec_ratio.kivi4"}) {
     const nlohmann::json& v = at(j, key);
@@ -38,7 +38,8 @@ TEST(DiskBenchSmokeTest, MeasuresEveryFigureAgainstARealKdnd) {
   EXPECT_EQ(at(j, "kdn.recovery.chunks").get<uint64_t>(), 300u + (4 - 300 % 4) % 4);
   EXPECT_EQ(at(j, "kdnd.exit_after_sigterm").get<std::string>(), "exit 0");
   // fio present: baselines and ratios are numbers; absent: null, never invented.
-  for (const char* key : {"baselines.fio_randread_gbps", "baselines.fio_overwrite_gbps", "ratios.read_vs_fio"}) {
+  for (const char* key : {"baselines.fio_randread_gbps", "baselines.fio_overwrite_gbps", "baselines.fio_seqwrite_gbps",
+                          "ratios.read_vs_fio", "ratios.write_vs_fio", "ratios.write_vs_fio_seqwrite"}) {
     const nlohmann::json& v = at(j, key);
     EXPECT_TRUE(v.is_number() || v.is_null()) << key;
   }
