@@ -3,7 +3,7 @@ function(kdn_target_defaults tgt)
   target_compile_options(${tgt} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wno-missing-field-initializers>)
   if(KDN_THREAD_SAFETY AND CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
-    target_compile_options(${tgt} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wthread-safety>)
+    target_compile_options(${tgt} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wthread-safety -Werror=thread-safety>)
   endif()
 endfunction()
 

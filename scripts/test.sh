@@ -39,7 +39,7 @@ if [[ "$fuzz_seconds" != 0 ]] && [[ -f tests/fuzz/CMakeLists.txt ]]; then
   echo "test: fuzzing the KVC1 decoder, handshake, configuration, wire records, disk records, Redis replies and remote values, ${fuzz_seconds}s each"
   cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
     -DKDN_WITH_CUDA=OFF -DKDN_FUZZ=ON -DKDN_BUILD_BENCH=OFF -DKDN_BUILD_TESTS=ON \
-    -DKDN_BUILD_LLAMA=OFF >/dev/null
+    -DKDN_BUILD_LLAMA=OFF -DKDN_THREAD_SAFETY=ON >/dev/null  # clang: the GUARDED_BY fields are checked
   cmake --build build-fuzz -j "${KDN_JOBS:-$(nproc)}" --target kdn_fuzz_targets
   KDN_FUZZ_SECONDS=$fuzz_seconds ctest --test-dir build-fuzz -L fuzz --output-on-failure \
     -j "${KDN_TEST_JOBS:-2}"

@@ -756,7 +756,8 @@ bool DaemonImpl::poll_tiers() {
     bool room = false;
     if (ns->store->poll(events_, &room) == 0) continue;
     any = true;
-    ns->for_each_lower([&](Tier& t) { t.log_new_faults(ns->name); });  // as they happen, once per cause
+    const std::string& ns_name = ns->name;  // (a lambda may not capture a structured binding in clang 14)
+    ns->for_each_lower([&](Tier& t) { t.log_new_faults(ns_name); });  // as they happen, once per cause
     for (const StoreEvent& ev : events_) {
       auto it = ops_.find(ev.waiter);
       if (it == ops_.end()) continue;  // the request ended meanwhile

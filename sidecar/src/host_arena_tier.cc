@@ -1,5 +1,6 @@
 #include "host_arena_tier.h"
 
+#include <kdn/common/mutex.h>
 #include <kdn/kernels/stream_copy.h>
 
 #include <sys/eventfd.h>
@@ -9,7 +10,6 @@
 #include <optional>
 #include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <thread>
 
 namespace kdn::sidecar {
@@ -43,7 +43,7 @@ struct HostArenaTier::Workers {
   }
   ~Workers() {
     {
-      std::lock_guard lock(mu);
+      kdn::MutexLock lock(mu);
       stopping = true;  // the queue is drained first: run() returns only when it is empty
     }
     cv.notify_all();
@@ -52,14 +52,14 @@ struct HostArenaTier::Workers {
 
   void post(const Job& j) {
     {
-      std::lock_guard lock(mu);
+      kdn::MutexLock lock(mu);
       jobs.push_back(j);
     }
     cv.notify_one();
   }
 
   bool pop_done(TierCompletion* out) {
-    std::lock_guard lock(mu);
+    kdn::MutexLock lock(mu);
     if (done.empty()) return false;
     *out = done.front();
     done.pop_front();
@@ -70,8 +70,8 @@ struct HostArenaTier::Workers {
     for (;;) {
       Job j;
       {
-        std::unique_lock lock(mu);
-        cv.wait(lock, [&] { return stopping || !jobs.empty(); });
+        kdn::MutexLock lock(mu);
+        while (!stopping && jobs.empty()) lock.wait(cv);
         if (jobs.empty()) return;
         j = jobs.front();
         jobs.pop_front();
@@ -82,7 +82,7 @@ struct HostArenaTier::Workers {
       }
       copy_chunk(j.dst, j.src, j.bytes);
       {
-        std::lock_guard lock(mu);
+        kdn::MutexLock lock(mu);
         done.push_back({j.id, OkStatus()});
       }
       const uint64_t one = 1;
@@ -91,11 +91,11 @@ struct HostArenaTier::Workers {
   }
 
   int wake;
-  std::mutex mu;
+  kdn::Mutex mu;
   std::condition_variable cv;
-  std::deque<Job> jobs;            // guarded by mu
-  std::deque<TierCompletion> done; // guarded by mu
-  bool stopping = false;           // guarded by mu
+  std::deque<Job> jobs GUARDED_BY(mu);
+  std::deque<TierCompletion> done GUARDED_BY(mu);
+  bool stopping GUARDED_BY(mu) = false;
   std::vector<std::thread> pool;
 };
 

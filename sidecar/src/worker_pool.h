@@ -18,11 +18,12 @@
 
 #include <unistd.h>
 
+#include <kdn/common/mutex.h>
+
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -49,7 +50,7 @@ class WorkerPool {
   // May throw std::bad_alloc (then the job was not queued).
   void post(std::function<void()> job, Lane lane = Lane::kBulk) {
     {
-      std::lock_guard lock(mu_);
+      kdn::MutexLock lock(mu_);
       done_.reserve(done_.size() + quick_.size() + bulk_.size() + running_ + 1);  // so done() never allocates
       (lane == Lane::kQuick ? quick_ : bulk_).push_back(std::move(job));
     }
@@ -61,7 +62,7 @@ class WorkerPool {
   // returns, and an item take_done() returned has signalled already (emptying the fd after it
   // leaves no count behind of an item the loop holds).
   void done(Item* item) noexcept {
-    std::lock_guard lock(mu_);
+    kdn::MutexLock lock(mu_);
     done_.push_back(item);  // reserved by post(): never reallocates
     const uint64_t one = 1;
     (void)!::write(wake_, &one, sizeof one);
@@ -69,19 +70,19 @@ class WorkerPool {
 
   void take_done(std::vector<Item*>& out) noexcept {
     out.clear();
-    std::lock_guard lock(mu_);
+    kdn::MutexLock lock(mu_);
     out.swap(done_);
   }
 
   bool idle() noexcept {
-    std::lock_guard lock(mu_);
+    kdn::MutexLock lock(mu_);
     return quick_.empty() && bulk_.empty() && running_ == 0 && done_.empty();
   }
 
  private:
   void stop() noexcept {
     {
-      std::lock_guard lock(mu_);
+      kdn::MutexLock lock(mu_);
       stopping_ = true;
       quick_.clear();
       bulk_.clear();
@@ -94,8 +95,8 @@ class WorkerPool {
     for (;;) {
       std::function<void()> job;
       {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return stopping_ || !quick_.empty() || !bulk_.empty(); });
+        kdn::MutexLock lock(mu_);
+        while (!stopping_ && quick_.empty() && bulk_.empty()) lock.wait(cv_);
         if (stopping_) return;
         std::deque<std::function<void()>>& q = quick_.empty() ? bulk_ : quick_;
         job = std::move(q.front());
@@ -103,19 +104,19 @@ class WorkerPool {
         ++running_;
       }
       job();
-      std::lock_guard lock(mu_);
+      kdn::MutexLock lock(mu_);
       --running_;
     }
   }
 
   int wake_;
-  std::mutex mu_;
+  kdn::Mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> quick_;  // guarded by mu_
-  std::deque<std::function<void()>> bulk_;   // guarded by mu_
-  std::vector<Item*> done_;                  // guarded by mu_
-  uint32_t running_ = 0;                     // guarded by mu_
-  bool stopping_ = false;                    // guarded by mu_
+  std::deque<std::function<void()>> quick_ GUARDED_BY(mu_);
+  std::deque<std::function<void()>> bulk_ GUARDED_BY(mu_);
+  std::vector<Item*> done_ GUARDED_BY(mu_);
+  uint32_t running_ GUARDED_BY(mu_) = 0;
+  bool stopping_ GUARDED_BY(mu_) = false;
   std::vector<std::thread> pool_;
 };
 

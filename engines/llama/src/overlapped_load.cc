@@ -45,7 +45,7 @@ bool is_pure_view(const ggml_tensor* t) {
 OverlappedLoad::~OverlappedLoad() {
   (void)finish();
   {
-    std::lock_guard lock(mu_);
+    kdn::MutexLock lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
@@ -82,7 +82,7 @@ Status OverlappedLoad::start(KvType type) noexcept {
     groups_done_.store(0, std::memory_order_relaxed);
     waited_ns_ = 0;
     copy_s_ = 0;
-    std::lock_guard lock(mu_);
+    kdn::MutexLock lock(mu_);
     if (!thread_.joinable()) thread_ = std::thread([this] { worker(); });
     job_ = true;
   } catch (const std::bad_alloc&) {
@@ -103,8 +103,8 @@ Status OverlappedLoad::finish() noexcept {
     return OkStatus();
   }
   {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [this] { return !job_; });
+    kdn::MutexLock lock(mu_);
+    while (job_) lock.wait(cv_);
   }
   pending_.store(false, std::memory_order_release);
   copies_.clear();
@@ -113,13 +113,14 @@ Status OverlappedLoad::finish() noexcept {
 }
 
 void OverlappedLoad::worker() noexcept {
-  std::unique_lock lock(mu_);
-  while (true) {
-    cv_.wait(lock, [this] { return job_ || stop_; });
-    if (stop_ && !job_) return;
-    lock.unlock();
+  for (;;) {
+    {
+      kdn::MutexLock lock(mu_);
+      while (!job_ && !stop_) lock.wait(cv_);
+      if (stop_ && !job_) return;
+    }
     run_copies();
-    lock.lock();
+    kdn::MutexLock lock(mu_);
     job_ = false;
     cv_.notify_all();
   }

@@ -24,13 +24,13 @@
 
 #include "kv_restore.h"
 
+#include <kdn/common/mutex.h>
 #include <kdn/common/status.h>
 #include <kdn/llama/state_blob.h>
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -99,10 +99,10 @@ class OverlappedLoad {
   double copy_s_ = 0;
   uint64_t waited_ns_ = 0;
 
-  std::mutex mu_;
+  kdn::Mutex mu_;
   std::condition_variable cv_;
-  bool job_ = false;   // guarded by mu_: a copy is posted and not yet finished
-  bool stop_ = false;  // guarded by mu_
+  bool job_ GUARDED_BY(mu_) = false;  // a copy is posted and not yet finished
+  bool stop_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

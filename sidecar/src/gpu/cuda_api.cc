@@ -35,7 +35,7 @@ size_t CompletionQueue::drain(std::vector<Done>* out) noexcept {
   uint64_t count = 0;
   while (fd_ >= 0 && ::read(fd_, &count, sizeof count) < 0 && errno == EINTR) {
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  kdn::MutexLock lock(mu_);
   const size_t n = ready_.size();
   out->insert(out->end(), ready_.begin(), ready_.end());  // out of memory ends the process
   ready_.clear();
@@ -45,7 +45,7 @@ size_t CompletionQueue::drain(std::vector<Done>* out) noexcept {
 // Runs on CUDA's callback thread: no CUDA call, nothing that waits on device work.
 void CompletionQueue::push(Done d) noexcept {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    kdn::MutexLock lock(mu_);
     ready_.push_back(d);  // out of memory ends the process
   }
   const uint64_t one = 1;
@@ -61,11 +61,11 @@ static_assert(sizeof(cudaIpcEventHandle_t) == kIpcHandleBytes);
 namespace detail {
 
 const char* error_message(const char* call, const char* name, const char* description) noexcept {
-  static std::mutex mu;
-  static auto* messages = new std::set<std::string>;  // never freed: Statuses may outlive main
+  static kdn::Mutex mu;
+  static auto* messages GUARDED_BY(mu) = new std::set<std::string>;  // never freed: Statuses may outlive main
   try {
     std::string text = std::string(call) + ": " + name + " (" + description + ")";
-    std::lock_guard<std::mutex> lock(mu);
+    kdn::MutexLock lock(mu);
     return messages->insert(std::move(text)).first->c_str();
   } catch (...) {
     return call;

@@ -10,11 +10,11 @@
 // on itself (cudaSetDevice), so callers never track the current device.
 #pragma once
 
+#include <kdn/common/mutex.h>
 #include <kdn/common/status.h>
 
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <vector>
 
 namespace kdn::sidecar::gpu {
@@ -123,8 +123,8 @@ class CompletionQueue {
 
  private:
   int fd_ = -1;
-  std::mutex mu_;
-  std::vector<Done> ready_;
+  kdn::Mutex mu_;
+  std::vector<Done> ready_ GUARDED_BY(mu_);
 };
 // An error return means nothing was enqueued and the token will never be pushed.
 Status notify_after(void* stream, CompletionQueue* queue, uint64_t token) noexcept;
