@@ -329,8 +329,9 @@ TEST(S3FifoPolicy, TheGhostSetIsBounded) {
   EXPECT_EQ(queue_of(newest, TierId::kHost), 2);
 }
 
-// Ten entries accessed (promoted to main) and one newer entry never accessed (in small): small is under its 10% share, so
-// main's tail goes first. With LRU the new entry, the least recently used, would go.
+// Ten entries accessed (promoted to main) and one newer entry never accessed (in small):
+// small is under its 10% share, so main's tail goes first. With LRU the new entry, the least
+// recently used, goes.
 TEST(S3FifoPolicy, SmallIsKeptNearATenthAndMainGivesTheVictimBelowIt) {
   Entries es(TierId::kHost);
   for (EvictionKind kind : {EvictionKind::kS3Fifo, EvictionKind::kLru}) {
