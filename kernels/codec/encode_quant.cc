@@ -2,12 +2,14 @@
 // exponent references and byte planes. Rows are read as f32 with the kernels' vectorized
 // row loads; every value goes through the same quantizer bodies as before, so the bytes are
 // those the format defines (golden_test.cc pins them).
+#include "encode_rows.h"
 #include "encoder.h"
 #include "quant.h"
 
 #include <kdn/kernels/cpu_rows.h>
 #include <kdn/kernels/dtype.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -44,16 +46,14 @@ bool write_channel_scales(const Source& src, const Plane& pl, uint8_t sd, Encode
   const uint32_t quant_end = g.tokens - pl.exact_tail_tokens;  // tokens [exact_tokens, quant_end) are quantized
   for (uint32_t h = 0; h < g.kv_heads; ++h) {
     for (uint32_t gi = 0; gi < ng; ++gi) {
-      for (uint32_t d = 0; d < g.head_dim; ++d) sc.lo[d] = INFINITY, sc.hi[d] = -INFINITY;
+      std::fill(sc.lo, sc.lo + g.head_dim, INFINITY);
+      std::fill(sc.hi, sc.hi + g.head_dim, -INFINITY);
       const uint32_t t1 = (gi + 1) * pl.group < quant_end ? (gi + 1) * pl.group : quant_end;
       const uint32_t t0 = gi * pl.group > pl.exact_tokens ? gi * pl.group : pl.exact_tokens;
       if (t0 >= t1) continue;  // every token of the group is exact: S = Z = 0
       for (uint32_t t = t0; t < t1; ++t) {
         if (!src.row_f32(t, h, sc.row)) *non_finite = true;
-        for (uint32_t d = 0; d < g.head_dim; ++d) {
-          sc.lo[d] = sc.row[d] < sc.lo[d] ? sc.row[d] : sc.lo[d];
-          sc.hi[d] = sc.row[d] > sc.hi[d] ? sc.row[d] : sc.hi[d];
-        }
+        accumulate_range(sc.row, g.head_dim, sc.lo, sc.hi);
       }
       if (*non_finite) return true;
       for (uint32_t d = 0; d < g.head_dim; ++d)
@@ -80,11 +80,8 @@ bool write_token_scales(const Source& src, const Plane& pl, uint8_t sd, EncodeSc
       }
       if (pl.transform == kTransformHadamard) hadamard_row(sc.row, g.head_dim, 1.0f);
       for (uint32_t gi = 0; gi < ng; ++gi) {
-        float lo = INFINITY, hi = -INFINITY;
-        for (uint32_t d = gi * pl.group; d < (gi + 1) * pl.group; ++d) {
-          lo = sc.row[d] < lo ? sc.row[d] : lo;
-          hi = sc.row[d] > hi ? sc.row[d] : hi;
-        }
+        float lo, hi;
+        group_range(sc.row + gi * pl.group, pl.group, &lo, &hi);
         if (!store_group(lo, hi, pl.bits, sd, params, (uint64_t{t} * g.kv_heads + h) * ng + gi, per_array)) return false;
       }
     }
@@ -108,15 +105,28 @@ bool write_exact_rows(const Source& src, const Plane& pl, EncodeScratch& sc, uin
   return true;
 }
 
+// `n` stored scales (or zero points) widened to f32.
+void load_scales(const uint8_t* p, uint32_t n, uint8_t scale_dtype, float* out) {
+  if (scale_dtype == kScaleF16) {
+    load_row_f32(p, DType::kF16, 1.0f, n, out);  // the same bits as f16_to_f32 per value
+  } else {
+    std::memcpy(out, p, size_t{n} * 4);
+  }
+}
+
 // The stored S and Z of row (t, head), widened to f32, one per channel.
 void row_scales(const Header& hdr, const Plane& pl, const uint8_t* params, uint32_t t, uint32_t head, float* s,
                 float* z) {
   uint64_t s_off, z_off;
   row_scale_offsets(hdr, pl, t, head, &s_off, &z_off);
-  const uint32_t per = pl.codec == kCodecUintChannel ? 1 : pl.group;
-  for (uint32_t d = 0; d < hdr.head_dim; ++d) {
-    s[d] = load_scale(params + s_off, d / per, pl.scale_dtype);
-    z[d] = load_scale(params + z_off, d / per, pl.scale_dtype);
+  if (pl.codec == kCodecUintChannel) {
+    load_scales(params + s_off, hdr.head_dim, pl.scale_dtype, s);
+    load_scales(params + z_off, hdr.head_dim, pl.scale_dtype, z);
+    return;
+  }
+  for (uint32_t g = 0; g < hdr.head_dim / pl.group; ++g) {
+    std::fill(s + g * pl.group, s + (g + 1) * pl.group, load_scale(params + s_off, g, pl.scale_dtype));
+    std::fill(z + g * pl.group, z + (g + 1) * pl.group, load_scale(params + z_off, g, pl.scale_dtype));
   }
 }
 
@@ -128,12 +138,14 @@ uint32_t Source::bits(uint32_t t, uint32_t h, uint32_t d) const {
   return static_cast<const uint16_t*>(chunk)[i];
 }
 
-bool Source::row_f32(uint32_t t, uint32_t h, float* out) const {
+void Source::load_row(uint32_t t, uint32_t h, float* out) const {
   load_row_f32(static_cast<const uint8_t*>(chunk) + index(t, h, 0) * dtype_size(g.dtype), g.dtype, 1.0f,
                g.head_dim, out);
-  uint32_t special = 0;  // all exponent bits set: NaN or infinity
-  for (uint32_t d = 0; d < g.head_dim; ++d) special |= (bits_as<uint32_t>(out[d]) & 0x7f800000u) == 0x7f800000u;
-  return special == 0;
+}
+
+bool Source::row_f32(uint32_t t, uint32_t h, float* out) const {
+  load_row(t, h, out);
+  return row_finite(out, g.head_dim);
 }
 
 Status write_quant_params(const Source& src, const Header& hdr, Plane& pl, const EncodePlan& plan, EncodeScratch& sc,
@@ -173,7 +185,7 @@ void quantize_head(const Source& src, const Header& hdr, const Plane& pl, const 
     // Per-channel scales change once per token group; per-token ones every row.
     if (pl.codec != kCodecUintChannel || t % pl.group == 0 || t == pl.exact_tokens)
       row_scales(hdr, pl, params, t, head, sc.lo, sc.hi);
-    (void)src.row_f32(t, head, sc.row);  // finiteness was checked with the scales
+    src.load_row(t, head, sc.row);  // finiteness was checked with the scales
     if (pl.transform == kTransformHadamard) hadamard_row(sc.row, hdr.head_dim, 1.0f);
     quantize_row(sc.row, sc.lo, sc.hi, hdr.head_dim, qmax, codes);
   }
