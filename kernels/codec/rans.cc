@@ -1,7 +1,6 @@
 #include "rans.h"
 
 #include <atomic>
-#include <cmath>
 #include <cstring>
 
 namespace kdn::kernels::rans {
@@ -60,15 +59,10 @@ bool normalize_frequencies(const uint32_t* counts, uint32_t n_syms, uint16_t* fr
 bool build_encode_table(const uint16_t* freq, uint32_t n_syms, EncodeTable* t) noexcept {
   if (n_syms > kMaxSymbols) return false;
   uint32_t c = 0;
+  t->n_syms = n_syms;
   for (uint32_t s = 0; s < kMaxSymbols; ++s) {
     const uint32_t f = s < n_syms ? freq[s] : 0;
     t->fc[s] = f ? f | (c << 16) : 0;
-    double r = 0.0;
-    if (f) {
-      r = 1.0 / f;
-      if (std::fma(r, static_cast<double>(f), -1.0) < 0.0) r = std::nextafter(r, 2.0);  // round up
-    }
-    t->rcp[s] = r;
     c += f;
   }
   return c == kProbScale;

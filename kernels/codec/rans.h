@@ -61,12 +61,11 @@ struct EncodedBlock {
   uint32_t n_words;
 };
 
-// A segment's table as the encoder reads it: freq | cum << 16 per symbol, and 1 / freq rounded
-// up to a double (the vector loop divides by multiplying; rans_encode_avx2.cc says why that is
-// exact). Entries of absent symbols, and past n_syms, are 0.
+// A segment's table as the encoder reads it: freq | cum << 16 per symbol; entries of absent
+// symbols, and past n_syms, are 0.
 struct EncodeTable {
+  uint32_t n_syms;
   uint32_t fc[kMaxSymbols];
-  double rcp[kMaxSymbols];
 };
 
 // False unless freq[0, n_syms) sums to 4096 (n_syms <= 256).

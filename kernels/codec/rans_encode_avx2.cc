@@ -7,10 +7,14 @@
 // vector renormalizes its needy lanes at once and pushes their words in ascending lane order
 // below the previous vector's, which is the order the scalar loop leaves in memory.
 //
-// The division x / freq is exact in double precision: with r the double just above 1/freq,
-// floor(x * r) = floor(x / freq) for every x < 2^32 (the product exceeds x / freq by less than
-// 2^-19 / freq, while a non-integer x / freq sits at least 1 / freq below the next integer),
-// so the vector loop needs no integer division.
+// The vector loop has no integer division: after renormalization x < freq * 2^20, so
+// q = x / freq < 2^20, and a single-precision quotient of x (converted with one rounding:
+// relative error below 2^-23 all told) is within 0.125 of it, truncates to q - 1, q or q + 1, and one check
+// of the remainder x - q * freq against [0, freq) makes it exact. Then
+// x' = q * 4096 + remainder + cum, as the definition says.
+//
+// Tables of up to 16 symbols (kivi4 and narrower codes) are read with register permutes,
+// wider ones with gathers.
 //
 // Compiled for AVX2 through function attributes only; rans.cc calls in after a runtime check.
 #include "rans.h"
@@ -49,30 +53,46 @@ constexpr PackTable make_pack_table() {
 
 constexpr PackTable kPack = make_pack_table();
 
-struct Lanes {
-  __m256i x[4];
+// freq | cum << 16 of 8 symbols: permutes of a register-resident table of up to 16 entries,
+// or a gather.
+struct Lookup {
+  __m256i lo, hi;  // fc[0..7], fc[8..15] (kSmall only)
+  const uint32_t* fc;
 };
 
-// floor(x / f) of 8 lanes from their double reciprocals (rounded up).
-KDN_TARGET_AVX2 inline __m256i divide(__m256i x, __m256i sym, const double* rcp) {
-  // u32 -> f64 exactly: bias into the signed range, convert, unbias.
-  const __m256i biased = _mm256_xor_si256(x, _mm256_set1_epi32(INT32_MIN));
-  const __m256d two31 = _mm256_set1_pd(2147483648.0);
-  const __m256d lo = _mm256_add_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(biased)), two31);
-  const __m256d hi = _mm256_add_pd(_mm256_cvtepi32_pd(_mm256_extracti128_si256(biased, 1)), two31);
-  const __m256d rlo = _mm256_i32gather_pd(rcp, _mm256_castsi256_si128(sym), 8);
-  const __m256d rhi = _mm256_i32gather_pd(rcp, _mm256_extracti128_si256(sym, 1), 8);
-  const __m128i qlo = _mm256_cvttpd_epi32(_mm256_mul_pd(lo, rlo));
-  const __m128i qhi = _mm256_cvttpd_epi32(_mm256_mul_pd(hi, rhi));
-  return _mm256_inserti128_si256(_mm256_castsi128_si256(qlo), qhi, 1);
+template <bool kSmall>
+KDN_TARGET_AVX2 inline __m256i lookup(const Lookup& t, __m256i sym) {
+  if constexpr (kSmall) {
+    const __m256i lo = _mm256_permutevar8x32_epi32(t.lo, sym);
+    const __m256i hi = _mm256_permutevar8x32_epi32(t.hi, sym);
+    return _mm256_blendv_epi8(lo, hi, _mm256_cmpgt_epi32(sym, _mm256_set1_epi32(7)));
+  } else {
+    return _mm256_i32gather_epi32(reinterpret_cast<const int*>(t.fc), sym, 4);
+  }
+}
+
+// x' = (x / f) * 4096 + x % f + cum for 8 lanes with x < f * 2^20 (see the top of the file).
+KDN_TARGET_AVX2 inline __m256i advance(__m256i x, __m256i f, __m256i cum) {
+  // u32 -> f32 with one rounding: the high half times 2^16 is exact, the add rounds once.
+  const __m256 hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(x, 16)), _mm256_set1_ps(65536.0f));
+  const __m256 xf = _mm256_add_ps(hi, _mm256_cvtepi32_ps(_mm256_and_si256(x, _mm256_set1_epi32(0xffff))));
+  __m256i q = _mm256_cvttps_epi32(_mm256_div_ps(xf, _mm256_cvtepi32_ps(f)));
+  __m256i r = _mm256_sub_epi32(x, _mm256_mullo_epi32(q, f));  // in [-f, 2f): exact as signed
+  const __m256i low = _mm256_cmpgt_epi32(_mm256_setzero_si256(), r);              // q one too large
+  const __m256i high = _mm256_cmpgt_epi32(r, _mm256_sub_epi32(f, _mm256_set1_epi32(1)));  // one too small
+  q = _mm256_add_epi32(_mm256_sub_epi32(q, high), low);  // true compares are -1
+  r = _mm256_add_epi32(r, _mm256_and_si256(low, f));
+  r = _mm256_sub_epi32(r, _mm256_and_si256(high, f));
+  return _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(q, kProbBits), r), cum);
 }
 
 // Encodes the 8 symbols of one vector into x; pushes the needy lanes' words below *top.
 // False if a symbol has frequency 0 (absent from the table).
-KDN_TARGET_AVX2 inline bool encode_vector(__m256i& x, const uint8_t* sym8, const EncodeTable& t, uint16_t* stack,
+template <bool kSmall>
+KDN_TARGET_AVX2 inline bool encode_vector(__m256i& x, const uint8_t* sym8, const Lookup& t, uint16_t* stack,
                                           uint32_t* top) {
   const __m256i sym = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sym8)));
-  const __m256i fc = _mm256_i32gather_epi32(reinterpret_cast<const int*>(t.fc), sym, 4);
+  const __m256i fc = lookup<kSmall>(t, sym);
   const __m256i freq = _mm256_and_si256(fc, _mm256_set1_epi32(0xffff));
   if (_mm256_movemask_epi8(_mm256_cmpeq_epi32(freq, _mm256_setzero_si256())) != 0) return false;
   // Needy: x >= freq << 20 as u64, i.e. x > (freq << 20) - 1 as u32 (freq 4096: never).
@@ -90,34 +110,47 @@ KDN_TARGET_AVX2 inline bool encode_vector(__m256i& x, const uint8_t* sym8, const
     *top -= static_cast<uint32_t>(__builtin_popcount(m));
     x = _mm256_blendv_epi8(x, _mm256_srli_epi32(x, 16), needy);
   }
-  // x' = (x / f) * 4096 + x % f + cum = x + (x / f) * (4096 - f) + cum.
-  const __m256i q = divide(x, sym, t.rcp);
-  const __m256i cum = _mm256_srli_epi32(fc, 16);
-  x = _mm256_add_epi32(_mm256_add_epi32(x, cum),
-                       _mm256_mullo_epi32(q, _mm256_sub_epi32(_mm256_set1_epi32(kProbScale), freq)));
+  x = advance(x, freq, _mm256_srli_epi32(fc, 16));
   return true;
 }
 
-}  // namespace
-
-KDN_TARGET_AVX2 uint32_t encode_steps_avx2(const uint8_t* sym, uint32_t steps, const EncodeTable& t, uint32_t* x,
-                                           uint16_t* stack, uint32_t* top) noexcept {
-  Lanes l;
-  for (uint32_t v = 0; v < 4; ++v) l.x[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8 * v));
-  uint32_t s = steps;
+template <bool kSmall>
+KDN_TARGET_AVX2 uint32_t steps(const uint8_t* sym, uint32_t n_steps, const Lookup& t, uint32_t* x, uint16_t* stack,
+                               uint32_t* top) {
+  __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8));
+  __m256i x2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 16));
+  __m256i x3 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 24));
+  uint32_t s = n_steps;
   // A step pushes at most 32 words, and a vector's store reaches 8 words below the top.
   for (; s > 0 && *top >= kLanes; --s) {
     const uint8_t* step = sym + size_t{s - 1} * kLanes;
     uint32_t tp = *top;
-    __m256i x3 = l.x[3], x2 = l.x[2], x1 = l.x[1], x0 = l.x[0];
-    if (!encode_vector(x3, step + 24, t, stack, &tp) || !encode_vector(x2, step + 16, t, stack, &tp) ||
-        !encode_vector(x1, step + 8, t, stack, &tp) || !encode_vector(x0, step, t, stack, &tp))
+    __m256i y3 = x3, y2 = x2, y1 = x1, y0 = x0;
+    if (!encode_vector<kSmall>(y3, step + 24, t, stack, &tp) || !encode_vector<kSmall>(y2, step + 16, t, stack, &tp) ||
+        !encode_vector<kSmall>(y1, step + 8, t, stack, &tp) || !encode_vector<kSmall>(y0, step, t, stack, &tp))
       break;  // the scalar loop redoes this step and reports the absent symbol
-    l.x[3] = x3, l.x[2] = x2, l.x[1] = x1, l.x[0] = x0;
+    x3 = y3, x2 = y2, x1 = y1, x0 = y0;
     *top = tp;
   }
-  for (uint32_t v = 0; v < 4; ++v) _mm256_storeu_si256(reinterpret_cast<__m256i*>(x + 8 * v), l.x[v]);
-  return steps - s;
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(x), x0);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(x + 8), x1);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(x + 16), x2);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(x + 24), x3);
+  return n_steps - s;
+}
+
+}  // namespace
+
+KDN_TARGET_AVX2 uint32_t encode_steps_avx2(const uint8_t* sym, uint32_t n_steps, const EncodeTable& t, uint32_t* x,
+                                           uint16_t* stack, uint32_t* top) noexcept {
+  Lookup l;
+  l.fc = t.fc;
+  l.lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.fc));
+  l.hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.fc + 8));
+  // Symbols past 15 would alias the permutes: only tables whose entries past 15 are all
+  // absent take the register path (every symbol there then has freq 0 and is refused).
+  return t.n_syms <= 16 ? steps<true>(sym, n_steps, l, x, stack, top) : steps<false>(sym, n_steps, l, x, stack, top);
 }
 
 #else
