@@ -7,7 +7,9 @@
 
 #include <cstring>
 
-#if defined(__SSE2__)
+#if defined(__x86_64__)
+#include <immintrin.h>
+#elif defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 
@@ -73,10 +75,56 @@ struct ChannelHistograms {
   const uint32_t* of(bool predicted, uint32_t d) const { return (predicted ? delta : plain) + size_t{d} * n_syms; }
 };
 
+#if defined(__x86_64__)
+#define KDN_TARGET_AVX2 __attribute__((target("avx2")))
+
+// count_channels for alphabets of up to 16 symbols and head_dim a multiple of 32: per row,
+// one compare per symbol value and 32 channels, counted in bytes and flushed to the u32
+// histograms every 255 rows.
+KDN_TARGET_AVX2 void count_channels_avx2(const uint8_t* q, uint32_t tokens, uint32_t head_dim, uint32_t n_syms,
+                                         uint32_t* plain, uint32_t* delta) {
+  alignas(32) uint8_t cp[16 * kMaxHeadDim], cd[16 * kMaxHeadDim];  // [value][channel]
+  const size_t used = size_t{n_syms} * head_dim;
+  const __m256i code_mask = _mm256_set1_epi8(static_cast<char>(n_syms - 1));
+  std::memset(cp, 0, used);
+  std::memset(cd, 0, used);
+  for (uint32_t t0 = 0; t0 < tokens; t0 += 255) {
+    const uint32_t t1 = tokens - t0 < 255 ? tokens : t0 + 255;
+    for (uint32_t t = t0; t < t1; ++t) {
+      const uint8_t* cur = q + size_t{t} * head_dim;
+      for (uint32_t i = 0; i < head_dim; i += 32) {
+        const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cur + i));
+        const __m256i p = t ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cur - head_dim + i))
+                            : _mm256_setzero_si256();
+        const __m256i dl = _mm256_and_si256(_mm256_sub_epi8(c, p), code_mask);
+        for (uint32_t v = 0; v < n_syms; ++v) {
+          const __m256i vv = _mm256_set1_epi8(static_cast<char>(v));
+          auto* pp = reinterpret_cast<__m256i*>(cp + v * head_dim + i);
+          auto* pd = reinterpret_cast<__m256i*>(cd + v * head_dim + i);
+          _mm256_store_si256(pp, _mm256_sub_epi8(*pp, _mm256_cmpeq_epi8(c, vv)));
+          _mm256_store_si256(pd, _mm256_sub_epi8(*pd, _mm256_cmpeq_epi8(dl, vv)));
+        }
+      }
+    }
+    for (uint32_t v = 0; v < n_syms; ++v)
+      for (uint32_t d = 0; d < head_dim; ++d) {
+        plain[d * n_syms + v] += cp[v * head_dim + d];
+        delta[d * n_syms + v] += cd[v * head_dim + d];
+      }
+    std::memset(cp, 0, used);
+    std::memset(cd, 0, used);
+  }
+}
+#endif
+
 void count_channels(const uint8_t* q, uint32_t tokens, uint32_t head_dim, uint32_t n_syms, uint32_t* plain,
                     uint32_t* delta) {
   std::memset(plain, 0, sizeof(uint32_t) * head_dim * n_syms);
   std::memset(delta, 0, sizeof(uint32_t) * head_dim * n_syms);
+#if defined(__x86_64__)
+  if (n_syms <= 16 && head_dim % 32 == 0 && __builtin_cpu_supports("avx2"))
+    return count_channels_avx2(q, tokens, head_dim, n_syms, plain, delta);
+#endif
   uint8_t row_delta[kMaxHeadDim];
   const uint8_t code_mask = static_cast<uint8_t>(n_syms - 1);
   for (uint32_t d = 0; d < head_dim; ++d) plain[d * n_syms + q[d]]++, delta[d * n_syms + q[d]]++;
