@@ -191,29 +191,57 @@ void quantize_head(const Source& src, const Header& hdr, const Plane& pl, const 
   }
 }
 
+namespace {
+
+// Row (t, h) of a 16- or 32-bit plane as its raw bit patterns.
+template <typename W>
+const W* row_bits(const Source& src, uint32_t t, uint32_t h) {
+  return static_cast<const W*>(src.chunk) + src.index(t, h, 0);
+}
+
+template <typename W>
+void exponent_refs(const Source& src, const ExponentField& f, uint8_t* params) {
+  const uint32_t dim = src.g.head_dim;
+  for (uint32_t t = 0; t < src.g.tokens; ++t)
+    for (uint32_t h = 0; h < src.g.kv_heads; ++h) {
+      const W* row = row_bits<W>(src, t, h);
+      uint8_t* m = params + h * dim;
+      for (uint32_t d = 0; d < dim; ++d) {  // a plain loop over the row: the compiler vectorizes it
+        const uint32_t e = (rotate_sign_down(row[d], f.width) >> f.shift) & f.mask;
+        m[d] = e > m[d] ? static_cast<uint8_t>(e) : m[d];
+      }
+    }
+}
+
+template <typename W>
+void byte_plane(const Source& src, const ExponentField& f, const uint8_t* emax, uint32_t head, uint32_t k,
+                uint8_t* sym) {
+  const uint32_t shift = f.width - 8 * (k + 1);
+  const uint32_t low = (1u << f.shift) - 1;
+  const uint32_t dim = src.g.head_dim;
+  for (uint32_t t = 0; t < src.g.tokens; ++t) {
+    const W* row = row_bits<W>(src, t, head);
+    uint8_t* out = sym + size_t{t} * dim;
+    for (uint32_t d = 0; d < dim; ++d) {
+      const uint32_t r = rotate_sign_down(row[d], f.width);
+      out[d] = static_cast<uint8_t>((((emax[d] - (r >> f.shift)) << f.shift) | (r & low)) >> shift);
+    }
+  }
+}
+
+}  // namespace
+
 void write_exponent_refs(const Source& src, uint8_t* params) noexcept {
   const ExponentField f = exponent_field(static_cast<uint32_t>(src.g.dtype));
-  const uint32_t hd = src.g.kv_heads * src.g.head_dim;
-  std::memset(params, 0, hd);
-  for (uint32_t t = 0; t < src.g.tokens; ++t)
-    for (uint32_t h = 0; h < src.g.kv_heads; ++h)
-      for (uint32_t d = 0; d < src.g.head_dim; ++d) {
-        const uint32_t e = (rotate_sign_down(src.bits(t, h, d), f.width) >> f.shift) & f.mask;
-        uint8_t& m = params[h * src.g.head_dim + d];
-        m = e > m ? static_cast<uint8_t>(e) : m;
-      }
+  std::memset(params, 0, size_t{src.g.kv_heads} * src.g.head_dim);
+  if (src.g.dtype == DType::kF32) return exponent_refs<uint32_t>(src, f, params);
+  exponent_refs<uint16_t>(src, f, params);
 }
 
 void byte_plane_symbols(const Source& src, const uint8_t* emax, uint32_t head, uint32_t k, uint8_t* sym) noexcept {
   const ExponentField f = exponent_field(static_cast<uint32_t>(src.g.dtype));
-  const uint32_t shift = f.width - 8 * (k + 1);
-  const uint32_t low = (1u << f.shift) - 1;
-  for (uint32_t t = 0; t < src.g.tokens; ++t)
-    for (uint32_t d = 0; d < src.g.head_dim; ++d) {
-      const uint32_t r = rotate_sign_down(src.bits(t, head, d), f.width);
-      const uint32_t rp = ((emax[d] - (r >> f.shift)) << f.shift) | (r & low);
-      sym[size_t{t} * src.g.head_dim + d] = static_cast<uint8_t>(rp >> shift);
-    }
+  if (src.g.dtype == DType::kF32) return byte_plane<uint32_t>(src, f, emax, head, k, sym);
+  byte_plane<uint16_t>(src, f, emax, head, k, sym);
 }
 
 }  // namespace kdn::kernels::kvc1

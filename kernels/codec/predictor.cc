@@ -16,6 +16,10 @@
 namespace kdn::kernels::kvc1 {
 namespace {
 
+#if defined(__x86_64__)
+#define KDN_TARGET_AVX2 __attribute__((target("avx2")))
+#endif
+
 // log2(x) in 1/65536 bits for x >= 1, by integer arithmetic only (no libm).
 uint64_t log2_fixed16(uint64_t x) {
   const uint32_t ip = 63 - static_cast<uint32_t>(__builtin_clzll(x));
@@ -76,8 +80,6 @@ struct ChannelHistograms {
 };
 
 #if defined(__x86_64__)
-#define KDN_TARGET_AVX2 __attribute__((target("avx2")))
-
 // count_channels for alphabets of up to 16 symbols and head_dim a multiple of 32: per row,
 // one compare per symbol value and 32 channels, counted in bytes and flushed to the u32
 // histograms every 255 rows.
@@ -139,18 +141,79 @@ void count_channels(const uint8_t* q, uint32_t tokens, uint32_t head_dim, uint32
   }
 }
 
-uint64_t dot(const uint32_t* h, const uint64_t* cost, uint32_t n_syms) {
+uint64_t dot_scalar(const uint32_t* h, const uint32_t* cost, uint32_t n_syms) {
   uint64_t total = 0;
-  for (uint32_t s = 0; s < n_syms; ++s) total += h[s] * cost[s];
+  for (uint32_t s = 0; s < n_syms; ++s) total += uint64_t{h[s]} * cost[s];
   return total;
+}
+
+void add_scalar(uint32_t* h, const uint32_t* c, uint32_t n_syms) {
+  for (uint32_t s = 0; s < n_syms; ++s) h[s] += c[s];
+}
+
+#if defined(__x86_64__)
+// Sum of h[s] * cost[s] in u64 lanes (32 x 32 -> 64-bit products); n_syms a multiple of 8.
+KDN_TARGET_AVX2 uint64_t dot_avx2(const uint32_t* h, const uint32_t* cost, uint32_t n_syms) {
+  __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
+  for (uint32_t s = 0; s < n_syms; s += 8) {
+    const __m256i hv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + s));
+    const __m256i cv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cost + s));
+    even = _mm256_add_epi64(even, _mm256_mul_epu32(hv, cv));
+    odd = _mm256_add_epi64(odd, _mm256_mul_epu32(_mm256_srli_epi64(hv, 32), _mm256_srli_epi64(cv, 32)));
+  }
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_add_epi64(even, odd));
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
+KDN_TARGET_AVX2 void add_avx2(uint32_t* h, const uint32_t* c, uint32_t n_syms) {
+  for (uint32_t s = 0; s < n_syms; s += 8) {
+    auto* hp = reinterpret_cast<__m256i*>(h + s);
+    _mm256_storeu_si256(hp, _mm256_add_epi32(_mm256_loadu_si256(hp),
+                                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + s))));
+  }
+}
+#endif
+
+bool wide_simd(uint32_t n_syms) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2 && n_syms % 8 == 0;
+#else
+  (void)n_syms;
+  return false;
+#endif
+}
+
+// Costs fit 32 bits (below (log2(n) + 17) * 2^16 with n = tokens * head_dim <= 2^28), which the
+// vector dot needs.
+uint64_t dot(const uint32_t* h, const uint32_t* cost, uint32_t n_syms) {
+#if defined(__x86_64__)
+  if (wide_simd(n_syms)) return dot_avx2(h, cost, n_syms);
+#endif
+  return dot_scalar(h, cost, n_syms);
+}
+
+void add_counts(uint32_t* h, const uint32_t* c, uint32_t n_syms) {
+#if defined(__x86_64__)
+  if (wide_simd(n_syms)) return add_avx2(h, c, n_syms);
+#endif
+  add_scalar(h, c, n_syms);
+}
+
+void narrow(const uint64_t* cost, uint32_t n_syms, uint32_t* out) {
+  for (uint32_t s = 0; s < n_syms; ++s) out[s] = static_cast<uint32_t>(cost[s]);
 }
 
 // Per-channel ideal lengths of coding each channel plain and as deltas, under the tables
 // c_plain and c_delta.
 void channel_costs(const ChannelHistograms& ch, const uint64_t* c_plain, const uint64_t* c_delta, EncodeScratch& sc) {
+  uint32_t cp[rans::kMaxSymbols], cd[rans::kMaxSymbols];
+  narrow(c_plain, ch.n_syms, cp);
+  narrow(c_delta, ch.n_syms, cd);
   for (uint32_t d = 0; d < ch.head_dim; ++d) {
-    sc.cost_plain[d] = dot(ch.of(false, d), c_plain, ch.n_syms);
-    sc.cost_delta[d] = dot(ch.of(true, d), c_delta, ch.n_syms);
+    sc.cost_plain[d] = dot(ch.of(false, d), cp, ch.n_syms);
+    sc.cost_delta[d] = dot(ch.of(true, d), cd, ch.n_syms);
   }
 }
 
@@ -168,8 +231,7 @@ void choose(uint32_t head_dim, const EncodeScratch& sc, uint8_t* mask) {
 void mixed_histogram(const ChannelHistograms& ch, const uint8_t* mask, uint32_t* h) {
   std::memset(h, 0, sizeof(uint32_t) * ch.n_syms);
   for (uint32_t d = 0; d < ch.head_dim; ++d) {
-    const uint32_t* c = ch.of(mask && predicted(mask, d), d);
-    for (uint32_t s = 0; s < ch.n_syms; ++s) h[s] += c[s];
+    add_counts(h, ch.of(mask && predicted(mask, d), d), ch.n_syms);
   }
 }
 
