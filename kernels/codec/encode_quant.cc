@@ -114,20 +114,15 @@ void load_scales(const uint8_t* p, uint32_t n, uint8_t scale_dtype, float* out) 
   }
 }
 
-// The stored S and Z of row (t, head), widened to f32, one per channel.
+// The stored S and Z of row (t, head) widened to f32: one per channel for per-channel scales
+// (K in the kivi modes), one per channel group for per-token scales.
 void row_scales(const Header& hdr, const Plane& pl, const uint8_t* params, uint32_t t, uint32_t head, float* s,
                 float* z) {
   uint64_t s_off, z_off;
   row_scale_offsets(hdr, pl, t, head, &s_off, &z_off);
-  if (pl.codec == kCodecUintChannel) {
-    load_scales(params + s_off, hdr.head_dim, pl.scale_dtype, s);
-    load_scales(params + z_off, hdr.head_dim, pl.scale_dtype, z);
-    return;
-  }
-  for (uint32_t g = 0; g < hdr.head_dim / pl.group; ++g) {
-    std::fill(s + g * pl.group, s + (g + 1) * pl.group, load_scale(params + s_off, g, pl.scale_dtype));
-    std::fill(z + g * pl.group, z + (g + 1) * pl.group, load_scale(params + z_off, g, pl.scale_dtype));
-  }
+  const uint32_t n = pl.codec == kCodecUintChannel ? hdr.head_dim : hdr.head_dim / pl.group;
+  load_scales(params + s_off, n, pl.scale_dtype, s);
+  load_scales(params + z_off, n, pl.scale_dtype, z);
 }
 
 }  // namespace
@@ -187,7 +182,10 @@ void quantize_head(const Source& src, const Header& hdr, const Plane& pl, const 
       row_scales(hdr, pl, params, t, head, sc.lo, sc.hi);
     src.load_row(t, head, sc.row);  // finiteness was checked with the scales
     if (pl.transform == kTransformHadamard) hadamard_row(sc.row, hdr.head_dim, 1.0f);
-    quantize_row(sc.row, sc.lo, sc.hi, hdr.head_dim, qmax, codes);
+    if (pl.codec == kCodecUintChannel)
+      quantize_row(sc.row, sc.lo, sc.hi, hdr.head_dim, qmax, codes);
+    else
+      quantize_row_grouped(sc.row, sc.lo, sc.hi, pl.group, hdr.head_dim, qmax, codes);
   }
 }
 

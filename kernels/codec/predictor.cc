@@ -80,42 +80,45 @@ struct ChannelHistograms {
 };
 
 #if defined(__x86_64__)
-// count_channels for alphabets of up to 16 symbols and head_dim a multiple of 32: per row,
-// one compare per symbol value and 32 channels, counted in bytes and flushed to the u32
-// histograms every 255 rows.
-KDN_TARGET_AVX2 void count_channels_avx2(const uint8_t* q, uint32_t tokens, uint32_t head_dim, uint32_t n_syms,
-                                         uint32_t* plain, uint32_t* delta) {
-  alignas(32) uint8_t cp[16 * kMaxHeadDim], cd[16 * kMaxHeadDim];  // [value][channel]
-  const size_t used = size_t{n_syms} * head_dim;
+// count_channels for alphabets of up to 16 symbols and head_dim a multiple of 32. For each 32
+// channels, up to 8 symbol values at a time, byte counters live in registers while the
+// token rows stream past (one compare and one subtract per value and row), and are added to
+// the u32 histograms every 255 rows.
+template <bool kDelta>
+KDN_TARGET_AVX2 void count_values(const uint8_t* q, uint32_t tokens, uint32_t head_dim, uint32_t col,
+                                  uint32_t v0, uint32_t n_syms, uint32_t* hist) {
+  const uint32_t nv = n_syms - v0 < 8 ? n_syms - v0 : 8;
   const __m256i code_mask = _mm256_set1_epi8(static_cast<char>(n_syms - 1));
-  std::memset(cp, 0, used);
-  std::memset(cd, 0, used);
+  __m256i val[8];
+  for (uint32_t v = 0; v < 8; ++v) val[v] = _mm256_set1_epi8(static_cast<char>(v0 + v));
   for (uint32_t t0 = 0; t0 < tokens; t0 += 255) {
     const uint32_t t1 = tokens - t0 < 255 ? tokens : t0 + 255;
+    __m256i cnt[8];
+    for (uint32_t v = 0; v < 8; ++v) cnt[v] = _mm256_setzero_si256();
     for (uint32_t t = t0; t < t1; ++t) {
-      const uint8_t* cur = q + size_t{t} * head_dim;
-      for (uint32_t i = 0; i < head_dim; i += 32) {
-        const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cur + i));
-        const __m256i p = t ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cur - head_dim + i))
-                            : _mm256_setzero_si256();
-        const __m256i dl = _mm256_and_si256(_mm256_sub_epi8(c, p), code_mask);
-        for (uint32_t v = 0; v < n_syms; ++v) {
-          const __m256i vv = _mm256_set1_epi8(static_cast<char>(v));
-          auto* pp = reinterpret_cast<__m256i*>(cp + v * head_dim + i);
-          auto* pd = reinterpret_cast<__m256i*>(cd + v * head_dim + i);
-          _mm256_store_si256(pp, _mm256_sub_epi8(*pp, _mm256_cmpeq_epi8(c, vv)));
-          _mm256_store_si256(pd, _mm256_sub_epi8(*pd, _mm256_cmpeq_epi8(dl, vv)));
-        }
+      const uint8_t* cur = q + size_t{t} * head_dim + col;
+      __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cur));
+      if (kDelta && t) {
+        const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cur - head_dim));
+        c = _mm256_and_si256(_mm256_sub_epi8(c, p), code_mask);
       }
+#pragma GCC unroll 8
+      for (uint32_t v = 0; v < 8; ++v) cnt[v] = _mm256_sub_epi8(cnt[v], _mm256_cmpeq_epi8(c, val[v]));
     }
-    for (uint32_t v = 0; v < n_syms; ++v)
-      for (uint32_t d = 0; d < head_dim; ++d) {
-        plain[d * n_syms + v] += cp[v * head_dim + d];
-        delta[d * n_syms + v] += cd[v * head_dim + d];
-      }
-    std::memset(cp, 0, used);
-    std::memset(cd, 0, used);
+    alignas(32) uint8_t bytes[8][32];
+    for (uint32_t v = 0; v < 8; ++v) _mm256_store_si256(reinterpret_cast<__m256i*>(bytes[v]), cnt[v]);
+    for (uint32_t v = 0; v < nv; ++v)
+      for (uint32_t d = 0; d < 32; ++d) hist[(col + d) * n_syms + v0 + v] += bytes[v][d];
   }
+}
+
+KDN_TARGET_AVX2 void count_channels_avx2(const uint8_t* q, uint32_t tokens, uint32_t head_dim, uint32_t n_syms,
+                                         uint32_t* plain, uint32_t* delta) {
+  for (uint32_t col = 0; col < head_dim; col += 32)
+    for (uint32_t v0 = 0; v0 < n_syms; v0 += 8) {
+      count_values<false>(q, tokens, head_dim, col, v0, n_syms, plain);
+      count_values<true>(q, tokens, head_dim, col, v0, n_syms, delta);
+    }
 }
 #endif
 
