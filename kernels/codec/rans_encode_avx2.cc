@@ -100,16 +100,14 @@ KDN_TARGET_AVX2 inline bool encode_vector(__m256i& x, const uint8_t* sym8, const
   const __m256i limit = _mm256_sub_epi32(_mm256_slli_epi32(freq, 32 - kProbBits), _mm256_set1_epi32(1));
   const __m256i needy = _mm256_cmpgt_epi32(_mm256_xor_si256(x, sign), _mm256_xor_si256(limit, sign));
   const uint32_t m = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(needy)));
-  if (m) {
-    const __m256i idx = _mm256_load_si256(reinterpret_cast<const __m256i*>(kPack.idx[m]));
-    const __m256i w = _mm256_permutevar8x32_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0xffff)), idx);
-    const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(w, w), 0x08);
-    // The top popcount(m) words are the pushed ones; the rest land below the new top,
-    // where nothing lives yet.
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(stack + *top - 8), _mm256_castsi256_si128(p));
-    *top -= static_cast<uint32_t>(__builtin_popcount(m));
-    x = _mm256_blendv_epi8(x, _mm256_srli_epi32(x, 16), needy);
-  }
+  // Branch-free (about one vector in seven has no needy lane): the top popcount(m) words are
+  // the pushed ones; the rest land below the new top, where nothing lives yet.
+  const __m256i idx = _mm256_load_si256(reinterpret_cast<const __m256i*>(kPack.idx[m]));
+  const __m256i w = _mm256_permutevar8x32_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0xffff)), idx);
+  const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(w, w), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(stack + *top - 8), _mm256_castsi256_si128(p));
+  *top -= static_cast<uint32_t>(__builtin_popcount(m));
+  x = _mm256_blendv_epi8(x, _mm256_srli_epi32(x, 16), needy);
   x = advance(x, freq, _mm256_srli_epi32(fc, 16));
   return true;
 }
