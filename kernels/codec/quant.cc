@@ -26,10 +26,11 @@ uint16_t f16_next_up(uint16_t h) {
   return static_cast<uint16_t>(h + 1);
 }
 
-// Smallest float >= d (may be +inf).
+// Smallest float >= d (may be +inf), for d > 0: the next float up of a positive finite float
+// is its bit pattern plus one (FLT_MAX + 1 ulp is +inf).
 float f32_round_up(double d) {
   float f = static_cast<float>(d);
-  if (static_cast<double>(f) < d) f = std::nextafter(f, INFINITY);
+  if (static_cast<double>(f) < d) f = bits_as<float>(bits_as<uint32_t>(f) + 1);
   return f;
 }
 
