@@ -20,6 +20,15 @@ size_t align64(size_t v) { return (v + 63) & ~size_t{63}; }
 void pack_codes(const uint8_t* sym, uint32_t n, uint32_t bits, uint8_t* dst) {
   const uint64_t words = (uint64_t{n} * bits + 31) / 32;
   std::memset(dst, 0, 4 * words);
+  if (bits == 8) {  // one code per byte, in order: the stream is the codes
+    std::memcpy(dst, sym, n);
+    return;
+  }
+  if (bits == 4) {  // two codes per byte, the first in the low nibble
+    for (uint32_t i = 0; i + 1 < n; i += 2) dst[i / 2] = static_cast<uint8_t>(sym[i] | (sym[i + 1] << 4));
+    if (n % 2) dst[n / 2] = sym[n - 1];
+    return;
+  }
   uint64_t pos = 0;
   for (uint32_t i = 0; i < n; ++i, pos += bits) {
     const uint64_t v = uint64_t{sym[i]} << (pos % 8);
