@@ -130,16 +130,19 @@ void count_channels(const uint8_t* q, uint32_t tokens, uint32_t head_dim, uint32
   if (n_syms <= 16 && head_dim % 32 == 0 && __builtin_cpu_supports("avx2"))
     return count_channels_avx2(q, tokens, head_dim, n_syms, plain, delta);
 #endif
-  uint8_t row_delta[kMaxHeadDim];
+  // Channel by channel, so each channel's two histograms stay in L1 while its column of codes
+  // is read (rows of a head's codes are a few KiB apart at most).
   const uint8_t code_mask = static_cast<uint8_t>(n_syms - 1);
-  for (uint32_t d = 0; d < head_dim; ++d) plain[d * n_syms + q[d]]++, delta[d * n_syms + q[d]]++;
-  for (uint32_t t = 1; t < tokens; ++t) {
-    const uint8_t* cur = q + size_t{t} * head_dim;
-    const uint8_t* prev = cur - head_dim;
-    for (uint32_t d = 0; d < head_dim; ++d) row_delta[d] = static_cast<uint8_t>((cur[d] - prev[d]) & code_mask);
-    for (uint32_t d = 0; d < head_dim; ++d) {
-      plain[d * n_syms + cur[d]]++;
-      delta[d * n_syms + row_delta[d]]++;
+  for (uint32_t d = 0; d < head_dim; ++d) {
+    uint32_t* hp = plain + size_t{d} * n_syms;
+    uint32_t* hd = delta + size_t{d} * n_syms;
+    uint8_t prev = 0;
+    const uint8_t* col = q + d;
+    for (uint32_t t = 0; t < tokens; ++t, col += head_dim) {
+      const uint8_t c = *col;
+      hp[c]++;
+      hd[static_cast<uint8_t>((c - prev) & code_mask)]++;
+      prev = c;
     }
   }
 }
