@@ -9,6 +9,10 @@
 #include <kdn/kernels/cpu_rows.h>
 #include <kdn/kernels/dtype.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -227,17 +231,74 @@ void byte_plane(const Source& src, const ExponentField& f, const uint8_t* emax, 
   }
 }
 
+#if defined(__x86_64__)
+#define KDN_TARGET_PLANES __attribute__((target("avx2")))
+
+bool planes_simd(const Source& src) {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2 && src.g.dtype != DType::kF32 && src.g.head_dim % 16 == 0;
+}
+
+// 16 elements rotated sign-down (r = rotl16(u, 1)).
+KDN_TARGET_PLANES inline __m256i rotated16(const uint16_t* row) {
+  const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
+  return _mm256_or_si256(_mm256_slli_epi16(u, 1), _mm256_srli_epi16(u, 15));
+}
+
+// exponent_refs for 16-bit dtypes, 16 channels at a time (the exponent field is the top
+// 16 - shift bits of r, so r >> shift is it).
+KDN_TARGET_PLANES void exponent_refs16(const Source& src, uint32_t shift, uint8_t* params) {
+  const uint32_t dim = src.g.head_dim;
+  const __m128i sh = _mm_cvtsi32_si128(static_cast<int>(shift));
+  for (uint32_t h = 0; h < src.g.kv_heads; ++h)
+    for (uint32_t d = 0; d < dim; d += 16) {
+      __m256i m = _mm256_setzero_si256();
+      for (uint32_t t = 0; t < src.g.tokens; ++t)
+        m = _mm256_max_epu16(m, _mm256_srl_epi16(rotated16(row_bits<uint16_t>(src, t, h) + d), sh));
+      const __m128i b = _mm_packus_epi16(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(params + h * dim + d), b);
+    }
+}
+
+KDN_TARGET_PLANES void byte_plane16(const Source& src, uint32_t shift, const uint8_t* emax, uint32_t head, uint32_t k,
+                                    uint8_t* sym) {
+  const uint32_t dim = src.g.head_dim;
+  const __m128i sh = _mm_cvtsi32_si128(static_cast<int>(shift));
+  const __m256i low = _mm256_set1_epi16(static_cast<int16_t>((1u << shift) - 1));
+  const __m256i byte = _mm256_set1_epi16(0xff);
+  for (uint32_t t = 0; t < src.g.tokens; ++t) {
+    const uint16_t* row = row_bits<uint16_t>(src, t, head);
+    uint8_t* out = sym + size_t{t} * dim;
+    for (uint32_t d = 0; d < dim; d += 16) {
+      const __m256i r = rotated16(row + d);
+      const __m256i em = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(emax + d)));
+      const __m256i rp = _mm256_or_si256(_mm256_sll_epi16(_mm256_sub_epi16(em, _mm256_srl_epi16(r, sh)), sh),
+                                         _mm256_and_si256(r, low));
+      const __m256i b = k == 0 ? _mm256_srli_epi16(rp, 8) : _mm256_and_si256(rp, byte);
+      const __m128i packed = _mm_packus_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + d), packed);
+    }
+  }
+}
+#endif
+
 }  // namespace
 
 void write_exponent_refs(const Source& src, uint8_t* params) noexcept {
   const ExponentField f = exponent_field(static_cast<uint32_t>(src.g.dtype));
   std::memset(params, 0, size_t{src.g.kv_heads} * src.g.head_dim);
+#if defined(__x86_64__)
+  if (planes_simd(src)) return exponent_refs16(src, f.shift, params);
+#endif
   if (src.g.dtype == DType::kF32) return exponent_refs<uint32_t>(src, f, params);
   exponent_refs<uint16_t>(src, f, params);
 }
 
 void byte_plane_symbols(const Source& src, const uint8_t* emax, uint32_t head, uint32_t k, uint8_t* sym) noexcept {
   const ExponentField f = exponent_field(static_cast<uint32_t>(src.g.dtype));
+#if defined(__x86_64__)
+  if (planes_simd(src)) return byte_plane16(src, f.shift, emax, head, k, sym);
+#endif
   if (src.g.dtype == DType::kF32) return byte_plane<uint32_t>(src, f, emax, head, k, sym);
   byte_plane<uint16_t>(src, f, emax, head, k, sym);
 }
