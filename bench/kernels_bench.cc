@@ -20,8 +20,6 @@
 #include <kdn/kernels/synthetic.h>
 
 #include <CLI/CLI.hpp>
-#include <oneapi/tbb/parallel_for.h>
-#include <oneapi/tbb/task_arena.h>
 
 #include <algorithm>
 #include <chrono>
@@ -98,12 +96,6 @@ void record(Report& report, const std::string& key, const Result<double>& r) {
   report.set_null(key);
   report.set("errors." + key, describe(r.status()));
   progress("%s: %s", key.c_str(), describe(r.status()).c_str());
-}
-
-// Runs fn(i) for i < n on at most `threads` threads (the calling thread included).
-void parallel_chunks(unsigned threads, int n, const std::function<void(int)>& fn) {
-  oneapi::tbb::task_arena arena(static_cast<int>(threads));
-  arena.execute([&] { oneapi::tbb::parallel_for(0, n, [&](int i) { fn(i); }); });
 }
 
 // N canonical chunks (copies of one synthetic chunk) and an engine pool that holds them all,
