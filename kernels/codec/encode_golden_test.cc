@@ -6,6 +6,8 @@
 // it and say why in the commit (golden_test.cc holds the decoder to the format).
 #include "codec_test_util.h"
 #include "crc32c.h"
+#include "quant.h"
+#include "rans.h"
 
 #include <kdn/kernels/codec.h>
 #include <kdn/kernels/dtype.h>
@@ -159,7 +161,7 @@ Codings count_codings(const std::vector<uint8_t>& blob) {
 }
 
 
-TEST(EncodeGolden, EveryModeAndOptionWritesTheFrozenBytes) {
+void expect_frozen_bytes() {
   uint32_t packed = 0, rans = 0, delta = 0;
   for (const Case& c : kCases) {
     const ChunkGeometry g = geometry(2, c.heads, c.dim, c.tokens, c.dtype);
@@ -184,6 +186,17 @@ TEST(EncodeGolden, EveryModeAndOptionWritesTheFrozenBytes) {
   EXPECT_GT(packed, 0u);
   EXPECT_GT(rans, 0u);
   EXPECT_GT(delta, 0u);
+}
+
+TEST(EncodeGolden, EveryModeAndOptionWritesTheFrozenBytes) { expect_frozen_bytes(); }
+
+// The scalar rANS loop and the scalar row quantizers write the same bytes as the vector ones.
+TEST(EncodeGolden, ScalarLoopsWriteTheFrozenBytes) {
+  const rans::SimdLevel was = rans::set_simd_level(rans::SimdLevel::kScalar);
+  const bool rows = kvc1::set_dequantize_simd_enabled(false);
+  expect_frozen_bytes();
+  kvc1::set_dequantize_simd_enabled(rows);
+  rans::set_simd_level(was);
 }
 
 }  // namespace
