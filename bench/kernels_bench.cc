@@ -20,8 +20,6 @@
 #include <kdn/kernels/synthetic.h>
 
 #include <CLI/CLI.hpp>
-#include <oneapi/tbb/parallel_for.h>
-#include <oneapi/tbb/task_arena.h>
 
 #include <algorithm>
 #include <chrono>
@@ -35,6 +33,8 @@
 
 #if __has_include(<kdn/kernels/codec.h>)
 #define KDN_KERNELS_BENCH_CODEC 1
+#include "codec_speed.h"
+
 #include <kdn/kernels/codec.h>
 #include <kdn/kernels/codec_cuda.h>
 #endif
@@ -96,12 +96,6 @@ void record(Report& report, const std::string& key, const Result<double>& r) {
   report.set_null(key);
   report.set("errors." + key, describe(r.status()));
   progress("%s: %s", key.c_str(), describe(r.status()).c_str());
-}
-
-// Runs fn(i) for i < n on at most `threads` threads (the calling thread included).
-void parallel_chunks(unsigned threads, int n, const std::function<void(int)>& fn) {
-  oneapi::tbb::task_arena arena(static_cast<int>(threads));
-  arena.execute([&] { oneapi::tbb::parallel_for(0, n, [&](int i) { fn(i); }); });
 }
 
 // N canonical chunks (copies of one synthetic chunk) and an engine pool that holds them all,
@@ -293,38 +287,47 @@ void set_quality(Report& report, const std::string& prefix, const CodecQuality& 
   report.set(prefix + ".cosine_min", q.cosine_min);
 }
 
-// Encode and decode GB/s (fp16 bytes in / out) of `mode`: one chunk on 1 thread, and P chunks
-// on P threads (one each, as a sidecar decodes independent chunks).
-void codec_throughput(Report& report, const std::string& prefix, Workload& w, const ModeRun& mode, const Encoded& e,
-                      const Options& o) {
-  const uint64_t fp16_bytes = chunk_elements(w.g) * 2;
-  std::vector<std::vector<uint8_t>> blobs(o.threads, std::vector<uint8_t>(kvc1_max_encoded_size(w.g, mode.cfg)));
-  std::vector<std::vector<uint8_t>> scratch(o.threads, std::vector<uint8_t>(kvc1_encode_scratch_bytes(w.g, mode.cfg)));
-  std::vector<std::vector<uint8_t>> outs(o.threads, std::vector<uint8_t>(w.chunk_bytes()));
-  auto encode_one = [&](int i, unsigned slot) {
-    size_t written = 0;
-    return kvc1_encode(w.g, kBenchFingerprint, w.chunk(i), mode.cfg, blobs[slot].data(), blobs[slot].size(), &written,
-                       scratch[slot].data(), scratch[slot].size());
-  };
-  auto decode_one = [&](unsigned slot) {
-    return kvc1_decode(e.blob.data(), e.blob.size(), w.g, kBenchFingerprint, outs[slot].data(), outs[slot].size());
-  };
-  const int reps = std::min(o.reps, 3);  // the slow modes take seconds per pass
-  for (unsigned threads : {1u, o.threads}) {
-    const std::string suffix = threads == 1 ? ".gbps_1t" : ".gbps_pt";
-    const int chunks = static_cast<int>(std::min<unsigned>(threads, static_cast<unsigned>(w.n)));  // one per thread
-    auto run_all = [&](bool encode) -> Status {
-      std::vector<Status> st(chunks);
-      parallel_chunks(threads, chunks, [&](int i) {
-        const unsigned slot = static_cast<unsigned>(oneapi::tbb::this_task_arena::current_thread_index());
-        st[i] = encode ? encode_one(i, slot) : decode_one(slot);
-      });
-      for (const Status& s : st) KDN_RETURN_IF_ERROR(s);
-      return OkStatus();
-    };
-    record(report, prefix + ".encode" + suffix, median_gbps(fp16_bytes * chunks, reps, [&] { return run_all(true); }));
-    record(report, prefix + ".decode" + suffix, median_gbps(fp16_bytes * chunks, reps, [&] { return run_all(false); }));
+// Encode and decode GB/s (fp16 bytes in / out) of `mode` over `chunks` on `threads` threads,
+// and the encode/decode ratio of the same repetitions (the bars read it).
+// `tag` is 1t or pt.
+void record_speed(Report& report, const std::string& prefix, const std::string& tag,
+                  const std::vector<SpeedChunk>& chunks, const CodecConfig& cfg, unsigned threads, int reps) {
+  Result<CodecSpeed> r = measure_codec_speed(chunks, cfg, threads, reps);
+  if (!r.ok()) {
+    record(report, prefix + ".encode.gbps_" + tag, Result<double>(r.status()));
+    return;
   }
+  report.set(prefix + ".encode.gbps_" + tag, r->encode_gbps);
+  report.set(prefix + ".decode.gbps_" + tag, r->decode_gbps);
+  report.set(prefix + ".encode_vs_decode_" + tag, r->encode_vs_decode);
+}
+
+// One chunk on 1 thread, and P chunks on P threads (one each, as a sidecar encodes and
+// decodes independent chunks).
+void codec_throughput(Report& report, const std::string& prefix, Workload& w, const ModeRun& mode, const Options& o) {
+  const int reps = std::max(o.reps, 5);  // pairs are cheap now; more of them steady the ratio
+  for (unsigned threads : {1u, o.threads}) {
+    std::vector<SpeedChunk> chunks;
+    for (int i = 0; i < static_cast<int>(std::min<unsigned>(threads, static_cast<unsigned>(w.n))); ++i)
+      chunks.push_back({w.g, w.chunk(i), mode.cfg.pos_base});
+    record_speed(report, prefix, threads == 1 ? "1t" : "pt", chunks, mode.cfg, threads, reps);
+  }
+  const auto memcpy_1t = report.number("baselines.memcpy_gbps_1t");
+  report.set(prefix + ".encode_vs_memcpy_1t", ratio(report.number(prefix + ".encode.gbps_1t"), memcpy_1t));
+  report.set(prefix + ".decode_vs_memcpy_1t", ratio(report.number(prefix + ".decode.gbps_1t"), memcpy_1t));
+}
+
+// The encoder bars: encode at least this fraction of the same mode's decode rate, one thread.
+struct EncodeBar {
+  const char* mode;
+  double at_least;
+};
+constexpr EncodeBar kEncodeBars[] = {{"kivi4", 0.75}, {"int8", 0.5}, {"lossless", 0.5}};
+
+void set_encode_bars(Report& report, const std::string& prefix, const std::string& bar_prefix) {
+  for (const EncodeBar& b : kEncodeBars)
+    report.set_bar(bar_prefix + b.mode + "_encode_vs_decode_1t",
+                   report.number(prefix + b.mode + ".encode_vs_decode_1t"), BarOp::kAtLeast, b.at_least);
 }
 
 void bench_codec(Report& report, Workload& w, const Options& o) {
@@ -339,7 +342,7 @@ void bench_codec(Report& report, Workload& w, const Options& o) {
       continue;
     }
     set_quality(report, prefix, e.quality);
-    codec_throughput(report, prefix, w, mode, e, o);
+    codec_throughput(report, prefix, w, mode, o);
     if (std::string(mode.name) == "kivi4") {  // the default mode is the headline
       for (const char* k : {"encode.gbps_1t", "encode.gbps_pt", "decode.gbps_1t", "decode.gbps_pt"}) {
         const auto v = report.number(prefix + "." + k);
@@ -347,6 +350,7 @@ void bench_codec(Report& report, Workload& w, const Options& o) {
       }
     }
   }
+  set_encode_bars(report, "codec.modes.", "bars.codec_");
 }
 
 // Real KV from --kv-dir: quality and ratio per mode, aggregated over every chunk file.
@@ -359,17 +363,27 @@ void bench_real_kv(Report& report, const Options& o) {
   }
   report.set("real.files", files->size());
   report.set("real.skipped_files", skipped);
+  std::vector<std::vector<uint8_t>> loaded;
+  std::vector<SpeedChunk> chunks;
+  for (const KvFileInfo& f : *files) {
+    loaded.emplace_back(chunk_bytes(f.geo));
+    if (const Status st = read_kv_file(f, loaded.back().data(), loaded.back().size()); !st.ok()) {
+      report.set("errors.real", describe(st));
+      return;
+    }
+  }
+  for (size_t i = 0; i < files->size(); ++i)
+    chunks.push_back({(*files)[i].geo, loaded[i].data(), (*files)[i].first_position});
   for (const ModeRun& run : codec_modes(0)) {
     progress("real KV, codec %s: %zu files", run.name, files->size());
     ModeRun mode = run;
     double fp16 = 0, encoded = 0, worst_err = 0, cos_min = 1;
     Status st;
-    for (const KvFileInfo& f : *files) {
-      std::vector<uint8_t> chunk(chunk_bytes(f.geo));
+    for (size_t i = 0; i < files->size(); ++i) {
+      const KvFileInfo& f = (*files)[i];
       Encoded e;
-      st = read_kv_file(f, chunk.data(), chunk.size());
       mode.cfg.pos_base = f.first_position;
-      if (st.ok()) st = encode_chunk(f.geo, chunk.data(), mode.cfg, &e);
+      st = encode_chunk(f.geo, loaded[i].data(), mode.cfg, &e);
       if (!st.ok()) break;
       fp16 += chunk_elements(f.geo) * 2.0;
       encoded += static_cast<double>(e.blob.size());
@@ -382,7 +396,10 @@ void bench_real_kv(Report& report, const Options& o) {
       continue;
     }
     set_quality(report, prefix, CodecQuality{fp16 / encoded, worst_err, cos_min});
+    progress("real KV, codec %s: encode and decode speed, 1 thread", run.name);
+    record_speed(report, prefix, "1t", chunks, run.cfg, 1, std::max(o.reps, 5));
   }
+  set_encode_bars(report, "real.codec.modes.", "bars.real_codec_");
   report.set_bar("bars.real_kivi4_packed_ratio", report.number("real.codec.modes.kivi4_packed.ratio_vs_fp16"),
                  BarOp::kAtLeast, 3.5);
   report.set_bar("bars.real_kivi4_ratio", report.number("real.codec.modes.kivi4.ratio_vs_fp16"), BarOp::kAtLeast, 4.5);

@@ -20,6 +20,15 @@ size_t align64(size_t v) { return (v + 63) & ~size_t{63}; }
 void pack_codes(const uint8_t* sym, uint32_t n, uint32_t bits, uint8_t* dst) {
   const uint64_t words = (uint64_t{n} * bits + 31) / 32;
   std::memset(dst, 0, 4 * words);
+  if (bits == 8) {  // one code per byte, in order: the stream is the codes
+    std::memcpy(dst, sym, n);
+    return;
+  }
+  if (bits == 4) {  // two codes per byte, the first in the low nibble
+    for (uint32_t i = 0; i + 1 < n; i += 2) dst[i / 2] = static_cast<uint8_t>(sym[i] | (sym[i + 1] << 4));
+    if (n % 2) dst[n / 2] = sym[n - 1];
+    return;
+  }
   uint64_t pos = 0;
   for (uint32_t i = 0; i < n; ++i, pos += bits) {
     const uint64_t v = uint64_t{sym[i]} << (pos % 8);
@@ -44,16 +53,16 @@ Status write_packed(const uint8_t* sym, uint32_t n, uint32_t bits, OutBuf& out) 
 
 // Writes the segment as rANS if it fits in fewer than `limit` bytes. Returns false (leaving
 // out.pos unchanged) when it does not fit, either budget-wise or in the buffer.
-bool try_rans(const uint8_t* sym, uint32_t n, uint32_t bits, uint32_t block_symbols, const uint8_t* mask,
-              uint32_t mask_bytes, uint64_t limit, EncodeScratch& sc, OutBuf& out) {
-  uint32_t counts[rans::kMaxSymbols] = {};
+// `counts` is the histogram of sym (2^bits entries).
+bool try_rans(const uint8_t* sym, uint32_t n, uint32_t bits, const uint32_t* counts, uint32_t block_symbols,
+              const uint8_t* mask, uint32_t mask_bytes, uint64_t limit, EncodeScratch& sc, OutBuf& out) {
   uint32_t n_syms = 0;
-  for (uint32_t i = 0; i < n; ++i) counts[sym[i]]++;
   for (uint32_t s = 0; s < (1u << bits); ++s)
     if (counts[s]) n_syms = s + 1;
   uint16_t freq[rans::kMaxSymbols];
-  uint16_t cum[rans::kMaxSymbols + 1];
-  if (!rans::normalize_frequencies(counts, n_syms, freq) || !rans::build_cumulative(freq, n_syms, cum)) return false;
+  rans::EncodeTable table;
+  if (!rans::normalize_frequencies(counts, n_syms, freq) || !rans::build_encode_table(freq, n_syms, &table))
+    return false;
   const uint32_t n_blocks = (n + block_symbols - 1) / block_symbols;
   const size_t start = out.pos;
   const uint64_t table_off = kSegmentHeaderBytes + (mask ? align16(mask_bytes) : 0);
@@ -77,7 +86,7 @@ bool try_rans(const uint8_t* sym, uint32_t n, uint32_t bits, uint32_t block_symb
     const uint32_t first = b * block_symbols;
     const uint32_t count = n - first < block_symbols ? n - first : block_symbols;
     rans::EncodedBlock eb;
-    if (!rans::encode_block(sym + first, count, freq, cum, n_syms, sc.stack, sc.stack_words, &eb)) break;
+    if (!rans::encode_block(sym + first, count, table, sc.stack, sc.stack_words, &eb)) break;
     const uint64_t off = align16(end);
     end = off + 2ull * eb.n_words;
     if (end >= limit || !out.reserve(end - (out.pos - start))) break;
@@ -138,7 +147,8 @@ void OutBuf::st64(size_t at, uint64_t v) { std::memcpy(data + at, &v, 8); }
 size_t encode_scratch_bytes(const ChunkGeometry& g, uint32_t block_tokens) noexcept {
   // 64 bytes of slack to align the caller's buffer; every part 64-byte aligned after that.
   return 64 + 2 * align64(size_t{g.tokens} * g.head_dim) + align64(2 * size_t{block_tokens} * g.head_dim) +
-         3 * align64(4 * size_t{g.head_dim}) + 2 * align64(8 * size_t{g.head_dim});
+         3 * align64(4 * size_t{g.head_dim}) + 2 * align64(8 * size_t{g.head_dim}) +
+         2 * align64(4 * size_t{g.head_dim} * rans::kMaxSymbols);
 }
 
 bool carve_scratch(void* scratch, size_t bytes, const ChunkGeometry& g, uint32_t block_tokens,
@@ -160,6 +170,8 @@ bool carve_scratch(void* scratch, size_t bytes, const ChunkGeometry& g, uint32_t
   out->row = reinterpret_cast<float*>(take(4 * d));
   out->cost_plain = reinterpret_cast<uint64_t*>(take(8 * d));
   out->cost_delta = reinterpret_cast<uint64_t*>(take(8 * d));
+  out->hist_plain = reinterpret_cast<uint32_t*>(take(4 * d * rans::kMaxSymbols));
+  out->hist_delta = reinterpret_cast<uint32_t*>(take(4 * d * rans::kMaxSymbols));
   return true;
 }
 
@@ -171,12 +183,16 @@ Status write_segment(uint32_t tokens, uint32_t head_dim, uint32_t bits, const En
   uint8_t mask[kMaxHeadDim / 8];
   const uint32_t mask_bytes = (head_dim + 7) / 8;
   const uint8_t* sym = sc.symbols;
-  if (plan.token_delta && choose_predicted_channels(sc.symbols, tokens, head_dim, bits, sc, mask)) {
+  uint32_t counts[rans::kMaxSymbols];
+  if (!plan.token_delta) {
+    count_symbols(sc.symbols, n, 1u << bits, counts);
+  } else if (choose_predicted_channels(sc.symbols, tokens, head_dim, bits, sc, mask, counts)) {
     apply_token_delta(sc.symbols, tokens, head_dim, static_cast<uint8_t>((1u << bits) - 1), mask, sc.residuals);
     sym = sc.residuals;
   }
   const uint8_t* used_mask = sym == sc.residuals ? mask : nullptr;
-  if (try_rans(sym, n, bits, plan.block_tokens * head_dim, used_mask, mask_bytes, packed, sc, out)) return OkStatus();
+  if (try_rans(sym, n, bits, counts, plan.block_tokens * head_dim, used_mask, mask_bytes, packed, sc, out))
+    return OkStatus();
   return write_packed(sc.symbols, n, bits, out);
 }
 

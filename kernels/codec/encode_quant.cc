@@ -2,12 +2,18 @@
 // exponent references and byte planes. Rows are read as f32 with the kernels' vectorized
 // row loads; every value goes through the same quantizer bodies as before, so the bytes are
 // those the format defines (golden_test.cc pins them).
+#include "encode_rows.h"
 #include "encoder.h"
 #include "quant.h"
 
 #include <kdn/kernels/cpu_rows.h>
 #include <kdn/kernels/dtype.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -44,16 +50,14 @@ bool write_channel_scales(const Source& src, const Plane& pl, uint8_t sd, Encode
   const uint32_t quant_end = g.tokens - pl.exact_tail_tokens;  // tokens [exact_tokens, quant_end) are quantized
   for (uint32_t h = 0; h < g.kv_heads; ++h) {
     for (uint32_t gi = 0; gi < ng; ++gi) {
-      for (uint32_t d = 0; d < g.head_dim; ++d) sc.lo[d] = INFINITY, sc.hi[d] = -INFINITY;
+      std::fill(sc.lo, sc.lo + g.head_dim, INFINITY);
+      std::fill(sc.hi, sc.hi + g.head_dim, -INFINITY);
       const uint32_t t1 = (gi + 1) * pl.group < quant_end ? (gi + 1) * pl.group : quant_end;
       const uint32_t t0 = gi * pl.group > pl.exact_tokens ? gi * pl.group : pl.exact_tokens;
       if (t0 >= t1) continue;  // every token of the group is exact: S = Z = 0
       for (uint32_t t = t0; t < t1; ++t) {
         if (!src.row_f32(t, h, sc.row)) *non_finite = true;
-        for (uint32_t d = 0; d < g.head_dim; ++d) {
-          sc.lo[d] = sc.row[d] < sc.lo[d] ? sc.row[d] : sc.lo[d];
-          sc.hi[d] = sc.row[d] > sc.hi[d] ? sc.row[d] : sc.hi[d];
-        }
+        accumulate_range(sc.row, g.head_dim, sc.lo, sc.hi);
       }
       if (*non_finite) return true;
       for (uint32_t d = 0; d < g.head_dim; ++d)
@@ -80,11 +84,8 @@ bool write_token_scales(const Source& src, const Plane& pl, uint8_t sd, EncodeSc
       }
       if (pl.transform == kTransformHadamard) hadamard_row(sc.row, g.head_dim, 1.0f);
       for (uint32_t gi = 0; gi < ng; ++gi) {
-        float lo = INFINITY, hi = -INFINITY;
-        for (uint32_t d = gi * pl.group; d < (gi + 1) * pl.group; ++d) {
-          lo = sc.row[d] < lo ? sc.row[d] : lo;
-          hi = sc.row[d] > hi ? sc.row[d] : hi;
-        }
+        float lo, hi;
+        group_range(sc.row + gi * pl.group, pl.group, &lo, &hi);
         if (!store_group(lo, hi, pl.bits, sd, params, (uint64_t{t} * g.kv_heads + h) * ng + gi, per_array)) return false;
       }
     }
@@ -108,16 +109,24 @@ bool write_exact_rows(const Source& src, const Plane& pl, EncodeScratch& sc, uin
   return true;
 }
 
-// The stored S and Z of row (t, head), widened to f32, one per channel.
+// `n` stored scales (or zero points) widened to f32.
+void load_scales(const uint8_t* p, uint32_t n, uint8_t scale_dtype, float* out) {
+  if (scale_dtype == kScaleF16) {
+    load_row_f32(p, DType::kF16, 1.0f, n, out);  // the same bits as f16_to_f32 per value
+  } else {
+    std::memcpy(out, p, size_t{n} * 4);
+  }
+}
+
+// The stored S and Z of row (t, head) widened to f32: one per channel for per-channel scales
+// (K in the kivi modes), one per channel group for per-token scales.
 void row_scales(const Header& hdr, const Plane& pl, const uint8_t* params, uint32_t t, uint32_t head, float* s,
                 float* z) {
   uint64_t s_off, z_off;
   row_scale_offsets(hdr, pl, t, head, &s_off, &z_off);
-  const uint32_t per = pl.codec == kCodecUintChannel ? 1 : pl.group;
-  for (uint32_t d = 0; d < hdr.head_dim; ++d) {
-    s[d] = load_scale(params + s_off, d / per, pl.scale_dtype);
-    z[d] = load_scale(params + z_off, d / per, pl.scale_dtype);
-  }
+  const uint32_t n = pl.codec == kCodecUintChannel ? hdr.head_dim : hdr.head_dim / pl.group;
+  load_scales(params + s_off, n, pl.scale_dtype, s);
+  load_scales(params + z_off, n, pl.scale_dtype, z);
 }
 
 }  // namespace
@@ -128,12 +137,14 @@ uint32_t Source::bits(uint32_t t, uint32_t h, uint32_t d) const {
   return static_cast<const uint16_t*>(chunk)[i];
 }
 
-bool Source::row_f32(uint32_t t, uint32_t h, float* out) const {
+void Source::load_row(uint32_t t, uint32_t h, float* out) const {
   load_row_f32(static_cast<const uint8_t*>(chunk) + index(t, h, 0) * dtype_size(g.dtype), g.dtype, 1.0f,
                g.head_dim, out);
-  uint32_t special = 0;  // all exponent bits set: NaN or infinity
-  for (uint32_t d = 0; d < g.head_dim; ++d) special |= (bits_as<uint32_t>(out[d]) & 0x7f800000u) == 0x7f800000u;
-  return special == 0;
+}
+
+bool Source::row_f32(uint32_t t, uint32_t h, float* out) const {
+  load_row(t, h, out);
+  return row_finite(out, g.head_dim);
 }
 
 Status write_quant_params(const Source& src, const Header& hdr, Plane& pl, const EncodePlan& plan, EncodeScratch& sc,
@@ -173,35 +184,123 @@ void quantize_head(const Source& src, const Header& hdr, const Plane& pl, const 
     // Per-channel scales change once per token group; per-token ones every row.
     if (pl.codec != kCodecUintChannel || t % pl.group == 0 || t == pl.exact_tokens)
       row_scales(hdr, pl, params, t, head, sc.lo, sc.hi);
-    (void)src.row_f32(t, head, sc.row);  // finiteness was checked with the scales
+    src.load_row(t, head, sc.row);  // finiteness was checked with the scales
     if (pl.transform == kTransformHadamard) hadamard_row(sc.row, hdr.head_dim, 1.0f);
-    quantize_row(sc.row, sc.lo, sc.hi, hdr.head_dim, qmax, codes);
+    if (pl.codec == kCodecUintChannel)
+      quantize_row(sc.row, sc.lo, sc.hi, hdr.head_dim, qmax, codes);
+    else
+      quantize_row_grouped(sc.row, sc.lo, sc.hi, pl.group, hdr.head_dim, qmax, codes);
   }
 }
 
+namespace {
+
+// Row (t, h) of a 16- or 32-bit plane as its raw bit patterns.
+template <typename W>
+const W* row_bits(const Source& src, uint32_t t, uint32_t h) {
+  return static_cast<const W*>(src.chunk) + src.index(t, h, 0);
+}
+
+template <typename W>
+void exponent_refs(const Source& src, const ExponentField& f, uint8_t* params) {
+  const uint32_t dim = src.g.head_dim;
+  for (uint32_t t = 0; t < src.g.tokens; ++t)
+    for (uint32_t h = 0; h < src.g.kv_heads; ++h) {
+      const W* row = row_bits<W>(src, t, h);
+      uint8_t* m = params + h * dim;
+      for (uint32_t d = 0; d < dim; ++d) {  // a plain loop over the row: the compiler vectorizes it
+        const uint32_t e = (rotate_sign_down(row[d], f.width) >> f.shift) & f.mask;
+        m[d] = e > m[d] ? static_cast<uint8_t>(e) : m[d];
+      }
+    }
+}
+
+template <typename W>
+void byte_plane(const Source& src, const ExponentField& f, const uint8_t* emax, uint32_t head, uint32_t k,
+                uint8_t* sym) {
+  const uint32_t shift = f.width - 8 * (k + 1);
+  const uint32_t low = (1u << f.shift) - 1;
+  const uint32_t dim = src.g.head_dim;
+  for (uint32_t t = 0; t < src.g.tokens; ++t) {
+    const W* row = row_bits<W>(src, t, head);
+    uint8_t* out = sym + size_t{t} * dim;
+    for (uint32_t d = 0; d < dim; ++d) {
+      const uint32_t r = rotate_sign_down(row[d], f.width);
+      out[d] = static_cast<uint8_t>((((emax[d] - (r >> f.shift)) << f.shift) | (r & low)) >> shift);
+    }
+  }
+}
+
+#if defined(__x86_64__)
+#define KDN_TARGET_PLANES __attribute__((target("avx2")))
+
+bool planes_simd(const Source& src) {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2 && src.g.dtype != DType::kF32 && src.g.head_dim % 16 == 0;
+}
+
+// 16 elements rotated sign-down (r = rotl16(u, 1)).
+KDN_TARGET_PLANES inline __m256i rotated16(const uint16_t* row) {
+  const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
+  return _mm256_or_si256(_mm256_slli_epi16(u, 1), _mm256_srli_epi16(u, 15));
+}
+
+// exponent_refs for 16-bit dtypes, 16 channels at a time (the exponent field is the top
+// 16 - shift bits of r, so r >> shift is it).
+KDN_TARGET_PLANES void exponent_refs16(const Source& src, uint32_t shift, uint8_t* params) {
+  const uint32_t dim = src.g.head_dim;
+  const __m128i sh = _mm_cvtsi32_si128(static_cast<int>(shift));
+  for (uint32_t h = 0; h < src.g.kv_heads; ++h)
+    for (uint32_t d = 0; d < dim; d += 16) {
+      __m256i m = _mm256_setzero_si256();
+      for (uint32_t t = 0; t < src.g.tokens; ++t)
+        m = _mm256_max_epu16(m, _mm256_srl_epi16(rotated16(row_bits<uint16_t>(src, t, h) + d), sh));
+      const __m128i b = _mm_packus_epi16(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(params + h * dim + d), b);
+    }
+}
+
+KDN_TARGET_PLANES void byte_plane16(const Source& src, uint32_t shift, const uint8_t* emax, uint32_t head, uint32_t k,
+                                    uint8_t* sym) {
+  const uint32_t dim = src.g.head_dim;
+  const __m128i sh = _mm_cvtsi32_si128(static_cast<int>(shift));
+  const __m256i low = _mm256_set1_epi16(static_cast<int16_t>((1u << shift) - 1));
+  const __m256i byte = _mm256_set1_epi16(0xff);
+  for (uint32_t t = 0; t < src.g.tokens; ++t) {
+    const uint16_t* row = row_bits<uint16_t>(src, t, head);
+    uint8_t* out = sym + size_t{t} * dim;
+    for (uint32_t d = 0; d < dim; d += 16) {
+      const __m256i r = rotated16(row + d);
+      const __m256i em = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(emax + d)));
+      const __m256i rp = _mm256_or_si256(_mm256_sll_epi16(_mm256_sub_epi16(em, _mm256_srl_epi16(r, sh)), sh),
+                                         _mm256_and_si256(r, low));
+      const __m256i b = k == 0 ? _mm256_srli_epi16(rp, 8) : _mm256_and_si256(rp, byte);
+      const __m128i packed = _mm_packus_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + d), packed);
+    }
+  }
+}
+#endif
+
+}  // namespace
+
 void write_exponent_refs(const Source& src, uint8_t* params) noexcept {
   const ExponentField f = exponent_field(static_cast<uint32_t>(src.g.dtype));
-  const uint32_t hd = src.g.kv_heads * src.g.head_dim;
-  std::memset(params, 0, hd);
-  for (uint32_t t = 0; t < src.g.tokens; ++t)
-    for (uint32_t h = 0; h < src.g.kv_heads; ++h)
-      for (uint32_t d = 0; d < src.g.head_dim; ++d) {
-        const uint32_t e = (rotate_sign_down(src.bits(t, h, d), f.width) >> f.shift) & f.mask;
-        uint8_t& m = params[h * src.g.head_dim + d];
-        m = e > m ? static_cast<uint8_t>(e) : m;
-      }
+  std::memset(params, 0, size_t{src.g.kv_heads} * src.g.head_dim);
+#if defined(__x86_64__)
+  if (planes_simd(src)) return exponent_refs16(src, f.shift, params);
+#endif
+  if (src.g.dtype == DType::kF32) return exponent_refs<uint32_t>(src, f, params);
+  exponent_refs<uint16_t>(src, f, params);
 }
 
 void byte_plane_symbols(const Source& src, const uint8_t* emax, uint32_t head, uint32_t k, uint8_t* sym) noexcept {
   const ExponentField f = exponent_field(static_cast<uint32_t>(src.g.dtype));
-  const uint32_t shift = f.width - 8 * (k + 1);
-  const uint32_t low = (1u << f.shift) - 1;
-  for (uint32_t t = 0; t < src.g.tokens; ++t)
-    for (uint32_t d = 0; d < src.g.head_dim; ++d) {
-      const uint32_t r = rotate_sign_down(src.bits(t, head, d), f.width);
-      const uint32_t rp = ((emax[d] - (r >> f.shift)) << f.shift) | (r & low);
-      sym[size_t{t} * src.g.head_dim + d] = static_cast<uint8_t>(rp >> shift);
-    }
+#if defined(__x86_64__)
+  if (planes_simd(src)) return byte_plane16(src, f.shift, emax, head, k, sym);
+#endif
+  if (src.g.dtype == DType::kF32) return byte_plane<uint32_t>(src, f, emax, head, k, sym);
+  byte_plane<uint16_t>(src, f, emax, head, k, sym);
 }
 
 }  // namespace kdn::kernels::kvc1

@@ -69,6 +69,8 @@ struct EncodeScratch {
   float* row;         // head_dim: one source row as f32
   uint64_t* cost_plain;  // head_dim: per-channel code lengths (predictor choice)
   uint64_t* cost_delta;  // head_dim
+  uint32_t* hist_plain;  // head_dim * 256: per-channel code histograms (predictor choice)
+  uint32_t* hist_delta;  // head_dim * 256: the same of the token deltas
 };
 
 // One plane of the source chunk.
@@ -79,6 +81,8 @@ struct Source {
 
   int64_t index(uint32_t t, uint32_t h, uint32_t d) const { return chunk_offset(g, layer, plane, t, h, d); }
   uint32_t bits(uint32_t t, uint32_t h, uint32_t d) const;
+  // Row (t, h) as f32.
+  void load_row(uint32_t t, uint32_t h, float* out) const;
   // Row (t, h) as f32; false if it holds a NaN or an infinity.
   bool row_f32(uint32_t t, uint32_t h, float* out) const;
 };
@@ -114,9 +118,14 @@ Status write_segment(uint32_t tokens, uint32_t head_dim, uint32_t bits, const En
 // Channels (bit d of mask[d / 8]) to code as token deltas: each channel takes the option with
 // the smaller ideal code length under the table the segment will share (refined twice from a
 // first guess), and the predictor is dropped unless the mix beats coding every channel plain. False if no channel is predicted (or
-// head_dim < 32, where the predictor is not allowed).
+// head_dim < 32, where the predictor is not allowed). Either way `histogram` (2^bits entries)
+// receives the counts of the symbols the segment will code: the residuals when true, the codes
+// when false.
 bool choose_predicted_channels(const uint8_t* codes, uint32_t tokens, uint32_t head_dim, uint32_t bits,
-                               EncodeScratch& sc, uint8_t* mask) noexcept;
+                               EncodeScratch& sc, uint8_t* mask, uint32_t* histogram) noexcept;
+
+// histogram[s] = #{i < n : sym[i] == s} for s < n_syms (every sym[i] < n_syms).
+void count_symbols(const uint8_t* sym, uint32_t n, uint32_t n_syms, uint32_t* histogram) noexcept;
 
 // out = the codes with the channels of `mask` replaced by their token deltas (mod 2^bits).
 void apply_token_delta(const uint8_t* codes, uint32_t tokens, uint32_t head_dim, uint8_t code_mask,

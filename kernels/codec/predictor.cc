@@ -7,12 +7,18 @@
 
 #include <cstring>
 
-#if defined(__SSE2__)
+#if defined(__x86_64__)
+#include <immintrin.h>
+#elif defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 
 namespace kdn::kernels::kvc1 {
 namespace {
+
+#if defined(__x86_64__)
+#define KDN_TARGET_AVX2 __attribute__((target("avx2")))
+#endif
 
 // log2(x) in 1/65536 bits for x >= 1, by integer arithmetic only (no libm).
 uint64_t log2_fixed16(uint64_t x) {
@@ -30,11 +36,28 @@ uint64_t log2_fixed16(uint64_t x) {
   return (uint64_t{ip} << 16) | frac;
 }
 
+// log2_fixed16 of every count below kLogTableSize: the choice weighs up to 256 symbols
+// several times per segment, and most counts are small.
+constexpr uint32_t kLogTableSize = 4096;
+
+struct LogTable {
+  uint32_t v[kLogTableSize];
+  LogTable() {
+    v[0] = 0;
+    for (uint32_t x = 1; x < kLogTableSize; ++x) v[x] = static_cast<uint32_t>(log2_fixed16(x));
+  }
+};
+
+uint64_t log2_count(uint64_t x) {
+  static const LogTable table;  // thread-safe static initialization
+  return x < kLogTableSize ? table.v[x] : log2_fixed16(x);
+}
+
 // Ideal code length of each symbol (1/65536 bits) for histogram h of n symbols; absent
 // symbols get a large finite cost.
 void symbol_costs(const uint32_t* h, uint32_t n_syms, uint64_t n, uint64_t* cost) {
-  const uint64_t ln = log2_fixed16(n);
-  for (uint32_t s = 0; s < n_syms; ++s) cost[s] = h[s] ? ln - log2_fixed16(h[s]) : ln + (16u << 16);
+  const uint64_t ln = log2_count(n);
+  for (uint32_t s = 0; s < n_syms; ++s) cost[s] = h[s] ? ln - log2_count(h[s]) : ln + (16u << 16);
 }
 
 uint64_t ideal_bits(const uint32_t* h, uint32_t n_syms, uint64_t n) {
@@ -45,79 +68,229 @@ uint64_t ideal_bits(const uint32_t* h, uint32_t n_syms, uint64_t n) {
   return total;
 }
 
-// Codes of a segment as token rows, with their token deltas ((q[t] - q[t-1]) mod 2^bits).
-struct Codes {
-  const uint8_t* q;
-  uint32_t tokens, head_dim;
-  uint8_t mask;  // 2^bits - 1
+// Per-channel histograms of a segment's codes, plain and as token deltas
+// ((q[t] - q[t-1]) mod 2^bits, the first token plain): every cost and every histogram the
+// choice needs is a sum over them, so the codes are read once.
+struct ChannelHistograms {
+  const uint32_t* plain;  // [head_dim][n_syms]
+  const uint32_t* delta;
+  uint32_t head_dim, n_syms;
 
-  uint8_t plain(uint32_t t, uint32_t d) const { return q[size_t{t} * head_dim + d]; }
-  uint8_t delta(uint32_t t, uint32_t d) const {
-    return t ? static_cast<uint8_t>((plain(t, d) - plain(t - 1, d)) & mask) : plain(t, d);
-  }
+  const uint32_t* of(bool predicted, uint32_t d) const { return (predicted ? delta : plain) + size_t{d} * n_syms; }
 };
 
-// Per-channel ideal lengths of coding each channel plain and as deltas, under the tables
-// c_plain and c_delta (row-major pass).
-void channel_costs(const Codes& c, const uint64_t* c_plain, const uint64_t* c_delta, EncodeScratch& sc) {
-  std::memset(sc.cost_plain, 0, sizeof(uint64_t) * c.head_dim);
-  std::memset(sc.cost_delta, 0, sizeof(uint64_t) * c.head_dim);
-  for (uint32_t t = 0; t < c.tokens; ++t)
-    for (uint32_t d = 0; d < c.head_dim; ++d) {
-      sc.cost_plain[d] += c_plain[c.plain(t, d)];
-      sc.cost_delta[d] += c_delta[c.delta(t, d)];
+#if defined(__x86_64__)
+// count_channels for alphabets of up to 16 symbols and head_dim a multiple of 32. For each 32
+// channels, up to 8 symbol values at a time, byte counters live in registers while the
+// token rows stream past (one compare and one subtract per value and row), and are added to
+// the u32 histograms every 255 rows.
+template <bool kDelta>
+KDN_TARGET_AVX2 void count_values(const uint8_t* q, uint32_t tokens, uint32_t head_dim, uint32_t col,
+                                  uint32_t v0, uint32_t n_syms, uint32_t* hist) {
+  const uint32_t nv = n_syms - v0 < 8 ? n_syms - v0 : 8;
+  const __m256i code_mask = _mm256_set1_epi8(static_cast<char>(n_syms - 1));
+  __m256i val[8];
+  for (uint32_t v = 0; v < 8; ++v) val[v] = _mm256_set1_epi8(static_cast<char>(v0 + v));
+  for (uint32_t t0 = 0; t0 < tokens; t0 += 255) {
+    const uint32_t t1 = tokens - t0 < 255 ? tokens : t0 + 255;
+    __m256i cnt[8];
+    for (uint32_t v = 0; v < 8; ++v) cnt[v] = _mm256_setzero_si256();
+    for (uint32_t t = t0; t < t1; ++t) {
+      const uint8_t* cur = q + size_t{t} * head_dim + col;
+      __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cur));
+      if (kDelta && t) {
+        const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cur - head_dim));
+        c = _mm256_and_si256(_mm256_sub_epi8(c, p), code_mask);
+      }
+#pragma GCC unroll 8
+      for (uint32_t v = 0; v < 8; ++v) cnt[v] = _mm256_sub_epi8(cnt[v], _mm256_cmpeq_epi8(c, val[v]));
     }
+    alignas(32) uint8_t bytes[8][32];
+    for (uint32_t v = 0; v < 8; ++v) _mm256_store_si256(reinterpret_cast<__m256i*>(bytes[v]), cnt[v]);
+    for (uint32_t v = 0; v < nv; ++v)
+      for (uint32_t d = 0; d < 32; ++d) hist[(col + d) * n_syms + v0 + v] += bytes[v][d];
+  }
 }
 
-void choose(const Codes& c, const EncodeScratch& sc, uint8_t* mask) {
-  for (uint32_t d = 0; d < c.head_dim; ++d) {
+KDN_TARGET_AVX2 void count_channels_avx2(const uint8_t* q, uint32_t tokens, uint32_t head_dim, uint32_t n_syms,
+                                         uint32_t* plain, uint32_t* delta) {
+  for (uint32_t col = 0; col < head_dim; col += 32)
+    for (uint32_t v0 = 0; v0 < n_syms; v0 += 8) {
+      count_values<false>(q, tokens, head_dim, col, v0, n_syms, plain);
+      count_values<true>(q, tokens, head_dim, col, v0, n_syms, delta);
+    }
+}
+#endif
+
+void count_channels(const uint8_t* q, uint32_t tokens, uint32_t head_dim, uint32_t n_syms, uint32_t* plain,
+                    uint32_t* delta) {
+  std::memset(plain, 0, sizeof(uint32_t) * head_dim * n_syms);
+  std::memset(delta, 0, sizeof(uint32_t) * head_dim * n_syms);
+#if defined(__x86_64__)
+  if (n_syms <= 16 && head_dim % 32 == 0 && __builtin_cpu_supports("avx2"))
+    return count_channels_avx2(q, tokens, head_dim, n_syms, plain, delta);
+#endif
+  // Channel by channel, so each channel's two histograms stay in L1 while its column of codes
+  // is read (rows of a head's codes are a few KiB apart at most).
+  const uint8_t code_mask = static_cast<uint8_t>(n_syms - 1);
+  for (uint32_t d = 0; d < head_dim; ++d) {
+    uint32_t* hp = plain + size_t{d} * n_syms;
+    uint32_t* hd = delta + size_t{d} * n_syms;
+    uint8_t prev = 0;
+    const uint8_t* col = q + d;
+    for (uint32_t t = 0; t < tokens; ++t, col += head_dim) {
+      const uint8_t c = *col;
+      hp[c]++;
+      hd[static_cast<uint8_t>((c - prev) & code_mask)]++;
+      prev = c;
+    }
+  }
+}
+
+uint64_t dot_scalar(const uint32_t* h, const uint32_t* cost, uint32_t n_syms) {
+  uint64_t total = 0;
+  for (uint32_t s = 0; s < n_syms; ++s) total += uint64_t{h[s]} * cost[s];
+  return total;
+}
+
+void add_scalar(uint32_t* h, const uint32_t* c, uint32_t n_syms) {
+  for (uint32_t s = 0; s < n_syms; ++s) h[s] += c[s];
+}
+
+#if defined(__x86_64__)
+// Sum of h[s] * cost[s] in u64 lanes (32 x 32 -> 64-bit products); n_syms a multiple of 8.
+KDN_TARGET_AVX2 uint64_t dot_avx2(const uint32_t* h, const uint32_t* cost, uint32_t n_syms) {
+  __m256i even = _mm256_setzero_si256(), odd = _mm256_setzero_si256();
+  for (uint32_t s = 0; s < n_syms; s += 8) {
+    const __m256i hv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + s));
+    const __m256i cv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cost + s));
+    even = _mm256_add_epi64(even, _mm256_mul_epu32(hv, cv));
+    odd = _mm256_add_epi64(odd, _mm256_mul_epu32(_mm256_srli_epi64(hv, 32), _mm256_srli_epi64(cv, 32)));
+  }
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_add_epi64(even, odd));
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
+KDN_TARGET_AVX2 void add_avx2(uint32_t* h, const uint32_t* c, uint32_t n_syms) {
+  for (uint32_t s = 0; s < n_syms; s += 8) {
+    auto* hp = reinterpret_cast<__m256i*>(h + s);
+    _mm256_storeu_si256(hp, _mm256_add_epi32(_mm256_loadu_si256(hp),
+                                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + s))));
+  }
+}
+#endif
+
+bool wide_simd(uint32_t n_syms) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2 && n_syms % 8 == 0;
+#else
+  (void)n_syms;
+  return false;
+#endif
+}
+
+// Costs fit 32 bits (below (log2(n) + 17) * 2^16 with n = tokens * head_dim <= 2^28), which the
+// vector dot needs.
+uint64_t dot(const uint32_t* h, const uint32_t* cost, uint32_t n_syms) {
+#if defined(__x86_64__)
+  if (wide_simd(n_syms)) return dot_avx2(h, cost, n_syms);
+#endif
+  return dot_scalar(h, cost, n_syms);
+}
+
+void add_counts(uint32_t* h, const uint32_t* c, uint32_t n_syms) {
+#if defined(__x86_64__)
+  if (wide_simd(n_syms)) return add_avx2(h, c, n_syms);
+#endif
+  add_scalar(h, c, n_syms);
+}
+
+void narrow(const uint64_t* cost, uint32_t n_syms, uint32_t* out) {
+  for (uint32_t s = 0; s < n_syms; ++s) out[s] = static_cast<uint32_t>(cost[s]);
+}
+
+// Per-channel ideal lengths of coding each channel plain and as deltas, under the tables
+// c_plain and c_delta.
+void channel_costs(const ChannelHistograms& ch, const uint64_t* c_plain, const uint64_t* c_delta, EncodeScratch& sc) {
+  uint32_t cp[rans::kMaxSymbols], cd[rans::kMaxSymbols];
+  narrow(c_plain, ch.n_syms, cp);
+  narrow(c_delta, ch.n_syms, cd);
+  for (uint32_t d = 0; d < ch.head_dim; ++d) {
+    sc.cost_plain[d] = dot(ch.of(false, d), cp, ch.n_syms);
+    sc.cost_delta[d] = dot(ch.of(true, d), cd, ch.n_syms);
+  }
+}
+
+bool predicted(const uint8_t* mask, uint32_t d) { return (mask[d / 8] >> (d % 8)) & 1u; }
+
+void choose(uint32_t head_dim, const EncodeScratch& sc, uint8_t* mask) {
+  for (uint32_t d = 0; d < head_dim; ++d) {
     const uint8_t bit = static_cast<uint8_t>(1u << (d % 8));
     mask[d / 8] = static_cast<uint8_t>(sc.cost_delta[d] < sc.cost_plain[d] ? mask[d / 8] | bit : mask[d / 8] & ~bit);
   }
 }
 
-void mixed_histogram(const Codes& c, const uint8_t* mask, EncodeScratch& sc, uint32_t* h) {
-  apply_token_delta(c.q, c.tokens, c.head_dim, c.mask, mask, sc.residuals);
-  for (size_t i = 0; i < size_t{c.tokens} * c.head_dim; ++i) h[sc.residuals[i]]++;
+// Histogram of the segment's symbols with the channels of `mask` coded as deltas (mask null:
+// every channel plain).
+void mixed_histogram(const ChannelHistograms& ch, const uint8_t* mask, uint32_t* h) {
+  std::memset(h, 0, sizeof(uint32_t) * ch.n_syms);
+  for (uint32_t d = 0; d < ch.head_dim; ++d) {
+    add_counts(h, ch.of(mask && predicted(mask, d), d), ch.n_syms);
+  }
 }
 
 }  // namespace
 
+void count_symbols(const uint8_t* sym, uint32_t n, uint32_t n_syms, uint32_t* histogram) noexcept {
+  // Four partial histograms: runs of one symbol would otherwise serialize on one counter.
+  uint32_t part[4][rans::kMaxSymbols] = {};
+  uint32_t i = 0;
+  for (; i + 4 <= n; i += 4) part[0][sym[i]]++, part[1][sym[i + 1]]++, part[2][sym[i + 2]]++, part[3][sym[i + 3]]++;
+  for (; i < n; ++i) part[0][sym[i]]++;
+  for (uint32_t s = 0; s < n_syms; ++s) histogram[s] = part[0][s] + part[1][s] + part[2][s] + part[3][s];
+}
+
 bool choose_predicted_channels(const uint8_t* codes, uint32_t tokens, uint32_t head_dim, uint32_t bits,
-                               EncodeScratch& sc, uint8_t* mask) noexcept {
+                               EncodeScratch& sc, uint8_t* mask, uint32_t* histogram) noexcept {
   const uint32_t mask_bytes = (head_dim + 7) / 8;
   std::memset(mask, 0, mask_bytes);
-  if (head_dim < 32 || tokens < 2) return false;
   const uint32_t n_syms = 1u << bits;
-  const Codes c{codes, tokens, head_dim, static_cast<uint8_t>(n_syms - 1)};
+  if (head_dim < 32 || tokens < 2) {
+    count_symbols(codes, tokens * head_dim, n_syms, histogram);
+    return false;
+  }
   const uint64_t n = uint64_t{tokens} * head_dim;
-  uint32_t h_plain[rans::kMaxSymbols] = {}, h_delta[rans::kMaxSymbols] = {};
-  for (uint32_t t = 0; t < tokens; ++t)
-    for (uint32_t d = 0; d < head_dim; ++d) {
-      h_plain[c.plain(t, d)]++;
-      h_delta[c.delta(t, d)]++;
-    }
+  count_channels(codes, tokens, head_dim, n_syms, sc.hist_plain, sc.hist_delta);
+  const ChannelHistograms ch{sc.hist_plain, sc.hist_delta, head_dim, n_syms};
+  uint32_t h_plain[rans::kMaxSymbols], h_delta[rans::kMaxSymbols];
+  mixed_histogram(ch, nullptr, h_plain);
+  uint8_t all[kMaxHeadDim / 8];
+  std::memset(all, 0xff, mask_bytes);
+  mixed_histogram(ch, all, h_delta);
   // First guess: each channel under the all-plain and all-delta tables. Then, twice, each
   // channel again under the one table the current choice would share (what rANS will pay).
   uint64_t c_plain[rans::kMaxSymbols], c_delta[rans::kMaxSymbols];
   symbol_costs(h_plain, n_syms, n, c_plain);
   symbol_costs(h_delta, n_syms, n, c_delta);
-  channel_costs(c, c_plain, c_delta, sc);
-  choose(c, sc, mask);
+  channel_costs(ch, c_plain, c_delta, sc);
+  choose(head_dim, sc, mask);
+  uint32_t h[rans::kMaxSymbols];
   for (int pass = 0; pass < 2; ++pass) {
-    uint32_t h[rans::kMaxSymbols] = {};
-    mixed_histogram(c, mask, sc, h);
+    mixed_histogram(ch, mask, h);
     uint64_t c_mixed[rans::kMaxSymbols];
     symbol_costs(h, n_syms, n, c_mixed);
-    channel_costs(c, c_mixed, c_mixed, sc);
-    choose(c, sc, mask);
+    channel_costs(ch, c_mixed, c_mixed, sc);
+    choose(head_dim, sc, mask);
   }
-  uint32_t h[rans::kMaxSymbols] = {};
-  mixed_histogram(c, mask, sc, h);
+  mixed_histogram(ch, mask, h);
   if (ideal_bits(h, n_syms, n) >= ideal_bits(h_plain, n_syms, n)) {
     std::memset(mask, 0, mask_bytes);
+    std::memcpy(histogram, h_plain, sizeof(uint32_t) * n_syms);
     return false;
   }
+  std::memcpy(histogram, h, sizeof(uint32_t) * n_syms);
   return true;
 }
 

@@ -26,10 +26,11 @@ uint16_t f16_next_up(uint16_t h) {
   return static_cast<uint16_t>(h + 1);
 }
 
-// Smallest float >= d (may be +inf).
+// Smallest float >= d (may be +inf), for d > 0: the next float up of a positive finite float
+// is its bit pattern plus one (FLT_MAX + 1 ulp is +inf).
 float f32_round_up(double d) {
   float f = static_cast<float>(d);
-  if (static_cast<double>(f) < d) f = std::nextafter(f, INFINITY);
+  if (static_cast<double>(f) < d) f = bits_as<float>(bits_as<uint32_t>(f) + 1);
   return f;
 }
 
@@ -114,6 +115,24 @@ KDN_TARGET_DEQ uint32_t quantize_row_avx2(const float* x, const float* s, const 
   }
   return d;
 }
+
+// quantize_value with one S and Z per group of `group` channels (a multiple of 8).
+KDN_TARGET_DEQ void quantize_row_grouped_avx2(const float* x, const float* s, const float* z, uint32_t group,
+                                              uint32_t n, uint32_t qmax, uint8_t* q) {
+  const __m256 zero = _mm256_setzero_ps(), top = _mm256_set1_ps(static_cast<float>(qmax));
+  for (uint32_t g = 0; g < n / group; ++g) {
+    const __m256 sv = _mm256_set1_ps(s[g]), zv = _mm256_set1_ps(z[g]);
+    const __m256 live = _mm256_cmp_ps(sv, zero, _CMP_GT_OQ);
+    for (uint32_t d = g * group; d < (g + 1) * group; d += 8) {
+      const __m256 v = _mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(x + d), zv), sv);
+      __m256 r = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zero), top);
+      r = _mm256_and_ps(r, live);
+      const __m256i i = _mm256_cvtps_epi32(r);
+      const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(q + d), _mm_packus_epi16(w, w));
+    }
+  }
+}
 #endif
 
 #if defined(__x86_64__)
@@ -165,6 +184,15 @@ void quantize_row(const float* x, const float* s, const float* z, uint32_t n, ui
   if (g_simd_enabled.load(std::memory_order_relaxed) && cpu_has_deq_simd()) d = quantize_row_avx2(x, s, z, n, qmax, q);
 #endif
   for (; d < n; ++d) q[d] = static_cast<uint8_t>(quantize_value(x[d], s[d], z[d], qmax));
+}
+
+void quantize_row_grouped(const float* x, const float* s, const float* z, uint32_t group, uint32_t n, uint32_t qmax,
+                          uint8_t* q) noexcept {
+#if defined(__x86_64__)
+  if (group % 8 == 0 && g_simd_enabled.load(std::memory_order_relaxed) && cpu_has_deq_simd())
+    return quantize_row_grouped_avx2(x, s, z, group, n, qmax, q);
+#endif
+  for (uint32_t d = 0; d < n; ++d) q[d] = static_cast<uint8_t>(quantize_value(x[d], s[d / group], z[d / group], qmax));
 }
 
 uint16_t f16_round_down(float v) noexcept {

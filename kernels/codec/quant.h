@@ -115,4 +115,8 @@ bool set_dequantize_simd_enabled(bool enabled) noexcept;
 // results are those of the scalar body either way).
 void quantize_row(const float* x, const float* s, const float* z, uint32_t n, uint32_t qmax, uint8_t* q) noexcept;
 
+// q[d] = quantize_value(x[d], s[d / group], z[d / group], qmax) for d < n (group divides n).
+void quantize_row_grouped(const float* x, const float* s, const float* z, uint32_t group, uint32_t n, uint32_t qmax,
+                          uint8_t* q) noexcept;
+
 }  // namespace kdn::kernels::kvc1

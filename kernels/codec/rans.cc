@@ -56,28 +56,64 @@ bool normalize_frequencies(const uint32_t* counts, uint32_t n_syms, uint16_t* fr
   return true;
 }
 
-bool encode_block(const uint8_t* sym, uint32_t n, const uint16_t* freq, const uint16_t* cum,
-                  uint32_t n_syms, uint16_t* stack, uint32_t stack_words, EncodedBlock* out) noexcept {
+bool build_encode_table(const uint16_t* freq, uint32_t n_syms, EncodeTable* t) noexcept {
+  if (n_syms > kMaxSymbols) return false;
+  uint32_t c = 0;
+  t->n_syms = n_syms;
+  for (uint32_t s = 0; s < kMaxSymbols; ++s) {
+    const uint32_t f = s < n_syms ? freq[s] : 0;
+    t->fc[s] = f ? f | (c << 16) : 0;
+    c += f;
+  }
+  return c == kProbScale;
+}
+
+namespace {
+
+// Symbols [lo, hi) in reverse, one at a time, as docs/codec.md defines the encoder.
+bool encode_scalar(const uint8_t* sym, uint32_t lo, uint32_t hi, const EncodeTable& t, uint32_t* x, uint16_t* stack,
+                   uint32_t* top) {
+  for (uint32_t i = hi; i-- > lo;) {
+    const uint32_t fc = t.fc[sym[i]];
+    const uint32_t f = fc & 0xffffu;
+    if (f == 0) return false;
+    uint32_t& xj = x[i % kLanes];
+    if (uint64_t{xj} >= (uint64_t{f} << (32 - kProbBits))) {
+      stack[--*top] = static_cast<uint16_t>(xj & 0xffffu);
+      xj >>= 16;
+    }
+    xj = (xj / f) * kProbScale + (xj % f) + (fc >> 16);
+  }
+  return true;
+}
+
+}  // namespace
+
+bool encode_block(const uint8_t* sym, uint32_t n, const EncodeTable& t, uint16_t* stack, uint32_t stack_words,
+                  EncodedBlock* out) noexcept {
   if (stack_words < n) return false;
   uint32_t x[kLanes];
   for (uint32_t j = 0; j < kLanes; ++j) x[j] = kLower;
   uint32_t top = stack_words;
-  // Reverse order of the decoder: steps from last to first, lanes from 31 down to 0.
-  for (uint32_t i = n; i-- > 0;) {
-    const uint32_t y = sym[i];
-    if (y >= n_syms || freq[y] == 0) return false;
-    const uint32_t f = freq[y];
-    uint32_t& xj = x[i % kLanes];
-    if (uint64_t{xj} >= (uint64_t{f} << (32 - kProbBits))) {
-      stack[--top] = static_cast<uint16_t>(xj & 0xffffu);
-      xj >>= 16;
-    }
-    xj = (xj / f) * kProbScale + (xj % f) + cum[y];
-  }
+  // The last, partial step first (the encoder runs backwards), then whole steps.
+  const uint32_t whole = n / kLanes;
+  if (!encode_scalar(sym, whole * kLanes, n, t, x, stack, &top)) return false;
+  uint32_t left = whole;
+  if (simd_level() == SimdLevel::kAvx2) left -= encode_steps_avx2(sym, whole, t, x, stack, &top);
+  if (!encode_scalar(sym, 0, left * kLanes, t, x, stack, &top)) return false;
   for (uint32_t j = 0; j < kLanes; ++j) out->state[j] = x[j];
   out->words = stack + top;
   out->n_words = stack_words - top;
   return true;
+}
+
+bool encode_block(const uint8_t* sym, uint32_t n, const uint16_t* freq, const uint16_t* cum, uint32_t n_syms,
+                  uint16_t* stack, uint32_t stack_words, EncodedBlock* out) noexcept {
+  EncodeTable t;
+  if (!build_encode_table(freq, n_syms, &t)) return false;
+  for (uint32_t s = 0; s < n_syms; ++s)
+    if (t.fc[s] && (t.fc[s] >> 16) != cum[s]) return false;
+  return encode_block(sym, n, t, stack, stack_words, out);
 }
 
 bool build_decode_table(const uint16_t* freq, uint32_t n_syms, uint32_t bits, DecodeTable* t) noexcept {

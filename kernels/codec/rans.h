@@ -61,10 +61,32 @@ struct EncodedBlock {
   uint32_t n_words;
 };
 
-// Encodes sym[0, n) with the table (freq, cum). `stack` has room for `stack_words` >= n words
-// (a symbol emits at most one word). False if a symbol is outside the table or has freq 0.
+// A segment's table as the encoder reads it: freq | cum << 16 per symbol; entries of absent
+// symbols, and past n_syms, are 0.
+struct EncodeTable {
+  uint32_t n_syms;
+  uint32_t fc[kMaxSymbols];
+};
+
+// False unless freq[0, n_syms) sums to 4096 (n_syms <= 256).
+bool build_encode_table(const uint16_t* freq, uint32_t n_syms, EncodeTable* t) noexcept;
+
+// Encodes sym[0, n) with the table. `stack` has room for `stack_words` >= n words (a symbol
+// emits at most one word). False if a symbol is outside the table or has freq 0. Uses the
+// AVX2 loop for whole steps when simd_level() allows; the output is the same either way.
+bool encode_block(const uint8_t* sym, uint32_t n, const EncodeTable& t, uint16_t* stack, uint32_t stack_words,
+                  EncodedBlock* out) noexcept;
+
+// The same with the table given as (freq, cum) of n_syms symbols.
 bool encode_block(const uint8_t* sym, uint32_t n, const uint16_t* freq, const uint16_t* cum,
                   uint32_t n_syms, uint16_t* stack, uint32_t stack_words, EncodedBlock* out) noexcept;
+
+// The AVX2 step loop (rans_encode_avx2.cc): encodes whole steps steps-1 down to 0 of sym
+// (32 symbols each) into the lane states x[32], pushing words below *top, while at least 32
+// words of stack remain. Returns the number of steps done (from the last one down); stops
+// early, before the step, at a symbol with freq 0.
+uint32_t encode_steps_avx2(const uint8_t* sym, uint32_t steps, const EncodeTable& t, uint32_t* x, uint16_t* stack,
+                           uint32_t* top) noexcept;
 
 // ---- CPU decoder ---------------------------------------------------------------------------
 
