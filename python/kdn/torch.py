@@ -103,6 +103,13 @@ def slots_for(block_ids: Sequence[int], n_tokens: int, block_size: int) -> np.nd
     return np.ascontiguousarray(ids[t // block_size] * block_size + t % block_size)
 
 
+def load_slots(block_ids: Sequence[int], n_tokens: int, block_size: int, first_block: int = 0) -> np.ndarray:
+    """slots_for the tokens that fit in block_ids, with -1 (skipped) for those of blocks before first_block."""
+    slots = slots_for(block_ids, min(n_tokens, len(block_ids) * block_size), block_size)
+    slots[: first_block * block_size] = -1
+    return slots
+
+
 def _tokens(tokens: Sequence[int]) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(tokens, dtype=np.int32))
 
@@ -115,11 +122,11 @@ def host_backing(view: torch.Tensor) -> torch.Tensor:
 
 
 def host_retrieve(model: Any, layout: Layout, views: Sequence[torch.Tensor], tokens: Sequence[int],
-                  block_ids: Sequence[int], block_size: int) -> int:
+                  block_ids: Sequence[int], block_size: int, max_chunks: int = 0, first_block: int = 0) -> int:
     """The host form of DeviceKV.retrieve (kdn's CPU scatter through the same layout)."""
     toks = _tokens(tokens)
-    slots = slots_for(block_ids, len(toks) // model.chunk_tokens * model.chunk_tokens, block_size)
-    return layout.engine.retrieve_to(model, toks, host_backing(views[0]), slots)
+    slots = load_slots(block_ids, len(toks) // model.chunk_tokens * model.chunk_tokens, block_size, first_block)
+    return layout.engine.retrieve_to(model, toks, host_backing(views[0]), slots, max_chunks)
 
 
 def host_store(model: Any, layout: Layout, views: Sequence[torch.Tensor], tokens: Sequence[int],
@@ -156,21 +163,28 @@ class DeviceKV:
             self._done = torch.cuda.Event.from_ipc_handle(self.device, self._kv.done_event)
 
     def retrieve(self, tokens: Sequence[int], block_ids: Sequence[int], block_size: int,
-                 stream: torch.cuda.Stream | None = None, max_chunks: int = 0) -> int:
+                 stream: torch.cuda.Stream | None = None, max_chunks: int = 0, first_block: int = 0) -> int:
         """Queues the load of the cached prefix of tokens into block_ids and makes `stream` (default:
-        the current stream) wait for it; returns the chunks that will be written."""
+        the current stream) wait for it; returns the chunks that will be written. Blocks before
+        first_block are left alone (the engine computed them itself)."""
         toks = _tokens(tokens)
-        slots = slots_for(block_ids, min(len(toks), len(block_ids) * block_size), block_size)
+        slots = load_slots(block_ids, len(toks), block_size, first_block)
         loaded = self._kv.retrieve(self.model, toks, slots, max_chunks)
         if loaded:
             (stream or torch.cuda.current_stream(self.device)).wait_event(self._done)
         return loaded
 
-    def store(self, tokens: Sequence[int], block_ids: Sequence[int], block_size: int, first_chunk: int,
-              n_chunks: int, stream: torch.cuda.Stream | None = None) -> int:
-        """Stores chunks [first_chunk, first_chunk + n_chunks) from block_ids once `stream`'s work so
-        far (the KV writes) is done; returns after kdnd committed them, with the count written."""
+    def record(self, stream: torch.cuda.Stream | None = None) -> None:
+        """Records the engine event on `stream` (default: the current one): stores wait for it."""
         self._engine_event.record(stream or torch.cuda.current_stream(self.device))
+
+    def store(self, tokens: Sequence[int], block_ids: Sequence[int], block_size: int, first_chunk: int,
+              n_chunks: int, stream: torch.cuda.Stream | None = None, record: bool = True) -> int:
+        """Stores chunks [first_chunk, first_chunk + n_chunks) from block_ids once `stream`'s work so
+        far (the KV writes) is done; returns after kdnd committed them, with the count written.
+        record=False: the caller recorded the engine event itself (record()) after the writes."""
+        if record:
+            self.record(stream)
         slots = slots_for(block_ids, n_chunks * self.model.chunk_tokens, block_size)
         return self._kv.store(self.model, _tokens(tokens), slots, first_chunk, n_chunks)
 
@@ -184,3 +198,35 @@ class DeviceKV:
 
     def close(self) -> None:
         self._kv.unregister()
+
+
+class HostKV:
+    """DeviceKV's interface over host views: kdn's CPU scatter and gather through the same layout.
+
+    What the connector's device worker does can so run, and be tested, where no GPU is: the
+    copies are synchronous, so there is no event to wait on and no ticket to check."""
+
+    def __init__(self, model: Any, views: Sequence[torch.Tensor]):
+        self.model = model
+        self.views = list(views)
+        self.layout = layout_of(self.views)
+        self.layout.engine.check_within(host_backing(self.views[0]).data_ptr(), host_backing(self.views[0]).numel())
+
+    def retrieve(self, tokens, block_ids, block_size, stream=None, max_chunks: int = 0, first_block: int = 0) -> int:
+        return host_retrieve(self.model, self.layout, self.views, tokens, block_ids, block_size, max_chunks,
+                             first_block)
+
+    def record(self, stream=None) -> None:
+        return
+
+    def store(self, tokens, block_ids, block_size, first_chunk, n_chunks, stream=None, record: bool = True) -> int:
+        return host_store(self.model, self.layout, self.views, tokens, block_ids, block_size, first_chunk, n_chunks)
+
+    def prefetch(self, tokens) -> tuple[int, int]:
+        return (int(self.model.lookup(list(tokens)).hit_chunks), 0)
+
+    def check(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        return

@@ -90,8 +90,10 @@ uint32_t host_retrieve(nb::handle model, std::span<const int32_t> tokens, const 
   check_model_layout(*m, l);
   check_host(l, backing);
   check_slots(l, slots);
-  if (slots.size() < tokens.size() / m->chunk_tokens() * m->chunk_tokens() && max_chunks == 0)
-    max_chunks = uint32_t(slots.size() / m->chunk_tokens());
+  // The scatter reads one slot per token of the chunks it loads: never more chunks than slots.
+  const uint32_t fit = uint32_t(slots.size() / m->chunk_tokens());
+  if (fit == 0) return 0;
+  max_chunks = max_chunks == 0 ? fit : std::min(max_chunks, fit);
   nb::gil_scoped_release nogil;
   std::vector<void*> bases;
   const kdn_engine_layout abi = layout_abi(l, bases, slots);
