@@ -231,3 +231,21 @@ def test_unsupported_caches_turn_the_connector_off_with_one_line(kdnd, caplog, m
     monkeypatch.setattr(current_platform, "is_cuda", lambda: False)
     with pytest.raises(describe.Unsupported, match="needs CUDA"):
         describe.on_device(cfg)
+
+
+def test_a_reallocated_cache_is_registered_afresh(kdnd):
+    views = vllm_views(KVCacheLayout.LBNHC, BLOCK, 8)
+    w = worker(kdnd, "rereg", views)
+    tokens, kv = prompt(7)
+    with kdn.Client(kdnd.socket) as c:
+        assert c.register_model(desc("rereg")).store(tokens.tolist(), kv) == 2
+    fresh = vllm_views(KVCacheLayout.BLNHC, BLOCK, 8)  # vLLM woke up with a new allocation
+    w.register_kv_caches(fresh)
+    blocks = np.asarray([5, 1, 7, 2], dtype=np.int64)
+    w.start_load_kv(KdnConnectorMetadata(loads=[LoadSpec("W", tokens, blocks, 0, 2, 0)]))
+    assert w.get_block_ids_with_load_errors() == set()
+    expect = vllm_views(KVCacheLayout.BLNHC, BLOCK, 8)
+    write_by_indexing(expect, kv, blocks.tolist(), BLOCK)
+    assert all(torch.equal(a, b) for a, b in zip(fresh, expect))
+    assert not any(v.any() for v in views)  # the old cache is not written
+    w.shutdown()

@@ -72,6 +72,10 @@ class StoreQueue:
         with self._mu:
             return self._pending.get(req_id, 0) > 0
 
+    def pending_ids(self) -> list[str]:
+        with self._mu:
+            return list(self._pending)
+
     def wait(self, req_ids: set[str], timeout_s: float) -> bool:
         """Waits until no store of req_ids is in flight; False on timeout."""
         with self._mu:
@@ -122,6 +126,7 @@ class DeviceWorkerSide:
             self._log.warning("kdn: connector inactive (%s): %s", self._where, reason)
             self._link = None
             return
+        self._drop_registration()  # a re-allocated cache (sleep and wake) is registered afresh
         self._views = views
         self._registered()  # register now if kdnd is up; else at the first use
 
@@ -242,12 +247,17 @@ class DeviceWorkerSide:
         if preempted and not self._stores.wait(set(preempted), max(10.0, 5 * self._cfg.timeout_ms / 1000)):
             self._log.error("kdn: stores of preempted requests still in flight after the timeout")
 
-    def shutdown(self) -> None:
-        self._stores.close()
+    def _drop_registration(self) -> None:
+        # Stores in flight still read the old blocks through it.
+        self._stores.wait(set(self._stores.pending_ids()), max(10.0, 5 * self._cfg.timeout_ms / 1000))
         with self._mu:
             if self._kv is not None:
                 try:
                     self._kv.close()
                 except kdn.KdnError:
                     pass
-                self._kv = None
+            self._kv, self._kv_model = None, None
+
+    def shutdown(self) -> None:
+        self._stores.close()
+        self._drop_registration()
