@@ -249,3 +249,34 @@ def test_a_reallocated_cache_is_registered_afresh(kdnd):
     assert all(torch.equal(a, b) for a, b in zip(fresh, expect))
     assert not any(v.any() for v in views)  # the old cache is not written
     w.shutdown()
+
+
+def test_mla_and_hybrid_caches_are_refused():
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MLAAttentionSpec
+
+    def config(*specs):
+        groups = [KVCacheGroupSpec([f"layer.{i}"], s) for i, s in enumerate(specs)]
+        return KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=groups)
+
+    full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD_DIM, dtype=torch.bfloat16)
+    mla = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+    assert describe.kv_geometry(config(full)).num_kv_heads == HEADS
+    with pytest.raises(describe.Unsupported, match="MLAAttentionSpec"):
+        describe.kv_geometry(config(mla))
+    with pytest.raises(describe.Unsupported, match="2 KV cache groups"):
+        describe.kv_geometry(config(full, full))
+
+
+def test_two_tensor_parallel_layouts_never_share(kdnd):
+    """Each rank stores its own shard of the heads: the fingerprint keeps ranks and sizes apart."""
+    def shard(rank, size):
+        return kdn.model_desc(num_layers=LAYERS, num_kv_heads=HEADS, head_dim=HEAD_DIM, dtype=kdn.DType.BF16,
+                              name="tp", chunk_tokens=CHUNK, tp_rank=rank, tp_size=size)
+
+    layouts = [(0, 1), (0, 2), (1, 2), (0, 4)]
+    assert len({shard(r, s).fingerprint() for r, s in layouts}) == len(layouts)
+    tokens, kv = prompt(8)
+    with kdn.Client(kdnd.socket) as c:
+        assert c.register_model(shard(0, 2)).store(tokens.tolist(), kv) == 2
+        hits = [c.register_model(shard(r, s)).lookup(tokens.tolist()).hit_chunks for r, s in layouts]
+    assert hits == [0, 2, 0, 0]
