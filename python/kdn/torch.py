@@ -138,6 +138,72 @@ def host_store(model: Any, layout: Layout, views: Sequence[torch.Tensor], tokens
     return layout.engine.store_from(model, toks, host_backing(views[0]), slots, first_chunk, n_chunks)
 
 
+class DoneGate:
+    """A stream's wait for kdnd's done event, bounded in time.
+
+    A stream that waits on kdnd's interprocess event directly waits for ever if kdnd dies
+    before the event fires. Here the stream waits instead on a 32-bit word of page-locked host
+    memory this gate owns (cuStreamWaitValue32), and one watcher thread opens it: as soon as
+    kdnd's event has fired, or when timeout_s passed without it (kdnd died or hangs). A load
+    whose gate opened on the timeout counts as failed: the engine recomputes it (kdnd, if it
+    still lives, may write those blocks late, with the same bytes the engine computes).
+
+    query: whether kdnd's event fired; device_wait(stream, value): the stream waits for the word
+    (None: no device, for tests); word: a one-element int32 tensor (pinned on devices)."""
+
+    def __init__(self, query, timeout_s: float, word: torch.Tensor, device_wait=None):
+        import queue
+        import threading
+
+        self._query = query
+        self._timeout_s = timeout_s
+        self._word = word
+        self._device_wait = device_wait
+        self._seq = 0
+        self._opened = 0
+        self._failed: set[int] = set()
+        self._cv = threading.Condition()
+        self._q: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._watch, name="kdn-done-gate", daemon=True)
+        self._thread.start()
+
+    def arm(self, stream=None) -> int:
+        """Makes `stream` wait for the gate's next opening; returns its sequence number."""
+        import time
+
+        self._seq += 1
+        if self._device_wait is not None:
+            self._device_wait(stream, self._seq)
+        self._q.put((self._seq, time.monotonic() + self._timeout_s))
+        return self._seq
+
+    def settle(self) -> set[int]:
+        """Waits until every armed wait opened (bounded by the timeout); the ones that timed out."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._opened >= self._seq)
+            failed, self._failed = self._failed, set()
+        return failed
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join(timeout=self._timeout_s + 5)
+
+    def _watch(self) -> None:
+        import time
+
+        while (item := self._q.get()) is not None:
+            seq, deadline = item
+            fired = False
+            while not (fired := bool(self._query())) and time.monotonic() < deadline:
+                time.sleep(0.0002)
+            self._word.fill_(seq)  # the device's wait reads the word: the stream goes on
+            with self._cv:
+                if not fired:
+                    self._failed.add(seq)
+                self._opened = seq
+                self._cv.notify_all()
+
+
 class DeviceKV:
     """A vLLM-style device KV cache registered with kdnd's GPU tier.
 
@@ -145,7 +211,9 @@ class DeviceKV:
     wake). Requires memory from cudaMalloc (PyTorch's default caching allocator): memory from
     cuMemCreate (``expandable_segments:True``) cannot be exported by CUDA IPC (UNSUPPORTED)."""
 
-    def __init__(self, model: Any, views: Sequence[torch.Tensor]):
+    def __init__(self, model: Any, views: Sequence[torch.Tensor], guard_timeout_s: float = 0.0):
+        """guard_timeout_s > 0: retrieves order the stream through a DoneGate with that bound
+        instead of waiting on kdnd's event directly (see settle())."""
         first = _check_same(views)
         if first.device.type != "cuda":
             raise error(Status.INVALID_ARGUMENT, f"the KV cache is on {first.device}; DeviceKV needs CUDA tensors")
@@ -161,6 +229,16 @@ class DeviceKV:
             self._engine_event.record()
             self._kv = _kdn.GpuKV(model, self.layout.engine, bytes(self._engine_event.ipc_handle()))
             self._done = torch.cuda.Event.from_ipc_handle(self.device, self._kv.done_event)
+        self._gate = None
+        if guard_timeout_s > 0:
+            word = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+            self._gate = DoneGate(self._done.query, guard_timeout_s, word, self._wait_word(word))
+
+    def _wait_word(self, word: torch.Tensor):
+        def wait(stream, value):
+            s = stream or torch.cuda.current_stream(self.device)
+            _kdn.cuda_stream_wait_value(int(s.cuda_stream), int(word.data_ptr()), value)
+        return wait
 
     def retrieve(self, tokens: Sequence[int], block_ids: Sequence[int], block_size: int,
                  stream: torch.cuda.Stream | None = None, max_chunks: int = 0, first_block: int = 0) -> int:
@@ -170,9 +248,17 @@ class DeviceKV:
         toks = _tokens(tokens)
         slots = load_slots(block_ids, len(toks), block_size, first_block)
         loaded = self._kv.retrieve(self.model, toks, slots, max_chunks)
-        if loaded:
+        self.last_gate = 0
+        if loaded and self._gate is not None:
+            self.last_gate = self._gate.arm(stream)
+        elif loaded:
             (stream or torch.cuda.current_stream(self.device)).wait_event(self._done)
         return loaded
+
+    def settle(self) -> set[int]:
+        """With a guard: waits (bounded) until every retrieve's gate opened; returns the
+        last_gate numbers of the retrieves whose done event did not fire in time (failed)."""
+        return self._gate.settle() if self._gate is not None else set()
 
     def record(self, stream: torch.cuda.Stream | None = None) -> None:
         """Records the engine event on `stream` (default: the current one): stores wait for it."""
@@ -197,6 +283,8 @@ class DeviceKV:
         return self._kv.check()
 
     def close(self) -> None:
+        if self._gate is not None:
+            self._gate.close()
         self._kv.unregister()
 
 

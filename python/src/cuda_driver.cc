@@ -25,6 +25,7 @@ struct Driver {
   CUresult (*ipc_handle)(void*, CUdeviceptr) = nullptr;
   CUresult (*device_get)(int*, int) = nullptr;
   CUresult (*device_uuid)(void*, int) = nullptr;
+  CUresult (*wait_value)(void*, CUdeviceptr, unsigned, unsigned) = nullptr;
 };
 
 template <class F>
@@ -47,7 +48,8 @@ Driver open_driver() {
       !resolve(lib, "cuMemGetAddressRange_v2", &d.address_range, &e) ||
       !resolve(lib, "cuPointerGetAttribute", &d.pointer_attribute, &e) ||
       !resolve(lib, "cuIpcGetMemHandle", &d.ipc_handle, &e) || !resolve(lib, "cuDeviceGet", &d.device_get, &e) ||
-      !resolve(lib, "cuDeviceGetUuid_v2", &d.device_uuid, &e)) {
+      !resolve(lib, "cuDeviceGetUuid_v2", &d.device_uuid, &e) ||
+      !resolve(lib, "cuStreamWaitValue32_v2", &d.wait_value, &e)) {
     d.error = e;
     return d;
   }
@@ -116,6 +118,16 @@ std::string cuda_device_uuid(int device) {
   char uuid[16];
   check_cu(d, d.device_uuid(uuid, dev), "cuDeviceGetUuid");
   return std::string(uuid, sizeof uuid);
+}
+
+}  // namespace kdn::python
+
+namespace kdn::python {
+
+void cuda_stream_wait_value(uint64_t stream, uint64_t address, uint32_t value) {
+  const Driver& d = driver();
+  constexpr unsigned kWaitGeq = 0;  // CU_STREAM_WAIT_VALUE_GEQ
+  check_cu(d, d.wait_value(reinterpret_cast<void*>(stream), address, value, kWaitGeq), "cuStreamWaitValue32");
 }
 
 }  // namespace kdn::python

@@ -31,4 +31,10 @@ std::string cuda_ipc_mem_handle(uint64_t allocation_base);
 // cuDeviceGetUuid of a device ordinal (16 bytes).
 std::string cuda_device_uuid(int device);
 
+// Makes `stream` (a CUstream / cudaStream_t) wait until the 32-bit word at `address` (page-locked
+// host memory, e.g. a pinned torch tensor) reaches `value` (wrapping compare, GEQ). The word is
+// the engine's own: unlike an interprocess event it can always be released, also when the
+// process that should have fired the event died.
+void cuda_stream_wait_value(uint64_t stream, uint64_t address, uint32_t value);
+
 }  // namespace kdn::python

@@ -46,7 +46,7 @@ std::pair<uint64_t, uint64_t> enumerate(const PagedLayout& l) {
   return {lo, hi};
 }
 
-TEST(EngineLayout, DenseLayoutFitsItsAllocationExactly) {
+TEST(PagedLayoutCheck, DenseLayoutFitsItsAllocationExactly) {
   const uint64_t base = 1 << 20;
   PagedLayout l = dense(base);
   const uint64_t bytes = 2 * 4 * 128 * 2;
@@ -56,7 +56,7 @@ TEST(EngineLayout, DenseLayoutFitsItsAllocationExactly) {
   EXPECT_EQ(layout_bytes(l), (std::pair<uint64_t, uint64_t>{base, base + bytes}));
 }
 
-TEST(EngineLayout, ExtentsMatchEnumerationForRandomStrides) {
+TEST(PagedLayoutCheck, ExtentsMatchEnumerationForRandomStrides) {
   std::mt19937_64 rng(7);
   std::uniform_int_distribution<int64_t> stride(-300, 300);
   for (int i = 0; i < 500; ++i) {
@@ -72,7 +72,7 @@ TEST(EngineLayout, ExtentsMatchEnumerationForRandomStrides) {
   }
 }
 
-TEST(EngineLayout, RefusesEmptyAndOutOfRangeFields) {
+TEST(PagedLayoutCheck, RefusesEmptyAndOutOfRangeFields) {
   const PagedLayout good = dense(4096);
   PagedLayout l = good;
   l.layer_base.clear();

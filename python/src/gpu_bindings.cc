@@ -339,6 +339,14 @@ void bind_engine_memory(nb::module_& m) {
       },
       "(True, '') when the CUDA driver loads and initializes, else (False, why).");
   m.def(
+      "cuda_stream_wait_value",
+      [](uint64_t stream, uint64_t address, uint32_t value) {
+        nb::gil_scoped_release nogil;
+        cuda_stream_wait_value(stream, address, value);
+      },
+      "stream"_a, "address"_a, "value"_a,
+      "Makes a CUDA stream wait until the 32-bit word at a page-locked host address reaches value.");
+  m.def(
       "cuda_allocation",
       [](uint64_t address) {
         nb::gil_scoped_release nogil;

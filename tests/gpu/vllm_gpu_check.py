@@ -115,11 +115,16 @@ def role_load_loop(sock):
 
     tokens, _ = prompt(torch)
     raw, views = vllm_views(torch, "BLHNC")
-    with kdn.Client(sock) as c:
-        dev = kt.DeviceKV(c.register_model(desc(kdn)), views)
+    with kdn.Client(sock, timeout_ms=2000) as c:
+        # The connector's guard: the stream waits on a word this process releases, at the latest
+        # 2 s after a retrieve whose done event kdnd never fires.
+        dev = kt.DeviceKV(c.register_model(desc(kdn)), views, guard_timeout_s=2.0)
         print("ready", flush=True)
         while True:
             dev.retrieve(tokens, list(range(64)), BLOCK)
+            torch.cuda.current_stream().synchronize()
+            if dev.settle():
+                print("a load was not confirmed in time: failed, recomputed", flush=True)
 
 
 class Daemon:

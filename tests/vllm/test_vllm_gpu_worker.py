@@ -280,3 +280,57 @@ def test_two_tensor_parallel_layouts_never_share(kdnd):
         assert c.register_model(shard(0, 2)).store(tokens.tolist(), kv) == 2
         hits = [c.register_model(shard(r, s)).lookup(tokens.tolist()).hit_chunks for r, s in layouts]
     assert hits == [0, 2, 0, 0]
+
+
+def test_done_gate_opens_on_the_event_or_after_its_bound():
+    waits = []
+    word = torch.zeros(1, dtype=torch.int32)
+    fired = threading.Event()
+    gate = kt.DoneGate(fired.is_set, 0.3, word, lambda stream, value: waits.append((stream, value)))
+    assert gate.arm("s") == 1
+    threading.Timer(0.05, fired.set).start()
+    assert gate.settle() == set() and int(word[0]) == 1
+    fired.clear()  # kdnd died before its event fired: the gate opens after the bound, the load failed
+    t0 = time.monotonic()
+    assert gate.arm("s") == 2
+    assert gate.settle() == {2} and int(word[0]) == 2
+    assert 0.25 <= time.monotonic() - t0 < 3
+    assert waits == [("s", 1), ("s", 2)]
+    gate.close()
+
+
+class GatedHostKV(kt.HostKV):
+    """HostKV with DeviceKV's done gate, whose kdnd event fires only when `fires` is set."""
+
+    fires = threading.Event()
+
+    def __init__(self, model, views):
+        super().__init__(model, views)
+        self.gate = kt.DoneGate(self.fires.is_set, 0.3, torch.zeros(1, dtype=torch.int32))
+        self.last_gate = 0
+
+    def retrieve(self, *args, **kw):
+        loaded = super().retrieve(*args, **kw)
+        self.last_gate = self.gate.arm() if loaded else 0
+        return loaded
+
+    def settle(self):
+        return self.gate.settle()
+
+
+def test_a_load_kdnd_never_confirms_is_recomputed(kdnd):
+    views = vllm_views(KVCacheLayout.LBHNC, BLOCK, 8)
+    w = worker(kdnd, "gate", views, GatedHostKV)
+    tokens, kv = prompt(9)
+    with kdn.Client(kdnd.socket) as c:
+        assert c.register_model(desc("gate")).store(tokens.tolist(), kv) == 2
+    blocks = np.asarray([4, 5, 6, 7], dtype=np.int64)
+    GatedHostKV.fires.set()
+    w.start_load_kv(KdnConnectorMetadata(loads=[LoadSpec("G", tokens, blocks, 0, 2, 0)]))
+    assert w.get_block_ids_with_load_errors() == set()
+    GatedHostKV.fires.clear()  # the done event never comes (kdnd died while the stream waited)
+    t0 = time.monotonic()
+    w.start_load_kv(KdnConnectorMetadata(loads=[LoadSpec("G2", tokens, blocks, 0, 2, 1)]))
+    assert w.get_block_ids_with_load_errors() == {5, 6, 7}
+    assert time.monotonic() - t0 < 3
+    w.shutdown()

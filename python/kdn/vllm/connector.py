@@ -102,8 +102,9 @@ class KdnConnector(KVConnectorBase_V1):
             self._scheduler = SchedulerSide(self._cfg, link, block_tokens, self.stats, logger,
                                             async_stores=self._device)
         elif self._device:
-            self._worker = DeviceWorkerSide(self._cfg, link, block_tokens, self.stats, logger, _device_kv,
-                                            where=self._where)
+            guard_s = max(1.0, 5 * self._cfg.timeout_ms / 1000)  # a load kdnd never confirms fails after this
+            self._worker = DeviceWorkerSide(self._cfg, link, block_tokens, self.stats, logger,
+                                            lambda model, views: _device_kv(model, views, guard_s), where=self._where)
         else:
             self._worker = WorkerSide(self._cfg, link, isa, self.stats, logger)
 
@@ -186,10 +187,10 @@ class KdnConnector(KVConnectorBase_V1):
         return False  # a save kdn misses is a later cache miss, never a lost result
 
 
-def _device_kv(model: Any, views: list) -> Any:
+def _device_kv(model: Any, views: list, guard_s: float) -> Any:
     import kdn.torch
 
-    return kdn.torch.DeviceKV(model, views)
+    return kdn.torch.DeviceKV(model, views, guard_timeout_s=guard_s)
 
 
 def _known_isa(isa: str) -> bool:

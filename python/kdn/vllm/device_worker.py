@@ -113,6 +113,7 @@ class DeviceWorkerSide:
         self._mu = threading.Lock()  # the registration: the store thread and the step share it
         self._errors: set[int] = set()
         self._loaded_blocks: list[int] = []  # blocks loaded this step, for the ticket check
+        self._gated: dict[int, list[int]] = {}  # a retrieve's done gate -> its blocks
         self._failed_reqs: set[str] = set()
         self._awaiting: set[str] = set()  # finished requests whose stores may still be in flight
         self._stores = StoreQueue(self._store)
@@ -170,7 +171,10 @@ class DeviceWorkerSide:
         self._stats.loads += 1
         self._stats.loaded_chunks += loaded
         end_block = min(len(spec.blocks), loaded * k)
-        self._loaded_blocks.extend(int(b) for b in spec.blocks[spec.first_block:end_block])
+        blocks = [int(b) for b in spec.blocks[spec.first_block:end_block]]
+        self._loaded_blocks.extend(blocks)
+        if getattr(kv, "last_gate", 0):
+            self._gated[kv.last_gate] = blocks
         if loaded < spec.end_chunk:
             self._stats.evicted_chunks += spec.end_chunk - loaded
             self._log.warning("kdn: load of %s got %d of %d chunks; vLLM recomputes the rest", spec.req_id, loaded,
@@ -186,6 +190,14 @@ class DeviceWorkerSide:
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         loaded, self._loaded_blocks = self._loaded_blocks, []
+        gated, self._gated = self._gated, {}
+        kv = self._kv
+        late = kv.settle() if gated and kv is not None and hasattr(kv, "settle") else set()
+        if late:  # kdnd's done event did not fire in time: died or hung mid-load
+            blocks = [b for g in late for b in gated.get(g, [])]
+            self._log.warning("kdn: %d loaded blocks not confirmed by kdnd in time; vLLM recomputes them", len(blocks))
+            self._errors.update(blocks)
+            self._stats.failed_blocks += len(blocks)
         if loaded and not self._tickets_ok():
             self._log.warning("kdn: a copy into %d loaded blocks failed on the device; vLLM recomputes them",
                               len(loaded))
