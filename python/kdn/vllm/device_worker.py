@@ -55,8 +55,9 @@ def unsupported_views(views: list) -> str:
 class StoreQueue:
     """Stores run in order on one thread; each request counts its stores in flight."""
 
-    def __init__(self, run: Callable[[SaveSpec], None]) -> None:
+    def __init__(self, run: Callable[[SaveSpec], None], log: logging.Logger) -> None:
         self._run = run
+        self._log = log
         self._q: queue.Queue[SaveSpec | None] = queue.Queue()
         self._mu = threading.Condition()
         self._pending: dict[str, int] = defaultdict(int)
@@ -89,6 +90,8 @@ class StoreQueue:
         while (spec := self._q.get()) is not None:
             try:
                 self._run(spec)
+            except Exception:  # noqa: BLE001 — the thread must outlive any store, or blocks stay held for ever
+                self._log.exception("kdn: store of %s failed", spec.req_id)
             finally:
                 with self._mu:
                     self._pending[spec.req_id] -= 1
@@ -116,7 +119,7 @@ class DeviceWorkerSide:
         self._gated: dict[int, list[int]] = {}  # a retrieve's done gate -> its blocks
         self._failed_reqs: set[str] = set()
         self._awaiting: set[str] = set()  # finished requests whose stores may still be in flight
-        self._stores = StoreQueue(self._store)
+        self._stores = StoreQueue(self._store, log)
 
     # ---- registration ----------------------------------------------------------------------
     def register_kv_caches(self, views: list) -> None:
@@ -144,8 +147,7 @@ class DeviceWorkerSide:
             except kdn.KdnError as e:
                 self._log.error("kdn: cannot register vLLM's KV cache with kdnd (%s); loads are recomputed", e)
                 self._kv, self._kv_model = None, None
-                if self._link.failed(e.code):
-                    pass  # the session was broken: the next use connects again
+                self._link.failed(e.code)  # a broken session is dropped: the next use connects again
             return self._kv
 
     # ---- loads -----------------------------------------------------------------------------
