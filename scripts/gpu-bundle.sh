@@ -47,6 +47,18 @@ done | sort -u | grep -Ev "$system" | while read -r lib; do
   cp -L "$lib" "$part/lib/"
 done
 
+# The kdn Python package, for tests/gpu/vllm_gpu_check.py (the machine brings torch). Its
+# module is built for this machine's Python; gpu-check.sh skips the check where the versions
+# differ. Its libraries join the bundle's.
+if compgen -G "build-gpu/python/kdn/_kdn*.so" >/dev/null; then
+  mkdir -p "$part/python"
+  cp -r build-gpu/python/kdn "$part/python/"
+  rm -rf "$part/python/kdn/__pycache__" "$part/python/kdn/vllm/__pycache__"
+  ldd "$part"/python/kdn/_kdn*.so 2>/dev/null | awk '/=> \// {print $3}' | grep -Ev "$system" |
+    while read -r lib; do cp -L "$lib" "$part/lib/"; done
+  patchelf --set-rpath '$ORIGIN/../../lib' "$part"/python/kdn/_kdn*.so
+fi
+
 strip --strip-unneeded "$part"/bin/* "$part"/lib/* 2>/dev/null || true
 for f in "$part"/bin/*; do patchelf --set-rpath '$ORIGIN/../lib' "$f"; done
 for f in "$part"/lib/*; do patchelf --set-rpath '$ORIGIN' "$f"; done

@@ -75,6 +75,15 @@ for b in "${gpu_tests[@]}"; do
   grep -h '\[  SKIPPED \]' "$logs/tests/$(basename "$b").log" 2>/dev/null | grep -v 'tests,' | sed 's/^/    skipped: /' >> "$summary"
 done
 
+# kdn.torch on the device with views laid out as vLLM lays them out (no vLLM there).
+echo "== vLLM GPU data path (tests/gpu/vllm_gpu_check.py)" >> "$summary"
+timeout "${KDN_VLLM_GPU_TIMEOUT_S:-240}" python3 "$root/tests/gpu/vllm_gpu_check.py" --bin "$bundle/bin" \
+  --pkg "$bundle/python" > "$logs/vllm_gpu_check.log" 2>&1
+rc=$?
+sed 's/^/    /' "$logs/vllm_gpu_check.log" | tail -12 >> "$summary"
+# 77: skipped (no importable package for this Python, or no device) — said in the lines above.
+if ((rc == 77)); then echo "vllm_gpu_check skipped" >> "$summary"; else echo "vllm_gpu_check rc=$rc" >> "$summary"; fi
+
 echo "== benchmarks" >> "$summary"
 bench() {
   local name=$1; shift

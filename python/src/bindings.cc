@@ -2,7 +2,8 @@
 //
 // Every call into libkdn or into a copy runs with the GIL released. Errors raise
 // kdn.KdnError, whose `code` is the kdn_status. Tensors cross by DLPack (torch, numpy and
-// anything else that speaks it), CPU memory only.
+// anything else that speaks it), CPU memory only; device memory is named by addresses the
+// caller derives from its tensors (gpu_bindings.cc, kdn/torch.py).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -13,6 +14,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "client.h"
+#include "gpu_bindings.h"
 #include "paged_io.h"
 #include "paged_kv.h"
 
@@ -419,6 +421,9 @@ void raise_error(const Error& e) {
 }
 
 }  // namespace
+
+std::shared_ptr<Model> model_of(nb::handle model) { return nb::cast<PyModel&>(model).ptr(); }
+
 }  // namespace kdn::python
 
 using namespace kdn::python;
@@ -692,6 +697,8 @@ NB_MODULE(_kdn, m) {
       .def("store_max_chunks", &PyClient::store_max_chunks, "model"_a)
       .def("__enter__", [](nb::handle self) { return self; })
       .def("__exit__", [](PyClient& c, nb::args) { c.close(); });
+
+  bind_engine_memory(m);
 
   // ---- PagedKV -------------------------------------------------------------------------------
   nb::class_<PyPagedKV>(m, "PagedKV",

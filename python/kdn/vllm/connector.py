@@ -31,6 +31,7 @@ from .link import KdnLink
 from .metadata import KdnConnectorMetadata
 from .scheduler import SchedulerSide
 from .stats import ConnectorStats, new_stats
+from .device_worker import DeviceWorkerSide
 from .worker import WorkerSide, ordered_layers
 
 if TYPE_CHECKING:
@@ -67,15 +68,22 @@ class KdnConnector(KVConnectorBase_V1):
         self._layer_names: tuple[str, ...] = ()
         link: KdnLink | None = None
         isa, block_tokens = "", 1
+        self._where = describe.where(vllm_config)
+        self._device = False
         try:
             geo = describe.kv_geometry(kv_cache_config)
             self._layer_names = geo.layer_names
             block_tokens = geo.block_tokens
-            isa = describe.attention_isa(vllm_config, geo)
-            if not _known_isa(isa):
-                raise describe.Unsupported(f"CPU attention ISA {isa!r} (kdn knows vec, vec16, amx)")
+            self._device = describe.on_device(vllm_config)
+            if self._device:
+                isa, layout_name = "cuda", "cuda-paged"  # kdnd's chunks are canonical whatever the KVCacheLayout
+            else:
+                isa = describe.attention_isa(vllm_config, geo)
+                if not _known_isa(isa):
+                    raise describe.Unsupported(f"CPU attention ISA {isa!r} (kdn knows vec, vec16, amx)")
+                layout_name = isa_layout(isa)
             tp_rank, tp_size = self._tp(role, vllm_config)
-            desc = describe.describe(vllm_config, geo, isa_layout(isa), self._cfg.chunk_tokens,
+            desc = describe.describe(vllm_config, geo, layout_name, self._cfg.chunk_tokens,
                                      self._cfg.model_identity, tp_rank, tp_size)
             link = KdnLink(self._cfg, desc, self.stats, logger, read_only=role == KVConnectorRole.SCHEDULER)
             global _last_desc
@@ -85,12 +93,18 @@ class KdnConnector(KVConnectorBase_V1):
                         desc.head_dim, geo.torch_dtype, self._cfg.chunk_tokens, block_tokens, isa,
                         desc.fingerprint().hex())
         except describe.Unsupported as e:
-            logger.warning("kdn: connector inactive: %s", e)
+            logger.warning("kdn: connector inactive (%s): %s", self._where, e)
+            self._device = False
 
         self._scheduler: SchedulerSide | None = None
-        self._worker: WorkerSide | None = None
+        self._worker: Any = None
         if role == KVConnectorRole.SCHEDULER:
-            self._scheduler = SchedulerSide(self._cfg, link, block_tokens, self.stats, logger)
+            self._scheduler = SchedulerSide(self._cfg, link, block_tokens, self.stats, logger,
+                                            async_stores=self._device)
+        elif self._device:
+            guard_s = max(1.0, 5 * self._cfg.timeout_ms / 1000)  # a load kdnd never confirms fails after this
+            self._worker = DeviceWorkerSide(self._cfg, link, block_tokens, self.stats, logger,
+                                            lambda model, views: _device_kv(model, views, guard_s), where=self._where)
         else:
             self._worker = WorkerSide(self._cfg, link, isa, self.stats, logger)
 
@@ -133,6 +147,19 @@ class KdnConnector(KVConnectorBase_V1):
         assert self._worker is not None
         return self._worker.get_block_ids_with_load_errors()
 
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if isinstance(self._worker, DeviceWorkerSide):
+            return self._worker.get_finished(finished_req_ids)
+        return None, None
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        if isinstance(self._worker, DeviceWorkerSide) and isinstance(kv_connector_metadata, KdnConnectorMetadata):
+            self._worker.handle_preemptions(kv_connector_metadata.preempted)
+
+    def shutdown(self) -> None:
+        if isinstance(self._worker, DeviceWorkerSide):
+            self._worker.shutdown()
+
     # ---- scheduler side --------------------------------------------------------------------
     def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
         super().bind_kv_cache_manager(kv_cache_manager)
@@ -158,6 +185,12 @@ class KdnConnector(KVConnectorBase_V1):
     @property
     def requires_kv_delivery(self) -> bool:
         return False  # a save kdn misses is a later cache miss, never a lost result
+
+
+def _device_kv(model: Any, views: list, guard_s: float) -> Any:
+    import kdn.torch
+
+    return kdn.torch.DeviceKV(model, views, guard_timeout_s=guard_s)
 
 
 def _known_isa(isa: str) -> bool:

@@ -66,6 +66,31 @@ def kdn_dtype(torch_dtype: Any) -> kdn.DType:
     return table[torch_dtype]
 
 
+def on_device(vllm_config: Any) -> bool:
+    """True on CUDA (kdnd's GPU tier), False on the CPU backend; Unsupported elsewhere."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        return False
+    if not current_platform.is_cuda():
+        raise Unsupported(f"platform {current_platform.device_name}: kdn's GPU path needs CUDA")
+    cache_dtype = str(getattr(vllm_config.cache_config, "cache_dtype", "auto"))
+    if cache_dtype != "auto":
+        raise Unsupported(f"KV cache dtype {cache_dtype} (quantized KV caches are not supported)")
+    return True
+
+
+def where(vllm_config: Any) -> str:
+    """'backend B, layout L' of the engine, for the one line that says why kdn is off."""
+    backend = getattr(getattr(vllm_config, "attention_config", None), "backend", None) or "auto"
+    try:
+        layout = vllm_config.cache_config.get_resolved_kv_cache_layout().name
+    except Exception:  # an engine too old or too odd to resolve it: the line still says why
+        layout = "unresolved"
+    backend = getattr(backend, "name", backend)
+    return f"backend {backend}, layout {layout}"
+
+
 def attention_isa(vllm_config: Any, geo: KvGeometry) -> str:
     """The ISA vLLM's CPU attention backend picks for this cache, which fixes its block layout."""
     from vllm.platforms import current_platform

@@ -42,3 +42,4 @@ class SaveSpec:
 class KdnConnectorMetadata(KVConnectorMetadata):
     loads: list[LoadSpec] = field(default_factory=list)
     saves: list[SaveSpec] = field(default_factory=list)
+    preempted: set[str] = field(default_factory=set)  # their blocks go to others after this step

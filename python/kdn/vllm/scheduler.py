@@ -52,9 +52,12 @@ class _Tracked:
 
 class SchedulerSide:
     def __init__(self, cfg: KdnConfig, link: KdnLink | None, block_tokens: int, stats: ConnectorStats,
-                 log: logging.Logger) -> None:
+                 log: logging.Logger, async_stores: bool = False) -> None:
         self._cfg = cfg
         self._link = link          # None: kdn is off for this engine
+        # Workers store after the step (GPU): a finished request's blocks stay in use until the
+        # worker reports its stores landed (get_finished).
+        self._async_stores = async_stores
         self._T = cfg.chunk_tokens
         self._B = block_tokens
         self._stats = stats
@@ -135,7 +138,7 @@ class SchedulerSide:
                                 end_chunk=end // self._T, first_block=local // self._B, fail=not valid)
 
     def build_connector_meta(self, scheduler_output: Any) -> KdnConnectorMetadata:
-        meta = KdnConnectorMetadata()
+        meta = KdnConnectorMetadata(preempted=set(getattr(scheduler_output, "preempted_req_ids", None) or ()))
         for rid, n_scheduled in scheduler_output.num_scheduled_tokens.items():
             tracked = self._tracked.get(rid)
             if tracked is None:
@@ -164,8 +167,9 @@ class SchedulerSide:
         return SaveSpec(rid, tracked.tokens[: done * self._T], block_ids[:needed], first, done - first)
 
     def request_finished(self, request: Any) -> tuple[bool, None]:
+        """(True: the blocks stay in use until the workers report the request in get_finished), None"""
         rid = request.request_id
         self._tracked.pop(rid, None)
         self._lookups.pop(rid, None)
         self._tokens.pop(rid, None)
-        return False, None
+        return self._async_stores and self._link is not None, None
