@@ -9,9 +9,11 @@ mid-request; streamed responses; two slots at once. Python's standard library on
 Environment: KDN_KDND, KDN_LLAMA_SERVER (binaries), KDN_LLAMA_MODEL (GGUF), KDN_LLAMA_DOC (a
 long text). Missing ones skip the tests, or fail them under CI=1.
 """
+import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -174,6 +176,26 @@ class LlamaServerTest(unittest.TestCase):
                     self.assertGreaterEqual(t["cache_n"], expected)
         finally:
             kdnd.stop()
+
+    def test_bench_smoke(self):
+        """kdn-bench llama-server end to end on a one-chunk document: every figure present and
+        the ratios recomputed from the runs it lists."""
+        bench = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "tools",
+                             "llama_server_bench.py")
+        out = subprocess.run([sys.executable, bench, "--json", "--sizes", "256", "--reps", "2"],
+                             capture_output=True, text=True, timeout=300)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        report = json.loads(out.stdout)
+        (size,) = report["sizes"]
+        for key in ("ttft_miss_s", "ttft_kdn_hit_s", "ttft_cache_ram_hit_s", "tokens_identical"):
+            self.assertIn(key, size)
+        self.assertEqual(size["ttft_kdn_hit_s"], statistics.median(size["ttft_kdn_hit_runs_s"]))
+        self.assertAlmostEqual(size["speedup"], size["ttft_miss_s"] / size["ttft_kdn_hit_s"])
+        self.assertTrue(all(n >= CHUNK for n in size["kdn_cache_n"]))
+        self.assertTrue(report["tokens_identical"])
+        self.assertTrue(report["bars"]["tokens_identical"]["met"])
+        bad = subprocess.run([sys.executable, bench, "--sizes", "10"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(bad.returncode, 2)
 
     def test_help_lists_kdn_flags(self):
         out = subprocess.run([SERVER, "--help"], capture_output=True, text=True, timeout=60).stdout
