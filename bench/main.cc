@@ -52,6 +52,11 @@ constexpr auto kBlend = &run_blend_bench;
 constexpr int (*kLlama)(int, char**) = nullptr;
 constexpr int (*kBlend)(int, char**) = nullptr;
 #endif
+#if KDN_BENCH_HAVE_LLAMA_SERVER
+constexpr auto kLlamaServer = &run_llama_server_bench;
+#else
+constexpr int (*kLlamaServer)(int, char**) = nullptr;
+#endif
 #if KDN_BENCH_HAVE_VLLM
 constexpr auto kVllm = &run_vllm_bench;
 #else
@@ -85,6 +90,8 @@ const Subcommand kSubcommands[] = {
      "this kdn-bench was built without the kernels (target kdn_kernels)"},
     {"llama", "llama.cpp prefill with and without kdn", kLlama,
      "this kdn-bench was built without KDN_BUILD_LLAMA=ON"},
+    {"llama-server", "kdn-llama-server over HTTP: TTFT miss, kdn hit in another process, --cache-ram hit",
+     kLlamaServer, "this kdn-bench was built without kdn-llama-server (KDN_BUILD_LLAMA=ON, KDN_LLAMA_SERVER=ON)"},
     {"vllm", "vLLM replicas (real vLLM, CPU): TTFT miss, kdn hit, own prefix hit, offload", kVllm,
      "this kdn-bench was built without the vLLM venv (scripts/setup-vllm.sh, then KDN_VLLM_DIR)"},
     {"blend", "RAG prompts blended from cached documents vs full prefill and prefix caching", kBlend,

@@ -25,6 +25,8 @@
 #      a second kdnd with its own socket and arena stands for another machine, and its engine
 #      answers question B from the remote tier without prefilling the document. Skipped, with
 #      the reason, without redis-server;
+#  9c. two llama-server processes (kdn-llama-server, docs/llama-server.md) on one kdnd: the curl
+#      commands a reader can copy, server B's cache_n and prompt time beside server A's;
 #  10. the same with two vLLM replicas (python/tools/vllm_demo.py, real vLLM on the CPU
 #      backend, KdnConnector): A answers about the document and stores it, B (another
 #      process) loads it from kdnd; B's TTFT and answer are shown beside B's without kdn.
@@ -49,13 +51,18 @@ scripts/setup-llama.sh
 if ! grep -qs '^KDN_BUILD_LLAMA:BOOL=ON' "$build/CMakeCache.txt"; then
   KDN_BUILD_DIR=$build scripts/setup.sh
 fi
-cmake --build "$build" --target kdnd kdnctl kdn-llama >/dev/null
+cmake --build "$build" --target kdnd kdnctl kdn-llama kdn-llama-server >/dev/null
 bin=$build/bin
 
 work=$(mktemp -d /tmp/kdn-demo.XXXXXX)
 kdnd_pid=
 redis_pid=
+server_a_pid=
+server_b_pid=
 cleanup() {
+  for pid in "$server_a_pid" "$server_b_pid"; do
+    if [[ -n "$pid" ]]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
+  done
   if [[ -n "$kdnd_pid" ]]; then kill "$kdnd_pid" 2>/dev/null || true; wait "$kdnd_pid" 2>/dev/null || true; fi
   if [[ -n "$redis_pid" ]]; then kill "$redis_pid" 2>/dev/null || true; wait "$redis_pid" 2>/dev/null || true; fi
   rm -rf "$work"
@@ -282,6 +289,70 @@ EOF3
   wait "$kdnd_pid" 2>/dev/null || true
   kdnd_pid=
 fi
+
+# ---- 9c. two llama-server processes (docs/llama-server.md) ------------------------------------
+echo
+echo "demo: two llama-server processes (kdn-llama-server: llama.cpp's OpenAI-compatible server with kdnd"
+echo "      as its prompt cache) on one kdnd; any HTTP client talks to them..."
+"$bin/kdnd" --socket "$work/kdnd-s.sock" --host-arena-bytes 512M --log-level info >>"$work/kdnd-s.log" 2>&1 &
+kdnd_pid=$!
+wait_kdnd "$work/kdnd-s.sock" "$work/kdnd-s.log"
+server_threads=$threads
+[[ "$server_threads" == 0 ]] && server_threads=$(nproc)
+start_server() {  # start_server NAME PORT: one slot, batches of one kdn chunk
+  "$bin/kdn-llama-server" -m "$model" --host 127.0.0.1 --port "$2" -np 1 -c 8192 -b 256 -ub 256 \
+    -t "$server_threads" --kdn-socket "$work/kdnd-s.sock" >>"$work/server-$1.log" 2>&1 &
+  eval "server_$1_pid=$!"
+  for _ in $(seq 600); do curl -sf "http://127.0.0.1:$2/health" >/dev/null && return; sleep 0.2; done
+  cat "$work/server-$1.log"; exit 1
+}
+model=$(sed -n 's/^set(KDN_LLAMA_MODEL "\(.*\)")$/\1/p' third_party/.cache/llama/llama-pin.cmake)
+port_a=$((20000 + RANDOM % 20000)); port_b=$((port_a + 1))
+start_server a "$port_a"
+start_server b "$port_b"
+# The request bodies: the document (cut to the first $tokens tokens by the server's tokenizer)
+# and a question, as a chat message.
+python3 - "$doc" "$port_a" "$tokens" "$question_a" "$question_b" "$work" <<'EOF4'
+import json, sys, urllib.request
+doc, port, n, qa, qb, work = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]
+def post(path, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req).read())
+toks = post("/tokenize", {"content": open(doc, errors="replace").read()})["tokens"][:n]
+text = post("/detokenize", {"tokens": toks})["content"]
+for name, q in (("a", qa), ("b", qb)):
+    json.dump({"messages": [{"role": "user", "content": text + "\n\n" + q}], "max_tokens": 48, "temperature": 0},
+              open(f"{work}/request-{name}.json", "w"))
+EOF4
+echo "demo: server A (port $port_a) answers question A; nothing is cached yet, so it prefills the document:"
+echo "  curl -s http://127.0.0.1:$port_a/v1/chat/completions -H 'Content-Type: application/json' -d @$work/request-a.json"
+curl -s "http://127.0.0.1:$port_a/v1/chat/completions" -H 'Content-Type: application/json' -d @"$work/request-a.json" >"$work/reply-a.json"
+echo "demo: server B (port $port_b), another process, answers question B:"
+echo "  curl -s http://127.0.0.1:$port_b/v1/chat/completions -H 'Content-Type: application/json' -d @$work/request-b.json"
+curl -s "http://127.0.0.1:$port_b/v1/chat/completions" -H 'Content-Type: application/json' -d @"$work/request-b.json" >"$work/reply-b.json"
+python3 - "$work" <<'EOF5'
+import json, sys
+work = sys.argv[1]
+a, b = (json.load(open(f"{work}/reply-{n}.json")) for n in "ab")
+print()
+print(f"  {'':34} {'server A':>10} {'server B':>10}")
+for label, key, fmt in [("prompt tokens from a cache (cache_n)", "cache_n", "{:d}"),
+                        ("prompt tokens computed (prompt_n)", "prompt_n", "{:d}"),
+                        ("prompt processing (ms)", "prompt_ms", "{:.0f}")]:
+    print(f"  {label:34} {fmt.format(a['timings'][key]):>10} {fmt.format(b['timings'][key]):>10}")
+print(f"\n  B's answer: {b['choices'][0]['message']['content'].strip()[:200]}")
+EOF5
+echo "demo: server B's log says where its prompt came from:"
+grep -h "kdn: slot" "$work/server-b.log" | sed 's/^/  /'
+echo "demo: / serves no web UI in this build (the API is all there is): HTTP $(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port_b/")"
+kill "$server_a_pid" "$server_b_pid" 2>/dev/null || true
+wait "$server_a_pid" "$server_b_pid" 2>/dev/null || true
+server_a_pid=
+server_b_pid=
+kill "$kdnd_pid" 2>/dev/null || true
+wait "$kdnd_pid" 2>/dev/null || true
+kdnd_pid=
 
 # ---- 10. two vLLM replicas -----------------------------------------------------------------
 vllm_skip() { echo "demo: vLLM part skipped: $*"; exit 0; }

@@ -61,12 +61,14 @@ Status from_kdn(int rc, const char* what) noexcept {
 Result<std::unique_ptr<KdnChunkCache>> KdnChunkCache::connect(const kdn_model_desc& desc,
                                                               const std::string& socket_path,
                                                               const std::string& name_space,
-                                                              bool create) noexcept {
+                                                              bool create,
+                                                              const std::string& token) noexcept {
   kdn_connect_opts opts{};
   opts.struct_size = sizeof opts;
   if (create) opts.flags |= KDN_CONNECT_CREATE_NAMESPACE;
   opts.socket_path = socket_path.empty() ? nullptr : socket_path.c_str();
   opts.name_space = name_space.empty() ? nullptr : name_space.c_str();
+  opts.token = token.empty() ? nullptr : token.c_str();
   kdn_client* client = nullptr;
   KDN_RETURN_IF_ERROR(from_kdn(kdn_connect(&opts, &client), "cannot connect to kdnd"));
   kdn_model* model = nullptr;

@@ -26,11 +26,12 @@ class KdnChunkCache final : public ChunkCache {
   // Connects to kdnd (socket_path empty: libkdn's default) in namespace `name_space` (empty:
   // "default") and registers the model. A kUnavailable status when kdnd is not running.
   // `create`: ask kdnd to create the namespace if it does not exist (KDN_CONNECT_CREATE_NAMESPACE;
-  // kdnd decides whether this client may).
+  // kdnd decides whether this client may). `token`: the shared secret kdnd may require (empty: none).
   static Result<std::unique_ptr<KdnChunkCache>> connect(const kdn_model_desc& desc,
                                                         const std::string& socket_path,
                                                         const std::string& name_space = "",
-                                                        bool create = false) noexcept;
+                                                        bool create = false,
+                                                        const std::string& token = "") noexcept;
   ~KdnChunkCache() override;
   KdnChunkCache(const KdnChunkCache&) = delete;
   KdnChunkCache& operator=(const KdnChunkCache&) = delete;
