@@ -131,7 +131,9 @@ class Daemon:
     def __init__(self, bindir, sock, env=None):
         self.sock = sock
         self.log = open(sock + ".log", "ab")
-        self.proc = subprocess.Popen([os.path.join(bindir, "kdnd"), "--socket", sock, "--host-arena-bytes", "1G",
+        # A fault to inject needs kdnd-test, the build of kdnd with its test seams on.
+        binary = os.path.join(bindir, "kdnd-test" if env else "kdnd")
+        self.proc = subprocess.Popen([binary, "--socket", sock, "--host-arena-bytes", "1G",
                                       "--log-level", "warn", "--set", "tier.gpu.enable=on", "--set",
                                       "tier.gpu.bytes=512M"], stdout=self.log, stderr=self.log,
                                      env={**os.environ, **(env or {})})
