@@ -424,33 +424,33 @@ void main_phases(Report& r, const DiskOptions& o, const std::string& root, const
     auto tok = doc_tokens(0, T);
     kdn_lease* pin = nullptr;  // document 0 stays in the arena: lookups measure the control path
     if (probe.ok() && kdn_retrieve_lease(probe.c, probe.m, tok.data(), tok.size(), 0, &pin) == KDN_OK) {
-      auto sample = [&](uint32_t n) {
+      // The keys, hashed once, for the keys-only lookups (what kdn-bench node's lookup_rtt times).
+      std::vector<kdn_key> keys(tok.size() / T);
+      size_t n_keys = 0;
+      const bool keyed = kdn_prefix_keys(&desc, tok.data(), tok.size(), keys.data(), keys.size(), &n_keys) == KDN_OK;
+      // Lookups from token ids, and (when `with_keys`) each followed by one from the keys, so both
+      // kinds see the same moment of the machine and of kdnd.
+      auto sample = [&](uint32_t n, std::vector<uint64_t>* keys_ns) {
         std::vector<uint64_t> ns;
         ns.reserve(n);
         kdn_lookup_result res{};
         for (uint32_t i = 0; i < n; ++i) {
-          const uint64_t a = now_ns();
+          uint64_t a = now_ns();
           if (kdn_lookup(probe.c, probe.m, tok.data(), tok.size(), &res) != KDN_OK || res.hit_chunks != kDocChunks) break;
           ns.push_back(now_ns() - a);
+          if (keys_ns == nullptr) continue;
+          a = now_ns();
+          if (kdn_lookup_keys(probe.c, probe.m, keys.data(), n_keys, &res) != KDN_OK || res.hit_chunks != kDocChunks) break;
+          keys_ns->push_back(now_ns() - a);
         }
         return summarize_ns(ns);
       };
-      const LatencySummary idle = sample(o.lookup_samples);
-      // The same lookups with the keys hashed once (what kdn-bench node's lookup_rtt times).
-      std::vector<kdn_key> keys(tok.size() / T);
-      size_t n_keys = 0;
-      if (kdn_prefix_keys(&desc, tok.data(), tok.size(), keys.data(), keys.size(), &n_keys) == KDN_OK) {
-        std::vector<uint64_t> ns;
-        ns.reserve(o.lookup_samples);
-        kdn_lookup_result res{};
-        for (uint32_t i = 0; i < o.lookup_samples; ++i) {
-          const uint64_t a = now_ns();
-          if (kdn_lookup_keys(probe.c, probe.m, keys.data(), n_keys, &res) != KDN_OK || res.hit_chunks != kDocChunks) break;
-          ns.push_back(now_ns() - a);
-        }
-        const LatencySummary keyed = summarize_ns(ns);
-        r.set("kdn.lookup.idle_keys_p50_us", keyed.p50_us);
-        r.set("kdn.lookup.idle_keys_p99_us", keyed.p99_us);
+      std::vector<uint64_t> keys_ns;
+      const LatencySummary idle = sample(o.lookup_samples, keyed ? &keys_ns : nullptr);
+      if (keyed && !keys_ns.empty()) {
+        const LatencySummary by_keys = summarize_ns(keys_ns);
+        r.set("kdn.lookup.idle_keys_p50_us", by_keys.p50_us);
+        r.set("kdn.lookup.idle_keys_p99_us", by_keys.p99_us);
         r.set("kdn.lookup.tokens_per_lookup", uint64_t(tok.size()));
       }
       std::atomic<bool> stop{false};
@@ -465,7 +465,7 @@ void main_phases(Report& r, const DiskOptions& o, const std::string& root, const
         }
       });
       std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the disk is busy by now
-      const LatencySummary loaded = sample(o.lookup_samples);
+      const LatencySummary loaded = sample(o.lookup_samples, nullptr);
       stop = true;
       load.join();
       (void)kdn_lease_release(probe.c, pin);
