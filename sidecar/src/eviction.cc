@@ -91,6 +91,10 @@ class S3FifoPolicy final : public EvictionPolicy {
     if (e->links[t()].queue == kSmall) q.small.remove(e);
     else if (e->links[t()].queue == kMain) q.main.remove(e);
   }
+  // Evicted from small: it had no second access, and its return goes straight to main.
+  void on_evict(Entry* e) override {
+    if (e->links[t()].queue == kSmall) remember(queues(cls_of(e)), e->key.lo);
+  }
   Entry* victim(uint16_t cls) override {
     if (cls >= queues_.size()) return nullptr;
     Queues& q = queues_[cls];
@@ -113,7 +117,6 @@ class S3FifoPolicy final : public EvictionPolicy {
         }
         continue;
       }
-      if (from_small) remember(q, e->key.lo);
       return e;
     }
     return nullptr;

@@ -19,7 +19,6 @@
 
 namespace kdn::sidecar {
 
-// A doubly-linked intrusive FIFO/LRU list: push_front = newest, back = oldest.
 // A doubly-linked intrusive list through one tier's links: push_front = newest, back = oldest.
 class EntryList {
  public:
@@ -44,6 +43,10 @@ class EvictionPolicy {
   virtual void on_insert(Entry* e) = 0;   // a copy arrived in this tier
   virtual void on_access(Entry* e) = 0;   // leased or looked up
   virtual void on_remove(Entry* e) = 0;   // the copy leaves this tier, for any reason
+  // The store evicts `e`, a victim this policy returned (on_remove follows when its copy
+  // leaves). Policies that remember evicted keys do it here, not when a victim is merely
+  // proposed: victim_any() asks every class and evicts one.
+  virtual void on_evict(Entry* e) { (void)e; }
   // An entry whose copy of class `cls` may leave this tier, or null if none. Does not
   // remove it.
   virtual Entry* victim(uint16_t cls) = 0;

@@ -35,12 +35,13 @@ class Entries {
 uint8_t queue_of(const Entry* e, TierId t) { return e->links[tier_index(t)].queue; }
 uint8_t freq_of(const Entry* e, TierId t) { return e->links[tier_index(t)].freq; }
 
-// Takes victims of class `cls` one by one (as the store does: victim, then on_remove) and
-// returns their ids in order; stops at the first null.
+// Takes victims of class `cls` one by one (as the store does: victim, on_evict, then
+// on_remove) and returns their ids in order; stops at the first null.
 std::vector<uint64_t> drain(EvictionPolicy& p, uint16_t cls = 0) {
   std::vector<uint64_t> ids;
   while (Entry* v = p.victim(cls)) {
     ids.push_back(v->key.lo);
+    p.on_evict(v);
     p.on_remove(v);
   }
   return ids;
@@ -281,6 +282,7 @@ TEST(S3FifoPolicy, AnEvictedKeyThatReturnsGoesStraightToMain) {
   Entry* a = es.make(1);
   p->on_insert(a);
   ASSERT_EQ(p->victim(0), a);
+  p->on_evict(a);
   p->on_remove(a);
   Entry* again = es.make(1);  // the same key stored anew
   p->on_insert(again);
@@ -291,6 +293,7 @@ TEST(S3FifoPolicy, AnEvictedKeyThatReturnsGoesStraightToMain) {
   // The ghost is consumed by the return: evicted from main, the key is not remembered.
   p->on_remove(fresh);
   ASSERT_EQ(p->victim(0), again);
+  p->on_evict(again);
   p->on_remove(again);
   Entry* third = es.make(1);
   p->on_insert(third);
@@ -303,12 +306,36 @@ TEST(S3FifoPolicy, GhostsArePerSizeClass) {
   Entry* a = es.make(1, 0);
   p->on_insert(a);
   ASSERT_EQ(p->victim(0), a);
+  p->on_evict(a);
   p->on_remove(a);
   Entry* other_class = es.make(1, 3);
   p->on_insert(other_class);
   EXPECT_EQ(queue_of(other_class, TierId::kDisk), 1);
   EXPECT_EQ(p->victim(1), nullptr);
   EXPECT_EQ(p->victim(3), other_class);
+}
+
+// victim_any() asks every class for its victim and evicts one: only that one is remembered. A
+// class's tail that was a candidate but not chosen, later deleted and stored again, starts in
+// small like any new key.
+TEST(S3FifoPolicy, OnlyTheEvictedVictimIsRemembered) {
+  auto p = make_eviction_policy(EvictionKind::kS3Fifo, TierId::kHost);
+  Entries es(TierId::kHost);
+  Entry* a = es.make(1, 0, 200);
+  Entry* b = es.make(2, 1, 100);
+  p->on_insert(a);
+  p->on_insert(b);
+  Entry* v = p->victim_any();
+  ASSERT_EQ(v, b);  // the least recently used tail
+  p->on_evict(v);
+  p->on_remove(v);
+  p->on_remove(a);  // deleted, not evicted
+  Entry* a_again = es.make(1, 0);
+  p->on_insert(a_again);
+  EXPECT_EQ(queue_of(a_again, TierId::kHost), 1);
+  Entry* b_again = es.make(2, 1);
+  p->on_insert(b_again);
+  EXPECT_EQ(queue_of(b_again, TierId::kHost), 2);
 }
 
 TEST(S3FifoPolicy, TheGhostSetIsBounded) {
@@ -319,6 +346,7 @@ TEST(S3FifoPolicy, TheGhostSetIsBounded) {
     Entry* e = es.make(id);
     p->on_insert(e);
     ASSERT_EQ(p->victim(0), e);
+    p->on_evict(e);
     p->on_remove(e);
   }
   Entry* oldest = es.make(1);

@@ -109,6 +109,7 @@ TieredStore::Evicted TieredStore::evict_one(TierId t, uint16_t cls) {
   Entry* v = ev.victim(cls);
   if (v == nullptr) v = ev.victim_any();
   if (v == nullptr) return Evicted::kNone;
+  ev.on_evict(v);
   ++counters_.evicted_chunks;
   // Free when the tier it would be demoted to holds a copy already (a copy further down, in
   // the shared tier say, does not stop a demotion to the disk tier, which serves it faster).
