@@ -185,7 +185,9 @@ bool valid_namespace_name(const std::string& name);
 Status load_namespace_token(const NamespaceConfig& ns, const Config& c, std::string* token,
                             std::string* error = nullptr);
 // The first line of a secret file (a token, a password) without surrounding blanks, at most
-// max_bytes. The file must not be readable or writable by others. `what` names the key and
+// max_bytes. The file must not be readable or writable by others, nor writable by its group;
+// it must be a regular file (not a symlink) of kdnd's uid or root with one link, in a directory
+// of kdnd's uid or root that no one else can write (common/files.h). `what` names the key and
 // value in messages ("tier.remote.password_file = \"...\"").
 Status read_secret_file(const std::string& path, const std::string& what, size_t max_bytes, std::string* secret,
                         std::string* error = nullptr);
