@@ -104,6 +104,17 @@ std::string bind_error(const std::string& host, uint16_t port) {
   return why;
 }
 
+#if KDN_HAVE_HTTPLIB
+// httplib's stop() does nothing until its thread has entered the accept loop, and the loop
+// never ends after a stop it missed: a start-up error right after start() would leave kdnd's
+// exit waiting forever on a thread still serving the port. So start() returns only once the
+// thread serves (microseconds); false if it gave up first (the thread has then ended).
+bool wait_until_serving(httplib::Server& http) {
+  for (int i = 0; i < 5000 && !http.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return http.is_running();
+}
+#endif
+
 }  // namespace
 
 Result<std::unique_ptr<MetricsServer>> MetricsServer::start(const std::string& listen, std::string* error) noexcept {
@@ -161,6 +172,10 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::start(const std::string& l
     }
     s->port_ = uint16_t(bound);
     m.thread = std::thread([&m] { m.http.listen_after_bind(); });
+    if (!wait_until_serving(m.http)) {
+      *error = "metrics_listen = '" + listen + "': the server thread did not start";
+      return Status(Code::kUnavailable, "metrics_listen: the server thread did not start");
+    }
   } catch (const std::exception& e) {
     *error = std::string("metrics_listen: ") + e.what();
     return Status(Code::kNoMemory, "metrics server");

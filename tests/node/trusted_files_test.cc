@@ -7,6 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -177,6 +180,48 @@ TEST_F(TrustedFiles, SecretFilesAnotherUserCouldReplaceAreRefused) {
   ASSERT_EQ(::chown(real.c_str(), kOtherUid, kOtherUid), 0);
   expect_refused({"--set", "namespace.team.token_file=" + real},
                  "namespace.team.token_file = \"" + real + "\": the file belongs to uid 65534");
+}
+
+bool can_listen_on(uint16_t port) {
+  const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  (void)::setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  const bool ok = ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(s, 1) == 0;
+  ::close(s);
+  return ok;
+}
+
+// A start refused after the Prometheus endpoint began to listen (the namespaces, their tokens
+// and tiers open after it) must still end the process, with status 1 and the port free again;
+// the endpoint's thread once kept kdnd alive instead. Each refusal is tried a few times: the
+// thread's start raced with the error.
+TEST_F(TrustedFiles, EveryRefusedStartExitsNonZeroEvenWithTheMetricsEndpointUp) {
+  const uint16_t port = free_port();
+  ASSERT_NE(port, 0);
+  const std::string token = dir_ + "/team.token";
+  std::ofstream(token) << "t0ken\n";
+  ASSERT_EQ(::chmod(token.c_str(), 0644), 0);
+  ASSERT_EQ(::chmod(disk_.c_str(), 0777), 0);
+  const std::vector<std::vector<std::string>> refusals = {
+      {"--set", "namespace.team.token_file=" + token},         // readable by others
+      disk_flags(),                                            // a disk directory others can write
+      {"--set", "tier.remote.seeds=127.0.0.1:1", "--set", "tier.remote.mode=standalone"},  // no store there
+  };
+  for (const auto& bad : refusals) {
+    for (int attempt = 0; attempt < 4; ++attempt) {
+      std::vector<std::string> args = bad;
+      args.insert(args.end(), {"--set", "metrics_listen=127.0.0.1:" + std::to_string(port), "--log-level", "info"});
+      ASSERT_EQ(start(args, 10000), 1) << "still running 10 s after a refused start\n" << log();
+      EXPECT_NE(log().find("metrics at http://127.0.0.1:" + std::to_string(port)), std::string::npos)
+          << "the refusal came after the endpoint listened\n" << log();
+      EXPECT_NE(log().find("cannot start"), std::string::npos) << log();
+      EXPECT_TRUE(can_listen_on(port)) << "the port is still held";
+    }
+  }
 }
 
 }  // namespace
