@@ -109,6 +109,10 @@ constexpr KeyDef kConfigKeys[] = {
      .help = "staging area of a session that asks for the default"},
     {.key = "max_staging_bytes", .field = &Config::max_staging_bytes, .default_text = "4G",
      .help = "the largest staging area one session may ask for"},
+    {.key = "max_staging_bytes_per_uid", .field = &Config::max_staging_bytes_per_uid, .default_text = "16G",
+     .help = "staging areas of one uid's sessions together (at least max_staging_bytes)"},
+    {.key = "max_staging_bytes_per_namespace", .field = &Config::max_staging_bytes_per_namespace,
+     .default_text = "32G", .help = "staging areas of one namespace's sessions together (at least max_staging_bytes)"},
     // ---- [tier.host]
     {.key = "tier.host.bytes", .field = &HostTierConfig::bytes,
      .default_text = "min(4G, RAM/4)",
@@ -450,6 +454,10 @@ std::string check_daemon(const Config& c) {
   if (c.staging_bytes > c.max_staging_bytes)
     return key_and_value(&Config::staging_bytes, c) + ": larger than " +
            key_and_value(&Config::max_staging_bytes, c);
+  // A budget below one session's largest area would refuse every such session.
+  for (uint64_t Config::*budget : {&Config::max_staging_bytes_per_uid, &Config::max_staging_bytes_per_namespace})
+    if (c.*budget < c.max_staging_bytes)
+      return key_and_value(budget, c) + ": smaller than " + key_and_value(&Config::max_staging_bytes, c);
   if (!c.metrics_listen.empty()) {
     std::string host, why;
     uint16_t port = 0;

@@ -143,6 +143,8 @@ struct Config {
   uint32_t max_models_total = 4096;      // models registered by all sessions together
   uint64_t staging_bytes = 256ull << 20; // staging area of a session that asks for the default
   uint64_t max_staging_bytes = 4ull << 30;  // the most one session may ask for
+  uint64_t max_staging_bytes_per_uid = 16ull << 30;        // one uid's sessions together
+  uint64_t max_staging_bytes_per_namespace = 32ull << 30;  // one namespace's sessions together
 
   // ---- tiers and namespaces
   HostTierConfig host;
