@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -191,6 +192,8 @@ uint16_t free_port() {
 // GET http://127.0.0.1:port/path with a plain socket: the status code and the body.
 std::pair<int, std::string> http_get(uint16_t port, const std::string& path) {
   const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  timeval tv{5, 0};  // a server that never answers fails the test, not hangs it
+  (void)::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(port);

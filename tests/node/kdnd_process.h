@@ -57,7 +57,7 @@ int exit_code_within(pid_t pid, int ms);
 // A loopback TCP port free a moment ago (0 if none could be had).
 uint16_t free_port();
 // GET http://127.0.0.1:port/path over a plain socket (HTTP/1.0): the status code and the body;
-// -1 if it could not connect, -2 if the answer was not HTTP.
+// -1 if it could not connect, -2 if the answer was not HTTP (or did not come within 5 s).
 std::pair<int, std::string> http_get(uint16_t port, const std::string& path);
 
 // Runs fn in a forked child; returns the child's exit code (fn's return), 128+sig if killed.
