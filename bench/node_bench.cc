@@ -7,6 +7,7 @@
 // order llama3-8b, smollm2-135m); every model's own figures are under models.<name>.
 #include "baseline_figures.h"
 #include "flood_bench.h"
+#include "staging_churn_bench.h"
 #include "commands.h"
 #include "kdnd_process.h"
 #include "model_run.h"
@@ -45,6 +46,8 @@ struct NodeOptions {
   uint32_t flood_in_flight = FloodOptions{}.in_flight;
   uint32_t flood_keys = FloodOptions{}.keys;
   bool no_flood = false;
+  bool no_staging_churn = false;
+  uint64_t churn_written_mib = StagingChurnOptions{}.written_staging_bytes >> 20;
   bool no_redis = false;
   bool require_bars = false;
 };
@@ -136,6 +139,16 @@ void add_verdicts(Report& out, const std::string& prefix, const Report& figures,
   // One session's lookups while another keeps 64 LEASEs of 65,536 keys in flight (the flood
   // phase runs once per run, against its own kdnd): requests are served in slices.
   if (prefix.empty()) out.set_bar("bars.lookup_under_flood_p99_us", flood_p99, BarOp::kAtMost, 1000.0);
+  // Another session's PING while sessions with 4 GiB of staging open and close (the staging
+  // churn phase, once per run, against its own kdnd): set-up and tear-down cost the loop O(1).
+  if (prefix.empty()) {
+    auto churn_p99 = get("kdn.staging_churn.ping_under_staging_churn_p99_us");
+    auto churn_max = get("kdn.staging_churn.ping_under_staging_churn_max_us");
+    auto churn_idle = get("kdn.staging_churn.ping_idle_p99_us");
+    out.set("ratios.ping_p99_under_staging_churn_vs_idle", ratio(churn_p99, churn_idle));
+    out.set_bar("bars.ping_under_staging_churn_p99_us", churn_p99, BarOp::kAtMost, 1000.0);
+    out.set_bar("bars.ping_under_staging_churn_max_us", churn_max, BarOp::kAtMost, 50000.0);
+  }
 }
 
 void copy_subtree(Report& to, const std::string& to_key, const Report& from,
@@ -217,6 +230,10 @@ void add_cli_options(CLI::App& app, NodeOptions& o) {
   app.add_option("--flood-keys", o.flood_keys, "flood phase: keys per LEASE (all cached)")
       ->check(CLI::Range(1u, 65536u))->capture_default_str();
   app.add_flag("--no-flood", o.no_flood, "skip the flood phase");
+  app.add_flag("--no-staging-churn", o.no_staging_churn, "skip the staging churn phase");
+  app.add_option("--staging-churn-written-mib", o.churn_written_mib,
+                 "staging churn phase: MiB each written session writes before closing")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{4096}))->capture_default_str();
   app.add_flag("--require-bars", o.require_bars, "exit 3 unless every headline bar passes");
 }
 
@@ -234,6 +251,7 @@ Report assemble(const Report& common, const Report& runs, const std::string& hea
   copy_subtree(out, "baselines.engine_memcpy_gbps", runs, model + ".baselines.engine_memcpy_gbps");
   copy_subtree(out, "kdn", runs, model + ".kdn");
   copy_subtree(out, "kdn.flood", common, "kdn.flood");
+  copy_subtree(out, "kdn.staging_churn", common, "kdn.staging_churn");
   add_verdicts(out, "", out, "kdn", "baselines", "baselines");
   copy_subtree(out, "models", runs, "models");
   return out;
@@ -281,6 +299,17 @@ int run_node_bench(int argc, char** argv) {
     fo.lookup_samples = o.lookup_samples;
     if (dir.ok()) fo.dir = dir->path();
     ok &= dir.ok() && add_flood_figures(common, "kdn.flood", fo);
+  }
+  if (o.no_staging_churn) {
+    common.set_null("kdn.staging_churn.ping_under_staging_churn_p99_us");
+  } else {
+    Result<TempDir> dir = TempDir::create("kdn-bench-churn");
+    StagingChurnOptions co;
+    co.kdnd_binary = plans.front().kdnd_binary;
+    co.written_staging_bytes = o.churn_written_mib << 20;
+    co.ping_samples = o.lookup_samples;
+    if (dir.ok()) co.dir = dir->path();
+    ok &= dir.ok() && add_staging_churn_figures(common, "kdn.staging_churn", co);
   }
   // Per-model ratios need the common baselines and the model's figures side by side, as
   // they are in the assembled report.

@@ -9,7 +9,8 @@ endfunction()
 
 # kdn_add_test(<name> SOURCES ... LIBS ...): a GoogleTest binary registered with ctest.
 function(kdn_add_test name)
-  cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  # SERIAL: ctest runs its tests alone (timed against a bar, or heavy on memory).
+  cmake_parse_arguments(T "SERIAL" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main Threads::Threads)
   kdn_target_defaults(${name})
@@ -17,5 +18,5 @@ function(kdn_add_test name)
     set(T_TIMEOUT 300)
   endif()
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60
-    PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}")
+    PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}" RUN_SERIAL ${T_SERIAL})
 endfunction()

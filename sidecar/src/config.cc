@@ -7,6 +7,7 @@
 #include "metrics_server.h"
 #include "redis_cluster.h"
 
+#include <kdn/common/files.h>
 #include <kdn/ipc/fd.h>
 #include <kdn/ipc/protocol.h>
 #include <kdn/ipc/uds.h>
@@ -108,6 +109,10 @@ constexpr KeyDef kConfigKeys[] = {
      .help = "staging area of a session that asks for the default"},
     {.key = "max_staging_bytes", .field = &Config::max_staging_bytes, .default_text = "4G",
      .help = "the largest staging area one session may ask for"},
+    {.key = "max_staging_bytes_per_uid", .field = &Config::max_staging_bytes_per_uid, .default_text = "16G",
+     .help = "staging areas of one uid's sessions together (at least max_staging_bytes)"},
+    {.key = "max_staging_bytes_per_namespace", .field = &Config::max_staging_bytes_per_namespace,
+     .default_text = "32G", .help = "staging areas of one namespace's sessions together (at least max_staging_bytes)"},
     // ---- [tier.host]
     {.key = "tier.host.bytes", .field = &HostTierConfig::bytes,
      .default_text = "min(4G, RAM/4)",
@@ -449,6 +454,10 @@ std::string check_daemon(const Config& c) {
   if (c.staging_bytes > c.max_staging_bytes)
     return key_and_value(&Config::staging_bytes, c) + ": larger than " +
            key_and_value(&Config::max_staging_bytes, c);
+  // A budget below one session's largest area would refuse every such session.
+  for (uint64_t Config::*budget : {&Config::max_staging_bytes_per_uid, &Config::max_staging_bytes_per_namespace})
+    if (c.*budget < c.max_staging_bytes)
+      return key_and_value(budget, c) + ": smaller than " + key_and_value(&Config::max_staging_bytes, c);
   if (!c.metrics_listen.empty()) {
     std::string host, why;
     uint16_t port = 0;
@@ -665,12 +674,43 @@ Status load_namespace_token(const NamespaceConfig& ns, const Config& c, std::str
   return read_secret_file(ns.token_file, what, ipc::kTokenBytes - 1, token, error);
 }
 
+namespace {
+
+// Opens a secret file under a checked descriptor of its directory, refusing a symlink (and
+// not blocking on a FIFO), and checks the file itself: a secret another user can replace is
+// no secret. `*error` gets a sentence after `what`.
+Result<ipc::UniqueFd> open_secret_file(const std::string& path, const std::string& what, std::string* error) {
+  std::string why;
+  Result<int> dir = open_private_dir(parent_dir(path), "its directory", &why);
+  if (!dir.ok()) {
+    if (error) *error = what + ": " + why;
+    return dir.status();
+  }
+  const ipc::UniqueFd dir_fd(*dir);
+  const std::string name = path.substr(path.rfind('/') + 1);
+  ipc::UniqueFd fd(::openat(dir_fd.get(), name.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW | O_NONBLOCK));
+  if (!fd) {
+    const int err = errno;
+    if (error) *error = what + ": cannot read: " + (err == ELOOP ? "it is a symlink; name the file itself" : std::strerror(err));
+    return Status::from_errno("config: cannot read a secret file", err);
+  }
+  if (Status st = check_private_file_fd(fd.get(), "the file", &why); !st.ok()) {
+    if (error) *error = what + ": " + why;
+    return st;
+  }
+  return fd;
+}
+
+}  // namespace
+
 Status read_secret_file(const std::string& path, const std::string& what, size_t max_bytes, std::string* secret,
                         std::string* error) {
-  ipc::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
+  Result<ipc::UniqueFd> opened = open_secret_file(path, what, error);
+  if (!opened.ok()) return opened.status();
+  const ipc::UniqueFd& fd = *opened;
   struct stat st {};
   std::string line;
-  if (!fd || ::fstat(fd.get(), &st) != 0 || !read_first_line(fd.get(), &line)) {
+  if (::fstat(fd.get(), &st) != 0 || !read_first_line(fd.get(), &line)) {
     const int err = errno;
     if (error) *error = what + ": cannot read: " + std::strerror(err);
     return Status::from_errno("config: cannot read a secret file", err);

@@ -3,6 +3,7 @@
 #include "access.h"
 #include "gpu/gpu_service.h"
 #include "metrics.h"
+#include "memory_releaser.h"
 #include "metrics_server.h"
 #include "prefault.h"
 #include "request_handler.h"
@@ -171,6 +172,8 @@ class DaemonImpl {
   void release_namespaces(uint64_t now);
   void close_session(Session* s, const char* why);
   void destroy_session(Session* s);
+  void release_session_memory(Session& s);
+  Status staging_budget_allows(const Namespace& ns, uint32_t uid, uint64_t bytes) const;
   void write_metrics();
   std::vector<NamespaceMetrics> metrics_namespaces() const;
 
@@ -189,6 +192,8 @@ class DaemonImpl {
   size_t rr_ = 0;                 // where the next poll pass starts
   std::unordered_map<int, Pending> pending_;
   std::unordered_map<uint32_t, uint32_t> pending_per_uid_;
+  std::unordered_map<uint32_t, uint64_t> staging_per_uid_;  // staging bytes of each uid's sessions
+  MemoryReleaser releaser_;  // unmaps what ended sessions leave behind, off the loop
   LogLimiter refusal_log_;  // refusals can come by the thousand: a few lines a second
   std::string metrics_error_;  // the last failure to write the metrics file ("" = none)
   std::unordered_map<uint64_t, std::unique_ptr<Op>> ops_;  // parked requests by token
@@ -511,7 +516,7 @@ Status DaemonImpl::admit(ipc::UniqueFd sock, const ipc::ReceivedHello& rh) {
   if (of_uid >= cfg_.max_sessions_per_uid) return refuse(Status(Code::kLimit, "max_sessions_per_uid sessions of this uid"));
   if (ns->policy.max_sessions && ns->sessions >= ns->policy.max_sessions)
     return refuse(Status(Code::kLimit, "the namespace's max_sessions are open"));
-  if (h.staging_bytes > cfg_.max_staging_bytes) return refuse(Status(Code::kLimit, "staging_bytes above max_staging_bytes"));
+  if (Status budget = staging_budget_allows(*ns, rh.peer.uid, h.staging_bytes); !budget.ok()) return refuse(budget);
   auto layout = ipc::SessionLayout::compute(h.ring_entries, h.payload_bytes);
   if (!layout.ok()) return refuse(layout.status());
 
@@ -525,7 +530,6 @@ Status DaemonImpl::admit(ipc::UniqueFd sock, const ipc::ReceivedHello& rh) {
     if (!staging.ok()) return refuse(staging.status());
     s->staging = std::move(*staging);
     s->staging_region = next_region_++;
-    (void)ns->host->run_task(s->staging.populate_task());  // off the loop; best effort
   }
   std::vector<ipc::RegionRecord> regions;
   std::vector<int> region_fds;
@@ -552,6 +556,7 @@ Status DaemonImpl::admit(ipc::UniqueFd sock, const ipc::ReceivedHello& rh) {
   ++ns->sessions;
   ++ns->attached;
   ns->staging_bytes += s->staging.capacity();
+  staging_per_uid_[s->uid] += s->staging.capacity();
   ++counters_.sessions_total;
   counters_.sessions_active = active_.size() + 1;
   spdlog::info("session {} opened: pid {} uid {} namespace '{}', staging {} MiB{}", s->id, s->pid, s->uid, name,
@@ -599,7 +604,33 @@ void DaemonImpl::destroy_session(Session* s) {
   Namespace* ns = s->ns;
   --ns->attached;
   ns->staging_bytes -= s->staging.capacity();
-  sessions_.erase(s->id);  // unmaps its session segment and staging area
+  if (auto it = staging_per_uid_.find(s->uid); it != staging_per_uid_.end() && (it->second -= s->staging.capacity()) == 0)
+    staging_per_uid_.erase(it);
+  release_session_memory(*s);
+  sessions_.erase(s->id);
+}
+
+// Unmapping a staging area frees every page its client wrote (seconds for gigabytes): that
+// happens on the releaser's thread, so a session's end costs the loop O(1).
+void DaemonImpl::release_session_memory(Session& s) {
+  releaser_.release(s.staging.take_memory());
+  try {
+    releaser_.release(std::make_shared<ipc::DaemonSession>(std::move(s.shm)));
+  } catch (const std::bad_alloc&) {  // the session's segment is then unmapped here, with it
+  }
+}
+
+// A session's staging area counts against its uid's and its namespace's budgets as long as it
+// is mapped: a client may write every page of it, and kdnd holds the memfd.
+Status DaemonImpl::staging_budget_allows(const Namespace& ns, uint32_t uid, uint64_t bytes) const {
+  if (bytes > cfg_.max_staging_bytes) return Status(Code::kLimit, "staging_bytes above max_staging_bytes");
+  auto it = staging_per_uid_.find(uid);
+  const uint64_t of_uid = it == staging_per_uid_.end() ? 0 : it->second;
+  if (of_uid + bytes > cfg_.max_staging_bytes_per_uid)
+    return Status(Code::kLimit, "this uid's sessions hold max_staging_bytes_per_uid of staging");
+  if (ns.staging_bytes + bytes > cfg_.max_staging_bytes_per_namespace)
+    return Status(Code::kLimit, "the namespace's sessions hold max_staging_bytes_per_namespace of staging");
+  return OkStatus();
 }
 
 // ---- requests -----------------------------------------------------------------------------------

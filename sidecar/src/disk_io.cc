@@ -21,10 +21,12 @@ auto retry_eintr(F f) noexcept {
 
 }  // namespace
 
-int DiskIo::mkdir(const std::string& path, mode_t mode) noexcept { return ret(::mkdir(path.c_str(), mode)); }
+int DiskIo::mkdirat(int dir_fd, const std::string& name, mode_t mode) noexcept {
+  return ret(::mkdirat(dir_fd, name.c_str(), mode));
+}
 
-int DiskIo::open(const std::string& path, int flags, mode_t mode) noexcept {
-  return ret(retry_eintr([&] { return ::open(path.c_str(), flags | O_CLOEXEC, mode); }));
+int DiskIo::openat(int dir_fd, const std::string& name, int flags, mode_t mode) noexcept {
+  return ret(retry_eintr([&] { return ::openat(dir_fd, name.c_str(), flags | O_CLOEXEC, mode); }));
 }
 
 int DiskIo::file_size(int fd, uint64_t* bytes) noexcept {
@@ -57,14 +59,14 @@ DiskIo& DiskIo::system() noexcept {
   return io;
 }
 
-int FaultyDiskIo::mkdir(const std::string& path, mode_t mode) noexcept {
-  if (!open_fault_.empty() && path.find(open_fault_) != std::string::npos) return -open_errno_;
-  return DiskIo::mkdir(path, mode);
+int FaultyDiskIo::mkdirat(int dir_fd, const std::string& name, mode_t mode) noexcept {
+  if (!open_fault_.empty() && name.find(open_fault_) != std::string::npos) return -open_errno_;
+  return DiskIo::mkdirat(dir_fd, name, mode);
 }
 
-int FaultyDiskIo::open(const std::string& path, int flags, mode_t mode) noexcept {
-  if (!open_fault_.empty() && path.find(open_fault_) != std::string::npos) return -open_errno_;
-  return DiskIo::open(path, flags, mode);
+int FaultyDiskIo::openat(int dir_fd, const std::string& name, int flags, mode_t mode) noexcept {
+  if (!open_fault_.empty() && name.find(open_fault_) != std::string::npos) return -open_errno_;
+  return DiskIo::openat(dir_fd, name, flags, mode);
 }
 
 int FaultyDiskIo::fallocate(int fd, uint64_t offset, uint64_t bytes) noexcept {

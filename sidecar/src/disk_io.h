@@ -25,8 +25,10 @@ class DiskIo {
  public:
   virtual ~DiskIo() = default;
 
-  virtual int mkdir(const std::string& path, mode_t mode) noexcept;           // 0 or -errno (-EEXIST too)
-  virtual int open(const std::string& path, int flags, mode_t mode) noexcept;  // fd or -errno
+  // Names relative to a directory the tier holds open and has checked (openat, mkdirat): a
+  // directory swapped in under the same path later is never used.
+  virtual int mkdirat(int dir_fd, const std::string& name, mode_t mode) noexcept;         // 0 or -errno (-EEXIST too)
+  virtual int openat(int dir_fd, const std::string& name, int flags, mode_t mode) noexcept;  // fd or -errno
   virtual int file_size(int fd, uint64_t* bytes) noexcept;                     // fstat
   virtual int fallocate(int fd, uint64_t offset, uint64_t bytes) noexcept;
   virtual int truncate(int fd, uint64_t bytes) noexcept;
@@ -59,7 +61,7 @@ class FaultyDiskIo final : public DiskIo {
   void fail_next(IoKind kind, int32_t result, uint32_t times = 1, uint32_t min_bytes = 0) {
     faults_.push_back({kind, result, times, min_bytes});
   }
-  // open() of paths containing `substring` fails with -err; mkdir() of them too.
+  // openat() of names containing `substring` fails with -err; mkdirat() of them too.
   void fail_open(std::string substring, int err) {
     open_fault_ = std::move(substring);
     open_errno_ = err;
@@ -69,8 +71,8 @@ class FaultyDiskIo final : public DiskIo {
   uint64_t injected() const noexcept { return injected_; }
   size_t pending() const noexcept { return faults_.size(); }
 
-  int mkdir(const std::string& path, mode_t mode) noexcept override;
-  int open(const std::string& path, int flags, mode_t mode) noexcept override;
+  int mkdirat(int dir_fd, const std::string& name, mode_t mode) noexcept override;
+  int openat(int dir_fd, const std::string& name, int flags, mode_t mode) noexcept override;
   int fallocate(int fd, uint64_t offset, uint64_t bytes) noexcept override;
   int32_t completed(IoKind kind, uint32_t device, uint64_t offset, uint32_t bytes, int32_t res) noexcept override;
 

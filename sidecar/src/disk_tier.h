@@ -163,6 +163,8 @@ class DiskTier final : public Tier {
  private:
   explicit DiskTier(const DiskTierOptions& options, DiskIo& io);
   Status open_devices(std::vector<RecoveredChunk>* recovered, RecoveryReport* report) noexcept;
+  Status open_device_dir(Device& d, const std::string& root) noexcept;
+  Status check_slab_file(const Device& d) noexcept;
   Status register_buffers() noexcept;
 
   // ---- slots and space

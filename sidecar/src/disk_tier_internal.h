@@ -16,6 +16,7 @@ struct DiskTier::Device {
   uint32_t index = 0;
   std::string dir;   // <disk dir>/<namespace>
   std::string path;  // the slab file
+  ipc::UniqueFd dir_fd;  // <disk dir>/<namespace>, checked: the slab file is opened under it
   ipc::UniqueFd fd;
   disk::Superblock super;
   std::unique_ptr<SlabAllocator> alloc;  // over the data area: offsets are data-relative

@@ -2,6 +2,7 @@
 #include "disk_tier_internal.h"
 
 #include <kdn/common/clock.h>
+#include <kdn/common/files.h>
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
@@ -24,6 +25,7 @@ namespace {
 constexpr uint64_t kZeroChunk = 8ull << 20;     // bytes per write while initializing a file
 constexpr size_t kHeaderBatch = 4096;           // slot headers read per batch at recovery
 constexpr uint64_t kProgressNs = 1'000'000'000;
+constexpr const char* kSlabFile = "slabs.kdn";
 
 std::string describe(int err) { return std::string(std::strerror(err)) + " (errno " + std::to_string(err) + ")"; }
 
@@ -91,6 +93,52 @@ Status zero_fill(DiskIo& io, int fd, uint64_t from, uint64_t to, const std::stri
 
 }  // namespace
 
+// <root>/<namespace>, opened under a checked descriptor of root: both directories must be
+// kdnd's (or root's), writable by no one else and not symlinks, or another local user could
+// plant a slab file with valid checksums whose bytes kdnd would serve as cached KV.
+Status DiskTier::open_device_dir(Device& d, const std::string& root) noexcept {
+  d.dir = root + "/" + options_.name_space;
+  d.path = d.dir + "/" + kSlabFile;
+  std::string error;
+  Result<int> root_fd = open_private_dir(root, "tier.disk.dirs", &error);
+  if (!root_fd.ok()) {
+    spdlog::error("{}", error);
+    return root_fd.status().code() == Code::kIo && root_fd.status().sys_errno() == ENOENT
+               ? Status(Code::kNotFound, "a disk directory does not exist")
+               : root_fd.status();
+  }
+  ipc::UniqueFd root_dir(*root_fd);
+  const int mk = io_.mkdirat(root_dir.get(), options_.name_space, 0700);
+  if (mk < 0 && mk != -EEXIST) {
+    spdlog::error("tier.disk.dirs: cannot create '{}': {}", d.dir, describe(-mk));
+    return Status::from_errno("a disk directory is not writable", -mk);
+  }
+  const int fd = io_.openat(root_dir.get(), options_.name_space, O_RDONLY | O_DIRECTORY | O_NOFOLLOW, 0);
+  if (fd < 0) {
+    const bool link = fd == -ELOOP || fd == -ENOTDIR;
+    spdlog::error("tier.disk.dirs: {} {}", d.dir, link ? "is a symlink or not a directory; kdnd keeps its slab files "
+                                                         "only in a directory it made"
+                                                       : "cannot be opened: " + describe(-fd));
+    return link ? Status(Code::kPermission, "a namespace's disk directory is a symlink")
+                : Status::from_errno("cannot open a disk directory", -fd);
+  }
+  d.dir_fd.reset(fd);
+  if (Status st = check_private_dir_fd(fd, "disk directory " + d.dir, &error); !st.ok()) {
+    spdlog::error("tier.disk.dirs: {}", error);
+    return st;
+  }
+  return OkStatus();
+}
+
+// A slab file another user can write (or that has another name somewhere) is refused, not
+// repaired: its contents may already be someone else's.
+Status DiskTier::check_slab_file(const Device& d) noexcept {
+  std::string error;
+  Status st = check_private_file_fd(d.fd.get(), "slab file " + d.path, &error);
+  if (!st.ok()) spdlog::error("tier.disk.dirs: {}; remove it to start empty", error);
+  return st;
+}
+
 Status DiskTier::open_devices(std::vector<RecoveredChunk>* recovered, RecoveryReport* report) noexcept {
   const uint64_t t0 = now_ns();
   const disk::FileLayout want = disk::FileLayout::for_data_bytes(options_.bytes_per_dir, options_.slab_bytes);
@@ -99,35 +147,30 @@ Status DiskTier::open_devices(std::vector<RecoveredChunk>* recovered, RecoveryRe
     for (uint32_t i = 0; i < options_.dirs.size(); ++i) {
       auto d = std::make_unique<Device>();
       d->index = i;
-      const std::string& root = options_.dirs[i];
-      struct stat st {};
-      if (::stat(root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-        spdlog::error("tier.disk.dirs: '{}' {}", root, ::stat(root.c_str(), &st) != 0 ? "does not exist" : "is not a directory");
-        return Status(Code::kNotFound, "a disk directory does not exist");
-      }
-      d->dir = root + "/" + options_.name_space;
-      d->path = d->dir + "/slabs.kdn";
-      const int mk = io_.mkdir(d->dir, 0700);
-      if (mk < 0 && mk != -EEXIST) {
-        spdlog::error("tier.disk.dirs: cannot create '{}': {}", d->dir, describe(-mk));
-        return Status::from_errno("a disk directory is not writable", -mk);
-      }
-      int fd = io_.open(d->path, O_RDWR | O_DIRECT, 0);
+      KDN_RETURN_IF_ERROR(open_device_dir(*d, options_.dirs[i]));
+      int fd = io_.openat(d->dir_fd.get(), kSlabFile, O_RDWR | O_DIRECT | O_NOFOLLOW, 0);
       bool create = fd == -ENOENT;
       if (fd == -EINVAL) {
         spdlog::error("tier.disk.dirs: the file system of '{}' does not support O_DIRECT; T2 needs direct I/O "
                       "(use a directory on ext4, xfs or btrfs)",
-                      root);
+                      options_.dirs[i]);
         return Status(Code::kUnsupported, "a disk directory's file system has no O_DIRECT");
+      }
+      if (fd == -ELOOP) {
+        spdlog::error("tier.disk.dirs: slab file {} is a symlink; kdnd writes only a file it created there", d->path);
+        return Status(Code::kPermission, "a slab file is a symlink");
       }
       if (fd < 0 && !create) {
         spdlog::error("tier.disk.dirs: cannot open '{}': {}", d->path, describe(-fd));
         return Status::from_errno("cannot open a slab file", -fd);
       }
+      if (!create) {
+        d->fd.reset(fd);
+        KDN_RETURN_IF_ERROR(check_slab_file(*d));
+      }
       AlignedBuffer block(kBlock);
       if (!block.data()) return Status(Code::kNoMemory, "superblock buffer");
       if (!create) {
-        d->fd.reset(fd);
         const ssize_t r = io_.pread(fd, block.data(), kBlock, 0);
         Status sb = r == ssize_t(kBlock) ? disk::decode_superblock(block.data(), &d->super)
                                          : Status(Code::kCorrupt, "superblock unreadable");
@@ -142,7 +185,9 @@ Status DiskTier::open_devices(std::vector<RecoveredChunk>* recovered, RecoveryRe
           const std::string aside = d->path + ".unreadable-" + std::to_string(disk_detail::now_unix_ns() / 1'000'000'000);
           spdlog::error("disk tier: {}: {}; moved to {} and starting with an empty file", d->path, sb.what(), aside);
           d->fd.reset();
-          if (::rename(d->path.c_str(), aside.c_str()) != 0) return Status::from_errno("moving a damaged slab file aside", errno);
+          const std::string aside_name = aside.substr(d->dir.size() + 1);
+          if (::renameat(d->dir_fd.get(), kSlabFile, d->dir_fd.get(), aside_name.c_str()) != 0)
+            return Status::from_errno("moving a damaged slab file aside", errno);
           create = true;
         } else if (d->super.layout.slab_bytes != want.slab_bytes || d->super.layout.slab_count != want.slab_count) {
           spdlog::error("disk tier: {} holds {} slabs of {} MiB, but tier.disk.bytes and tier.disk.slab_bytes ask for {} "
@@ -154,24 +199,25 @@ Status DiskTier::open_devices(std::vector<RecoveredChunk>* recovered, RecoveryRe
       }
       if (create) {
         report->created = true;
-        fd = io_.open(d->path, O_RDWR | O_CREAT | O_EXCL | O_DIRECT, 0600);
+        fd = io_.openat(d->dir_fd.get(), kSlabFile, O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_NOFOLLOW, 0600);
         if (fd < 0) {
           spdlog::error("tier.disk.dirs: cannot create '{}': {}", d->path, describe(-fd));
           return fd == -EINVAL ? Status(Code::kUnsupported, "a disk directory's file system has no O_DIRECT")
                                : Status::from_errno("cannot create a slab file", -fd);
         }
         d->fd.reset(fd);
+        (void)::fchmod(fd, 0600);  // open applied the umask; the mode is the file's only guard
         const int fa = io_.fallocate(fd, 0, want.file_bytes);
         if (fa == -ENOSPC) {
-          spdlog::error("tier.disk.dirs: '{}' has no room for {} MiB (tier.disk.bytes)", root, want.file_bytes >> 20);
-          ::unlink(d->path.c_str());
+          spdlog::error("tier.disk.dirs: '{}' has no room for {} MiB (tier.disk.bytes)", options_.dirs[i], want.file_bytes >> 20);
+          ::unlinkat(d->dir_fd.get(), kSlabFile, 0);
           return Status(Code::kNoSpace, "no room for the slab file (tier.disk.bytes)");
         }
         spdlog::info("disk tier: creating {} ({} MiB, {} slabs of {} MiB)", d->path, want.file_bytes >> 20,
                      want.slab_count, want.slab_bytes >> 20);
         Status z = zero_fill(io_, fd, 0, want.file_bytes, d->path);
         if (!z.ok()) {
-          ::unlink(d->path.c_str());
+          ::unlinkat(d->dir_fd.get(), kSlabFile, 0);
           return z;
         }
         d->super = disk::Superblock{};

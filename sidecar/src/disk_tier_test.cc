@@ -397,7 +397,7 @@ TEST_F(DiskTierTest, DirectoriesThatCannotServeAreClearErrors) {
   EXPECT_EQ(open().code(), Code::kNotFound);
   options_.dirs = dirs_;
   FaultyDiskIo ro;
-  ro.fail_open("/d1", EROFS);
+  ro.fail_open("test", EROFS);  // creating <dir>/test
   EXPECT_EQ(open(&ro).code(), Code::kIo) << "a read-only directory";
   FaultyDiskIo no_direct;
   no_direct.fail_open("slabs.kdn", EINVAL);

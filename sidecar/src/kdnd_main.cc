@@ -15,6 +15,9 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <sys/resource.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -141,10 +144,26 @@ bool apply_flags(const CLI::App& app, const Flags& f, Config& cfg) {
   return true;
 }
 
+// Every session holds descriptors (its socket, doorbell, memfds until mapped), and so do the
+// tiers and the metrics endpoint: the usual soft limit of 1024 would make a busy node's new
+// sessions fail with KDN_ERR_IO long before max_sessions. The hard limit is the operator's.
+void raise_fd_limit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= lim.rlim_max) return;
+  const rlim_t was = lim.rlim_cur;
+  lim.rlim_cur = lim.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &lim) != 0) {
+    spdlog::warn("cannot raise the open-file limit from {} to {}: {}", was, lim.rlim_max, std::strerror(errno));
+    return;
+  }
+  spdlog::info("open-file limit raised from {} to {}", was, lim.rlim_max);
+}
+
 int run_daemon(const Config& cfg) {
   auto logger = spdlog::stderr_color_mt("kdnd");
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(cfg.log_level));
+  raise_fd_limit();
 
   kdn::sidecar::DaemonFaults faults;
 #if KDN_TEST_SEAMS

@@ -1,7 +1,5 @@
 #include "staging.h"
 
-#include <sys/mman.h>
-
 namespace kdn::sidecar {
 
 Result<StagingArea> StagingArea::create(uint64_t bytes) noexcept {
@@ -21,14 +19,11 @@ Result<StagingArea> StagingArea::create(uint64_t bytes) noexcept {
   return s;
 }
 
-std::function<void()> StagingArea::populate_task() const {
-  return [segment = segment_] {
-    if (!segment || !segment->valid()) return;
-    if (::madvise(segment->data(), segment->size(), MADV_POPULATE_READ) == 0) return;
-    // Kernels before 5.14: touch one byte per page instead.
-    volatile const std::byte* p = segment->data();
-    for (uint64_t i = 0; i < segment->size(); i += 4096) (void)p[i];
-  };
+std::shared_ptr<void> StagingArea::take_memory() noexcept {
+  free_.clear();
+  live_.clear();
+  free_bytes_ = 0;
+  return std::move(segment_);
 }
 
 std::optional<uint64_t> StagingArea::allocate(uint64_t bytes) {

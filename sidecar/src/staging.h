@@ -10,7 +10,10 @@
 //
 // Slots are carved first-fit from 4 KiB pages, lowest offset first, so a session that stores
 // chunk after chunk reuses the same (already faulted-in) pages. Pages are allocated by the
-// kernel only when the client first writes them.
+// kernel only when the client first writes them, and kdnd never touches a page it was not
+// asked to copy: its mapping faults in (with the kernel's fault-around, 64 KiB at a time) only
+// the slots a COMMIT reads. Populating the whole area ahead would let a client that asks for
+// gigabytes and writes nothing make kdnd allocate them, and make its tear-down free them.
 //
 // Not thread-safe: the event loop owns it; the copy workers only read slot bytes.
 #pragma once
@@ -19,7 +22,6 @@
 #include <kdn/ipc/segment.h>
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -49,11 +51,10 @@ class StagingArea {
   const std::byte* at(uint64_t offset) const noexcept { return segment_->data() + offset; }
   int fd() const noexcept { return segment_->fd(); }
 
-  // Work for a copy worker: fills in this mapping's page tables (the client allocates the
-  // pages when it maps its side), so COMMIT copies never take a page fault per 4 KiB of
-  // staging (~1 us each: more than the copy of the page). Keeps the mapping alive while it
-  // runs, whatever happens to the session meanwhile.
-  std::function<void()> populate_task() const;
+  // Hands over the memory (mapping and memfd) and leaves the area empty, so that the caller
+  // can have it unmapped off the event loop (MemoryReleaser): freeing the pages of a large
+  // area takes seconds.
+  std::shared_ptr<void> take_memory() noexcept;
 
  private:
   static uint64_t round(uint64_t bytes) noexcept { return (bytes + kAlign - 1) / kAlign * kAlign; }

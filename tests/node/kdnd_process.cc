@@ -4,7 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -136,6 +140,78 @@ void KdndProcess::kill9() {
   ::kill(pid_, SIGKILL);
   waitpid(pid_, nullptr, 0);
   pid_ = -1;
+}
+
+pid_t spawn_kdnd(std::vector<std::string> args, const std::string& log) {
+  args.insert(args.begin(), kdnd_binary());
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) _exit(126);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+int exit_code_within(pid_t pid, int ms) {
+  for (int waited = 0; waited < ms; waited += 10) {
+    int st = 0;
+    if (::waitpid(pid, &st, WNOHANG) == pid) {
+      if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
+      return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  return -1;
+}
+
+// A loopback port free a moment ago.
+uint16_t free_port() {
+  const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(s);
+    return 0;
+  }
+  ::close(s);
+  return ntohs(a.sin_port);
+}
+
+// GET http://127.0.0.1:port/path with a plain socket: the status code and the body.
+std::pair<int, std::string> http_get(uint16_t port, const std::string& path) {
+  const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  timeval tv{5, 0};  // a server that never answers fails the test, not hangs it
+  (void)::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(s);
+    return {-1, ""};
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  (void)!::write(s, req.data(), req.size());
+  std::string resp;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(s, buf, sizeof buf)) > 0;) resp.append(buf, size_t(n));
+  ::close(s);
+  const size_t sp = resp.find(' ');
+  const size_t body = resp.find("\r\n\r\n");
+  if (sp == std::string::npos || body == std::string::npos) return {-2, resp};
+  return {std::atoi(resp.c_str() + sp + 1), resp.substr(body + 4)};
 }
 
 int run_in_child(int (*fn)(void*), void* arg) {

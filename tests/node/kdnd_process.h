@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kdn::testing {
@@ -50,6 +51,18 @@ class KdndProcess {
   std::string dir_, socket_, token_;
   pid_t pid_ = -1;
 };
+
+// Starts kdnd with `args` (the binary's path is added first), its stdout and stderr in the file
+// `log`, and returns at once; see exit_code_within.
+pid_t spawn_kdnd(std::vector<std::string> args, const std::string& log);
+// The exit code of `pid` within `ms` (killed and -1 if it did not exit; 128+sig if killed by one).
+int exit_code_within(pid_t pid, int ms);
+
+// A loopback TCP port free a moment ago (0 if none could be had).
+uint16_t free_port();
+// GET http://127.0.0.1:port/path over a plain socket (HTTP/1.0): the status code and the body;
+// -1 if it could not connect, -2 if the answer was not HTTP (or did not come within 5 s).
+std::pair<int, std::string> http_get(uint16_t port, const std::string& path);
 
 // Runs fn in a forked child; returns the child's exit code (fn's return), 128+sig if killed.
 int run_in_child(int (*fn)(void*), void* arg);

@@ -18,6 +18,21 @@ namespace kdn {
 // change ("metrics directory /srv/m is writable by every user (mode 1777): ...").
 Status check_private_dir(const std::string& dir, const char* what, std::string* error);
 
+// The same rule for a directory kdnd already holds open (`named` starts the sentence:
+// "tier.disk.dirs /srv/kdn"). Checking the descriptor, not the path, is what makes the check
+// hold: whatever is opened later with openat(fd, ...) lies in the very directory checked,
+// even if someone renames a path above it meanwhile.
+Status check_private_dir_fd(int fd, const std::string& named, std::string* error);
+
+// Opens `dir` (O_DIRECTORY | O_NOFOLLOW: a symlink there is refused, not followed) and checks
+// it by the rule above. Returns the descriptor, which the caller owns and closes.
+Result<int> open_private_dir(const std::string& dir, const char* what, std::string* error);
+
+// A file kdnd keeps (a slab file) or reads a secret from: OK if the file open at `fd` is a
+// regular file owned by kdnd's effective uid or root, with one link, that neither its group nor
+// others may write; otherwise KDN_ERR_PERMISSION and a sentence naming `named` and the fix.
+Status check_private_file_fd(int fd, const std::string& named, std::string* error);
+
 // The directory part of `path` ("." for a bare name).
 std::string parent_dir(const std::string& path);
 

@@ -143,6 +143,8 @@ struct Config {
   uint32_t max_models_total = 4096;      // models registered by all sessions together
   uint64_t staging_bytes = 256ull << 20; // staging area of a session that asks for the default
   uint64_t max_staging_bytes = 4ull << 30;  // the most one session may ask for
+  uint64_t max_staging_bytes_per_uid = 16ull << 30;        // one uid's sessions together
+  uint64_t max_staging_bytes_per_namespace = 32ull << 30;  // one namespace's sessions together
 
   // ---- tiers and namespaces
   HostTierConfig host;
@@ -185,7 +187,9 @@ bool valid_namespace_name(const std::string& name);
 Status load_namespace_token(const NamespaceConfig& ns, const Config& c, std::string* token,
                             std::string* error = nullptr);
 // The first line of a secret file (a token, a password) without surrounding blanks, at most
-// max_bytes. The file must not be readable or writable by others. `what` names the key and
+// max_bytes. The file must not be readable or writable by others, nor writable by its group;
+// it must be a regular file (not a symlink) of kdnd's uid or root with one link, in a directory
+// of kdnd's uid or root that no one else can write (common/files.h). `what` names the key and
 // value in messages ("tier.remote.password_file = \"...\"").
 Status read_secret_file(const std::string& path, const std::string& what, size_t max_bytes, std::string* secret,
                         std::string* error = nullptr);
