@@ -63,7 +63,7 @@ class DiskRingTest : public ::testing::Test {
   }
 
   int open_file(const std::string& name, int extra_flags) {
-    return DiskIo::system().open(dir_ + "/" + name, O_RDWR | O_CREAT | extra_flags, 0600);
+    return DiskIo::system().openat(AT_FDCWD, dir_ + "/" + name, O_RDWR | O_CREAT | extra_flags, 0600);
   }
   // A ring over fd_; skips the test where the kernel refuses io_uring.
   void make_ring(uint32_t depth, DiskIo& io, int wake_fd = -1) {
