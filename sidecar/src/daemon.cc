@@ -124,7 +124,7 @@ constexpr RemoteFault kRemoteFaults[] = {
 class DaemonImpl {
  public:
   explicit DaemonImpl(Config c)
-      : cfg_(std::move(c)), models_(cfg_.max_models_total), handler_(models_, counters_, cfg_) {
+      : cfg_(std::move(c)), models_(cfg_.max_models_total, cfg_.max_models_per_uid), handler_(models_, counters_, cfg_) {
     handler_.set_metrics_renderer([this] { return prometheus_text(counters_, metrics_namespaces(), gpu_.get()); });
   }
 

@@ -257,7 +257,7 @@ void RequestHandler::drop_holdings(Session& s) noexcept {
   for (auto& [id, r] : s.reservations) s.ns->store->abort(r.entry);
   s.reservations.clear();
   s.reservation_order.clear();
-  for (uint32_t m : s.models) models_.release(m);
+  for (uint32_t m : s.models) models_.release(m, s.uid);
   s.models.clear();
   if (gpu_) gpu_->drop_session(s.id);  // closed once their copies land
 }
@@ -303,7 +303,7 @@ Step RequestHandler::register_model(Op& op) {
     if (s.models.size() >= config_.max_models)
       return finish(op, Status(Code::kLimit, "this session registered max_models models"));
     s.models.reserve(s.models.size() + 1);  // may throw: before the table takes a reference
-    auto got = models_.acquire(*info);
+    auto got = models_.acquire(*info, s.uid);
     if (!got.ok()) return finish(op, got.status());
     id = *got;
     s.models.push_back(id);
