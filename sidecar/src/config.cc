@@ -105,6 +105,8 @@ constexpr KeyDef kConfigKeys[] = {
      .help = "models one session registers", .min = 1},
     {.key = "max_models_total", .field = &Config::max_models_total, .default_text = "4096",
      .help = "models registered by all sessions together", .min = 1},
+    {.key = "max_models_per_uid", .field = &Config::max_models_per_uid, .default_text = "1024",
+     .help = "distinct models one uid's sessions hold together", .min = 1},
     {.key = "staging_bytes", .field = &Config::staging_bytes, .default_text = "256M",
      .help = "staging area of a session that asks for the default"},
     {.key = "max_staging_bytes", .field = &Config::max_staging_bytes, .default_text = "4G",

@@ -110,7 +110,10 @@ constexpr TierFd wake_which(uint64_t id) { return TierFd(id & 1); }
 class DaemonImpl {
  public:
   DaemonImpl(Config c, DaemonFaults faults)
-      : cfg_(std::move(c)), faults_(faults), models_(cfg_.max_models_total), handler_(models_, counters_, cfg_) {
+      : cfg_(std::move(c)),
+        faults_(faults),
+        models_(cfg_.max_models_total, cfg_.max_models_per_uid),
+        handler_(models_, counters_, cfg_) {
     handler_.set_metrics_renderer([this] { return prometheus_text(counters_, metrics_namespaces(), gpu_.get()); });
   }
 

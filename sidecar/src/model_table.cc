@@ -2,12 +2,43 @@
 
 namespace kdn::sidecar {
 
-Result<uint32_t> ModelTable::acquire(const ModelInfo& m) {
-  if (auto it = by_fingerprint_.find(m.fingerprint); it != by_fingerprint_.end()) {
-    Slot& s = slots_[it->second];
+Result<uint32_t> ModelTable::acquire(const ModelInfo& m, uint32_t holder) {
+  auto known = by_fingerprint_.find(m.fingerprint);
+  if (holder == kNoHolder) {
+    if (known == by_fingerprint_.end()) return take_slot(m);
+    Slot& s = slots_[known->second];
     ++s.refs;
-    return make_id(it->second, s.generation);
+    return make_id(known->second, s.generation);
   }
+  auto& mine = held_[holder];  // may throw: nothing has changed yet
+  const bool holds = known != by_fingerprint_.end() && mine.count(known->second) != 0;
+  if (!holds && mine.size() >= per_holder_) {
+    if (mine.empty()) held_.erase(holder);
+    return Status(Code::kLimit, "this uid's sessions hold max_models_per_uid models");
+  }
+  uint32_t slot = 0;
+  if (known != by_fingerprint_.end()) {
+    slot = known->second;
+    ++slots_[slot].refs;
+  } else {
+    Result<uint32_t> taken = take_slot(m);
+    if (!taken.ok()) {
+      if (mine.empty()) held_.erase(holder);
+      return taken.status();
+    }
+    slot = (*taken & 0xFFFF) - 1;
+  }
+  try {
+    ++mine[slot];
+  } catch (const std::bad_alloc&) {
+    release(make_id(slot, slots_[slot].generation));
+    return Status(Code::kNoMemory, "model table");
+  }
+  return make_id(slot, slots_[slot].generation);
+}
+
+// A new slot for `m` with one reference.
+Result<uint32_t> ModelTable::take_slot(const ModelInfo& m) {
   uint32_t slot;
   if (!free_.empty()) {
     slot = free_.back();
@@ -28,6 +59,20 @@ Result<uint32_t> ModelTable::acquire(const ModelInfo& m) {
   return make_id(slot, s.generation);
 }
 
+void ModelTable::drop_hold(uint32_t holder, uint32_t slot) noexcept {
+  auto it = held_.find(holder);
+  if (it == held_.end()) return;
+  auto ref = it->second.find(slot);
+  if (ref == it->second.end()) return;
+  if (--ref->second == 0) it->second.erase(ref);
+  if (it->second.empty()) held_.erase(it);
+}
+
+uint32_t ModelTable::held_by(uint32_t holder) const noexcept {
+  auto it = held_.find(holder);
+  return it == held_.end() ? 0 : uint32_t(it->second.size());
+}
+
 const ModelTable::Slot* ModelTable::slot_of(uint32_t id) const noexcept {
   const uint32_t slot = (id & 0xFFFF) - 1, generation = id >> 16;
   if ((id & 0xFFFF) == 0 || slot >= slots_.size()) return nullptr;
@@ -35,10 +80,11 @@ const ModelTable::Slot* ModelTable::slot_of(uint32_t id) const noexcept {
   return s.refs > 0 && s.generation == generation ? &s : nullptr;
 }
 
-void ModelTable::release(uint32_t id) noexcept {
+void ModelTable::release(uint32_t id, uint32_t holder) noexcept {
   const Slot* cs = slot_of(id);
   if (cs == nullptr) return;
   const uint32_t slot = (id & 0xFFFF) - 1;
+  if (holder != kNoHolder) drop_hold(holder, slot);
   Slot& s = slots_[slot];
   if (--s.refs > 0) return;
   by_fingerprint_.erase(s.info.fingerprint);

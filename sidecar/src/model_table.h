@@ -5,6 +5,10 @@
 // gets a new generation, so an id is never reused for another model. Capacity is
 // `max_models_total` slots; a full table is KDN_ERR_LIMIT, and churn frees slots.
 //
+// Each reference has a holder (the uid of the session that registered it), and a holder may
+// hold at most `per_holder` distinct models (`max_models_per_uid`): one tenant's sessions can
+// then fill only their share of the table, not lock every other tenant's new model out.
+//
 // Not thread-safe: the event loop owns it.
 #pragma once
 
@@ -20,12 +24,17 @@ namespace kdn::sidecar {
 class ModelTable {
  public:
   static constexpr uint32_t kMaxSlots = 1u << 16;
-  explicit ModelTable(uint32_t capacity) : capacity_(capacity < kMaxSlots ? capacity : kMaxSlots) {}
+  static constexpr uint32_t kNoHolder = UINT32_MAX;  // a reference no share applies to
+  explicit ModelTable(uint32_t capacity, uint32_t per_holder = UINT32_MAX)
+      : capacity_(capacity < kMaxSlots ? capacity : kMaxSlots), per_holder_(per_holder) {}
 
-  // The id of `m`, registering it if new; one more reference either way.
-  Result<uint32_t> acquire(const ModelInfo& m);
-  // Drops one reference of a live id (a session that registered it ended).
-  void release(uint32_t id) noexcept;
+  // The id of `m`, registering it if new; one more reference of `holder` either way.
+  // KDN_ERR_LIMIT when the table is full or `holder` holds `per_holder` other models.
+  Result<uint32_t> acquire(const ModelInfo& m, uint32_t holder = kNoHolder);
+  // Drops one reference of a live id that `holder` acquired (a session that registered it ended).
+  void release(uint32_t id, uint32_t holder = kNoHolder) noexcept;
+  // Distinct models `holder` holds references to.
+  uint32_t held_by(uint32_t holder) const noexcept;
   // The live model of `id`, or null for an unknown or stale id.
   const ModelInfo* get(uint32_t id) const noexcept;
   // The live id whose model has this fingerprint, or 0.
@@ -40,8 +49,12 @@ class ModelTable {
   };
   static uint32_t make_id(uint32_t slot, uint32_t generation) noexcept { return (slot + 1) | (generation << 16); }
   const Slot* slot_of(uint32_t id) const noexcept;
+  Result<uint32_t> take_slot(const ModelInfo& m);
+  void drop_hold(uint32_t holder, uint32_t slot) noexcept;
 
   uint32_t capacity_;
+  uint32_t per_holder_;
+  std::unordered_map<uint32_t, std::unordered_map<uint32_t, uint32_t>> held_;  // holder -> slot -> references
   uint32_t live_ = 0;
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_;                                  // slots with refs == 0
