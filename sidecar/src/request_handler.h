@@ -163,6 +163,8 @@ class RequestHandler {
   std::optional<Step> lease_records(Op& op, uint64_t deadline_ns, uint32_t wanted);
   // Counts a finished leasing loop's hits and misses in the store's read counters.
   void note_leases(const Op& op, uint32_t wanted) const noexcept;
+  // LEASE and LEASE_EACH after their loop: zero records past the served ones, the answer.
+  Step answer_leases(Op& op, uint32_t wanted);
 
   // GPU requests: checks a request's registration and layout before anything is taken.
   Status gpu_prepare(Op& op);

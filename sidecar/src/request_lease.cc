@@ -190,30 +190,29 @@ void RequestHandler::note_leases(const Op& op, uint32_t wanted) const noexcept {
 
 // ---- LEASE, LEASE_EACH ------------------------------------------------------------------------
 
-Step RequestHandler::serve(Op& op, uint64_t deadline_ns, ipc::LeaseOp) {
-  const uint32_t wanted = ipc::LeaseOp::wanted(ipc::LeaseOp::args(op.sqe), op.shape.in_records);
-  if (auto step = lease_records(op, deadline_ns, wanted)) return *step;
+// The records not served are zero; the count of leases taken is the answer (both opcodes').
+Step RequestHandler::answer_leases(Op& op, uint32_t wanted) {
   Status z = op.session->shm.payload().zero_out_records<ipc::LeaseRecord>(op.sqe, op.cursor, wanted);
   if (!z.ok()) {
     rollback(op);
     return finish(op, z);
   }
   note_leases(op, wanted);
-  ipc::LeaseOp::put({uint32_t(op.taken.size())}, op.cqe);
+  const uint32_t leased = uint32_t(op.taken.size());
+  if (op.traits->lease == Lease::kEach) ipc::LeaseEachOp::put({leased}, op.cqe);
+  else ipc::LeaseOp::put({leased}, op.cqe);
   return finish(op, OkStatus());
 }
 
-Step RequestHandler::serve(Op& op, uint64_t deadline_ns, ipc::LeaseEachOp) {
-  const uint32_t wanted = op.shape.in_records;
+Step RequestHandler::serve(Op& op, uint64_t deadline_ns, ipc::LeaseOp) {
+  const uint32_t wanted = ipc::LeaseOp::wanted(ipc::LeaseOp::args(op.sqe), op.shape.in_records);
   if (auto step = lease_records(op, deadline_ns, wanted)) return *step;
-  Status z = op.session->shm.payload().zero_out_records<ipc::LeaseRecord>(op.sqe, op.cursor, wanted);
-  if (!z.ok()) {
-    rollback(op);
-    return finish(op, z);
-  }
-  note_leases(op, wanted);
-  ipc::LeaseEachOp::put({uint32_t(op.taken.size())}, op.cqe);
-  return finish(op, OkStatus());
+  return answer_leases(op, wanted);
+}
+
+Step RequestHandler::serve(Op& op, uint64_t deadline_ns, ipc::LeaseEachOp) {
+  if (auto step = lease_records(op, deadline_ns, op.shape.in_records)) return *step;
+  return answer_leases(op, op.shape.in_records);
 }
 
 }  // namespace kdn::sidecar
