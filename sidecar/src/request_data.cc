@@ -19,6 +19,15 @@ constexpr uint32_t kMaxRemoteProbeKeys = 1024;
 
 uint64_t staging_slot(uint64_t bytes) { return (bytes + kStagingAlign - 1) / kStagingAlign * kStagingAlign; }
 
+// LOOKUP's and LOOKUP_EACH's answer: the hits, and per tier those whose fastest copy is there.
+template <class LookupResult>
+LookupResult lookup_result(const Op& op) {
+  LookupResult r;
+  r.hit_chunks = uint32_t(op.done);
+  for (uint32_t t = 0; t < kTierCount; ++t) r.tier_chunks[t] = uint32_t(op.read.per_tier[t]);
+  return r;
+}
+
 }  // namespace
 
 // ---- what the reads share ------------------------------------------------------------------------
@@ -103,10 +112,7 @@ Step RequestHandler::serve(Op& op, uint64_t deadline_ns, ipc::LookupOp) {
     if (!stopped && op.cursor < n && past(deadline_ns)) return Step::kMore;
   }
   store.note_read(ReadOp::kLookup, op.read.per_tier, n - op.done);
-  ipc::LookupOp::Result r;
-  r.hit_chunks = uint32_t(op.done);
-  for (uint32_t t = 0; t < kTierCount; ++t) r.tier_chunks[t] = uint32_t(op.read.per_tier[t]);
-  ipc::LookupOp::put(r, op.cqe);
+  ipc::LookupOp::put(lookup_result<ipc::LookupOp::Result>(op), op.cqe);
   return finish(op, OkStatus());
 }
 
@@ -138,10 +144,7 @@ Step RequestHandler::serve(Op& op, uint64_t deadline_ns, ipc::LookupEachOp) {
     if (op.cursor < n && past(deadline_ns)) return Step::kMore;
   }
   store.note_read(ReadOp::kLookupEach, op.read.per_tier, n - op.done);
-  ipc::LookupEachOp::Result r;
-  r.hit_chunks = uint32_t(op.done);
-  for (uint32_t t = 0; t < kTierCount; ++t) r.tier_chunks[t] = uint32_t(op.read.per_tier[t]);
-  ipc::LookupEachOp::put(r, op.cqe);
+  ipc::LookupEachOp::put(lookup_result<ipc::LookupEachOp::Result>(op), op.cqe);
   return finish(op, OkStatus());
 }
 
