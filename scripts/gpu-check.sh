@@ -20,7 +20,7 @@ if [[ -f "$bundle" && "$bundle" == *.tar.xz ]]; then  # the archive that travels
   tar -C "$unpacked" -xJf "$bundle" 2>/dev/null ||
     python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$bundle" "$unpacked" ||
     { echo "gpu-check: cannot unpack $bundle"; exit 2; }
-  bundle=$(find "$unpacked" -mindepth 1 -maxdepth 1 -type d | head -1)
+  bundle=$(find "$unpacked" -mindepth 1 -maxdepth 1 -type d -print -quit)
 fi
 bundle=$(cd "$bundle" 2>/dev/null && pwd) || { echo "gpu-check: no bundle at ${1:-$root/gpu-bundle} (scripts/gpu-bundle.sh makes it)"; exit 2; }
 out=${OUT:-$root/gpu-results}
@@ -60,7 +60,7 @@ run_test() {
   failed=$(grep -oE '\[  FAILED  \] [0-9]+ test' "$log" | grep -oE '[0-9]+' || echo 0)
   skipped=$(grep -oE '\[  SKIPPED \] [0-9]+' "$log" | grep -oE '[0-9]+$' || echo 0)
   printf '%-32s rc=%-3s passed=%-4s failed=%-3s skipped=%s\n' "$name" "$rc" "${passed:-0}" "${failed:-0}" "${skipped:-0}"
-  if ((rc != 0)); then grep -E '^\[  FAILED  \]|Failure|error' "$log" | head -20 | sed 's/^/    /'; fi
+  if ((rc != 0)); then grep -E '^\[  FAILED  \]|Failure|error' "$log" | awk 'NR <= 20' | sed 's/^/    /'; fi
   return 0
 }
 export -f run_test

@@ -69,5 +69,5 @@ if [[ "${KDN_SANITIZERS:-1}" != 0 ]]; then
 fi
 echo "test: the ten slowest ctest tests:"
 grep -E '^ *[0-9]+/[0-9]+ Test +#[0-9]+: ' "$ctest_log" | sed -E 's/^.*Test +#[0-9]+: ([^ ]+) .* ([0-9.]+) sec$/\2 \1/' |
-  sort -rn | head -10 | awk '{printf "  %8.1f s  %s\n", $1, $2}'
+  sort -rn | awk 'NR <= 10 {printf "  %8.1f s  %s\n", $1, $2}'
 echo "test: all passed in ${SECONDS}s ($(IFS=,; echo "${phases[*]}" | sed 's/,/, /g'))"
