@@ -2,9 +2,9 @@
 # Runs the whole kdn test suite: builds (via setup.sh), runs every ctest test (unit,
 # multi-process, fault, llama.cpp end-to-end, and the Python package and vLLM connector
 # against real vLLM when scripts/setup-vllm.sh prepared its venv), then the fuzzers (KVC1
-# decoder, handshake, configuration, wire records) for a bounded time each, then the rings,
-# index, request and contract tests under ASan+UBSan and TSan. Exits non-zero if anything
-# fails. Idempotent.
+# decoder, handshake, configuration, wire records) for a bounded time each and the rings,
+# index, request and contract tests under ASan+UBSan (one clang build), then the threaded
+# parts under TSan. Exits non-zero if anything fails. Idempotent.
 #
 #   KDN_FUZZ_SECONDS=600 scripts/test.sh  # time per fuzzer (default 30 s, CI's budget; 0 skips building them)
 set -euo pipefail
@@ -34,38 +34,49 @@ ctest --test-dir "$build" --output-on-failure --no-tests=error -j "${KDN_TEST_JO
   tee "$ctest_log"
 phase_done ctest
 
+# One clang build with ASan+UBSan (and -Wthread-safety as an error: the GUARDED_BY fields are
+# checked) serves both the fuzzers and the sanitizer runs of the rings, the session protocol,
+# the index, the request handler and kdnd itself (through the contract and bad-input tests);
+# the threaded parts then run under ThreadSanitizer. KDN_SANITIZERS=0 skips the sanitizer runs,
+# KDN_FUZZ_SECONDS=0 the fuzzers.
 fuzz_seconds=${KDN_FUZZ_SECONDS:-30}
-if [[ "$fuzz_seconds" != 0 ]] && [[ -f tests/fuzz/CMakeLists.txt ]]; then
-  echo "test: fuzzing the KVC1 decoder, handshake, configuration, wire records, disk records, Redis replies and remote values, ${fuzz_seconds}s each"
+[[ -f tests/fuzz/CMakeLists.txt ]] || fuzz_seconds=0
+asan_tests=(ipc_ring_test ipc_session_test ipc_doorbell_test ipc_payload_test ipc_handshake_test sidecar_core_test
+  request_handler_test contract_test bad_input_test)
+tsan_tests=(ipc_ring_test ipc_session_test ipc_doorbell_test sidecar_core_test request_handler_test)
+sanitizers=${KDN_SANITIZERS:-1}
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1  # undefined behaviour fails the test
+if [[ "$fuzz_seconds" != 0 || "$sanitizers" != 0 ]]; then
+  targets=()
+  [[ "$fuzz_seconds" != 0 ]] && targets+=(kdn_fuzz_targets)
+  [[ "$sanitizers" != 0 ]] && targets+=("${asan_tests[@]}" kdnd)  # the contract tests start kdnd
+  echo "test: clang ASan+UBSan build (build-fuzz/) of ${targets[*]}"
   cmake -S . -B build-fuzz -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
     -DKDN_WITH_CUDA=OFF -DKDN_FUZZ=ON -DKDN_BUILD_BENCH=OFF -DKDN_BUILD_TESTS=ON \
-    -DKDN_BUILD_LLAMA=OFF -DKDN_THREAD_SAFETY=ON >/dev/null  # clang: the GUARDED_BY fields are checked
-  cmake --build build-fuzz -j "${KDN_JOBS:-$(nproc)}" --target kdn_fuzz_targets
+    -DKDN_BUILD_LLAMA=OFF -DKDN_BUILD_PYTHON=OFF -DKDN_THREAD_SAFETY=ON >/dev/null
+  cmake --build build-fuzz -j "${KDN_JOBS:-$(nproc)}" --target "${targets[@]}"
+  phase_done asan-build
+fi
+if [[ "$fuzz_seconds" != 0 ]]; then
+  echo "test: fuzzing the KVC1 decoder, handshake, configuration, wire records, disk records, Redis replies and remote values, ${fuzz_seconds}s each"
   KDN_FUZZ_SECONDS=$fuzz_seconds ctest --test-dir build-fuzz -L fuzz --output-on-failure \
     -j "${KDN_TEST_JOBS:-2}"
   phase_done fuzz
 fi
-# The lock-free rings, the session protocol, the index, the request handler and kdnd itself
-# (through the contract tests) under AddressSanitizer + UndefinedBehaviorSanitizer, and the
-# threaded parts under ThreadSanitizer. KDN_SANITIZERS=0 skips them.
-if [[ "${KDN_SANITIZERS:-1}" != 0 ]]; then
-  export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1  # undefined behaviour fails the test
-  declare -A sanitizer_tests=(
-    [asan]="ipc_ring_test ipc_session_test ipc_doorbell_test ipc_payload_test ipc_handshake_test sidecar_core_test request_handler_test contract_test bad_input_test"
-    [tsan]="ipc_ring_test ipc_session_test ipc_doorbell_test sidecar_core_test request_handler_test")
-  for preset in asan tsan; do
-    read -r -a targets <<<"${sanitizer_tests[$preset]}"
-    echo "test: ${preset} build of ${targets[*]}"
-    cmake --preset "$preset" -DKDN_BUILD_LLAMA=OFF -DKDN_BUILD_BENCH=OFF >/dev/null
-    daemon=()
-    [[ "$preset" == asan ]] && daemon=(kdnd)  # the contract and bad-input tests start kdnd
-    cmake --build "build-$preset" -j "${KDN_JOBS:-$(nproc)}" --target "${targets[@]}" "${daemon[@]}"
-    for t in "${targets[@]}"; do
-      echo "test: ${preset}: $t"
-      "build-$preset/bin/$t" --gtest_brief=1
-    done
-    phase_done "$preset"
+if [[ "$sanitizers" != 0 ]]; then
+  for t in "${asan_tests[@]}"; do
+    echo "test: asan: $t"
+    build-fuzz/bin/$t --gtest_brief=1
   done
+  phase_done asan
+  echo "test: tsan build of ${tsan_tests[*]}"
+  cmake --preset tsan -DKDN_BUILD_LLAMA=OFF -DKDN_BUILD_BENCH=OFF -DKDN_BUILD_PYTHON=OFF >/dev/null
+  cmake --build build-tsan -j "${KDN_JOBS:-$(nproc)}" --target "${tsan_tests[@]}"
+  for t in "${tsan_tests[@]}"; do
+    echo "test: tsan: $t"
+    build-tsan/bin/$t --gtest_brief=1
+  done
+  phase_done tsan
 fi
 echo "test: the ten slowest ctest tests:"
 grep -E '^ *[0-9]+/[0-9]+ Test +#[0-9]+: ' "$ctest_log" | sed -E 's/^.*Test +#[0-9]+: ([^ ]+) .* ([0-9.]+) sec$/\2 \1/' |

@@ -12,6 +12,7 @@ namespace {
 
 // Where an object handed over dies: the thread, and when.
 struct Witness {
+  Witness(std::thread::id* died_on, std::chrono::milliseconds linger) : died_on(died_on), linger(linger) {}
   std::thread::id* died_on;
   std::chrono::milliseconds linger;
   ~Witness() {
