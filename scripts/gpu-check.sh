@@ -7,6 +7,7 @@
 #
 #   scripts/gpu-check.sh [bundle]          # gpu-bundle/ or gpu-bundle.tar.xz (default: either)
 #   KDN_GPU_CHECK_BUDGET_S=420             # stop starting test binaries after this many seconds
+#                                          # (exit 3 when one did not finish within it)
 #   KDN_GPU_CHECK_SUITE=0                  # the GPU tests and benchmarks only
 #   KDN_GPU_CHECK_KERNELS=0                # without kdn-bench kernels
 #   KDN_GPU_BENCH_ARGS="--quick"           # passed to kdn-bench gpu
@@ -119,4 +120,6 @@ echo "== done in $(( $(date +%s) - start )) s" >> "$summary"
 tar -C "$logs" -czf "$out/logs.tar.gz" . 2>/dev/null
 cat "$summary"
 grep -qE 'rc=[1-9]' "$summary" && exit 1
+# A binary the budget left unfinished (or unstarted) checked nothing: not a pass.
+grep -qE 'not finished within the budget|not run: the budget is spent' "$summary" && exit 3
 exit 0
