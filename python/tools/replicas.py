@@ -42,19 +42,23 @@ class Kdnd:
     """kdnd on a private socket."""
 
     def __init__(self, socket: str, arena: str = "512M", log: str | None = None,
-                 extra: list[str] | None = None) -> None:
+                 extra: list[str] | None = None, binary: str = "kdnd", env: dict | None = None) -> None:
+        """binary: "kdnd", or "kdnd-test" (built with the tests) for its fault seams, set in env."""
         self.socket = socket
         self.arena = arena
         self.extra = list(extra or [])
+        self.binary = binary
+        self.env = {**os.environ, **(env or {})}
         self.log_path = log or socket + ".log"
         self.proc: subprocess.Popen | None = None
+        self._log_mark: int | None = None
 
     def start(self) -> "Kdnd":
         Path(self.socket).parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([str(build_dir() / "bin" / "kdnd"), "--socket", self.socket,
+            self.proc = subprocess.Popen([str(build_dir() / "bin" / self.binary), "--socket", self.socket,
                                           "--host-arena-bytes", self.arena, "--log-level", "warn", *self.extra],
-                                         stdout=log, stderr=log)
+                                         stdout=log, stderr=log, env=self.env)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -68,6 +72,22 @@ class Kdnd:
         r = subprocess.run([str(build_dir() / "bin" / "kdnctl"), "--socket", self.socket, "ping"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return r.returncode == 0
+
+    def wait_for_log(self, text: str, timeout: float = 120) -> None:
+        """Until kdnd's log (appended across restarts) holds `text` once more than it did."""
+        seen = Path(self.log_path).read_text(errors="replace").count(text) if self._log_mark is None else self._log_mark
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            now = Path(self.log_path).read_text(errors="replace").count(text)
+            if now > seen:
+                self._log_mark = None
+                return
+            time.sleep(0.02)
+        raise TimeoutError(f"kdnd did not log {text!r} within {timeout} s")
+
+    def mark_log(self, text: str) -> None:
+        """Counts `text` in the log now, so that wait_for_log waits for the next one."""
+        self._log_mark = Path(self.log_path).read_text(errors="replace").count(text) if Path(self.log_path).exists() else 0
 
     def kill(self) -> None:
         """SIGKILL: no goodbye to anyone, as when it crashes."""

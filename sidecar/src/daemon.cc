@@ -114,6 +114,7 @@ class DaemonImpl {
         faults_(faults),
         models_(cfg_.max_models_total, cfg_.max_models_per_uid),
         handler_(models_, counters_, cfg_) {
+    handler_.set_lease_stall(faults_.stall_lease_file, faults_.stall_lease_ms);
     handler_.set_metrics_renderer([this] { return prometheus_text(counters_, metrics_namespaces(), gpu_.get()); });
   }
 

@@ -169,6 +169,8 @@ int run_daemon(const Config& cfg) {
 #if KDN_TEST_SEAMS
   // kdnd-test only (built with the tests): faults the multi-process tests inject.
   if (const char* n = std::getenv("KDN_TEST_GPU_FAIL_RETRIEVE")) faults.fail_gpu_retrieve = std::strtoull(n, nullptr, 10);
+  if (const char* f = std::getenv("KDN_TEST_STALL_LEASE_FILE")) faults.stall_lease_file = f;
+  if (const char* n = std::getenv("KDN_TEST_STALL_LEASE_MS")) faults.stall_lease_ms = std::strtoul(n, nullptr, 10);
 #endif
   kdn::sidecar::Daemon daemon(cfg, faults);
   if (kdn::Status st = daemon.start(); !st.ok()) {

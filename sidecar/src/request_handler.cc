@@ -7,7 +7,13 @@
 #include "gpu/gpu_service.h"
 #include "request_slices.h"
 
+#include <spdlog/spdlog.h>
+
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 namespace kdn::sidecar {
 
@@ -35,6 +41,7 @@ Step RequestHandler::step(Op& op, uint64_t deadline_ns) noexcept {
       Status st = check(op);
       if (!st.ok()) return finish(op, st);
       op.checked = true;
+      if (op.traits->lease != ipc::OpTraits::Lease::kNone) stall_for_test();
     }
     return dispatch(op, deadline_ns);
   } catch (const std::bad_alloc&) {
@@ -45,6 +52,12 @@ Step RequestHandler::step(Op& op, uint64_t deadline_ns) noexcept {
   rollback(op);
   if (op.waiting > 0) return Step::kWait;  // its copies still read staging: finish when they land
   return finish(op, op.first_error);
+}
+
+void RequestHandler::stall_for_test() {
+  if (stall_lease_file_.empty() || ::access(stall_lease_file_.c_str(), F_OK) != 0) return;
+  spdlog::warn("test seam: stalling a lease for {} ms", stall_lease_ms_);
+  std::this_thread::sleep_for(std::chrono::milliseconds(stall_lease_ms_));
 }
 
 Status RequestHandler::check(Op& op) {

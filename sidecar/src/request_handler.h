@@ -96,6 +96,12 @@ class RequestHandler {
   void on_gpu_done(Op& op, bool failed) noexcept;
   // The GPU tier (null: none, every GPU opcode is unsupported). Not owned.
   void set_gpu(gpu::GpuService* gpu) noexcept { gpu_ = gpu; }
+  // kdnd-test's seam (DaemonFaults::stall_lease_file): while `file` exists, each request that
+  // takes leases logs and holds the loop for `ms` before it is served.
+  void set_lease_stall(std::string file, uint32_t ms) {
+    stall_lease_file_ = std::move(file);
+    stall_lease_ms_ = ms;
+  }
 
   // Ends a session's holdings: releases its leases, aborts its reservations, releases its
   // models. Requests still in flight are the caller's (they keep the session until their
@@ -123,6 +129,7 @@ class RequestHandler {
   // The frame (request_handler.cc).
   Step dispatch(Op& op, uint64_t deadline_ns);
   Status check(Op& op);
+  void stall_for_test();
   void rollback(Op& op) noexcept;
   Step finish(Op& op, Status status);
 
@@ -199,6 +206,8 @@ class RequestHandler {
   DaemonCounters& counters_;
   const Config& config_;
   gpu::GpuService* gpu_ = nullptr;
+  std::string stall_lease_file_;
+  uint32_t stall_lease_ms_ = 0;
 };
 
 }  // namespace kdn::sidecar

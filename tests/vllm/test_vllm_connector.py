@@ -55,7 +55,9 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def kdnd(workdir):
-    k = replicas.Kdnd(str(workdir / "kdnd.sock"), arena="1G")
+    # kdnd-test: while workdir/stall-leases exists it holds each lease (test 5 kills it then).
+    k = replicas.Kdnd(str(workdir / "kdnd.sock"), arena="1G", binary="kdnd-test",
+                      env={"KDN_TEST_STALL_LEASE_FILE": str(workdir / "stall-leases"), "KDN_TEST_STALL_LEASE_MS": "20000"})
     yield k
     k.stop()
 
@@ -188,18 +190,25 @@ def test_4_damaged_chunk_is_recomputed_and_counted(refs, engines, kdnd):
     assert after["loaded_chunks"] == before["loaded_chunks"]
 
 
-def test_5_kdnd_killed_mid_run(refs, engines, kdnd):
+def test_5_kdnd_killed_mid_run(refs, engines, kdnd, workdir):
     prompts, want = refs
     _, e = engines
     a, b = e["A"], e["B"]
     # A stores the batch's documents, so B's requests load while kdnd dies.
     for i, p in enumerate(prompts.batch):
         assert a.generate([p], max_tokens=48)[0] == want[f"batch{i}"]
+    before = counters(b)
+    stall = workdir / "stall-leases"
+    stall.touch()
+    kdnd.mark_log("test seam: stalling a lease")
     b.post("generate", prompts=prompts.batch, max_tokens=48)
-    time.sleep(1.0)
+    kdnd.wait_for_log("test seam: stalling a lease")  # B's load waits on kdnd's answer
     kdnd.kill()
+    stall.unlink()
     outs = b.wait()["outputs"]
     assert outs == [want[f"batch{i}"] for i in range(len(prompts.batch))]
+    after = counters(b)
+    assert after["load_failures"] > before["load_failures"], after  # the load in flight failed and was recomputed
     # kdnd gone: still served, correctly.
     assert b.generate([prompts.p5])[0] == want["p5"]
     # kdnd back (empty): A stores, B reconnects and loads.

@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <memory>
+#include <string>
 
 namespace kdn::sidecar {
 
@@ -24,6 +25,10 @@ class DaemonImpl;
 // tests); the shipped kdnd injects none and reads no variable that would.
 struct DaemonFaults {
   uint64_t fail_gpu_retrieve = 0;  // the N-th GPU retrieve's batch lands failed (0: none)
+  // While this file exists, a request that takes leases first logs "test seam: stalling a
+  // lease" and holds the event loop for stall_lease_ms: a test kills kdnd with a load in flight.
+  std::string stall_lease_file;
+  uint32_t stall_lease_ms = 0;
 };
 
 class Daemon {
