@@ -66,7 +66,10 @@ constexpr KeyDef kConfigKeys[] = {
              "have their own cap)",
      .min = 1},
     {.key = "max_pending_handshakes_per_uid", .field = &Config::max_pending_handshakes_per_uid,
-     .default_text = "16", .help = "of those, connections of one uid", .min = 1},
+     .default_text = "64",
+     .help = "of those, connections of one uid; when all are taken, a uid holding fewer takes "
+             "the oldest of the uid holding the most",
+     .min = 1},
     {.key = "token", .field = &Config::token, .default_text = "",
      .help = "the secret clients present, in namespaces without token_file; empty: none",
      .secret = true},
@@ -90,6 +93,10 @@ constexpr KeyDef kConfigKeys[] = {
      .help = "connected clients", .min = 1},
     {.key = "max_sessions_per_uid", .field = &Config::max_sessions_per_uid,
      .default_text = "64", .help = "connected clients of one uid", .min = 1},
+    {.key = "sessions_reserved_per_namespace", .field = &Config::sessions_reserved_per_namespace,
+     .default_text = "16",
+     .help = "sessions kept free for each namespace until it uses them (at most max_sessions / "
+             "namespaces); 0: none"},
     {.key = "max_leases", .field = &Config::max_leases, .default_text = "65536",
      .help = "distinct chunks one session holds leases on", .min = 1},
     {.key = "max_lease_count", .field = &Config::max_lease_count, .default_text = "65535",

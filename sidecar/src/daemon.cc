@@ -1,6 +1,7 @@
 #include <kdn/sidecar/daemon.h>
 
 #include "access.h"
+#include "admission.h"
 #include "gpu/gpu_service.h"
 #include "metrics.h"
 #include "memory_releaser.h"
@@ -162,6 +163,8 @@ class DaemonImpl {
   bool could_connect(const Peer& peer) const;
   void accept_clients();
   void drop_pending(std::unordered_map<int, Pending>::iterator it);
+  bool make_pending_room(uint32_t uid);
+  void refuse_at_accept(int fd, pid_t pid, uint32_t uid, Refusal why);
   void finish_handshake(int fd);
   Status admit(ipc::UniqueFd sock, const ipc::ReceivedHello& hello);
   // An arena for `name`, mapped but not pre-faulted (the Prefaulter does that for declared
@@ -411,7 +414,8 @@ bool DaemonImpl::could_connect(const Peer& peer) const {
 // Connections are checked by their kernel credentials as they are accepted, then wait for
 // their hello under two caps of their own (in all and per uid), apart from the session caps:
 // silent connections of one uid cannot lock out another's engines, and a uid kdnd admits
-// nowhere holds nothing at all.
+// nowhere holds nothing at all. A full table makes room for a uid holding fewer than another
+// (admission.h), so many uids' silent connections cannot lock out one more either.
 void DaemonImpl::accept_clients() {
   for (int i = 0; i < 64; ++i) {
     auto c = ipc::uds_accept(listen_.get());
@@ -430,24 +434,43 @@ void DaemonImpl::accept_clients() {
     if (auto groups = ipc::peer_groups(fd); groups.ok()) peer.groups = std::move(*groups);
     Refusal why = Refusal::kCount;
     if (!could_connect(peer)) why = Refusal::kUid;
-    else if (pending_.size() >= cfg_.max_pending_handshakes) why = Refusal::kPending;
     else if (pending_per_uid_[peer.uid] >= cfg_.max_pending_handshakes_per_uid) why = Refusal::kPending;
+    else if (pending_.size() >= cfg_.max_pending_handshakes && !make_pending_room(peer.uid)) why = Refusal::kPending;
     if (why == Refusal::kCount && !poller_.add(fd, tag(kHandshake, uint64_t(fd))).ok()) why = Refusal::kResources;
     if (why != Refusal::kCount) {
-      (void)ipc::server_send_refusal(fd, why == Refusal::kUid ? Code::kPermission : Code::kBusy);
-      counters_.refuse(why);
-      if (refusal_log_.allow(now_ns()))
-        spdlog::warn("connection of pid {} uid {} refused at accept: {}{}", cred->pid, cred->uid,
-                     why == Refusal::kUid ? "no namespace admits this uid or its groups"
-                     : why == Refusal::kPending ? "too many connections wait to say hello (max_pending_handshakes)"
-                                                : "out of resources",
-                     refusal_log_.suppressed_note());
+      refuse_at_accept(fd, cred->pid, cred->uid, why);
       continue;  // closes the socket
     }
     ++pending_per_uid_[peer.uid];
     pending_.emplace(fd, Pending{std::move(*c), now_ns() + uint64_t(cfg_.handshake_timeout_ms) * 1000000, peer.uid});
     counters_.pending_handshakes = pending_.size();
   }
+}
+
+void DaemonImpl::refuse_at_accept(int fd, pid_t pid, uint32_t uid, Refusal why) {
+  (void)ipc::server_refuse(fd, why == Refusal::kUid ? Code::kPermission : Code::kBusy);
+  counters_.refuse(why);
+  if (refusal_log_.allow(now_ns()))
+    spdlog::warn("connection of pid {} uid {} refused at accept: {}{}", pid, uid,
+                 why == Refusal::kUid       ? "no namespace admits this uid or its groups"
+                 : why == Refusal::kPending ? "too many connections wait to say hello (max_pending_handshakes)"
+                                            : "out of resources",
+                 refusal_log_.suppressed_note());
+}
+
+// Refuses the oldest pending connection of the uid holding the most, if `uid` holds fewer.
+bool DaemonImpl::make_pending_room(uint32_t uid) {
+  const std::optional<uint32_t> giver = pending_to_give_way(pending_per_uid_, uid);
+  if (!giver) return false;
+  auto oldest = pending_.end();
+  for (auto it = pending_.begin(); it != pending_.end(); ++it)
+    if (it->second.uid == *giver && (oldest == pending_.end() || it->second.deadline_ns < oldest->second.deadline_ns))
+      oldest = it;
+  if (oldest == pending_.end()) return false;
+  (void)ipc::server_refuse(oldest->first, Code::kBusy);
+  counters_.refuse(Refusal::kPending);
+  drop_pending(oldest);
+  return true;
 }
 
 // Forgets a pending connection (closing it unless its socket was taken).
@@ -477,7 +500,7 @@ void DaemonImpl::finish_handshake(int fd) {
       spdlog::warn("handshake of pid {} refused: {}{}", why.peer.pid, hello.status().what(),
                    refusal_log_.suppressed_note());
     }
-    (void)ipc::server_send_refusal(fd, hello.status().code());
+    (void)ipc::server_refuse(fd, hello.status().code());
     return;
   }
   Status st = admit(std::move(sock), *hello);
@@ -495,7 +518,7 @@ void DaemonImpl::finish_handshake(int fd) {
 Status DaemonImpl::admit(ipc::UniqueFd sock, const ipc::ReceivedHello& rh) {
   const ipc::HelloMsg& h = rh.hello;
   auto refuse = [&](Status st) {
-    (void)ipc::server_send_refusal(sock.get(), st.code());
+    (void)ipc::server_refuse(sock.get(), st.code());
     return st;
   };
   Peer peer{rh.peer.uid, rh.peer.gid, {}};
@@ -515,7 +538,7 @@ Status DaemonImpl::admit(ipc::UniqueFd sock, const ipc::ReceivedHello& rh) {
   if (Status may = may_open(*ns, peer, h.token); !may.ok()) return refuse(may);
   uint32_t of_uid = 0;
   for (Session* s : active_) of_uid += s->uid == rh.peer.uid;
-  if (active_.size() >= cfg_.max_sessions) return refuse(Status(Code::kLimit, "max_sessions sessions are open"));
+  if (Status share = session_share_allows(cfg_, namespaces_, *ns, active_.size()); !share.ok()) return refuse(share);
   if (of_uid >= cfg_.max_sessions_per_uid) return refuse(Status(Code::kLimit, "max_sessions_per_uid sessions of this uid"));
   if (ns->policy.max_sessions && ns->sessions >= ns->policy.max_sessions)
     return refuse(Status(Code::kLimit, "the namespace's max_sessions are open"));
