@@ -115,7 +115,7 @@ class DaemonImpl {
         faults_(faults),
         models_(cfg_.max_models_total, cfg_.max_models_per_uid),
         handler_(models_, counters_, cfg_) {
-    handler_.set_metrics_renderer([this] { return prometheus_text(counters_, metrics_namespaces(), gpu_.get()); });
+    handler_.set_metrics_renderer([this](const Session& s) { return metrics_page_for(s); });
   }
 
   Status start();
@@ -182,6 +182,7 @@ class DaemonImpl {
   Status staging_budget_allows(const Namespace& ns, uint32_t uid, uint64_t bytes) const;
   void write_metrics();
   std::vector<NamespaceMetrics> metrics_namespaces() const;
+  std::string metrics_page_for(const Session& s) const;
 
   Config cfg_;
   DaemonFaults faults_;
@@ -574,6 +575,7 @@ Status DaemonImpl::admit(ipc::UniqueFd sock, const ipc::ReceivedHello& rh) {
   s->sock = std::move(sock);
   s->ns = ns;
   s->admin = admin;
+  s->node_admin = admin && is_node_admin(cfg_, peer);
   s->pid = rh.peer.pid;
   s->uid = rh.peer.uid;
   s->gid = rh.peer.gid;
@@ -900,7 +902,7 @@ Status DaemonImpl::service_control(int timeout_ms) {
       case kScrape:
         if (!metrics_server_->consume_request()) break;
         try {
-          metrics_server_->publish(prometheus_text(counters_, metrics_namespaces(), gpu_.get()));
+          metrics_server_->publish(prometheus_text(&counters_, metrics_namespaces(), gpu_.get()));
         } catch (const std::bad_alloc&) {
           spdlog::warn("out of memory rendering metrics for a scrape");  // it gets 503 on its timeout
         }
@@ -1067,6 +1069,17 @@ std::vector<NamespaceMetrics> DaemonImpl::metrics_namespaces() const {
   std::vector<NamespaceMetrics> ns;
   for (auto& [name, n] : namespaces_) ns.push_back({name, n.get()});
   return ns;
+}
+
+// METRICS as an admin session sees it: the whole page for an admin of every namespace; for a
+// namespace's own admin, the series of the namespaces that name its uid and nothing
+// daemon-wide (other tenants' traffic shows in those totals).
+std::string DaemonImpl::metrics_page_for(const Session& s) const {
+  if (s.node_admin) return prometheus_text(&counters_, metrics_namespaces(), gpu_.get());
+  std::vector<NamespaceMetrics> ns;
+  for (auto& [name, n] : namespaces_)
+    if (administers(*n, s.uid)) ns.push_back({name, n.get()});
+  return prometheus_text(nullptr, ns, nullptr);
 }
 
 void DaemonImpl::write_metrics() {

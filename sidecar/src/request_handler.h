@@ -106,10 +106,11 @@ class RequestHandler {
 
   // The limits the handler enforces, as told to clients at the handshake.
   ipc::SessionLimits limits() const noexcept;
-  // STATS of a namespace (daemon-wide fields only for admins).
-  ipc::StatsRecord stats(const Namespace& ns, bool admin) const noexcept;
-  // METRICS renders kdnd's Prometheus page with this (the daemon's, which knows every namespace).
-  void set_metrics_renderer(std::function<std::string()> render) { render_metrics_ = std::move(render); }
+  // STATS of a namespace (daemon-wide fields only for admins of every namespace).
+  ipc::StatsRecord stats(const Namespace& ns, bool node_admin) const noexcept;
+  // METRICS renders kdnd's Prometheus page with this, as the admin session asking may see it
+  // (the daemon's, which knows every namespace).
+  void set_metrics_renderer(std::function<std::string(const Session&)> render) { render_metrics_ = std::move(render); }
   // TIER_STATS of a namespace: one record per tier.
   std::array<ipc::TierStatsRecord, kTierCount> tier_stats(const Namespace& ns) const noexcept;
 
@@ -194,7 +195,7 @@ class RequestHandler {
   void release_lease(Session& s, uint64_t id, uint32_t count) noexcept;
   ipc::SlotRef arena_ref(const Session& s, const Entry* e) const noexcept;
 
-  std::function<std::string()> render_metrics_;
+  std::function<std::string(const Session&)> render_metrics_;
   ModelTable& models_;
   DaemonCounters& counters_;
   const Config& config_;

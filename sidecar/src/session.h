@@ -87,6 +87,7 @@ struct Session {
   uint32_t staging_region = 0;  // region id of the staging area (generation 1)
   Namespace* ns = nullptr;
   bool admin = false;
+  bool node_admin = false;      // admin of every namespace: daemon-wide counters (access.h)
   bool closed = false;          // the client is gone; kept only until its transfers land
   bool ring_broken = false;     // the client corrupted its completion ring: to be closed
   uint32_t pid = 0, uid = 0, gid = 0;
