@@ -99,6 +99,10 @@ constexpr KeyDef kConfigKeys[] = {
              "namespaces); 0: none"},
     {.key = "max_leases", .field = &Config::max_leases, .default_text = "65536",
      .help = "distinct chunks one session holds leases on", .min = 1},
+    {.key = "max_lease_bytes", .field = &Config::max_lease_bytes, .default_text = "8G",
+     .help = "bytes of the distinct chunks one session holds leased; leased chunks cannot be evicted, so "
+             "one session cannot pin a whole arena larger than this (a 64K-token llama3-8b prompt is 8G)",
+     .min = 1},
     {.key = "max_lease_count", .field = &Config::max_lease_count, .default_text = "65535",
      .help = "leases one session holds on one chunk", .min = 1},
     {.key = "max_reservations", .field = &Config::max_reservations, .default_text = "4096",

@@ -144,6 +144,7 @@ void RequestHandler::release_lease(Session& s, uint64_t id, uint32_t count) noex
   h.count = count < h.count ? h.count - count : 0;
   if (h.count > 0) return;
   s.ns->store->unpin(h.entry);
+  s.leased_bytes -= h.bytes;
   s.lease_ids.erase(h.entry);
   s.leases.erase(it);
 }
@@ -151,6 +152,7 @@ void RequestHandler::release_lease(Session& s, uint64_t id, uint32_t count) noex
 void RequestHandler::drop_holdings(Session& s) noexcept {
   for (auto& [id, h] : s.leases) s.ns->store->unpin(h.entry);
   s.leases.clear();
+  s.leased_bytes = 0;
   s.lease_ids.clear();
   for (auto& [id, r] : s.reservations) s.ns->store->abort(r.entry);
   s.reservations.clear();

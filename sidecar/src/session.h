@@ -69,6 +69,7 @@ struct Namespace {
 struct LeaseHold {
   Entry* entry = nullptr;
   uint32_t count = 0;  // leases of this chunk this session received and has not released
+  uint64_t bytes = 0;  // the chunk's, counted once in Session::leased_bytes
 };
 
 struct Reservation {
@@ -94,6 +95,7 @@ struct Session {
   uint64_t next_handle = 1;     // lease and reservation ids; never reused within a session
 
   std::unordered_map<uint64_t, LeaseHold> leases;          // lease id -> hold
+  uint64_t leased_bytes = 0;                               // of the chunks in leases (max_lease_bytes)
   std::unordered_map<const Entry*, uint64_t> lease_ids;    // entry -> its lease id
   std::unordered_map<uint64_t, Reservation> reservations;  // reservation id -> slot
   std::deque<uint64_t> reservation_order;                  // ids, oldest first (for expiry)
