@@ -99,6 +99,9 @@ constexpr KeyDef kConfigKeys[] = {
              "namespaces); 0: none"},
     {.key = "max_leases", .field = &Config::max_leases, .default_text = "65536",
      .help = "distinct chunks one session holds leases on", .min = 1},
+    {.key = "max_leases_per_uid", .field = &Config::max_leases_per_uid, .default_text = "262144",
+     .help = "distinct chunks one uid's sessions hold leased together (~100 bytes of kdnd's memory each)",
+     .min = 1},
     {.key = "max_lease_bytes", .field = &Config::max_lease_bytes, .default_text = "8G",
      .help = "bytes of the distinct chunks one session holds leased; leased chunks cannot be evicted, so "
              "one session cannot pin a whole arena larger than this (a 64K-token llama3-8b prompt is 8G)",

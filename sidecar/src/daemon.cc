@@ -19,6 +19,7 @@
 
 #include <spdlog/fmt/ranges.h>
 #include <spdlog/spdlog.h>
+#include <malloc.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/signalfd.h>
@@ -107,6 +108,14 @@ constexpr TierId wake_tier(uint64_t id) { return TierId((id >> 1) & 3); }
 constexpr TierFd wake_which(uint64_t id) { return TierFd(id & 1); }
 
 }  // namespace
+
+// Sessions that held this many leased chunks or more have the heap trimmed after they end.
+constexpr size_t kManyLeases = 4096;
+
+// Dropped on the MemoryReleaser's thread: returns the heap's free memory to the kernel then.
+struct HeapTrim {
+  ~HeapTrim() { ::malloc_trim(0); }
+};
 
 class DaemonImpl {
  public:
@@ -601,6 +610,7 @@ void DaemonImpl::close_session(Session* s, const char* why) {
   std::erase(broken_, s);
   spdlog::info("session {} closed ({}): released {} leases, aborted {} reservations", s->id, why, s->leases.size(),
                s->reservations.size());
+  s->held_many_leases = s->leases.size() >= kManyLeases;
   handler_.drop_holdings(*s);
   s->closed = true;
   (void)poller_.remove(s->sock.get());
@@ -635,7 +645,11 @@ void DaemonImpl::destroy_session(Session* s) {
   if (auto it = staging_per_uid_.find(s->uid); it != staging_per_uid_.end() && (it->second -= s->staging.capacity()) == 0)
     staging_per_uid_.erase(it);
   release_session_memory(*s);
+  const bool trim = s->held_many_leases;
   sessions_.erase(s->id);
+  // Its leases' bookkeeping (~100 bytes a chunk) went back to malloc, which keeps it: give it to
+  // the kernel, off the loop, so a tenant's disconnected sessions hold no daemon memory.
+  if (trim) releaser_.release(std::make_shared<HeapTrim>());
 }
 
 // Unmapping a staging area frees every page its client wrote (seconds for gigabytes): that

@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 namespace kdn::sidecar {
@@ -193,6 +194,7 @@ class RequestHandler {
   uint32_t read_ahead_limit(const TieredStore& store) const noexcept;
   void abort_reservation(Session& s, uint64_t id) noexcept;
   void release_lease(Session& s, uint64_t id, uint32_t count) noexcept;
+  void forget_leases_of_uid(uint32_t uid, uint64_t n) noexcept;
   ipc::SlotRef arena_ref(const Session& s, const Entry* e) const noexcept;
 
   std::function<std::string(const Session&)> render_metrics_;
@@ -200,6 +202,9 @@ class RequestHandler {
   DaemonCounters& counters_;
   const Config& config_;
   gpu::GpuService* gpu_ = nullptr;
+  // Chunks the sessions of each uid hold leased (max_leases_per_uid): each costs kdnd ~100
+  // bytes of bookkeeping, which one tenant's many sessions must not grow without bound.
+  std::unordered_map<uint32_t, uint64_t> leases_per_uid_;
 };
 
 }  // namespace kdn::sidecar

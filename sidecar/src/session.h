@@ -96,6 +96,7 @@ struct Session {
 
   std::unordered_map<uint64_t, LeaseHold> leases;          // lease id -> hold
   uint64_t leased_bytes = 0;                               // of the chunks in leases (max_lease_bytes)
+  bool held_many_leases = false;                           // the heap is trimmed after it ends
   std::unordered_map<const Entry*, uint64_t> lease_ids;    // entry -> its lease id
   std::unordered_map<uint64_t, Reservation> reservations;  // reservation id -> slot
   std::deque<uint64_t> reservation_order;                  // ids, oldest first (for expiry)
