@@ -69,7 +69,7 @@ bool is_zero(const void* p, size_t n) noexcept {
 }
 
 Status check_staging_bytes(uint64_t bytes) noexcept {
-  if (bytes % kPageBytes != 0 || bytes > kMaxStagingBytes) {
+  if (bytes % kPageBytes != 0 || bytes >= kMaxStagingBytes) {
     return Status(Code::kInvalidArgument, "staging_bytes must be a 4 KiB multiple below 1 TiB");
   }
   return OkStatus();

@@ -122,7 +122,8 @@ constexpr KeyDef kConfigKeys[] = {
     {.key = "max_models_per_uid", .field = &Config::max_models_per_uid, .default_text = "1024",
      .help = "distinct models one uid's sessions hold together", .min = 1},
     {.key = "staging_bytes", .field = &Config::staging_bytes, .default_text = "256M",
-     .help = "staging area of a session that asks for the default"},
+     .help = "not applied: a hello always names its staging size (libkdn asks 256M unless told); "
+             "kept so existing files load, at most max_staging_bytes"},
     {.key = "max_staging_bytes", .field = &Config::max_staging_bytes, .default_text = "4G",
      .help = "the largest staging area one session may ask for"},
     {.key = "max_staging_bytes_per_uid", .field = &Config::max_staging_bytes_per_uid, .default_text = "16G",
