@@ -120,6 +120,15 @@ std::map<std::string, Probe> probes() {
          q.in_len = 2 * sizeof(ipc::ModelRecord);
          return f.c.call(q);
        }},
+      {"a model name without a NUL",
+       [](Fixture& f) {
+         ipc::ModelRecord rec = ipc::to_wire(tiny_model());
+         std::memset(rec.name, 'x', sizeof rec.name);
+         std::memcpy(f.c.s.payload(), &rec, sizeof rec);
+         ipc::Sqe q = sqe(ipc::Opcode::kRegisterModel);
+         q.in_len = sizeof rec;
+         return f.c.call(q);
+       }},
       {"more than 65536 records",
        [key](Fixture& f) {
          ipc::Sqe q = sqe(ipc::Opcode::kLookup);
