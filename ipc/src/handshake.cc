@@ -1,5 +1,6 @@
 #include <kdn/ipc/handshake.h>
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <array>
@@ -68,7 +69,7 @@ bool is_zero(const void* p, size_t n) noexcept {
 }
 
 Status check_staging_bytes(uint64_t bytes) noexcept {
-  if (bytes % kPageBytes != 0 || bytes > kMaxStagingBytes) {
+  if (bytes % kPageBytes != 0 || bytes >= kMaxStagingBytes) {
     return Status(Code::kInvalidArgument, "staging_bytes must be a 4 KiB multiple below 1 TiB");
   }
   return OkStatus();
@@ -278,6 +279,17 @@ Status server_send_refusal(int sock, Code code) noexcept {
   return send_message(sock, std::as_bytes(std::span(&w, 1)), {});
 }
 
+Status server_refuse(int sock, Code code) noexcept {
+  const Status sent = server_send_refusal(sock, code);
+  // Shut first: a hello sent after this fails with EPIPE instead of waiting unread, and the
+  // client's next read still finds the refusal.
+  (void)::shutdown(sock, SHUT_RDWR);
+  std::byte sink[256];
+  while (::recv(sock, sink, sizeof sink, MSG_DONTWAIT) > 0) {
+  }
+  return sent;
+}
+
 Result<ClientHandshake> client_handshake(int sock, const HelloMsg& hello, uint32_t timeout_ms) noexcept {
   // kdnd may refuse a connection before its hello arrives (a uid it admits nowhere, too many
   // pending handshakes) and close it: the send then fails, but the refusal is still there to
@@ -286,6 +298,12 @@ Result<ClientHandshake> client_handshake(int sock, const HelloMsg& hello, uint32
   if (!sent.ok() && sent.code() != Code::kUnavailable) return sent;
   std::array<std::byte, kReceiveBytes> buffer;
   Result<ReceivedMessage> msg = recv_message(sock, buffer, kMaxWelcomeFds, sent.ok() ? timeout_ms : 0);
+  // A kdnd that closed the socket with our hello unread makes this read fail (ECONNRESET)
+  // once, before the refusal it sent: read again.
+  if (!msg.ok() && msg.status().code() == Code::kUnavailable) {
+    Result<ReceivedMessage> again = recv_message(sock, buffer, kMaxWelcomeFds, 0);
+    if (again.ok()) msg = std::move(again);
+  }
   if (!msg.ok()) return sent.ok() ? msg.status() : sent;
   ClientHandshake hs{};
   KDN_RETURN_IF_ERROR(parse_welcome(std::span(buffer).first(msg->bytes), msg->num_fds, hello, &hs.welcome));

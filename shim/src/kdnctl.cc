@@ -125,7 +125,9 @@ std::vector<Field> stats_fields(const kdn::ipc::StatsRecord& s, bool admin) {
     f.push_back({std::string("resident_bytes.") + kTiers[t], s.resident_bytes[t]});
     f.push_back({std::string("capacity_bytes.") + kTiers[t], s.capacity_bytes[t]});
   }
-  if (admin) {
+  // An admin of one namespace only gets no daemon-wide words (zeros; daemon.namespaces, at
+  // least the session's own for an admin of every namespace, tells them apart).
+  if (admin && s.daemon_namespaces > 0) {
     f.push_back({"daemon.sessions", s.daemon_sessions});
     f.push_back({"daemon.requests", s.daemon_requests});
     f.push_back({"daemon.handshakes_refused", s.daemon_handshakes_refused});

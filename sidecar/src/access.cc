@@ -30,6 +30,10 @@ bool is_admin(const Config& config, const Namespace& ns, const Peer& peer) noexc
   return listed(ns.policy.admin_uids, peer.uid) || listed(config.admin_uids, peer.uid);
 }
 
+bool is_node_admin(const Config& config, const Peer& peer) noexcept { return listed(config.admin_uids, peer.uid); }
+
+bool administers(const Namespace& ns, uint32_t uid) noexcept { return listed(ns.policy.admin_uids, uid); }
+
 Status may_create_namespace(const Config& config, const Peer& peer) noexcept {
   if (!config.allow_create_namespaces) return Status(Code::kPermission, "this kdnd creates no namespaces for clients");
   if (peer.uid != 0 && !listed(config.create_namespace_uids, peer.uid))

@@ -33,6 +33,11 @@ bool admits(const NamespaceConfig& policy, const Peer& peer) noexcept;
 // KDN_ERR_PERMISSION (naming what is missing) unless `peer` may open `ns` with `token`.
 Status may_open(const Namespace& ns, const Peer& peer, const char* token) noexcept;
 bool is_admin(const Config& config, const Namespace& ns, const Peer& peer) noexcept;
+// An admin of every namespace (the top-level admin_uids): the only one who sees the daemon-wide
+// counters and other namespaces' series. A namespace's own admin_uids see that namespace's.
+bool is_node_admin(const Config& config, const Peer& peer) noexcept;
+// Whether `uid` is named in the namespace's own admin_uids.
+bool administers(const Namespace& ns, uint32_t uid) noexcept;
 // KDN_ERR_PERMISSION unless `peer` may ask for a namespace the configuration does not declare.
 Status may_create_namespace(const Config& config, const Peer& peer) noexcept;
 // The policy of a namespace `peer` creates: its uid only, the daemon's token and arena size.

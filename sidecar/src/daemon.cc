@@ -1,6 +1,7 @@
 #include <kdn/sidecar/daemon.h>
 
 #include "access.h"
+#include "admission.h"
 #include "gpu/gpu_service.h"
 #include "metrics.h"
 #include "memory_releaser.h"
@@ -18,6 +19,7 @@
 
 #include <spdlog/fmt/ranges.h>
 #include <spdlog/spdlog.h>
+#include <malloc.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/signalfd.h>
@@ -107,6 +109,14 @@ constexpr TierFd wake_which(uint64_t id) { return TierFd(id & 1); }
 
 }  // namespace
 
+// Sessions that held this many leased chunks or more have the heap trimmed after they end.
+constexpr size_t kManyLeases = 4096;
+
+// Dropped on the MemoryReleaser's thread: returns the heap's free memory to the kernel then.
+struct HeapTrim {
+  ~HeapTrim() { ::malloc_trim(0); }
+};
+
 class DaemonImpl {
  public:
   DaemonImpl(Config c, DaemonFaults faults)
@@ -115,7 +125,7 @@ class DaemonImpl {
         models_(cfg_.max_models_total, cfg_.max_models_per_uid),
         handler_(models_, counters_, cfg_) {
     handler_.set_lease_stall(faults_.stall_lease_file, faults_.stall_lease_ms);
-    handler_.set_metrics_renderer([this] { return prometheus_text(counters_, metrics_namespaces(), gpu_.get()); });
+    handler_.set_metrics_renderer([this](const Session& s) { return metrics_page_for(s); });
   }
 
   Status start();
@@ -163,6 +173,8 @@ class DaemonImpl {
   bool could_connect(const Peer& peer) const;
   void accept_clients();
   void drop_pending(std::unordered_map<int, Pending>::iterator it);
+  bool make_pending_room(uint32_t uid);
+  void refuse_at_accept(int fd, pid_t pid, uint32_t uid, Refusal why);
   void finish_handshake(int fd);
   Status admit(ipc::UniqueFd sock, const ipc::ReceivedHello& hello);
   // An arena for `name`, mapped but not pre-faulted (the Prefaulter does that for declared
@@ -180,6 +192,7 @@ class DaemonImpl {
   Status staging_budget_allows(const Namespace& ns, uint32_t uid, uint64_t bytes) const;
   void write_metrics();
   std::vector<NamespaceMetrics> metrics_namespaces() const;
+  std::string metrics_page_for(const Session& s) const;
 
   Config cfg_;
   DaemonFaults faults_;
@@ -412,7 +425,8 @@ bool DaemonImpl::could_connect(const Peer& peer) const {
 // Connections are checked by their kernel credentials as they are accepted, then wait for
 // their hello under two caps of their own (in all and per uid), apart from the session caps:
 // silent connections of one uid cannot lock out another's engines, and a uid kdnd admits
-// nowhere holds nothing at all.
+// nowhere holds nothing at all. A full table makes room for a uid holding fewer than another
+// (admission.h), so many uids' silent connections cannot lock out one more either.
 void DaemonImpl::accept_clients() {
   for (int i = 0; i < 64; ++i) {
     auto c = ipc::uds_accept(listen_.get());
@@ -431,24 +445,43 @@ void DaemonImpl::accept_clients() {
     if (auto groups = ipc::peer_groups(fd); groups.ok()) peer.groups = std::move(*groups);
     Refusal why = Refusal::kCount;
     if (!could_connect(peer)) why = Refusal::kUid;
-    else if (pending_.size() >= cfg_.max_pending_handshakes) why = Refusal::kPending;
     else if (pending_per_uid_[peer.uid] >= cfg_.max_pending_handshakes_per_uid) why = Refusal::kPending;
+    else if (pending_.size() >= cfg_.max_pending_handshakes && !make_pending_room(peer.uid)) why = Refusal::kPending;
     if (why == Refusal::kCount && !poller_.add(fd, tag(kHandshake, uint64_t(fd))).ok()) why = Refusal::kResources;
     if (why != Refusal::kCount) {
-      (void)ipc::server_send_refusal(fd, why == Refusal::kUid ? Code::kPermission : Code::kBusy);
-      counters_.refuse(why);
-      if (refusal_log_.allow(now_ns()))
-        spdlog::warn("connection of pid {} uid {} refused at accept: {}{}", cred->pid, cred->uid,
-                     why == Refusal::kUid ? "no namespace admits this uid or its groups"
-                     : why == Refusal::kPending ? "too many connections wait to say hello (max_pending_handshakes)"
-                                                : "out of resources",
-                     refusal_log_.suppressed_note());
+      refuse_at_accept(fd, cred->pid, cred->uid, why);
       continue;  // closes the socket
     }
     ++pending_per_uid_[peer.uid];
     pending_.emplace(fd, Pending{std::move(*c), now_ns() + uint64_t(cfg_.handshake_timeout_ms) * 1000000, peer.uid});
     counters_.pending_handshakes = pending_.size();
   }
+}
+
+void DaemonImpl::refuse_at_accept(int fd, pid_t pid, uint32_t uid, Refusal why) {
+  (void)ipc::server_refuse(fd, why == Refusal::kUid ? Code::kPermission : Code::kBusy);
+  counters_.refuse(why);
+  if (refusal_log_.allow(now_ns()))
+    spdlog::warn("connection of pid {} uid {} refused at accept: {}{}", pid, uid,
+                 why == Refusal::kUid       ? "no namespace admits this uid or its groups"
+                 : why == Refusal::kPending ? "too many connections wait to say hello (max_pending_handshakes)"
+                                            : "out of resources",
+                 refusal_log_.suppressed_note());
+}
+
+// Refuses the oldest pending connection of the uid holding the most, if `uid` holds fewer.
+bool DaemonImpl::make_pending_room(uint32_t uid) {
+  const std::optional<uint32_t> giver = pending_to_give_way(pending_per_uid_, uid);
+  if (!giver) return false;
+  auto oldest = pending_.end();
+  for (auto it = pending_.begin(); it != pending_.end(); ++it)
+    if (it->second.uid == *giver && (oldest == pending_.end() || it->second.deadline_ns < oldest->second.deadline_ns))
+      oldest = it;
+  if (oldest == pending_.end()) return false;
+  (void)ipc::server_refuse(oldest->first, Code::kBusy);
+  counters_.refuse(Refusal::kPending);
+  drop_pending(oldest);
+  return true;
 }
 
 // Forgets a pending connection (closing it unless its socket was taken).
@@ -478,7 +511,7 @@ void DaemonImpl::finish_handshake(int fd) {
       spdlog::warn("handshake of pid {} refused: {}{}", why.peer.pid, hello.status().what(),
                    refusal_log_.suppressed_note());
     }
-    (void)ipc::server_send_refusal(fd, hello.status().code());
+    (void)ipc::server_refuse(fd, hello.status().code());
     return;
   }
   Status st = admit(std::move(sock), *hello);
@@ -496,7 +529,7 @@ void DaemonImpl::finish_handshake(int fd) {
 Status DaemonImpl::admit(ipc::UniqueFd sock, const ipc::ReceivedHello& rh) {
   const ipc::HelloMsg& h = rh.hello;
   auto refuse = [&](Status st) {
-    (void)ipc::server_send_refusal(sock.get(), st.code());
+    (void)ipc::server_refuse(sock.get(), st.code());
     return st;
   };
   Peer peer{rh.peer.uid, rh.peer.gid, {}};
@@ -516,7 +549,7 @@ Status DaemonImpl::admit(ipc::UniqueFd sock, const ipc::ReceivedHello& rh) {
   if (Status may = may_open(*ns, peer, h.token); !may.ok()) return refuse(may);
   uint32_t of_uid = 0;
   for (Session* s : active_) of_uid += s->uid == rh.peer.uid;
-  if (active_.size() >= cfg_.max_sessions) return refuse(Status(Code::kLimit, "max_sessions sessions are open"));
+  if (Status share = session_share_allows(cfg_, namespaces_, *ns, active_.size()); !share.ok()) return refuse(share);
   if (of_uid >= cfg_.max_sessions_per_uid) return refuse(Status(Code::kLimit, "max_sessions_per_uid sessions of this uid"));
   if (ns->policy.max_sessions && ns->sessions >= ns->policy.max_sessions)
     return refuse(Status(Code::kLimit, "the namespace's max_sessions are open"));
@@ -552,6 +585,7 @@ Status DaemonImpl::admit(ipc::UniqueFd sock, const ipc::ReceivedHello& rh) {
   s->sock = std::move(sock);
   s->ns = ns;
   s->admin = admin;
+  s->node_admin = admin && is_node_admin(cfg_, peer);
   s->pid = rh.peer.pid;
   s->uid = rh.peer.uid;
   s->gid = rh.peer.gid;
@@ -577,6 +611,7 @@ void DaemonImpl::close_session(Session* s, const char* why) {
   std::erase(broken_, s);
   spdlog::info("session {} closed ({}): released {} leases, aborted {} reservations", s->id, why, s->leases.size(),
                s->reservations.size());
+  s->held_many_leases = s->leases.size() >= kManyLeases;
   handler_.drop_holdings(*s);
   s->closed = true;
   (void)poller_.remove(s->sock.get());
@@ -611,7 +646,11 @@ void DaemonImpl::destroy_session(Session* s) {
   if (auto it = staging_per_uid_.find(s->uid); it != staging_per_uid_.end() && (it->second -= s->staging.capacity()) == 0)
     staging_per_uid_.erase(it);
   release_session_memory(*s);
+  const bool trim = s->held_many_leases;
   sessions_.erase(s->id);
+  // Its leases' bookkeeping (~100 bytes a chunk) went back to malloc, which keeps it: give it to
+  // the kernel, off the loop, so a tenant's disconnected sessions hold no daemon memory.
+  if (trim) releaser_.release(std::make_shared<HeapTrim>());
 }
 
 // Unmapping a staging area frees every page its client wrote (seconds for gigabytes): that
@@ -878,7 +917,7 @@ Status DaemonImpl::service_control(int timeout_ms) {
       case kScrape:
         if (!metrics_server_->consume_request()) break;
         try {
-          metrics_server_->publish(prometheus_text(counters_, metrics_namespaces(), gpu_.get()));
+          metrics_server_->publish(prometheus_text(&counters_, metrics_namespaces(), gpu_.get()));
         } catch (const std::bad_alloc&) {
           spdlog::warn("out of memory rendering metrics for a scrape");  // it gets 503 on its timeout
         }
@@ -1045,6 +1084,17 @@ std::vector<NamespaceMetrics> DaemonImpl::metrics_namespaces() const {
   std::vector<NamespaceMetrics> ns;
   for (auto& [name, n] : namespaces_) ns.push_back({name, n.get()});
   return ns;
+}
+
+// METRICS as an admin session sees it: the whole page for an admin of every namespace; for a
+// namespace's own admin, the series of the namespaces that name its uid and nothing
+// daemon-wide (other tenants' traffic shows in those totals).
+std::string DaemonImpl::metrics_page_for(const Session& s) const {
+  if (s.node_admin) return prometheus_text(&counters_, metrics_namespaces(), gpu_.get());
+  std::vector<NamespaceMetrics> ns;
+  for (auto& [name, n] : namespaces_)
+    if (administers(*n, s.uid)) ns.push_back({name, n.get()});
+  return prometheus_text(nullptr, ns, nullptr);
 }
 
 void DaemonImpl::write_metrics() {

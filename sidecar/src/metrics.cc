@@ -166,13 +166,9 @@ void gpu_text(std::ostringstream& o, const gpu::GpuService& g) {
   }
 }
 
-}  // namespace
-
-std::string prometheus_text(const DaemonCounters& d, const std::vector<NamespaceMetrics>& ns, const gpu::GpuService* gpu) {
-  std::ostringstream o;
-  auto metric = [&](const char* name, const char* type, const char* help) {
-    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
-  };
+// What concerns the whole daemon, every tenant's traffic together.
+template <class Metric>
+void daemon_families(std::ostringstream& o, const DaemonCounters& d, Metric metric) {
   metric("kdn_sessions", "gauge", "Connected client sessions.");
   o << "kdn_sessions " << d.sessions_active << '\n';
   metric("kdn_sessions_total", "counter", "Sessions ever admitted.");
@@ -190,6 +186,39 @@ std::string prometheus_text(const DaemonCounters& d, const std::vector<Namespace
   o << "kdn_limit_errors_total " << d.limit_errors << '\n';
   metric("kdn_namespaces", "gauge", "Namespaces with an arena.");
   o << "kdn_namespaces " << d.namespaces << '\n';
+}
+
+// Request latency by opcode, of every session together.
+template <class Metric>
+void latency_family(std::ostringstream& o, const DaemonCounters& d, Metric metric) {
+  metric("kdn_request_duration_seconds", "histogram",
+         "Requests by opcode, from kdnd's first look at a request to its completion (op=\"other\": unknown opcodes).");
+  for (size_t op = 0; op < DaemonCounters::kOpcodeSlots; ++op) {
+    std::string name = op == 0 ? "other" : ipc::opcode_name(uint8_t(op));
+    if (name == "unknown") continue;
+    for (char& ch : name) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    const LatencyHistogram& h = d.latency[op];
+    uint64_t cumulative = 0;
+    for (size_t b = 0; b < LatencyHistogram::kBuckets; ++b) {
+      cumulative += h.buckets[b];
+      o << "kdn_request_duration_seconds_bucket{op=\"" << name << "\",le=\"";
+      if (b < std::size(LatencyHistogram::kBoundsNs)) o << double(LatencyHistogram::kBoundsNs[b]) / 1e9;
+      else o << "+Inf";
+      o << "\"} " << cumulative << '\n';
+    }
+    o << "kdn_request_duration_seconds_sum{op=\"" << name << "\"} " << double(h.sum_ns) / 1e9 << '\n';
+    o << "kdn_request_duration_seconds_count{op=\"" << name << "\"} " << h.count << '\n';
+  }
+}
+
+}  // namespace
+
+std::string prometheus_text(const DaemonCounters* d_or_null, const std::vector<NamespaceMetrics>& ns, const gpu::GpuService* gpu) {
+  std::ostringstream o;
+  auto metric = [&](const char* name, const char* type, const char* help) {
+    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
+  };
+  if (d_or_null) daemon_families(o, *d_or_null, metric);
   using Get = uint64_t (*)(const Namespace&);
   struct Col { const char* name; const char* type; const char* help; Get get; };
   static const Col cols[] = {
@@ -241,24 +270,7 @@ std::string prometheus_text(const DaemonCounters& d, const std::vector<Namespace
       }
     }
   }
-  metric("kdn_request_duration_seconds", "histogram",
-         "Requests by opcode, from kdnd's first look at a request to its completion (op=\"other\": unknown opcodes).");
-  for (size_t op = 0; op < DaemonCounters::kOpcodeSlots; ++op) {
-    std::string name = op == 0 ? "other" : ipc::opcode_name(uint8_t(op));
-    if (name == "unknown") continue;
-    for (char& ch : name) ch = char(std::tolower(static_cast<unsigned char>(ch)));
-    const LatencyHistogram& h = d.latency[op];
-    uint64_t cumulative = 0;
-    for (size_t b = 0; b < LatencyHistogram::kBuckets; ++b) {
-      cumulative += h.buckets[b];
-      o << "kdn_request_duration_seconds_bucket{op=\"" << name << "\",le=\"";
-      if (b < std::size(LatencyHistogram::kBoundsNs)) o << double(LatencyHistogram::kBoundsNs[b]) / 1e9;
-      else o << "+Inf";
-      o << "\"} " << cumulative << '\n';
-    }
-    o << "kdn_request_duration_seconds_sum{op=\"" << name << "\"} " << double(h.sum_ns) / 1e9 << '\n';
-    o << "kdn_request_duration_seconds_count{op=\"" << name << "\"} " << h.count << '\n';
-  }
+  if (d_or_null) latency_family(o, *d_or_null, metric);
   if (gpu) gpu_text(o, *gpu);
   return o.str();
 }
@@ -266,7 +278,7 @@ std::string prometheus_text(const DaemonCounters& d, const std::vector<Namespace
 Status write_prometheus_file(const std::string& path, const DaemonCounters& d,
                              const std::vector<NamespaceMetrics>& ns, std::string* error,
                              const gpu::GpuService* gpu) {
-  return write_file_atomically(path, prometheus_text(d, ns, gpu), 0600, error);
+  return write_file_atomically(path, prometheus_text(&d, ns, gpu), 0600, error);
 }
 
 }  // namespace kdn::sidecar

@@ -15,8 +15,9 @@ struct NamespaceMetrics {
   const Namespace* ns;
 };
 
-// `gpu` (may be null) adds the GPU tier's kdn_gpu_* families.
-std::string prometheus_text(const DaemonCounters& d, const std::vector<NamespaceMetrics>& ns,
+// The families of the namespaces `ns`; `d` (may be null: a page scoped to those namespaces)
+// adds the daemon-wide families, and `gpu` (may be null) the GPU tier's kdn_gpu_* families.
+std::string prometheus_text(const DaemonCounters* d, const std::vector<NamespaceMetrics>& ns,
                             const gpu::GpuService* gpu = nullptr);
 // Writes the file whole (a temporary created O_EXCL | O_NOFOLLOW, mode 0600, then renamed);
 // its directory must be one only kdnd's user can write (checked at start).

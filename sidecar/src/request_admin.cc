@@ -12,7 +12,7 @@ namespace kdn::sidecar {
 
 // ---- STATS, LIST, EVICT ----------------------------------------------------------------------
 
-ipc::StatsRecord RequestHandler::stats(const Namespace& ns, bool admin) const noexcept {
+ipc::StatsRecord RequestHandler::stats(const Namespace& ns, bool node_admin) const noexcept {
   const TieredStore& store = *ns.store;
   const StoreCounters& k = store.counters();
   ipc::StatsRecord r{};
@@ -46,7 +46,7 @@ ipc::StatsRecord RequestHandler::stats(const Namespace& ns, bool admin) const no
   r.expired_reservations = ns.counters.expired_reservations;
   r.staging_bytes = ns.staging_bytes;
   r.host_prefault_left_bytes = ns.prefault_left.load(std::memory_order_relaxed);
-  if (admin) {
+  if (node_admin) {
     r.daemon_sessions = counters_.sessions_active;
     r.daemon_requests = counters_.requests;
     r.daemon_handshakes_refused = counters_.handshakes_refused;
@@ -57,7 +57,7 @@ ipc::StatsRecord RequestHandler::stats(const Namespace& ns, bool admin) const no
 
 Step RequestHandler::serve(Op& op, uint64_t, ipc::StatsOp) {
   Session& s = *op.session;
-  const ipc::StatsRecord r = stats(*s.ns, s.admin);
+  const ipc::StatsRecord r = stats(*s.ns, s.node_admin);  // a namespace's admin: no daemon-wide words
   const uint32_t words = std::min<uint32_t>(op.shape.out_capacity, sizeof r / sizeof(uint64_t));
   Status out = s.shm.payload().copy_out(op.sqe.out_off, std::as_bytes(std::span(&r, 1)).first(words * sizeof(uint64_t)));
   if (!out.ok()) return finish(op, out);
@@ -213,7 +213,7 @@ std::array<ipc::TierStatsRecord, kTierCount> RequestHandler::tier_stats(const Na
 Step RequestHandler::serve(Op& op, uint64_t, ipc::MetricsOp) {
   Session& s = *op.session;
   if (!render_metrics_) return finish(op, Status(Code::kUnsupported, "this kdnd renders no metrics page"));
-  const std::string page = render_metrics_();  // bad_alloc ends this request alone (step catches it)
+  const std::string page = render_metrics_(s);  // bad_alloc ends this request alone (step catches it)
   ipc::MetricsOp::Result r;
   r.needed = page.size();
   if (page.size() > op.shape.out_capacity) {

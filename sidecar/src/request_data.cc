@@ -8,6 +8,7 @@
 #include <kdn/ipc/ops.h>
 
 #include <algorithm>
+#include <cstring>
 
 namespace kdn::sidecar {
 
@@ -60,6 +61,10 @@ Step RequestHandler::serve(Op& op, uint64_t, ipc::RegisterModelOp) {
   Status in = s.shm.payload().copy_in(op.sqe.in_off, std::as_writable_bytes(std::span(&rec, 1)));
   if (!in.ok()) return finish(op, in);
   if (rec.reserved != 0) return finish(op, Status(Code::kProtocol, "ModelRecord reserved field is not zero"));
+  // The document promises a NUL-terminated name; taking 64 bytes without one would name the
+  // model by a truncation the client never sent.
+  if (std::memchr(rec.name, 0, sizeof rec.name) == nullptr)
+    return finish(op, Status(Code::kProtocol, "ModelRecord name has no NUL"));
   auto info = ModelInfo::from_desc(ipc::from_wire(rec));
   if (!info.ok()) return finish(op, info.status());
   uint32_t id = models_.id_of(info->fingerprint);

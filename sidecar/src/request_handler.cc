@@ -157,13 +157,24 @@ void RequestHandler::release_lease(Session& s, uint64_t id, uint32_t count) noex
   h.count = count < h.count ? h.count - count : 0;
   if (h.count > 0) return;
   s.ns->store->unpin(h.entry);
+  s.leased_bytes -= h.bytes;
   s.lease_ids.erase(h.entry);
   s.leases.erase(it);
+  forget_leases_of_uid(s.uid, 1);
+}
+
+void RequestHandler::forget_leases_of_uid(uint32_t uid, uint64_t n) noexcept {
+  auto it = leases_per_uid_.find(uid);
+  if (it == leases_per_uid_.end()) return;
+  it->second = n < it->second ? it->second - n : 0;
+  if (it->second == 0) leases_per_uid_.erase(it);
 }
 
 void RequestHandler::drop_holdings(Session& s) noexcept {
   for (auto& [id, h] : s.leases) s.ns->store->unpin(h.entry);
+  forget_leases_of_uid(s.uid, s.leases.size());
   s.leases.clear();
+  s.leased_bytes = 0;
   s.lease_ids.clear();
   for (auto& [id, r] : s.reservations) s.ns->store->abort(r.entry);
   s.reservations.clear();

@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <vector>
 
 namespace kdn::sidecar {
@@ -112,10 +113,11 @@ class RequestHandler {
 
   // The limits the handler enforces, as told to clients at the handshake.
   ipc::SessionLimits limits() const noexcept;
-  // STATS of a namespace (daemon-wide fields only for admins).
-  ipc::StatsRecord stats(const Namespace& ns, bool admin) const noexcept;
-  // METRICS renders kdnd's Prometheus page with this (the daemon's, which knows every namespace).
-  void set_metrics_renderer(std::function<std::string()> render) { render_metrics_ = std::move(render); }
+  // STATS of a namespace (daemon-wide fields only for admins of every namespace).
+  ipc::StatsRecord stats(const Namespace& ns, bool node_admin) const noexcept;
+  // METRICS renders kdnd's Prometheus page with this, as the admin session asking may see it
+  // (the daemon's, which knows every namespace).
+  void set_metrics_renderer(std::function<std::string(const Session&)> render) { render_metrics_ = std::move(render); }
   // TIER_STATS of a namespace: one record per tier.
   std::array<ipc::TierStatsRecord, kTierCount> tier_stats(const Namespace& ns) const noexcept;
 
@@ -199,15 +201,19 @@ class RequestHandler {
   uint32_t read_ahead_limit(const TieredStore& store) const noexcept;
   void abort_reservation(Session& s, uint64_t id) noexcept;
   void release_lease(Session& s, uint64_t id, uint32_t count) noexcept;
+  void forget_leases_of_uid(uint32_t uid, uint64_t n) noexcept;
   ipc::SlotRef arena_ref(const Session& s, const Entry* e) const noexcept;
 
-  std::function<std::string()> render_metrics_;
+  std::function<std::string(const Session&)> render_metrics_;
   ModelTable& models_;
   DaemonCounters& counters_;
   const Config& config_;
   gpu::GpuService* gpu_ = nullptr;
   std::string stall_lease_file_;
   uint32_t stall_lease_ms_ = 0;
+  // Chunks the sessions of each uid hold leased (max_leases_per_uid): each costs kdnd ~100
+  // bytes of bookkeeping, which one tenant's many sessions must not grow without bound.
+  std::unordered_map<uint32_t, uint64_t> leases_per_uid_;
 };
 
 }  // namespace kdn::sidecar

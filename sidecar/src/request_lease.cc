@@ -25,17 +25,30 @@ Result<uint64_t> lease_again(Session& s, uint64_t id, uint32_t max_lease_count) 
   return id;
 }
 
-// A chunk acquired for the session: a new lease id, or a refusal past max_leases (the pin is
-// given back either way on failure).
-Result<uint64_t> hold_for_session(Session& s, TieredStore& store, Entry* e, uint32_t max_leases) {
-  if (s.leases.size() >= max_leases) {  // a new chunk past the limit: none of it
+// A chunk acquired for the session: a new lease id, or a refusal past max_leases or
+// max_lease_bytes (the pin is given back either way on failure). Leased chunks cannot be
+// evicted: the byte cap keeps one session from pinning its namespace's arena whole.
+Result<uint64_t> hold_for_session(Session& s, TieredStore& store, Entry* e, uint64_t bytes, const Config& cfg,
+                                  std::unordered_map<uint32_t, uint64_t>& per_uid) {
+  const auto of_uid = per_uid.find(s.uid);
+  if (s.leases.size() >= cfg.max_leases) {  // a new chunk past the limit: none of it
     store.unpin(e);
     return Status(Code::kLimit, "more leased chunks than max_leases");
   }
+  if (of_uid != per_uid.end() && of_uid->second >= cfg.max_leases_per_uid) {
+    store.unpin(e);
+    return Status(Code::kLimit, "this uid's sessions hold max_leases_per_uid leased chunks");
+  }
+  if (s.leased_bytes + bytes > cfg.max_lease_bytes) {
+    store.unpin(e);
+    return Status(Code::kLimit, "more leased bytes than max_lease_bytes");
+  }
   const uint64_t id = s.next_handle++;
   try {
-    s.leases.emplace(id, LeaseHold{e, 1});
+    s.leases.emplace(id, LeaseHold{e, 1, bytes});
     s.lease_ids.emplace(e, id);
+    ++per_uid[s.uid];  // last: nothing after it throws
+    s.leased_bytes += bytes;
   } catch (...) {
     s.leases.erase(id);
     s.lease_ids.erase(e);
@@ -139,7 +152,7 @@ std::optional<Step> RequestHandler::lease_records(Op& op, uint64_t deadline_ns, 
               hold_for_daemon(*op.gpu, store, e, op.traits->segment_records, at);
               break;
             }
-            auto held_now = hold_for_session(s, store, e, config_.max_leases);
+            auto held_now = hold_for_session(s, store, e, bytes, config_, leases_per_uid_);
             if (!held_now.ok()) {
               rollback(op);
               return finish(op, held_now.status());

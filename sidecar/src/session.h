@@ -69,6 +69,7 @@ struct Namespace {
 struct LeaseHold {
   Entry* entry = nullptr;
   uint32_t count = 0;  // leases of this chunk this session received and has not released
+  uint64_t bytes = 0;  // the chunk's, counted once in Session::leased_bytes
 };
 
 struct Reservation {
@@ -87,12 +88,15 @@ struct Session {
   uint32_t staging_region = 0;  // region id of the staging area (generation 1)
   Namespace* ns = nullptr;
   bool admin = false;
+  bool node_admin = false;      // admin of every namespace: daemon-wide counters (access.h)
   bool closed = false;          // the client is gone; kept only until its transfers land
   bool ring_broken = false;     // the client corrupted its completion ring: to be closed
   uint32_t pid = 0, uid = 0, gid = 0;
   uint64_t next_handle = 1;     // lease and reservation ids; never reused within a session
 
   std::unordered_map<uint64_t, LeaseHold> leases;          // lease id -> hold
+  uint64_t leased_bytes = 0;                               // of the chunks in leases (max_lease_bytes)
+  bool held_many_leases = false;                           // the heap is trimmed after it ends
   std::unordered_map<const Entry*, uint64_t> lease_ids;    // entry -> its lease id
   std::unordered_map<uint64_t, Reservation> reservations;  // reservation id -> slot
   std::deque<uint64_t> reservation_order;                  // ids, oldest first (for expiry)

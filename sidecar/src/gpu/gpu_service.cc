@@ -3,7 +3,9 @@
 
 #include "../session.h"
 #include "gpu_rope.h"
+#include "gpu/client_fd.h"
 
+#include <kdn/common/clock.h>
 #include <kdn/kernels/blend.h>
 #include <kdn/kernels/ops.h>
 
@@ -24,24 +26,14 @@ Status cuda_error(const char* what, const Status& st) {
   return Status(st.code() == Code::kOk ? Code::kInternal : st.code(), what);
 }
 
-// A copy of another process's descriptor (pidfd_getfd: the caller must be allowed to ptrace
-// it, as kdnd serving its own uid's engines is, or have CAP_SYS_PTRACE).
-Result<int> take_fd(uint32_t pid, int fd) {
-#if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd)
-  const int pidfd = int(::syscall(SYS_pidfd_open, pid_t(pid), 0));
-  if (pidfd < 0) return Status(Code::kPermission, "pidfd_open of the client failed");
-  const int ours = int(::syscall(SYS_pidfd_getfd, pidfd, fd, 0));
-  const int err = errno;
-  ::close(pidfd);
-  if (ours < 0)
-    return Status(err == EPERM ? Code::kPermission : Code::kInvalidArgument,
-                  "pidfd_getfd of the engine's VMM fd failed (not the client's fd, or kdnd may not trace it)");
-  return ours;
-#else
-  (void)pid;
-  (void)fd;
-  return Status(Code::kUnsupported, "this kernel has no pidfd_getfd");
-#endif
+// The engine sees only KDN_ERR_PERMISSION: the log says why, a line a second at most (an engine
+// may retry in a loop). Only the event loop registers.
+bool ptrace_warning_due() {
+  static uint64_t last_ns = 0;
+  const uint64_t now = now_ns();
+  if (last_ns != 0 && now - last_ns < 1'000'000'000) return false;
+  last_ns = now;
+  return true;
 }
 
 std::string mapping_key(int device, const uint8_t* handle) {
@@ -205,8 +197,12 @@ Result<void*> GpuService::open_memory(const Session& s, const ipc::GpuRegisterRe
     ipc_mappings_.emplace(key, Mapping{*base, 1});
     return *base;
   }
-  auto fd = take_fd(s.pid, rec.vmm_fd);
-  if (!fd.ok()) return fd.status();
+  auto fd = take_client_fd(s.pid, s.uid, rec.vmm_fd);
+  if (!fd.ok()) {
+    if (fd.status().code() == Code::kPermission && ptrace_warning_due())
+      spdlog::warn("GPU_REGISTER of pid {} uid {}: {}", s.pid, s.uid, fd.status().what());
+    return fd.status();
+  }
   auto base = import_vmm_memory(device, *fd, rec.alloc_bytes);
   ::close(*fd);
   if (!base.ok()) return cuda_error("importing the engine's VMM memory failed", base.status());

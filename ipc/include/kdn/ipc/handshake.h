@@ -93,6 +93,11 @@ Result<ReceivedHello> server_receive_hello(int sock, uint32_t timeout_ms,
 Status server_send_welcome(int sock, const WelcomeMsg& welcome, int session_fd, int doorbell_fd,
                            std::span<const int> region_fds) noexcept;
 Status server_send_refusal(int sock, Code code) noexcept;
+// Daemon: sends the refusal and leaves the socket ready to close so that the client reads it
+// whenever it sent its hello: nothing more gets in, and what it sent is read and dropped (a
+// SOCK_SEQPACKET socket closed with a message unread makes the peer's next read fail with
+// ECONNRESET before the refusal). The caller closes the socket.
+Status server_refuse(int sock, Code code) noexcept;
 
 struct ClientHandshake {
   WelcomeMsg welcome;

@@ -120,7 +120,7 @@ struct Config {
   uint32_t room_wait_ms = 1000;     // a RESERVE or LEASE waits this long for room in a full tier
   uint32_t handshake_timeout_ms = 2000;
   uint32_t max_pending_handshakes = 128;        // connections accepted, hello not yet read
-  uint32_t max_pending_handshakes_per_uid = 16; // of those, from one uid
+  uint32_t max_pending_handshakes_per_uid = 64; // of those, from one uid (a burst of engines)
   std::string token;                // shared secret of namespaces without token_file ("" = none)
 
   // ---- who may do what
@@ -134,8 +134,12 @@ struct Config {
   // ---- limits (KDN_ERR_LIMIT beyond them)
   uint32_t max_sessions = 256;
   uint32_t max_sessions_per_uid = 64;
+  uint32_t sessions_reserved_per_namespace = 16;  // guaranteed to each namespace (capped by
+                                                  // max_sessions / namespaces)
   uint32_t max_leases = 65536;           // distinct chunks one session holds leases on
   uint32_t max_lease_count = 65535;      // repeated leases of one chunk by one session
+  uint64_t max_lease_bytes = 8ull << 30; // bytes of the distinct chunks one session holds leased
+  uint32_t max_leases_per_uid = 262144;  // distinct chunks one uid's sessions hold leased together
   uint32_t max_reservations = 4096;      // open reservations of one session
   uint32_t reservation_timeout_ms = 30000;  // an uncommitted reservation is aborted after this
   uint32_t max_in_flight = 256;          // requests of one session being served at once

@@ -1,0 +1,56 @@
+#include "admission.h"
+
+#include <gtest/gtest.h>
+
+namespace kdn::sidecar {
+namespace {
+
+TEST(PendingShare, TheUidHoldingTheMostGivesWayToOneHoldingAtLeastTwoFewer) {
+  std::unordered_map<uint32_t, uint32_t> held{{1, 5}, {2, 3}};
+  EXPECT_EQ(pending_to_give_way(held, 3), 1u) << "a newcomer";
+  EXPECT_EQ(pending_to_give_way(held, 2), 1u) << "3 + 1 stays below 5";
+  held[2] = 4;
+  EXPECT_EQ(pending_to_give_way(held, 2), std::nullopt) << "they would only swap places";
+  EXPECT_EQ(pending_to_give_way(held, 1), std::nullopt) << "the largest holder takes from nobody";
+  EXPECT_EQ(pending_to_give_way({}, 1), std::nullopt);
+}
+
+std::map<std::string, std::unique_ptr<Namespace>> namespaces(std::initializer_list<uint32_t> sessions) {
+  std::map<std::string, std::unique_ptr<Namespace>> m;
+  int i = 0;
+  for (uint32_t n : sessions) {
+    auto ns = std::make_unique<Namespace>();
+    ns->sessions = n;
+    m.emplace("ns" + std::to_string(i++), std::move(ns));
+  }
+  return m;
+}
+
+TEST(SessionShare, ANamespacePastItsGuaranteeLeavesTheOthersTheirs) {
+  Config cfg;
+  cfg.max_sessions = 8;
+  cfg.sessions_reserved_per_namespace = 2;
+  auto m = namespaces({3, 0, 1});  // 4 open; the second is owed 2, the third 1
+  const Namespace& busy = *m.at("ns0");
+  EXPECT_TRUE(session_share_allows(cfg, m, busy, 4).ok()) << "4 + 1 + 3 owed = 8";
+  m.at("ns0")->sessions = 4;
+  EXPECT_EQ(session_share_allows(cfg, m, busy, 5).code(), Code::kLimit);
+  EXPECT_TRUE(session_share_allows(cfg, m, *m.at("ns1"), 5).ok()) << "within its own guarantee";
+  m.at("ns1")->policy.max_sessions = 1;  // its own cap bounds what it is owed
+  EXPECT_TRUE(session_share_allows(cfg, m, busy, 5).ok());
+}
+
+TEST(SessionShare, TheGuaranteeShrinksToAnEvenSplit) {
+  Config cfg;
+  cfg.max_sessions = 6;
+  cfg.sessions_reserved_per_namespace = 16;
+  EXPECT_EQ(sessions_reserved(cfg, 4), 1u);
+  EXPECT_EQ(sessions_reserved(cfg, 1), 6u);
+  cfg.sessions_reserved_per_namespace = 0;
+  auto m = namespaces({5, 0});
+  EXPECT_TRUE(session_share_allows(cfg, m, *m.at("ns0"), 5).ok()) << "0: first come, first served";
+  EXPECT_EQ(session_share_allows(cfg, m, *m.at("ns0"), 6).code(), Code::kLimit) << "max_sessions";
+}
+
+}  // namespace
+}  // namespace kdn::sidecar

@@ -1,0 +1,54 @@
+// Leases against a tenant's writers: leased chunks cannot be evicted, so a session that leased
+// its namespace's whole arena made every store there NO_SPACE for as long as it lived. A session
+// now leases at most max_lease_bytes; past it the lease is refused whole (KDN_ERR_LIMIT) and the
+// writers keep the rest of the arena. Runs the real kdnd binary.
+#include "kdnd_process.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace kdn::testing {
+namespace {
+
+constexpr uint32_t kDocChunks = 64;
+
+// Leases the cached prefix of `doc` and keeps it: the status.
+int hold_doc(Conn& k, uint32_t doc, std::vector<kdn_lease*>* held) {
+  auto tok = doc_tokens(doc, size_t(kDocChunks) * kdn_model_chunk_tokens(k.m));
+  kdn_lease* l = nullptr;
+  const int rc = kdn_retrieve_lease(k.c, k.m, tok.data(), tok.size(), 0, &l);
+  if (rc == KDN_OK) {
+    if (kdn_lease_chunks(l) != kDocChunks) return -1;
+    held->push_back(l);
+  }
+  return rc;
+}
+
+TEST(LeaseQuota, ASessionCannotPinTheWholeArenaAgainstItsWriters) {
+  // A 32 MiB arena, 1 MiB documents (64 chunks of 16 KiB), 16 MiB of leases per session.
+  KdndProcess d({"--set", "tier.host.bytes=32M", "--set", "max_lease_bytes=16M"});
+  Conn writer(d, tiny_model()), reader(d, tiny_model());
+  ASSERT_TRUE(writer.ok() && reader.ok());
+  ASSERT_EQ(kdn_model_chunk_bytes(writer.m), 16384u);
+  for (uint32_t doc = 0; doc < 32; ++doc) ASSERT_EQ(store_doc(writer, doc, kDocChunks), int(kDocChunks)) << doc;
+  // The reader leases every document it can and keeps them.
+  std::vector<kdn_lease*> held;
+  int refused = KDN_OK;
+  for (uint32_t doc = 0; doc < 32 && refused == KDN_OK; ++doc) refused = hold_doc(reader, doc, &held);
+  EXPECT_EQ(held.size(), 16u) << "16 MiB of leases";
+  EXPECT_EQ(refused, KDN_ERR_LIMIT) << "the 17th document's lease is refused whole";
+  // The writers still have the other half of the arena: 32 MiB of new documents go in.
+  for (uint32_t doc = 100; doc < 132; ++doc) EXPECT_EQ(store_doc(writer, doc, kDocChunks), int(kDocChunks)) << doc;
+  // And what the reader holds was never evicted under it.
+  for (size_t i = 0; i < held.size(); ++i) {
+    for (uint32_t c = 0; c < kDocChunks; ++c)
+      ASSERT_TRUE(check_chunk(kdn_lease_chunk_data(held[i], c), 16384, uint32_t(i), c)) << i << "/" << c;
+    EXPECT_EQ(kdn_lease_release(reader.c, held[i]), KDN_OK);
+  }
+  // Released, the reader may lease again.
+  EXPECT_EQ(verify_doc(reader, 131, kDocChunks), int(kDocChunks));
+}
+
+}  // namespace
+}  // namespace kdn::testing
