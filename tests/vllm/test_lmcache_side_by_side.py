@@ -33,7 +33,7 @@ def report():
         pytest.skip(why)
     bench = os.environ["KDN_BENCH"]
     r = subprocess.run([bench, "vllm", "--lmcache", "--json", "--sizes", str(SIZE), "--reps", "1",
-                        "--no-plain-engine"], capture_output=True, text=True, timeout=900)
+                        "--no-plain-engine"], capture_output=True, text=True, timeout=1400)
     assert r.returncode == 0, f"kdn-bench vllm --lmcache exited {r.returncode}\n{r.stderr[-4000:]}"
     return json.loads(r.stdout)
 
