@@ -27,6 +27,8 @@ int run_vllm_bench(int argc, char** argv) {
   setenv("KDN_PYTHON", KDN_VLLM_PYTHON, 0);
   setenv("KDN_BUILD_DIR", build_dir.c_str(), 0);
   setenv("KDN_VLLM_MODEL", KDN_VLLM_MODEL_DIR, 0);
+  // LMCache's venv (scripts/setup-lmcache.sh), for --lmcache; empty when it was not set up.
+  setenv("KDN_LMCACHE_PYTHON", KDN_VLLM_LMCACHE_PYTHON, 0);
   const char* old_path = getenv("PYTHONPATH");
   std::string path = build_dir + "/python";
   if (old_path != nullptr && *old_path != '\0') path += std::string(":") + old_path;

@@ -11,6 +11,7 @@
 #
 #   scripts/setup-vllm.sh                      # cache in ${XDG_CACHE_HOME:-~/.cache}/kdn/vllm
 #   KDN_VLLM_DIR=/elsewhere scripts/setup-vllm.sh
+#   KDN_SKIP_LMCACHE=1 scripts/setup-vllm.sh   # without LMCache (scripts/setup-lmcache.sh)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${KDN_VLLM_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kdn/vllm}
@@ -47,6 +48,8 @@ if [[ ! -f "$venv/.complete" ]]; then
   "$venv/bin/python" -c 'import torch, vllm, nanobind' 2>/dev/null \
     || { echo "setup-vllm: the venv does not import torch, vllm and nanobind" >&2; exit 1; }
   touch "$venv/.complete"
+  # Only venv-* folders: LMCache's venv (lmcache-*, below) is stamped from this one and
+  # replaced by its own script when this one changes.
   for old in "$cache"/venv-*; do
     [[ "$old" != "$venv" ]] && rm -rf "$old"
   done
@@ -61,6 +64,9 @@ if [[ ! -f "$model/config.json" ]]; then
     [[ "$old" != "$model" ]] && rm -rf "$old"
   done
 fi
+
+# LMCache, the peer kdn-bench runs beside kdn, in a venv that builds on this one.
+[[ -n "${KDN_SKIP_LMCACHE:-}" ]] || "$root/scripts/setup-lmcache.sh" "$cache" "$venv" "$env_stamp"
 
 cat >"$pin.tmp" <<EOF
 # Written by scripts/setup-vllm.sh; read by kdn's CMake build. Do not edit.

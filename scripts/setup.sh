@@ -6,6 +6,7 @@
 #   scripts/setup.sh            # deps + llama.cpp + vLLM venv + build into build/
 #   KDN_SKIP_LLAMA=1 scripts/setup.sh   # without the llama.cpp engine
 #   KDN_SKIP_VLLM=1 scripts/setup.sh    # without the Python package and the vLLM connector
+#   KDN_SKIP_LMCACHE=1 scripts/setup.sh # without LMCache, the peer kdn-bench vllm runs beside kdn
 #   KDN_BUILD_DIR=dir scripts/setup.sh  # another build folder
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -42,7 +43,7 @@ fi
 
 # CI exercises everything: leaving a component out there would let its tests pass by not running.
 if [[ -n "${CI:-}" && "${CI}" != 0 && "${CI}" != false ]]; then
-  for v in KDN_SKIP_LLAMA KDN_SKIP_VLLM; do
+  for v in KDN_SKIP_LLAMA KDN_SKIP_VLLM KDN_SKIP_LMCACHE; do
     if [[ -n "${!v:-}" ]]; then
       echo "setup: $v is set under CI; CI builds and tests every component" >&2
       exit 2

@@ -25,6 +25,11 @@ null with its reason under errors.<name>. Bars: miss/kdn hit >= 20 at 4K; kdn hi
 prefix hit + 0.03 s at every size; tokens identical at every size.
 
     python vllm_bench.py [--json] [--sizes 1024,2048,4096] [--reps 3] [--no-offload]
+
+With --lmcache the run is kdn beside LMCache instead (vllm_side_by_side.py: every engine's core
+in its own process, LMCache's MP server from its venv, KDN_LMCACHE_PYTHON):
+
+    python vllm_bench.py --lmcache [--json] [--sizes 1024,2048,4096] [--reps 3] [--no-plain-engine]
 """
 
 from __future__ import annotations
@@ -43,7 +48,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import lmcache_server  # noqa: E402
 import replicas  # noqa: E402
+import vllm_side_by_side  # noqa: E402
 
 QUESTION_B = "\n\nQuestion: Which component of the system does this text describe first?\nAnswer:"
 QUESTION_A = "\n\nQuestion: What is this text about? Answer in one sentence.\nAnswer:"
@@ -63,6 +70,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--kdnd-arena", default="1G")
     p.add_argument("--no-offload", action="store_true", help="skip vLLM's own offloading connector")
     p.add_argument("--require-bars", action="store_true", help="exit 3 when a bar fails")
+    p.add_argument("--lmcache", action="store_true", help="kdn beside LMCache in one run (vllm_side_by_side.py)")
+    p.add_argument("--no-plain-engine", action="store_true",
+                   help="with --lmcache: the miss without a connector and vLLM's own prefix hit come from kdn's "
+                        "engine B with kdn off for the request (one engine fewer to start)")
     a = p.parse_args(argv)
     a.sizes = [int(s) for s in a.sizes.split(",") if s]
     if not a.sizes or any(s <= 0 or s % a.chunk_tokens for s in a.sizes):
@@ -253,7 +264,8 @@ def config(a: argparse.Namespace) -> dict[str, Any]:
             "vllm": vllm.__version__, "model": os.path.basename(replicas.model_dir()), "dtype": "bfloat16",
             "sizes": a.sizes, "reps": a.reps, "question_tokens": a.question_tokens,
             "chunk_tokens": a.chunk_tokens, "max_num_batched_tokens": a.max_num_batched_tokens,
-            "kdnd_arena": a.kdnd_arena, "engines": "one process each, VLLM_ENABLE_V1_MULTIPROCESSING=0",
+            "kdnd_arena": a.kdnd_arena,
+            "engines": "one process each, VLLM_ENABLE_V1_MULTIPROCESSING=" + ("1" if a.lmcache else "0"),
             "omp_threads_per_engine": os.environ.get("KDN_VLLM_OMP_THREADS", "1"),
             "load_average_at_start": list(os.getloadavg())}
 
@@ -282,6 +294,8 @@ def main(argv: list[str]) -> int:
     except RuntimeError as e:
         print(f"kdn-bench vllm: {e}", file=sys.stderr)
         return 2
+    if a.lmcache:
+        return side_by_side(a)
     work = tempfile.mkdtemp(prefix="kdn-vllm-bench.")
     bench = Bench(a, work)
     bench.report["config"] = config(a)
@@ -307,6 +321,37 @@ def main(argv: list[str]) -> int:
         print_table(bench.report, a.sizes)
     if failed:
         print(f"kdn-bench vllm: engine logs kept in {work}", file=sys.stderr)
+        return 1
+    shutil.rmtree(work, ignore_errors=True)
+    return 3 if a.require_bars and not passed else 0
+
+
+def side_by_side(a: argparse.Namespace) -> int:
+    if not lmcache_server.python():
+        print("kdn-bench vllm: --lmcache needs LMCache's environment (KDN_LMCACHE_PYTHON; scripts/setup-lmcache.sh)",
+              file=sys.stderr)
+        return 2
+    work = tempfile.mkdtemp(prefix="kdn-vllm-lmcache.")
+    bench = vllm_side_by_side.SideBySide(a, work, log)
+    bench.report["config"] = config(a)
+    bench.report["config"]["plain_engine"] = "kdn engine B, kdn off" if a.no_plain_engine else "its own engine"
+    failed = False
+    try:
+        bench.run_kdn((QUESTION_B, QUESTION_A, UNRELATED))
+        bench.run_lmcache()
+    except Exception as e:  # noqa: BLE001 - the report says what failed
+        bench.report["errors"]["run"] = f"{type(e).__name__}: {e}"
+        log(f"failed: {e}")
+        failed = True
+    finally:
+        bench.close()
+    passed = bench.bars()
+    if a.json:
+        print(json.dumps(bench.report, indent=2))
+    else:
+        vllm_side_by_side.print_table(bench.report, a.sizes)
+    if failed:
+        print(f"kdn-bench vllm: engine and server logs kept in {work}", file=sys.stderr)
         return 1
     shutil.rmtree(work, ignore_errors=True)
     return 3 if a.require_bars and not passed else 0

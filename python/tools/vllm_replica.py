@@ -40,6 +40,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--kdn-socket", help="enable KdnConnector with kdnd on this socket")
     p.add_argument("--offload", action="store_true", help="enable vLLM's own CPU offloading connector")
+    p.add_argument("--lmcache-port", type=int, default=0,
+                   help="enable LMCacheMPConnector with the LMCache MP server on this port (LMCache's venv)")
+    p.add_argument("--lmcache-mode", default="lmcache_driven", help="LMCache's mp_transfer_mode")
     p.add_argument("--chunk-tokens", type=int, default=256)
     p.add_argument("--max-model-len", type=int, default=4608)
     p.add_argument("--max-num-batched-tokens", type=int, default=256,
@@ -62,6 +65,11 @@ def make_llm(a: argparse.Namespace):
         extra = {"socket_path": a.kdn_socket, "chunk_tokens": a.chunk_tokens, **json.loads(a.extra)}
         kw["kv_transfer_config"] = {"kv_connector": "KdnConnector", "kv_connector_module_path": "kdn.vllm",
                                     "kv_role": "kv_both", "kv_load_failure_policy": a.load_failure_policy,
+                                    "kv_connector_extra_config": extra}
+    elif a.lmcache_port:
+        extra = {"lmcache.mp.host": "tcp://localhost", "lmcache.mp.port": a.lmcache_port,
+                 "lmcache.mp.mp_transfer_mode": a.lmcache_mode, **json.loads(a.extra)}
+        kw["kv_transfer_config"] = {"kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
                                     "kv_connector_extra_config": extra}
     elif a.offload:
         kw["kv_transfer_config"] = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
@@ -105,15 +113,17 @@ class Replica:
                 "texts": [o.outputs[0].text for o in outs], "seconds": seconds}
 
     def op_ttft(self, c: dict) -> dict:
-        times, ids = [], None
+        times, cached, ids = [], [], None
         for _ in range(int(c.get("repeat", 3))):
             if c.get("reset_prefix_cache"):
                 self.llm.reset_prefix_cache()
             t0 = time.perf_counter()
             out = self._run([c["prompt"]], 1, c.get("kdn", "on"))[0]
             times.append(time.perf_counter() - t0)
+            cached.append(out.num_cached_tokens or 0)
             ids = list(out.outputs[0].token_ids)
-        return {"seconds": times, "median": statistics.median(times), "token_ids": ids}
+        # cached_tokens: prompt tokens the engine did not compute (its prefix cache or a connector).
+        return {"seconds": times, "median": statistics.median(times), "token_ids": ids, "cached_tokens": cached}
 
     def op_reset_prefix_cache(self, c: dict) -> dict:
         return {"reset": bool(self.llm.reset_prefix_cache())}

@@ -1,0 +1,72 @@
+"""kdn-bench vllm --lmcache at its smallest: one 512-token document, one run of each figure.
+
+kdn and LMCache both hit in a second engine process (kdnd served the chunks; LMCache's server
+logged the retrieve and the engine computed only the question), and both hits' greedy tokens
+equal a miss's. The engines are shared by all of these checks: one bench run (four engines,
+one OpenMP thread each). Without LMCache's environment (scripts/setup-lmcache.sh) the test
+skips, and fails under CI, where it must run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+SIZE = 512
+
+
+def required() -> bool:
+    v = os.environ.get("CI", "") or os.environ.get("KDN_REQUIRE_LMCACHE", "")
+    return v not in ("", "0", "false", "no")
+
+
+@pytest.fixture(scope="module")
+def report():
+    lmcache = os.environ.get("KDN_LMCACHE_PYTHON", "")
+    if not lmcache or not os.path.isfile(lmcache):
+        why = "no LMCache environment (scripts/setup-lmcache.sh)"
+        if required():
+            pytest.fail(f"missing LMCACHE (required under CI or KDN_REQUIRE_LMCACHE=1): {why}")
+        pytest.skip(why)
+    bench = os.environ["KDN_BENCH"]
+    r = subprocess.run([bench, "vllm", "--lmcache", "--json", "--sizes", str(SIZE), "--reps", "1",
+                        "--no-plain-engine"], capture_output=True, text=True, timeout=1400)
+    assert r.returncode == 0, f"kdn-bench vllm --lmcache exited {r.returncode}\n{r.stderr[-4000:]}"
+    return json.loads(r.stdout)
+
+
+def test_both_hit_in_another_process(report):
+    row = report[f"prompt_{SIZE}"]
+    assert row["kdn_hit_loaded"], report["errors"]
+    assert row["kdn_hit_chunks"] == SIZE // 256
+    assert row["kdn_hit_bytes"] > 0
+    assert min(row["kdn_hit_cached_tokens"]) >= SIZE
+    assert row["lmcache_hit_loaded"], report["errors"]
+    assert min(row["lmcache_hit_cached_tokens"]) >= SIZE
+
+
+def test_lmcache_server_logged_the_retrieve(report):
+    row = report[f"prompt_{SIZE}"]
+    assert row["lmcache_hit_retrieves_logged"] >= 1
+    assert row["lmcache_hit_tokens_retrieved"] >= SIZE
+    assert row["lmcache_stored_tokens_per_miss"] >= SIZE
+
+
+def test_tokens_identical(report):
+    row = report[f"prompt_{SIZE}"]
+    assert len(row["tokens_reference"]) > 0
+    assert row["tokens_kdn_hit"] == row["tokens_reference"]
+    assert row["tokens_lmcache_hit"] == row["tokens_reference"]
+    for name in ("tokens_identical_kdn", "tokens_identical_lmcache", "kdn_hits_loaded", "lmcache_hits_retrieved"):
+        assert report["bars"][name]["pass"], report["bars"][name]
+
+
+def test_configuration_reported(report):
+    c = report["lmcache_config"]
+    assert c["mp_transfer_mode"] == "lmcache_driven" and c["chunk_tokens"] == 256
+    assert c["l1_size_gb"] >= 1 and c["fresh_server_per_run"]
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING=1" in report["config"]["engines"]
+    assert not report["errors"], report["errors"]
