@@ -94,7 +94,7 @@ def measure_size(torch, kdn, kt, model, layout: str, n_tokens: int, reps: int) -
     nbytes = n * model.chunk_bytes
     g = torch.Generator(device="cuda").manual_seed(n_tokens)
     tokens = torch.randint(0, 120000, (n_tokens,), device="cuda", generator=g).to(torch.int32).tolist()
-    kv = torch.randn(n, LAYERS, 2, CHUNK, HEADS, HEAD_DIM, device="cuda", generator=g).to(torch.bfloat16)
+    kv = torch.randn(n, LAYERS, 2, CHUNK, HEADS, HEAD_DIM, device="cuda", generator=g, dtype=torch.bfloat16)
     blocks = n_tokens // BLOCK + 16
     raw, vs = views(torch, layout, blocks)
     ref_raw, ref_vs = views(torch, layout, blocks)
@@ -212,7 +212,7 @@ def main(argv: list[str]) -> int:
         return 2
     need = max(sizes) // CHUNK * LAYERS * 2 * CHUNK * HEADS * HEAD_DIM * 2  # the largest prompt's KV
     host_gib = -(-2 * need // 2**30) + 1  # its chunks, and room for the stores (older chunks are evicted)
-    gpu_gib = -(-need // 2**30) + 1       # T0 holds the largest prompt's chunks at once
+    gpu_gib = -(-2 * need // 2**30) + 1   # T0 holds the largest prompt's chunks at once, beside earlier ones
     with tempfile.TemporaryDirectory(prefix="kdn-vllm-gpu-bench-") as tmp:
         sock = os.path.join(tmp, "kdnd.sock")
         d = Kdnd(a.bin, sock, f"{host_gib}G", f"{gpu_gib}G")
