@@ -22,7 +22,6 @@ import logging
 import time
 from typing import Any
 
-import numpy as np
 
 import kdn
 
