@@ -1,7 +1,8 @@
 """Chunks on kdnd's disk tier load asynchronously into a real vLLM engine (CPU backend).
 
-First the scheduler side alone, driven as vLLM drives it (no engine). Then one engine, one kdnd with a disk tier that does not read ahead (so the only promotion is the
-one the connector asks for). The engine stores a prompt's chunks; kdnctl pushes every chunk
+First the scheduler side alone, driven as vLLM drives it (no engine). Then one engine, one
+kdnd with a disk tier that does not read ahead (so the only promotion is the one the
+connector asks for). The engine stores a prompt's chunks; kdnctl pushes every chunk
 out of the host arena onto disk; the engine, its own prefix cache reset, answers the prompt
 again: the scheduler offers the hit as an asynchronous load (vLLM parks the request), the
 worker has kdnd bring the chunks up off the step, a later step copies them and reports the
