@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -15,10 +16,15 @@
 #include <vector>
 
 int run_vllm_bench(int argc, char** argv) {
-  const std::string script = KDN_VLLM_BENCH_SCRIPT;
+  // --gpu: the device data path on vLLM-shaped blocks, without vLLM (python/tools/vllm_gpu_bench.py).
+  const bool gpu = std::any_of(argv + 1, argv + argc, [](const char* a) { return std::strcmp(a, "--gpu") == 0; });
+  const std::string script = gpu ? KDN_VLLM_GPU_BENCH_SCRIPT : KDN_VLLM_BENCH_SCRIPT;
   const std::string build_dir = KDN_VLLM_BUILD_DIR;
   std::vector<std::string> args = {KDN_VLLM_PYTHON, script};
-  for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+  if (gpu) args.insert(args.end(), {"--bin", build_dir + "/bin"});
+  for (int i = 1; i < argc; ++i) {
+    if (!gpu || std::strcmp(argv[i], "--gpu") != 0) args.emplace_back(argv[i]);
+  }
   std::vector<char*> cargs;
   for (std::string& a : args) cargs.push_back(a.data());
   cargs.push_back(nullptr);

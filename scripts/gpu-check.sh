@@ -11,6 +11,7 @@
 #   KDN_GPU_CHECK_SUITE=0                  # the GPU tests and benchmarks only
 #   KDN_GPU_CHECK_KERNELS=0                # without kdn-bench kernels
 #   KDN_GPU_BENCH_ARGS="--quick"           # passed to kdn-bench gpu
+#   KDN_VLLM_GPU_BENCH_ARGS="--tokens 4096"  # passed to python/tools/vllm_gpu_bench.py (kdn-bench vllm --gpu)
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bundle=${1:-$root/gpu-bundle}
@@ -96,6 +97,13 @@ bench() {
 }
 [[ "${KDN_GPU_CHECK_KERNELS:-1}" != 0 ]] && bench kernels-gpu kernels --json --gpu
 bench gpu gpu --json ${KDN_GPU_BENCH_ARGS:-}
+# kdn-bench vllm --gpu: the script itself (the bundle's kdn-bench has no vLLM venv to point at).
+t0=$(date +%s)
+timeout "${KDN_BENCH_TIMEOUT_S:-240}" python3 "$root/python/tools/vllm_gpu_bench.py" --bin "$bundle/bin" \
+  --pkg "$bundle/python" --json ${KDN_VLLM_GPU_BENCH_ARGS:-} > "$out/vllm-gpu.json" 2> "$logs/vllm-gpu.log"
+rc=$?
+echo "vllm-gpu rc=$rc ($(( $(date +%s) - t0 )) s)" >> "$summary"
+if ((rc != 0)); then tail -15 "$logs/vllm-gpu.log" | sed 's/^/    /' >> "$summary"; fi
 
 if [[ "${KDN_GPU_CHECK_SUITE:-1}" != 0 ]]; then
   echo "== the rest of the suite (budget ${budget} s from the start)" >> "$summary"

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from . import _kdn
+from . import Tier, _kdn
 from ._kdn import DType, KdnError, Status
 
 _DTYPES = {torch.bfloat16: DType.BF16, torch.float16: DType.F16, torch.float32: DType.F32}
@@ -311,7 +311,12 @@ class HostKV:
         return host_store(self.model, self.layout, self.views, tokens, block_ids, block_size, first_chunk, n_chunks)
 
     def prefetch(self, tokens) -> tuple[int, int]:
-        return (int(self.model.lookup(list(tokens)).hit_chunks), 0)
+        """The host analog of DeviceKV.prefetch: kdnd brings the cached prefix into its host arena."""
+        toks = _tokens(tokens)
+        hit = self.model.lookup(toks)
+        below = sum(list(hit.tier_chunks)[int(Tier.DISK):])
+        queued = below if below and self.model.prefetch(toks) else 0
+        return int(hit.hit_chunks), int(queued)
 
     def check(self) -> bool:
         return True

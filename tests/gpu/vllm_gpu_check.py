@@ -7,7 +7,8 @@ calls the connector's device worker makes.
 
 Cases: process A stores a prompt's KV (LBNHC), process B loads it into other block ids of a
 BLHNC cache and every byte is compared with what torch indexing writes; B killed mid-load, then
-a new B loads whole; a retrieve whose copy fails (kdnd's fault seam) reported by the ticket;
+a new B loads whole; chunks only in kdnd's host arena prefetched into T0 (the connector's
+off-step promotion on GPUs) and loaded from there, every byte; a retrieve whose copy fails (kdnd's fault seam) reported by the ticket;
 kdnd killed while B's stream waits on its done event, bounded by B's timeout. Prints one line
 per case and exits 0 when all passed, 77 when there is no device or no importable package.
 """
@@ -127,6 +128,38 @@ def role_load_loop(sock):
                 print("a load was not confirmed in time: failed, recomputed", flush=True)
 
 
+def role_prefetch(sock):
+    """The worker's off-step promotion on the device: chunks only in kdnd's host arena, brought
+    into T0 by DeviceKV.prefetch (kdn_gpu_prefetch), then retrieved from T0: every byte."""
+    import torch
+    import kdn
+    import kdn.torch as kt
+
+    tokens, kv = prompt(torch, seed=11)
+    raw, views = vllm_views(torch, "BLNHC")
+    ids = [int(x) for x in torch.randperm(BLOCKS)[: kv.shape[0] * CHUNK // BLOCK]]
+    with kdn.Client(sock, timeout_ms=5000) as c:
+        model = c.register_model(desc(kdn))
+        model.store(tokens, kv.cpu())  # the host path: into T1 only
+        before = list(model.lookup(tokens).tier_chunks)
+        dev = kt.DeviceKV(model, views)
+        cached, queued = dev.prefetch(tokens)
+        deadline = time.monotonic() + 30
+        while model.lookup(tokens).tier_chunks[kdn.Tier.GPU] < kv.shape[0] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        after = list(model.lookup(tokens).tier_chunks)
+        loaded = dev.retrieve(tokens, ids, BLOCK)
+        torch.cuda.current_stream().synchronize()
+        landed = dev.check()
+        dev.close()
+    wrong = int((raw != reference(torch, kv, ids, "BLNHC")).sum())
+    print(f"tiers before {before} prefetch ({cached}, {queued}) tiers after {after} loaded {loaded} "
+          f"landed {landed} wrong_bytes {wrong}")
+    n = kv.shape[0]
+    ok = before[kdn.Tier.GPU] == 0 and after[kdn.Tier.GPU] == n and loaded == n and landed and wrong == 0
+    return 0 if ok else 1
+
+
 class Daemon:
     def __init__(self, bindir, sock, env=None):
         self.sock = sock
@@ -173,7 +206,7 @@ def main():
         return SKIP
     if a.role:
         return {"store": role_store, "load": role_load, "load-fail": lambda s: role_load(s, False),
-                "load-loop": role_load_loop}[a.role](a.socket)
+                "load-loop": role_load_loop, "prefetch": role_prefetch}[a.role](a.socket)
     if not torch.cuda.is_available():
         print("vllm_gpu_check: skipped: no CUDA device")
         return SKIP
@@ -202,6 +235,8 @@ def main():
             b.wait()
             rc, out = run_role("load", sock)
             case("B killed mid-load, a new B loads whole", rc == 0 and d.proc.poll() is None, out)
+            rc, out = run_role("prefetch", sock)
+            case("prefetch brings T1 chunks into T0, then a load from T0, every byte", rc == 0, out)
         finally:
             d.stop()
 

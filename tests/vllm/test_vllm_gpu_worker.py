@@ -10,6 +10,7 @@ a valid key, and does so here when the blocks are not held."""
 from __future__ import annotations
 
 import logging
+import subprocess
 import sys
 import threading
 import time
@@ -334,3 +335,48 @@ def test_a_load_kdnd_never_confirms_is_recomputed(kdnd):
     assert w.get_block_ids_with_load_errors() == {5, 6, 7}
     assert time.monotonic() - t0 < 3
     w.shutdown()
+
+
+def test_disk_chunks_load_off_the_step(tmp_path):
+    """vLLM's asynchronous load on the device worker: kdnd brings disk chunks up while steps
+    run, a later step loads them and reports the request finished, in the same pass as any
+    blocks that failed."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    k = replicas.Kdnd(str(tmp_path / "kdnd.sock"), arena="64M",
+                      extra=["--set", f"tier.disk.dirs={disk}", "--set", "tier.disk.bytes=32M",
+                             "--set", "tier.disk.slab_bytes=16M", "--set", "tier.disk.read_ahead=0"]).start()
+    try:
+        views = vllm_views(KVCacheLayout.LBNHC, BLOCK, 16)
+        w = worker(k, "off-step", views)
+        tokens, kv = prompt(6, n_chunks=3)
+        with kdn.Client(k.socket) as c:
+            m = c.register_model(desc("off-step"))
+            assert m.store(tokens[: 2 * CHUNK].tolist(), kv[:2]) == 2
+            subprocess.run([str(replicas.build_dir() / "bin" / "kdnctl"), "--socket", k.socket, "evict", "--all",
+                            "--tier", "host"], check=True, stdout=subprocess.DEVNULL)
+            assert m.lookup(tokens.tolist()).tier_chunks[kdn.Tier.DISK] == 2
+        blocks = np.asarray([5, 1, 14, 7, 3, 9], dtype=np.int64)
+        # The scheduler planned three chunks; the third is gone by the time the step loads.
+        meta = KdnConnectorMetadata(loads=[LoadSpec("A", tokens, blocks, 0, 3, 0, off_step=True)])
+        w.start_load_kv(meta)
+        received, errors = set(), set()
+        deadline = time.monotonic() + 10
+        while not received and time.monotonic() < deadline:
+            _, got = w.get_finished(set())
+            received |= got or set()
+            errors |= w.get_block_ids_with_load_errors()
+            if not received:
+                time.sleep(0.01)
+                w.start_load_kv(KdnConnectorMetadata())  # the next step
+        assert received == {"A"} and errors == {3, 9}
+        expect = vllm_views(KVCacheLayout.LBNHC, BLOCK, 16)
+        write_by_indexing(expect, kv[:2], [int(b) for b in blocks[:4]], BLOCK)
+        for got_v, want_v in zip(views, expect):
+            assert torch.equal(got_v[blocks[:4]], want_v[blocks[:4]])
+        assert w._stats.off_step_loads == 1
+        with kdn.Client(k.socket) as c:
+            assert c.register_model(desc("off-step")).lookup(tokens.tolist()).tier_chunks[kdn.Tier.HOST] == 2
+        w.shutdown()
+    finally:
+        k.stop()

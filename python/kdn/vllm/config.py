@@ -22,6 +22,9 @@ class KdnConfig:
                            "org/model@<commit>"); engines with equal identities share KV
     staging_bytes          the session's staging area for stores (default: kdnd's default)
     load / save            turn loading from or saving to kdnd off (default: both on)
+    async_loads            a prefix with chunks on kdnd's disk or remote tier loads off the step
+                           (vLLM's asynchronous load: the request waits, the batch runs on);
+                           false: every load is synchronous (default: true)
     """
 
     socket_path: str | None = None
@@ -35,6 +38,7 @@ class KdnConfig:
     staging_bytes: int = 0
     load: bool = True
     save: bool = True
+    async_loads: bool = True
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None) -> "KdnConfig":

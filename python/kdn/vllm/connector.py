@@ -148,16 +148,15 @@ class KdnConnector(KVConnectorBase_V1):
         return self._worker.get_block_ids_with_load_errors()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        if isinstance(self._worker, DeviceWorkerSide):
-            return self._worker.get_finished(finished_req_ids)
-        return None, None
+        assert self._worker is not None
+        return self._worker.get_finished(finished_req_ids)
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         if isinstance(self._worker, DeviceWorkerSide) and isinstance(kv_connector_metadata, KdnConnectorMetadata):
             self._worker.handle_preemptions(kv_connector_metadata.preempted)
 
     def shutdown(self) -> None:
-        if isinstance(self._worker, DeviceWorkerSide):
+        if self._worker is not None:
             self._worker.shutdown()
 
     # ---- scheduler side --------------------------------------------------------------------

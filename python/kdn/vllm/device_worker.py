@@ -15,6 +15,10 @@ request of an active GPU connector), and get_finished reports a finished request
 store of it has landed; handle_preemptions waits for the stores of preempted requests before
 vLLM gives their blocks away.
 
+A prefix with chunks on kdnd's disk or remote tier loads asynchronously (off_step.py): a thread
+asks kdnd to bring it into this device's T0 (kdn_gpu_prefetch) and waits for it off the step;
+the next step retrieves it like any other load and reports it finished.
+
 The copies themselves go through a factory (kdn.torch.DeviceKV on GPUs, kdn.torch.HostKV in the
 CPU tests of this logic).
 """
@@ -34,7 +38,9 @@ import kdn
 from .config import KdnConfig
 from .link import KdnLink
 from .metadata import KdnConnectorMetadata, LoadSpec, SaveSpec
+from .off_step import Promote
 from .stats import ConnectorStats
+from .worker_loads import LoadTracking
 
 KvFactory = Callable[[Any, list], Any]  # (kdn.Model, layer views) -> DeviceKV-like
 
@@ -100,24 +106,19 @@ class StoreQueue:
                     self._mu.notify_all()
 
 
-class DeviceWorkerSide:
+class DeviceWorkerSide(LoadTracking):
     def __init__(self, cfg: KdnConfig, link: KdnLink | None, block_tokens: int, stats: ConnectorStats,
                  log: logging.Logger, kv_factory: KvFactory, where: str = "") -> None:
-        self._cfg = cfg
+        super().__init__(cfg, link, stats, log)
         self._where = where
-        self._link = link
         self._B = block_tokens  # the scheduler's block size (kernel blocks may subdivide it)
-        self._stats = stats
-        self._log = log
         self._factory = kv_factory
         self._views: list | None = None
         self._kv: Any = None
         self._kv_model: Any = None  # the kdn.Model the registration belongs to
-        self._mu = threading.Lock()  # the registration: the store thread and the step share it
-        self._errors: set[int] = set()
+        self._mu = threading.Lock()  # the registration: the store and off-step threads and the step share it
         self._loaded_blocks: list[int] = []  # blocks loaded this step, for the ticket check
         self._gated: dict[int, list[int]] = {}  # a retrieve's done gate -> its blocks
-        self._failed_reqs: set[str] = set()
         self._awaiting: set[str] = set()  # finished requests whose stores may still be in flight
         self._stores = StoreQueue(self._store, log)
 
@@ -151,10 +152,13 @@ class DeviceWorkerSide:
             return self._kv
 
     # ---- loads -----------------------------------------------------------------------------
-    def start_load_kv(self, meta: KdnConnectorMetadata) -> None:
-        self._failed_reqs.clear()
-        for spec in meta.loads:
-            self._load(spec)
+    def _promote(self) -> Promote:
+        """Off the step, chunks below the host tier go straight into this device's T0."""
+        def promote(tokens: np.ndarray) -> None:
+            kv = self._registered()
+            if kv is not None:
+                kv.prefetch(tokens)
+        return promote
 
     def _load(self, spec: LoadSpec) -> None:
         k = self._cfg.chunk_tokens // self._B
@@ -183,13 +187,6 @@ class DeviceWorkerSide:
                               spec.end_chunk)
             self._fail(spec, max(spec.first_block, loaded * k))
 
-    def _fail(self, spec: LoadSpec, from_block: int) -> None:
-        failed = [int(b) for b in spec.blocks[from_block:]]
-        self._errors.update(failed)
-        self._failed_reqs.add(spec.req_id)
-        self._stats.load_failures += 1
-        self._stats.failed_blocks += len(failed)
-
     def get_block_ids_with_load_errors(self) -> set[int]:
         loaded, self._loaded_blocks = self._loaded_blocks, []
         gated, self._gated = self._gated, {}
@@ -205,8 +202,7 @@ class DeviceWorkerSide:
                               len(loaded))
             self._errors.update(loaded)
             self._stats.failed_blocks += len(loaded)
-        errors, self._errors = self._errors, set()
-        return errors
+        return self._take_errors()
 
     def _tickets_ok(self) -> bool:
         kv = self._kv
@@ -220,10 +216,7 @@ class DeviceWorkerSide:
 
     # ---- stores ----------------------------------------------------------------------------
     def wait_for_save(self, meta: KdnConnectorMetadata) -> None:
-        for spec in meta.saves:
-            if spec.req_id in self._failed_reqs:
-                self._stats.skipped_saves += 1
-                continue
+        for spec in self._saves(meta):
             kv = self._registered()
             if kv is None:
                 continue
@@ -255,7 +248,7 @@ class DeviceWorkerSide:
         self._awaiting |= set(finished_req_ids)
         done = {r for r in self._awaiting if not self._stores.pending(r)}
         self._awaiting -= done
-        return (done or None), None
+        return (done or None), self._take_received()
 
     def handle_preemptions(self, preempted: set[str]) -> None:
         if preempted and not self._stores.wait(set(preempted), max(10.0, 5 * self._cfg.timeout_ms / 1000)):
@@ -273,5 +266,6 @@ class DeviceWorkerSide:
             self._kv, self._kv_model = None, None
 
     def shutdown(self) -> None:
+        self._close_loads()
         self._stores.close()
         self._drop_registration()

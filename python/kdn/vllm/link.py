@@ -34,6 +34,10 @@ class KdnLink:
         self._connections = 0
         self._warned = False
 
+    def sibling(self, read_only: bool) -> "KdnLink":
+        """Another connection for the same model, for a thread that must not share this one."""
+        return KdnLink(self._cfg, self._desc, self._stats, self._log, read_only)
+
     def model(self) -> kdn.Model | None:
         """The registered model, or None while kdnd cannot be reached."""
         if self._model is not None:

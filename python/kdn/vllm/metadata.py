@@ -15,7 +15,9 @@ class LoadSpec:
     tokens: the prompt's first end_chunk * chunk_tokens tokens (int32); blocks: the engine
     block of every block_tokens of them (int64); blocks before first_block hold tokens vLLM
     computed itself and are left alone. fail: the scheduler could not plan this load; the
-    worker loads nothing and reports the range's blocks as failed.
+    worker loads nothing and reports the range's blocks as failed. off_step: vLLM's
+    asynchronous load: the request waits (WAITING_FOR_REMOTE_KVS) while the worker loads off
+    the step, and is reported through get_finished once its blocks are written or failed.
     """
 
     req_id: str
@@ -25,6 +27,7 @@ class LoadSpec:
     end_chunk: int
     first_block: int
     fail: bool = False
+    off_step: bool = False
 
 
 @dataclass

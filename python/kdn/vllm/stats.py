@@ -20,6 +20,8 @@ class ConnectorStats:
     failed_blocks: int = 0         # worker: blocks reported through get_block_ids_with_load_errors
     corrupt_chunks: int = 0        # worker: chunks that failed their check
     evicted_chunks: int = 0        # worker: chunks gone between lookup and load
+    off_step_lookups: int = 0      # scheduler: hits answered as asynchronous loads (chunks below the host tier)
+    off_step_loads: int = 0        # worker: of the loads, those kdnd brought up off the step first
     unavailable: int = 0           # either: calls that found kdnd unreachable
     saves: int = 0                 # worker: store requests sent to kdnd
     saved_chunks: int = 0          # worker: chunks gathered and published

@@ -11,6 +11,9 @@ a chunk failing its check — the blocks that were not loaded are reported throu
 get_block_ids_with_load_errors, and vLLM (kv_load_failure_policy = "recompute") computes
 them. A request whose load failed is not stored in that step: what the forward pass computed
 after the failed blocks is discarded by vLLM and computed again.
+
+A prefix with chunks on kdnd's disk or remote tier loads asynchronously (off_step.py): kdnd
+brings it up while vLLM runs other steps, then a step copies it and reports it finished.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import logging
 import time
 from typing import Any
 
-import numpy as np
 
 import kdn
 
@@ -27,6 +29,7 @@ from .config import KdnConfig
 from .link import KdnLink
 from .metadata import KdnConnectorMetadata, LoadSpec, SaveSpec
 from .stats import ConnectorStats
+from .worker_loads import LoadTracking
 
 
 def ordered_layers(kv_caches: dict[str, Any], layer_names: tuple[str, ...]) -> list[Any]:
@@ -39,17 +42,12 @@ def ordered_layers(kv_caches: dict[str, Any], layer_names: tuple[str, ...]) -> l
     return [kv_caches[n] for n in sorted(names, key=extract_layer_index)]
 
 
-class WorkerSide:
+class WorkerSide(LoadTracking):
     def __init__(self, cfg: KdnConfig, link: KdnLink | None, isa: str, stats: ConnectorStats,
                  log: logging.Logger) -> None:
-        self._cfg = cfg
-        self._link = link
+        super().__init__(cfg, link, stats, log)
         self._isa = isa
-        self._stats = stats
-        self._log = log
         self._kv: kdn.PagedKV | None = None
-        self._errors: set[int] = set()
-        self._failed_reqs: set[str] = set()
 
     def register_kv_caches(self, tensors: list[Any]) -> None:
         if self._link is None:
@@ -61,11 +59,6 @@ class WorkerSide:
             self._kv = None
 
     # ---- loads ---------------------------------------------------------------------------
-    def start_load_kv(self, meta: KdnConnectorMetadata) -> None:
-        self._failed_reqs.clear()
-        for spec in meta.loads:
-            self._load(spec)
-
     def _load(self, spec: LoadSpec) -> None:
         k = self._cfg.chunk_tokens // int(self._kv.block_tokens) if self._kv is not None else 1
         model = self._link.model() if (self._link is not None and not spec.fail) else None
@@ -99,23 +92,18 @@ class WorkerSide:
                           spec.req_id, out.loaded, spec.end_chunk - spec.first_chunk, kdn.strerror(out.status))
         self._fail(spec, max(spec.first_block, (spec.first_chunk + out.loaded) * k))
 
-    def _fail(self, spec: LoadSpec, from_block: int) -> None:
-        failed = [int(b) for b in spec.blocks[from_block:]]
-        self._errors.update(failed)
-        self._failed_reqs.add(spec.req_id)
-        self._stats.load_failures += 1
-        self._stats.failed_blocks += len(failed)
-
     def get_block_ids_with_load_errors(self) -> set[int]:
-        errors, self._errors = self._errors, set()
-        return errors
+        return self._take_errors()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        return None, self._take_received()
+
+    def shutdown(self) -> None:
+        self._close_loads()
 
     # ---- saves ---------------------------------------------------------------------------
     def wait_for_save(self, meta: KdnConnectorMetadata) -> None:
-        for spec in meta.saves:
-            if spec.req_id in self._failed_reqs:
-                self._stats.skipped_saves += 1
-                continue
+        for spec in self._saves(meta):
             self._save(spec)
 
     def _save(self, spec: SaveSpec) -> None:
