@@ -505,6 +505,36 @@ Result<double> gpu_codec_decode(Workload& w, DeviceWorkload& d, void* stream, in
   KDN_RETURN_IF_ERROR(kvc1_cuda_result(*scratch, stream));
   return r;
 }
+
+// Batch encode of the workload's chunks (already on the device) in `mode`, fp16 input bytes per
+// second; the first blob is checked against the CPU encoder's (they must be equal byte for byte).
+Result<double> gpu_codec_encode(Workload& w, DeviceWorkload& d, void* stream, int reps, CodecMode mode, bool* equal) {
+  CodecConfig cfg;
+  cfg.mode = mode;
+  const size_t cap = kvc1_max_encoded_size(w.g, cfg), sb = kvc1_cuda_encode_scratch_bytes(w.g, cfg, w.n);
+  Result<void*> scratch = d.mem.alloc(sb);
+  Result<void*> out = d.mem.alloc(cap * w.n);
+  if (!scratch.ok()) return scratch.status();
+  if (!out.ok()) return out.status();
+  std::vector<const void*> chunks(w.n);
+  std::vector<uint8_t*> outs(w.n);
+  for (int i = 0; i < w.n; ++i) {
+    chunks[i] = d.chunks + i * w.chunk_bytes();
+    outs[i] = static_cast<uint8_t*>(*out) + i * ((cap + 15) / 16 * 16);
+  }
+  const Kvc1CudaEncodeBatch batch{static_cast<uint32_t>(w.n), chunks.data(), outs.data()};
+  Result<double> r = gpu_gbps(stream, chunk_elements(w.g) * 2 * w.n, reps, [&] {
+    return kvc1_encode_cuda(batch, w.g, kBenchFingerprint, cfg, *scratch, sb, stream);
+  });
+  std::vector<uint64_t> sizes(w.n);
+  KDN_RETURN_IF_ERROR(kvc1_cuda_encode_result(*scratch, w.n, stream, sizes.data()));
+  Encoded e;
+  KDN_RETURN_IF_ERROR(encode_chunk(w.g, w.chunk(0), cfg, &e));
+  std::vector<uint8_t> dev(sizes[0]);
+  KDN_RETURN_IF_ERROR(copy_to_host(dev.data(), outs[0], dev.size()));
+  *equal = dev == e.blob;
+  return r;
+}
 #endif
 
 void bench_gpu(Report& report, Workload& w, const ModelShape& m, const Options& o) {
@@ -560,12 +590,21 @@ void bench_gpu(Report& report, Workload& w, const ModelShape& m, const Options& 
   progress("gpu: codec kivi4 batch decode of %d chunks (validated on arrival, and validated per launch)", decode_n);
   record(report, "gpu.codec.decode.gbps", gpu_codec_decode(w, d, stream, o.reps, decode_n, true));
   record(report, "gpu.codec.decode_validating.gbps", gpu_codec_decode(w, d, stream, o.reps, decode_n, false));
+  for (CodecMode mode : {CodecMode::kKivi4, CodecMode::kInt8}) {
+    const std::string key = std::string("gpu.codec.encode.") + codec_mode_name(mode);
+    progress("gpu: codec %s batch encode of %d chunks", codec_mode_name(mode), w.n);
+    bool equal = false;
+    record(report, key + ".gbps", gpu_codec_encode(w, d, stream, o.reps, mode, &equal));
+    report.set(key + ".equals_cpu", equal);
+  }
 #endif
   stream_destroy(stream);
   report.set("gpu.ratios.scatter_vs_d2d", ratio(report.number("gpu.scatter.gbps"), report.number("gpu.baselines.d2d_copy_gbps")));
   report.set("gpu.ratios.rope_vs_d2d", ratio(report.number("gpu.rope_scatter.gbps"), report.number("gpu.baselines.d2d_copy_gbps")));
   report.set_bar("bars.gpu_scatter_vs_d2d", report.number("gpu.ratios.scatter_vs_d2d"), BarOp::kAtLeast, 0.7);
   report.set_bar("bars.gpu_codec_decode_gbps", report.number("gpu.codec.decode.gbps"), BarOp::kAtLeast, 100.0);
+  report.set_bar("bars.gpu_codec_encode_kivi4_gbps", report.number("gpu.codec.encode.kivi4.gbps"), BarOp::kAtLeast, 100.0);
+  report.set_bar("bars.gpu_codec_encode_int8_gbps", report.number("gpu.codec.encode.int8.gbps"), BarOp::kAtLeast, 100.0);
 }
 
 // The blend kernels on one check layer's K of a 32K-token context (a long RAG prompt): per

@@ -1,4 +1,4 @@
-// Builds without CUDA: the GPU decoder reports that it is not there.
+// Builds without CUDA: the GPU decoder and encoder report that they are not there.
 #include <kdn/kernels/codec_cuda.h>
 
 namespace kdn::kernels {
@@ -24,5 +24,16 @@ Status kvc1_cuda_result(const void*, void*) noexcept {
 }
 
 Status kvc1_cuda_result_of(uint32_t) noexcept { return Status(Code::kUnsupported, "kdn was built without CUDA"); }
+
+size_t kvc1_cuda_encode_scratch_bytes(const ChunkGeometry&, const CodecConfig&, uint32_t) noexcept { return 0; }
+
+Status kvc1_encode_cuda(const Kvc1CudaEncodeBatch&, const ChunkGeometry&, const kdn_key&, const CodecConfig&, void*,
+                        size_t, void*) noexcept {
+  return Status(Code::kUnsupported, "kdn was built without CUDA");
+}
+
+Status kvc1_cuda_encode_result(const void*, uint32_t, void*, uint64_t*) noexcept {
+  return Status(Code::kUnsupported, "kdn was built without CUDA");
+}
 
 }  // namespace kdn::kernels

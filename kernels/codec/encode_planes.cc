@@ -1,4 +1,5 @@
 // KVC1 encoder: plane records (parameters, segment directory) and segments (packed or rANS).
+#include "encode_body.h"
 #include "encoder.h"
 #include "quant.h"
 #include "rans.h"
@@ -29,11 +30,7 @@ void pack_codes(const uint8_t* sym, uint32_t n, uint32_t bits, uint8_t* dst) {
     if (n % 2) dst[n / 2] = sym[n - 1];
     return;
   }
-  uint64_t pos = 0;
-  for (uint32_t i = 0; i < n; ++i, pos += bits) {
-    const uint64_t v = uint64_t{sym[i]} << (pos % 8);
-    for (uint64_t b = pos / 8, s = 0; s < (pos % 8) + bits; ++b, s += 8) dst[b] |= static_cast<uint8_t>(v >> s);
-  }
+  pack_codes_body(sym, n, bits, dst);
 }
 
 Status write_packed(const uint8_t* sym, uint32_t n, uint32_t bits, OutBuf& out) {

@@ -1,5 +1,6 @@
 // KVC1 encoder: choosing the channels the token-delta predictor codes (docs/codec.md,
 // "Predictor"). All arithmetic is integer, so every machine makes the same choice.
+#include "encode_body.h"
 #include "encoder.h"
 #include "rans.h"
 
@@ -20,22 +21,6 @@ namespace {
 #define KDN_TARGET_AVX2 __attribute__((target("avx2")))
 #endif
 
-// log2(x) in 1/65536 bits for x >= 1, by integer arithmetic only (no libm).
-uint64_t log2_fixed16(uint64_t x) {
-  const uint32_t ip = 63 - static_cast<uint32_t>(__builtin_clzll(x));
-  // Mantissa in [1, 2) as Q1.31; each squaring yields one fractional bit.
-  uint64_t m = ip >= 31 ? x >> (ip - 31) : x << (31 - ip);
-  uint64_t frac = 0;
-  for (int b = 15; b >= 0; --b) {
-    m = (m * m) >> 31;
-    if (m >= (uint64_t{2} << 31)) {
-      m >>= 1;
-      frac |= uint64_t{1} << b;
-    }
-  }
-  return (uint64_t{ip} << 16) | frac;
-}
-
 // log2_fixed16 of every count below kLogTableSize: the choice weighs up to 256 symbols
 // several times per segment, and most counts are small.
 constexpr uint32_t kLogTableSize = 4096;
@@ -52,32 +37,6 @@ uint64_t log2_count(uint64_t x) {
   static const LogTable table;  // thread-safe static initialization
   return x < kLogTableSize ? table.v[x] : log2_fixed16(x);
 }
-
-// Ideal code length of each symbol (1/65536 bits) for histogram h of n symbols; absent
-// symbols get a large finite cost.
-void symbol_costs(const uint32_t* h, uint32_t n_syms, uint64_t n, uint64_t* cost) {
-  const uint64_t ln = log2_count(n);
-  for (uint32_t s = 0; s < n_syms; ++s) cost[s] = h[s] ? ln - log2_count(h[s]) : ln + (16u << 16);
-}
-
-uint64_t ideal_bits(const uint32_t* h, uint32_t n_syms, uint64_t n) {
-  uint64_t cost[rans::kMaxSymbols];
-  symbol_costs(h, n_syms, n, cost);
-  uint64_t total = 0;
-  for (uint32_t s = 0; s < n_syms; ++s) total += h[s] * cost[s];
-  return total;
-}
-
-// Per-channel histograms of a segment's codes, plain and as token deltas
-// ((q[t] - q[t-1]) mod 2^bits, the first token plain): every cost and every histogram the
-// choice needs is a sum over them, so the codes are read once.
-struct ChannelHistograms {
-  const uint32_t* plain;  // [head_dim][n_syms]
-  const uint32_t* delta;
-  uint32_t head_dim, n_syms;
-
-  const uint32_t* of(bool predicted, uint32_t d) const { return (predicted ? delta : plain) + size_t{d} * n_syms; }
-};
 
 #if defined(__x86_64__)
 // count_channels for alphabets of up to 16 symbols and head_dim a multiple of 32. For each 32
@@ -132,29 +91,8 @@ void count_channels(const uint8_t* q, uint32_t tokens, uint32_t head_dim, uint32
 #endif
   // Channel by channel, so each channel's two histograms stay in L1 while its column of codes
   // is read (rows of a head's codes are a few KiB apart at most).
-  const uint8_t code_mask = static_cast<uint8_t>(n_syms - 1);
-  for (uint32_t d = 0; d < head_dim; ++d) {
-    uint32_t* hp = plain + size_t{d} * n_syms;
-    uint32_t* hd = delta + size_t{d} * n_syms;
-    uint8_t prev = 0;
-    const uint8_t* col = q + d;
-    for (uint32_t t = 0; t < tokens; ++t, col += head_dim) {
-      const uint8_t c = *col;
-      hp[c]++;
-      hd[static_cast<uint8_t>((c - prev) & code_mask)]++;
-      prev = c;
-    }
-  }
-}
-
-uint64_t dot_scalar(const uint32_t* h, const uint32_t* cost, uint32_t n_syms) {
-  uint64_t total = 0;
-  for (uint32_t s = 0; s < n_syms; ++s) total += uint64_t{h[s]} * cost[s];
-  return total;
-}
-
-void add_scalar(uint32_t* h, const uint32_t* c, uint32_t n_syms) {
-  for (uint32_t s = 0; s < n_syms; ++s) h[s] += c[s];
+  for (uint32_t d = 0; d < head_dim; ++d)
+    count_channel_body(q, tokens, head_dim, d, n_syms, plain + size_t{d} * n_syms, delta + size_t{d} * n_syms);
 }
 
 #if defined(__x86_64__)
@@ -197,49 +135,26 @@ uint64_t dot(const uint32_t* h, const uint32_t* cost, uint32_t n_syms) {
 #if defined(__x86_64__)
   if (wide_simd(n_syms)) return dot_avx2(h, cost, n_syms);
 #endif
-  return dot_scalar(h, cost, n_syms);
+  return PlainChoiceOps{}.dot(h, cost, n_syms);
 }
 
 void add_counts(uint32_t* h, const uint32_t* c, uint32_t n_syms) {
 #if defined(__x86_64__)
   if (wide_simd(n_syms)) return add_avx2(h, c, n_syms);
 #endif
-  add_scalar(h, c, n_syms);
+  PlainChoiceOps{}.add(h, c, n_syms);
 }
 
-void narrow(const uint64_t* cost, uint32_t n_syms, uint32_t* out) {
-  for (uint32_t s = 0; s < n_syms; ++s) out[s] = static_cast<uint32_t>(cost[s]);
-}
-
-// Per-channel ideal lengths of coding each channel plain and as deltas, under the tables
-// c_plain and c_delta.
-void channel_costs(const ChannelHistograms& ch, const uint64_t* c_plain, const uint64_t* c_delta, EncodeScratch& sc) {
-  uint32_t cp[rans::kMaxSymbols], cd[rans::kMaxSymbols];
-  narrow(c_plain, ch.n_syms, cp);
-  narrow(c_delta, ch.n_syms, cd);
-  for (uint32_t d = 0; d < ch.head_dim; ++d) {
-    sc.cost_plain[d] = dot(ch.of(false, d), cp, ch.n_syms);
-    sc.cost_delta[d] = dot(ch.of(true, d), cd, ch.n_syms);
+// The CPU's inner loops: a table of small logarithms, AVX2 counters, dot products and sums.
+struct CpuChoiceOps {
+  uint64_t log2_count(uint64_t x) const { return kvc1::log2_count(x); }
+  uint64_t dot(const uint32_t* h, const uint32_t* cost, uint32_t n_syms) const { return kvc1::dot(h, cost, n_syms); }
+  void add(uint32_t* h, const uint32_t* c, uint32_t n_syms) const { add_counts(h, c, n_syms); }
+  void count(const uint8_t* q, uint32_t tokens, uint32_t head_dim, uint32_t n_syms, uint32_t* plain,
+             uint32_t* delta) const {
+    count_channels(q, tokens, head_dim, n_syms, plain, delta);
   }
-}
-
-bool predicted(const uint8_t* mask, uint32_t d) { return (mask[d / 8] >> (d % 8)) & 1u; }
-
-void choose(uint32_t head_dim, const EncodeScratch& sc, uint8_t* mask) {
-  for (uint32_t d = 0; d < head_dim; ++d) {
-    const uint8_t bit = static_cast<uint8_t>(1u << (d % 8));
-    mask[d / 8] = static_cast<uint8_t>(sc.cost_delta[d] < sc.cost_plain[d] ? mask[d / 8] | bit : mask[d / 8] & ~bit);
-  }
-}
-
-// Histogram of the segment's symbols with the channels of `mask` coded as deltas (mask null:
-// every channel plain).
-void mixed_histogram(const ChannelHistograms& ch, const uint8_t* mask, uint32_t* h) {
-  std::memset(h, 0, sizeof(uint32_t) * ch.n_syms);
-  for (uint32_t d = 0; d < ch.head_dim; ++d) {
-    add_counts(h, ch.of(mask && predicted(mask, d), d), ch.n_syms);
-  }
-}
+};
 
 }  // namespace
 
@@ -254,44 +169,13 @@ void count_symbols(const uint8_t* sym, uint32_t n, uint32_t n_syms, uint32_t* hi
 
 bool choose_predicted_channels(const uint8_t* codes, uint32_t tokens, uint32_t head_dim, uint32_t bits,
                                EncodeScratch& sc, uint8_t* mask, uint32_t* histogram) noexcept {
-  const uint32_t mask_bytes = (head_dim + 7) / 8;
-  std::memset(mask, 0, mask_bytes);
-  const uint32_t n_syms = 1u << bits;
   if (head_dim < 32 || tokens < 2) {
-    count_symbols(codes, tokens * head_dim, n_syms, histogram);
+    std::memset(mask, 0, (head_dim + 7) / 8);
+    count_symbols(codes, tokens * head_dim, 1u << bits, histogram);
     return false;
   }
-  const uint64_t n = uint64_t{tokens} * head_dim;
-  count_channels(codes, tokens, head_dim, n_syms, sc.hist_plain, sc.hist_delta);
-  const ChannelHistograms ch{sc.hist_plain, sc.hist_delta, head_dim, n_syms};
-  uint32_t h_plain[rans::kMaxSymbols], h_delta[rans::kMaxSymbols];
-  mixed_histogram(ch, nullptr, h_plain);
-  uint8_t all[kMaxHeadDim / 8];
-  std::memset(all, 0xff, mask_bytes);
-  mixed_histogram(ch, all, h_delta);
-  // First guess: each channel under the all-plain and all-delta tables. Then, twice, each
-  // channel again under the one table the current choice would share (what rANS will pay).
-  uint64_t c_plain[rans::kMaxSymbols], c_delta[rans::kMaxSymbols];
-  symbol_costs(h_plain, n_syms, n, c_plain);
-  symbol_costs(h_delta, n_syms, n, c_delta);
-  channel_costs(ch, c_plain, c_delta, sc);
-  choose(head_dim, sc, mask);
-  uint32_t h[rans::kMaxSymbols];
-  for (int pass = 0; pass < 2; ++pass) {
-    mixed_histogram(ch, mask, h);
-    uint64_t c_mixed[rans::kMaxSymbols];
-    symbol_costs(h, n_syms, n, c_mixed);
-    channel_costs(ch, c_mixed, c_mixed, sc);
-    choose(head_dim, sc, mask);
-  }
-  mixed_histogram(ch, mask, h);
-  if (ideal_bits(h, n_syms, n) >= ideal_bits(h_plain, n_syms, n)) {
-    std::memset(mask, 0, mask_bytes);
-    std::memcpy(histogram, h_plain, sizeof(uint32_t) * n_syms);
-    return false;
-  }
-  std::memcpy(histogram, h, sizeof(uint32_t) * n_syms);
-  return true;
+  const ChoiceScratch cs{sc.cost_plain, sc.cost_delta, sc.hist_plain, sc.hist_delta};
+  return choose_channels_body(CpuChoiceOps{}, codes, tokens, head_dim, bits, cs, mask, histogram);
 }
 
 void apply_token_delta(const uint8_t* codes, uint32_t tokens, uint32_t head_dim, uint8_t code_mask,

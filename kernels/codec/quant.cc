@@ -14,26 +14,6 @@ namespace {
 // Relaxed: a test switch read once per row call; no data is published through it.
 std::atomic<bool> g_simd_enabled{true};
 
-uint16_t f16_next_down(uint16_t h) {
-  if (h == 0x0000u) return 0x8001u;          // +0 -> the negative subnormal nearest zero
-  if (h & 0x8000u) return static_cast<uint16_t>(h + 1);  // negative: one step more magnitude
-  return static_cast<uint16_t>(h - 1);
-}
-
-uint16_t f16_next_up(uint16_t h) {
-  if (h == 0x8000u) return 0x0001u;
-  if (h & 0x8000u) return static_cast<uint16_t>(h - 1);
-  return static_cast<uint16_t>(h + 1);
-}
-
-// Smallest float >= d (may be +inf), for d > 0: the next float up of a positive finite float
-// is its bit pattern plus one (FLT_MAX + 1 ulp is +inf).
-float f32_round_up(double d) {
-  float f = static_cast<float>(d);
-  if (static_cast<double>(f) < d) f = bits_as<float>(bits_as<uint32_t>(f) + 1);
-  return f;
-}
-
 void store_value(void* out, uint32_t d, DType t, float v) { store_f32(out, d, t, v, 1.0f); }
 
 #if defined(__x86_64__)
@@ -195,48 +175,12 @@ void quantize_row_grouped(const float* x, const float* s, const float* z, uint32
   for (uint32_t d = 0; d < n; ++d) q[d] = static_cast<uint8_t>(quantize_value(x[d], s[d / group], z[d / group], qmax));
 }
 
-uint16_t f16_round_down(float v) noexcept {
-  uint16_t h = f32_to_f16(v);
-  if (f16_to_f32(h) > v) h = f16_next_down(h);
-  return h;
-}
+uint16_t f16_round_down(float v) noexcept { return f16_round_down_body(v); }
 
-uint16_t f16_round_up(float v) noexcept {
-  uint16_t h = f32_to_f16(v);
-  if (f16_to_f32(h) < v) h = f16_next_up(h);
-  return h;
-}
+uint16_t f16_round_up(float v) noexcept { return f16_round_up_body(v); }
 
 bool stored_group_scale(float mn, float mx, uint32_t bits, uint8_t scale_dtype, GroupScale* out) noexcept {
-  const uint32_t qmax = (1u << bits) - 1;
-  const bool half = scale_dtype == kScaleF16;
-  float z = mn;
-  if (half) {
-    out->z_bits = f16_round_down(mn);
-    z = f16_to_f32(static_cast<uint16_t>(out->z_bits));
-  } else {
-    out->z_bits = bits_as<uint32_t>(mn);
-  }
-  if (!std::isfinite(z)) return false;
-  // Exact in double: both are floats and mx >= z.
-  const double sd = (static_cast<double>(mx) - static_cast<double>(z)) / qmax;
-  float s = 0.0f;
-  if (sd > 0.0) {
-    s = f32_round_up(sd);
-    if (half) {
-      const uint16_t h = f16_round_up(s);
-      s = f16_to_f32(h);
-      out->s_bits = h;
-    } else {
-      out->s_bits = bits_as<uint32_t>(s);
-    }
-    if (!std::isfinite(s)) return false;
-  } else {
-    out->s_bits = 0;
-  }
-  out->s = s;
-  out->z = z;
-  return true;
+  return group_scale_body(mn, mx, bits, scale_dtype, out);
 }
 
 void dequantize_row_scalar(const uint8_t* q, uint32_t n, const uint8_t* s, const uint8_t* z,

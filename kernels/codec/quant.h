@@ -74,9 +74,44 @@ KDN_HD_INLINE float load_scale(const uint8_t* params, uint64_t index, uint8_t sc
   return bits_as<float>(ld32(params + 4 * index));
 }
 
-// ---- encoder-side scale rules (host) -----------------------------------------------------------
+// ---- encoder-side scale rules (host and device: the CPU and CUDA encoders share them) ----------
+
+KDN_HD_INLINE bool finite_f32(float v) { return (bits_as<uint32_t>(v) & 0x7f800000u) != 0x7f800000u; }
+
+KDN_HD_INLINE uint16_t f16_next_down(uint16_t h) {
+  if (h == 0x0000u) return 0x8001u;                       // +0 -> the negative subnormal nearest zero
+  if (h & 0x8000u) return static_cast<uint16_t>(h + 1);  // negative: one step more magnitude
+  return static_cast<uint16_t>(h - 1);
+}
+
+KDN_HD_INLINE uint16_t f16_next_up(uint16_t h) {
+  if (h == 0x8000u) return 0x0001u;
+  if (h & 0x8000u) return static_cast<uint16_t>(h - 1);
+  return static_cast<uint16_t>(h + 1);
+}
 
 // Largest binary16 value <= v (may be -inf), and smallest >= v (may be +inf).
+KDN_HD_INLINE uint16_t f16_round_down_body(float v) {
+  uint16_t h = f32_to_f16(v);
+  if (f16_to_f32(h) > v) h = f16_next_down(h);
+  return h;
+}
+
+KDN_HD_INLINE uint16_t f16_round_up_body(float v) {
+  uint16_t h = f32_to_f16(v);
+  if (f16_to_f32(h) < v) h = f16_next_up(h);
+  return h;
+}
+
+// Smallest float >= d (may be +inf), for d > 0: the next float up of a positive finite float
+// is its bit pattern plus one (FLT_MAX + 1 ulp is +inf). The conversion rounds to nearest on
+// both sides.
+KDN_HD_INLINE float f32_round_up(double d) {
+  float f = static_cast<float>(d);
+  if (static_cast<double>(f) < d) f = bits_as<float>(bits_as<uint32_t>(f) + 1);
+  return f;
+}
+
 uint16_t f16_round_down(float v) noexcept;
 uint16_t f16_round_up(float v) noexcept;
 
@@ -84,6 +119,39 @@ struct GroupScale {
   float s, z;               // stored values widened to f32
   uint32_t s_bits, z_bits;  // their stored bit patterns (f16 in the low half, or f32)
 };
+
+// stored_group_scale's body. The fp64 subtraction is exact and the division correctly rounded
+// on both sides (nvcc's double division is IEEE; the codec compiles without FMA contraction).
+KDN_HD_INLINE bool group_scale_body(float mn, float mx, uint32_t bits, uint8_t scale_dtype, GroupScale* out) {
+  const uint32_t qmax = (1u << bits) - 1;
+  const bool half = scale_dtype == kScaleF16;
+  float z = mn;
+  if (half) {
+    out->z_bits = f16_round_down_body(mn);
+    z = f16_to_f32(static_cast<uint16_t>(out->z_bits));
+  } else {
+    out->z_bits = bits_as<uint32_t>(mn);
+  }
+  if (!finite_f32(z)) return false;
+  const double sd = (static_cast<double>(mx) - static_cast<double>(z)) / qmax;
+  float s = 0.0f;
+  if (sd > 0.0) {
+    s = f32_round_up(sd);
+    if (half) {
+      const uint16_t h = f16_round_up_body(s);
+      s = f16_to_f32(h);
+      out->s_bits = h;
+    } else {
+      out->s_bits = bits_as<uint32_t>(s);
+    }
+    if (!finite_f32(s)) return false;
+  } else {
+    out->s_bits = 0;
+  }
+  out->s = s;
+  out->z = z;
+  return true;
+}
 
 // The stored scale and zero point of a group whose finite values span [mn, mx] (mn <= mx).
 // False if they do not fit `scale_dtype` (the encoder then stores the plane's scales as f32).

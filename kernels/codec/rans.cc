@@ -10,13 +10,6 @@ namespace {
 // tests change it between decodes on one thread, so no ordering with other data is needed.
 std::atomic<uint32_t> g_simd_cap{static_cast<uint32_t>(SimdLevel::kAvx2)};
 
-uint32_t first_max_index(const uint32_t* v, uint32_t n) {
-  uint32_t best = 0;
-  for (uint32_t s = 1; s < n; ++s)
-    if (v[s] > v[best]) best = s;
-  return best;
-}
-
 uint32_t load_u32(const uint8_t* p) {
   uint32_t v;
   std::memcpy(&v, p, 4);
@@ -32,28 +25,7 @@ uint16_t load_u16(const uint8_t* p) {
 }  // namespace
 
 bool normalize_frequencies(const uint32_t* counts, uint32_t n_syms, uint16_t* freq) noexcept {
-  uint64_t total = 0;
-  for (uint32_t s = 0; s < n_syms; ++s) total += counts[s];
-  if (total == 0 || n_syms == 0 || n_syms > kMaxSymbols) return false;
-  uint32_t f[kMaxSymbols];
-  uint32_t sum = 0;
-  for (uint32_t s = 0; s < n_syms; ++s) {
-    uint64_t v = counts[s] ? (uint64_t{counts[s]} * kProbScale) / total : 0;
-    if (counts[s] && v == 0) v = 1;
-    f[s] = static_cast<uint32_t>(v);
-    sum += f[s];
-  }
-  // Floors leave a deficit: give it to the most frequent symbol, where it costs least.
-  if (sum < kProbScale) f[first_max_index(counts, n_syms)] += kProbScale - sum;
-  // Raising rare symbols to 1 can overshoot: take the excess from the largest frequencies.
-  while (sum > kProbScale) {
-    const uint32_t s = first_max_index(f, n_syms);
-    const uint32_t take = sum - kProbScale < f[s] - 1 ? sum - kProbScale : f[s] - 1;
-    f[s] -= take;
-    sum -= take;
-  }
-  for (uint32_t s = 0; s < n_syms; ++s) freq[s] = static_cast<uint16_t>(f[s]);
-  return true;
+  return normalize_body(counts, n_syms, freq);
 }
 
 bool build_encode_table(const uint16_t* freq, uint32_t n_syms, EncodeTable* t) noexcept {
@@ -70,21 +42,9 @@ bool build_encode_table(const uint16_t* freq, uint32_t n_syms, EncodeTable* t) n
 
 namespace {
 
-// Symbols [lo, hi) in reverse, one at a time, as docs/codec.md defines the encoder.
 bool encode_scalar(const uint8_t* sym, uint32_t lo, uint32_t hi, const EncodeTable& t, uint32_t* x, uint16_t* stack,
                    uint32_t* top) {
-  for (uint32_t i = hi; i-- > lo;) {
-    const uint32_t fc = t.fc[sym[i]];
-    const uint32_t f = fc & 0xffffu;
-    if (f == 0) return false;
-    uint32_t& xj = x[i % kLanes];
-    if (uint64_t{xj} >= (uint64_t{f} << (32 - kProbBits))) {
-      stack[--*top] = static_cast<uint16_t>(xj & 0xffffu);
-      xj >>= 16;
-    }
-    xj = (xj / f) * kProbScale + (xj % f) + (fc >> 16);
-  }
-  return true;
+  return encode_reverse(sym, lo, hi, t.fc, x, stack, top);
 }
 
 }  // namespace

@@ -49,6 +49,60 @@ KDN_HD_INLINE bool build_cumulative(const uint16_t* freq, uint32_t n_syms, uint1
   return c == kProbScale;
 }
 
+// ---- encoder bodies (host and device: the CPU and CUDA encoders share them) ------------------
+
+KDN_HD_INLINE uint32_t first_max_index(const uint32_t* v, uint32_t n) {
+  uint32_t best = 0;
+  for (uint32_t s = 1; s < n; ++s)
+    if (v[s] > v[best]) best = s;
+  return best;
+}
+
+// normalize_frequencies' body.
+KDN_HD_INLINE bool normalize_body(const uint32_t* counts, uint32_t n_syms, uint16_t* freq) {
+  uint64_t total = 0;
+  for (uint32_t s = 0; s < n_syms; ++s) total += counts[s];
+  if (total == 0 || n_syms == 0 || n_syms > kMaxSymbols) return false;
+  uint32_t f[kMaxSymbols];
+  uint32_t sum = 0;
+  for (uint32_t s = 0; s < n_syms; ++s) {
+    uint64_t v = counts[s] ? (uint64_t{counts[s]} * kProbScale) / total : 0;
+    if (counts[s] && v == 0) v = 1;
+    f[s] = static_cast<uint32_t>(v);
+    sum += f[s];
+  }
+  // Floors leave a deficit: give it to the most frequent symbol, where it costs least.
+  if (sum < kProbScale) f[first_max_index(counts, n_syms)] += kProbScale - sum;
+  // Raising rare symbols to 1 can overshoot: take the excess from the largest frequencies.
+  while (sum > kProbScale) {
+    const uint32_t s = first_max_index(f, n_syms);
+    const uint32_t take = sum - kProbScale < f[s] - 1 ? sum - kProbScale : f[s] - 1;
+    f[s] -= take;
+    sum -= take;
+  }
+  for (uint32_t s = 0; s < n_syms; ++s) freq[s] = static_cast<uint16_t>(f[s]);
+  return true;
+}
+
+// Symbols [lo, hi) in reverse, one at a time, as docs/codec.md defines the encoder: `fc` holds
+// freq | cum << 16 per symbol (0 for absent ones), x the 32 lane states, words are pushed below
+// *top. False at a symbol with freq 0.
+KDN_HD_INLINE bool encode_reverse(const uint8_t* sym, uint32_t lo, uint32_t hi, const uint32_t* fc, uint32_t* x,
+                                  uint16_t* stack, uint32_t* top) {
+  for (uint32_t i = hi; i-- > lo;) {
+    const uint32_t e = fc[sym[i]];
+    const uint32_t f = e & 0xffffu;
+    if (f == 0) return false;
+    uint32_t& xj = x[i % kLanes];
+    if (uint64_t{xj} >= (uint64_t{f} << (32 - kProbBits))) {
+      stack[--*top] = static_cast<uint16_t>(xj & 0xffffu);
+      xj >>= 16;
+    }
+    xj = (xj / f) * kProbScale + (xj % f) + (e >> 16);
+  }
+  return true;
+}
+
 // ---- encoder (host) ------------------------------------------------------------------------
 
 // Scales `counts` (n_syms <= 256 entries) to frequencies summing to 4096, every symbol that

@@ -1,4 +1,4 @@
-// KVC1 decoding on a CUDA device (the CPU side is kdn/kernels/codec.h).
+// KVC1 decoding and encoding on a CUDA device (the CPU side is kdn/kernels/codec.h).
 //
 // A batch of blobs of one model is decoded in one launch: one warp per (chunk, layer, plane,
 // head) segment, the 32 rANS lanes on the 32 threads, words shared through ballot/popc,
@@ -66,5 +66,36 @@ Status kvc1_cuda_result(const void* device_scratch, void* stream) noexcept;
 // word to kvc1_cuda_result_of once the copy has landed: OK, kCorrupt or kInternal as above.
 constexpr size_t kKvc1CudaResultBytes = 4;
 Status kvc1_cuda_result_of(uint32_t word) noexcept;
+
+// ---- encoding -----------------------------------------------------------------------------------
+//
+// A batch of canonical chunks already in device memory is encoded on the device into blobs
+// byte-identical to kvc1_encode's with the same geometry, fingerprint and config (the same
+// per-element bodies run on both sides: docs/codec.md §8.1). Quantized modes only (int8, kivi4,
+// kivi2, with any of their options); raw and lossless answer kUnsupported. The config applies to
+// every chunk of the batch.
+//
+// Memory: device_chunks[i] holds chunk_bytes(g) bytes, device_outputs[i] has room for
+// kvc1_max_encoded_size(g, cfg) bytes (16-byte aligned); both and device_scratch must stay valid
+// until the stream has run the launch. The pointer arrays are host memory, read during the call.
+struct Kvc1CudaEncodeBatch {
+  uint32_t n = 0;
+  const void* const* device_chunks = nullptr;
+  uint8_t* const* device_outputs = nullptr;
+};
+
+// Device scratch an encode of n chunks of g with cfg needs; 0 if g or cfg is invalid or the mode
+// is not a device mode.
+size_t kvc1_cuda_encode_scratch_bytes(const ChunkGeometry& g, const CodecConfig& cfg, uint32_t n) noexcept;
+
+// Enqueues the encode on `stream`. Errors before the launch: kInvalidArgument (arguments,
+// geometry, config, scratch too small), kUnsupported (mode, or built without CUDA).
+Status kvc1_encode_cuda(const Kvc1CudaEncodeBatch& batch, const ChunkGeometry& g, const kdn_key& fingerprint,
+                        const CodecConfig& cfg, void* device_scratch, size_t scratch_bytes, void* stream) noexcept;
+
+// Waits for `stream` and reports the device-side result of the last kvc1_encode_cuda on
+// device_scratch: OK with sizes[0, n) the blob sizes, kInvalidArgument (NaN or Inf in a chunk,
+// or values beyond fp32 scales) or kInternal (a CUDA error).
+Status kvc1_cuda_encode_result(const void* device_scratch, uint32_t n, void* stream, uint64_t* sizes) noexcept;
 
 }  // namespace kdn::kernels
