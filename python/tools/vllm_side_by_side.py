@@ -48,10 +48,11 @@ LOAD_BAR = 0.8  # kdn's hit TTFT over LMCache's, at 4K
 START_TIMEOUT_S = 1800  # an engine starts in ~30 s alone, in many minutes on a busy 2-core machine
 
 
-def kv_bytes_per_token(model: str) -> int:
+def kv_bytes_per_token(model: str, dtype: str) -> int:
     c = json.loads(Path(model, "config.json").read_text())
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-    return c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * head_dim * 2  # K and V, bf16
+    element = 4 if dtype == "float32" else 2
+    return c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * head_dim * element  # K and V
 
 
 @contextlib.contextmanager
@@ -117,7 +118,7 @@ class SideBySide:
         self.report: dict[str, Any] = {"errors": {}}
         self.engines: list[replicas.Replica] = []
         self.kdnd = replicas.Kdnd(os.path.join(work, "kdnd.sock"), arena=a.kdnd_arena)
-        self.kv_token_bytes = kv_bytes_per_token(replicas.model_dir())
+        self.kv_token_bytes = kv_bytes_per_token(replicas.model_dir(), a.dtype)
         working_set = sum(a.sizes) * a.reps * self.kv_token_bytes
         self.server = lmcache_server.LMCacheServer(os.path.join(work, "lmcache-server.log"),
                                                    lmcache_server.l1_gib(working_set), a.chunk_tokens)
@@ -125,7 +126,8 @@ class SideBySide:
 
     def replica(self, name: str, *args: str) -> replicas.Replica:
         r = replicas.Replica(name, "--chunk-tokens", str(self.a.chunk_tokens), "--max-num-batched-tokens",
-                             str(self.a.max_num_batched_tokens), "--max-model-len", str(self.max_len), *args,
+                             str(self.a.max_num_batched_tokens), "--max-model-len", str(self.max_len),
+                             "--dtype", self.a.dtype, *args,
                              log_dir=self.work, env=MP_ENV)
         self.engines.append(r)
         return r

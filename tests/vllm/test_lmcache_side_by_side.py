@@ -32,8 +32,9 @@ def report():
             pytest.fail(f"missing LMCACHE (required under CI or KDN_REQUIRE_LMCACHE=1): {why}")
         pytest.skip(why)
     bench = os.environ["KDN_BENCH"]
+    # float32: without AVX512-BF16 vLLM computes bf16 ~7x slower, and the figures here are checks.
     r = subprocess.run([bench, "vllm", "--lmcache", "--json", "--sizes", str(SIZE), "--reps", "1",
-                        "--no-plain-engine"], capture_output=True, text=True, timeout=1400)
+                        "--no-plain-engine", "--dtype", "float32"], capture_output=True, text=True, timeout=1400)
     assert r.returncode == 0, f"kdn-bench vllm --lmcache exited {r.returncode}\n{r.stderr[-4000:]}"
     return json.loads(r.stdout)
 
