@@ -283,12 +283,6 @@ struct Prober {
   }
 };
 
-void set_latency(Report& r, const std::string& base, const LatencySummary& s) {
-  r.set(base + "_p50_us", s.p50_us);
-  r.set(base + "_p99_us", s.p99_us);
-  r.set(base + "_max_us", s.max_us);
-}
-
 }  // namespace
 
 bool add_flood_figures(Report& report, const std::string& prefix, const FloodOptions& o) {

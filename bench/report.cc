@@ -177,4 +177,10 @@ std::optional<double> ratio(std::optional<double> a, std::optional<double> b) no
   return *a / *b;
 }
 
+void set_latency(Report& r, const std::string& base, const LatencySummary& s) {
+  r.set(base + "_p50_us", s.p50_us);
+  r.set(base + "_p99_us", s.p99_us);
+  r.set(base + "_max_us", s.max_us);
+}
+
 }  // namespace kdn::bench

@@ -9,6 +9,8 @@
 // Thread safety: none; build a report from one thread.
 #pragma once
 
+#include "stats.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -61,5 +63,8 @@ class Report {
 
 // a / b when both are present and b > 0; empty otherwise.
 std::optional<double> ratio(std::optional<double> a, std::optional<double> b) noexcept;
+
+// `base`_p50_us, `base`_p99_us and `base`_max_us of a latency summary.
+void set_latency(Report& r, const std::string& base, const LatencySummary& s);
 
 }  // namespace kdn::bench

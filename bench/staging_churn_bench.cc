@@ -107,12 +107,6 @@ Result<LatencySummary> time_pings(kdn_client* c, uint32_t samples) {
   return summarize_ns(ns);
 }
 
-void set_latency(Report& r, const std::string& base, const LatencySummary& s) {
-  r.set(base + "_p50_us", s.p50_us);
-  r.set(base + "_p99_us", s.p99_us);
-  r.set(base + "_max_us", s.max_us);
-}
-
 }  // namespace
 
 bool add_staging_churn_figures(Report& report, const std::string& prefix, const StagingChurnOptions& o) {

@@ -190,9 +190,9 @@ uint16_t free_port() {
 }
 
 // GET http://127.0.0.1:port/path with a plain socket: the status code and the body.
-std::pair<int, std::string> http_get(uint16_t port, const std::string& path) {
+int connect_loopback(uint16_t port, int timeout_ms) {
   const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  timeval tv{5, 0};  // a server that never answers fails the test, not hangs it
+  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
   (void)::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -200,8 +200,14 @@ std::pair<int, std::string> http_get(uint16_t port, const std::string& path) {
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
     ::close(s);
-    return {-1, ""};
+    return -1;
   }
+  return s;
+}
+
+std::pair<int, std::string> http_get(uint16_t port, const std::string& path) {
+  const int s = connect_loopback(port, 5000);  // a server that never answers fails the test, not hangs it
+  if (s < 0) return {-1, ""};
   const std::string req = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
   (void)!::write(s, req.data(), req.size());
   std::string resp;

@@ -63,6 +63,8 @@ uint16_t free_port();
 // GET http://127.0.0.1:port/path over a plain socket (HTTP/1.0): the status code and the body;
 // -1 if it could not connect, -2 if the answer was not HTTP (or did not come within 5 s).
 std::pair<int, std::string> http_get(uint16_t port, const std::string& path);
+// A TCP connection to 127.0.0.1:port (-1 if refused); reads give up after `timeout_ms`.
+int connect_loopback(uint16_t port, int timeout_ms = 5000);
 
 // Runs fn in a forked child; returns the child's exit code (fn's return), 128+sig if killed.
 int run_in_child(int (*fn)(void*), void* arg);

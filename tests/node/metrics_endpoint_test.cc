@@ -25,22 +25,6 @@
 namespace kdn::testing {
 namespace {
 
-// A TCP connection to 127.0.0.1:port (-1 if refused); reads give up after `timeout_ms`.
-int connect_to(uint16_t port, int timeout_ms = 5000) {
-  const int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-  (void)::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(s);
-    return -1;
-  }
-  return s;
-}
-
 size_t open_fds(pid_t pid) {
   size_t n = 0;
   std::error_code ec;
@@ -67,7 +51,7 @@ TEST(MetricsEndpoint, AClientTricklingItsRequestHoldsUpNoScrape) {
   Endpoint e;
   std::atomic<bool> stop{false};
   std::thread trickler([&] {
-    const int s = connect_to(e.port);
+    const int s = connect_loopback(e.port);
     const std::string req = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
     for (size_t i = 0; !stop.load(std::memory_order_relaxed); ++i) {
       const char c = i < req.size() ? req[i] : 'x';
@@ -87,7 +71,7 @@ TEST(MetricsEndpoint, AClientTricklingItsRequestHoldsUpNoScrape) {
 
 TEST(MetricsEndpoint, AConnectionThatNeverSpeaksIsClosedAfterTheReadDeadline) {
   Endpoint e;
-  const int s = connect_to(e.port, 6000);
+  const int s = connect_loopback(e.port, 6000);
   ASSERT_GE(s, 0);
   const auto t0 = std::chrono::steady_clock::now();
   char c;
@@ -103,7 +87,7 @@ TEST(MetricsEndpoint, IdleConnectionsAreCappedAndEnginesStillConnect) {
   const size_t before = open_fds(e.d.pid());
   std::vector<int> idle;
   for (int i = 0; i < 300; ++i)
-    if (int s = connect_to(e.port); s >= 0) idle.push_back(s);
+    if (int s = connect_loopback(e.port); s >= 0) idle.push_back(s);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // kdnd accepts what it will
   const size_t during = open_fds(e.d.pid());
   EXPECT_LE(during, before + 40) << "kdnd holds a descriptor per idle connection: " << before << " -> " << during;
