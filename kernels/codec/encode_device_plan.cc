@@ -14,18 +14,7 @@ uint16_t version_minor_of(const EncodePlan& plan) {
 
 // Largest parameters of a plane: S and Z as f32, then the exact rows.
 uint64_t params_max_bytes(const ChunkGeometry& g, const PlaneSpec& spec) {
-  Header h{};
-  h.tokens = g.tokens;
-  h.kv_heads = g.kv_heads;
-  h.head_dim = g.head_dim;
-  h.dtype = static_cast<uint8_t>(g.dtype);
-  Plane pl{};
-  pl.codec = spec.codec;
-  pl.group = spec.group;
-  pl.scale_dtype = kScaleF32;
-  pl.exact_tokens = spec.exact_tokens;
-  pl.exact_tail_tokens = spec.exact_tail_tokens;
-  return align16(quant_params_bytes(h, pl));
+  return align16(quant_params_bytes(geometry_header(g), spec_plane(spec, kScaleF32)));
 }
 
 }  // namespace

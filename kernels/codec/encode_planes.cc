@@ -198,18 +198,8 @@ namespace {
 Status write_plane_as(const ChunkGeometry& g, const void* chunk, uint32_t layer, uint32_t plane,
                       const PlaneSpec& spec, const EncodePlan& plan, EncodeScratch& scratch, OutBuf& out) {
   const Source src{chunk, g, layer, plane};
-  Header hdr{};
-  hdr.tokens = g.tokens;
-  hdr.kv_heads = g.kv_heads;
-  hdr.head_dim = g.head_dim;
-  hdr.dtype = static_cast<uint8_t>(g.dtype);
-  Plane pl{};
-  pl.codec = spec.codec;
-  pl.bits = spec.bits;
-  pl.group = spec.group;
-  pl.transform = spec.transform;
-  pl.exact_tokens = spec.exact_tokens;
-  pl.exact_tail_tokens = spec.exact_tail_tokens;
+  const Header hdr = geometry_header(g);
+  Plane pl = spec_plane(spec, 0);  // write_quant_params sets the scales' dtype
   const size_t at = out.pos;
   if (!out.zeros(kPlaneHeaderBytes)) return no_space();
   pl.params_off = out.pos;

@@ -135,6 +135,27 @@ PlaneSpec plane_spec(const EncodePlan& plan, const ChunkGeometry& g, uint32_t la
           plan.rotate ? kTransformHadamard : kTransformNone, plan.exact_tokens, plan.exact_tail_tokens};
 }
 
+Header geometry_header(const ChunkGeometry& g) noexcept {
+  Header h{};
+  h.tokens = g.tokens;
+  h.kv_heads = g.kv_heads;
+  h.head_dim = g.head_dim;
+  h.dtype = static_cast<uint8_t>(g.dtype);
+  return h;
+}
+
+Plane spec_plane(const PlaneSpec& spec, uint8_t scale_dtype) noexcept {
+  Plane pl{};
+  pl.codec = spec.codec;
+  pl.bits = spec.bits;
+  pl.group = spec.group;
+  pl.transform = spec.transform;
+  pl.scale_dtype = scale_dtype;
+  pl.exact_tokens = spec.exact_tokens;
+  pl.exact_tail_tokens = spec.exact_tail_tokens;
+  return pl;
+}
+
 uint64_t plane_max_bytes(const ChunkGeometry& g, const PlaneSpec& spec) noexcept {
   const uint64_t elems = uint64_t{g.tokens} * g.kv_heads * g.head_dim;
   if (spec.codec == kCodecRaw) return kPlaneHeaderBytes + elems * dtype_size(g.dtype);

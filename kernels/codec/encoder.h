@@ -43,6 +43,11 @@ PlaneSpec plane_spec(const EncodePlan& plan, const ChunkGeometry& g, uint32_t la
 // Largest encoded size of a plane record (header, parameters as f32, packed payload).
 uint64_t plane_max_bytes(const ChunkGeometry& g, const PlaneSpec& spec) noexcept;
 
+// The chunk header fields a plane's encoding reads (tokens, heads, head_dim, dtype), and the
+// plane record of `spec` with its scales in `scale_dtype`.
+Header geometry_header(const ChunkGeometry& g) noexcept;
+Plane spec_plane(const PlaneSpec& spec, uint8_t scale_dtype) noexcept;
+
 // Bounded output cursor: every write checks the capacity.
 struct OutBuf {
   uint8_t* data;
