@@ -51,7 +51,6 @@ class Kdnd:
         self.env = {**os.environ, **(env or {})}
         self.log_path = log or socket + ".log"
         self.proc: subprocess.Popen | None = None
-        self._log_mark: int | None = None
 
     def start(self) -> "Kdnd":
         Path(self.socket).parent.mkdir(parents=True, exist_ok=True)
@@ -73,21 +72,18 @@ class Kdnd:
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return r.returncode == 0
 
-    def wait_for_log(self, text: str, timeout: float = 120) -> None:
-        """Until kdnd's log (appended across restarts) holds `text` once more than it did."""
-        seen = Path(self.log_path).read_text(errors="replace").count(text) if self._log_mark is None else self._log_mark
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            now = Path(self.log_path).read_text(errors="replace").count(text)
-            if now > seen:
-                self._log_mark = None
-                return
-            time.sleep(0.02)
-        raise TimeoutError(f"kdnd did not log {text!r} within {timeout} s")
+    def log_count(self, text: str) -> int:
+        """How many times kdnd's log (appended across restarts) holds `text`."""
+        p = Path(self.log_path)
+        return p.read_text(errors="replace").count(text) if p.exists() else 0
 
-    def mark_log(self, text: str) -> None:
-        """Counts `text` in the log now, so that wait_for_log waits for the next one."""
-        self._log_mark = Path(self.log_path).read_text(errors="replace").count(text) if Path(self.log_path).exists() else 0
+    def wait_for_log(self, text: str, seen: int, timeout: float = 120) -> None:
+        """Until kdnd's log holds `text` more than `seen` times (log_count before the cause)."""
+        deadline = time.monotonic() + timeout
+        while self.log_count(text) <= seen:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"kdnd did not log {text!r} within {timeout} s")
+            time.sleep(0.02)
 
     def kill(self) -> None:
         """SIGKILL: no goodbye to anyone, as when it crashes."""

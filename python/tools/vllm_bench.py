@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lmcache_server  # noqa: E402
@@ -272,16 +272,18 @@ def config(a: argparse.Namespace) -> dict[str, Any]:
             "load_average_at_start": list(os.getloadavg())}
 
 
-def print_table(report: dict[str, Any], sizes: list[int]) -> None:
-    cols = ("ttft_miss_s", "ttft_kdn_hit_s", "ttft_own_prefix_hit_s", "ttft_offload_hit_s",
-            "ttft_offload_cross_process_s", "speedup_kdn", "kdn_hit_bytes_loaded", "tokens_identical")
-    print("tokens  " + "  ".join(f"{c:>28}" for c in cols))
+TABLE = ("ttft_miss_s", "ttft_kdn_hit_s", "ttft_own_prefix_hit_s", "ttft_offload_hit_s",
+         "ttft_offload_cross_process_s", "speedup_kdn", "kdn_hit_bytes_loaded", "tokens_identical")
+
+
+def print_table(report: dict[str, Any], sizes: list[int], cols: tuple[str, ...], width: int) -> None:
+    print("tokens  " + "  ".join(f"{c:>{width}}" for c in cols))
     for s in sizes:
         r = report.get(f"prompt_{s}", {})
         cells = []
         for c in cols:
             v = r.get(c)
-            cells.append(f"{'null' if v is None else (f'{v:.4f}' if isinstance(v, float) else v):>28}")
+            cells.append(f"{'null' if v is None else (f'{v:.4f}' if isinstance(v, float) else v):>{width}}")
         print(f"{s:>6}  " + "  ".join(cells))
     for name, b in report.get("bars", {}).items():
         print(f"bar {name}: {b['value']} {b['op']} {b['target']}: {'pass' if b['pass'] else 'FAIL'}")
@@ -301,8 +303,8 @@ def main(argv: list[str]) -> int:
     work = tempfile.mkdtemp(prefix="kdn-vllm-bench.")
     bench = Bench(a, work)
     bench.report["config"] = config(a)
-    failed = False
-    try:
+
+    def steps() -> None:
         bench.run_kdn()
         if a.no_offload:
             for s in a.sizes:
@@ -310,6 +312,17 @@ def main(argv: list[str]) -> int:
                 bench.report["errors"][f"prompt_{s}.ttft_offload_hit_s"] = "skipped (--no-offload)"
         else:
             bench.run_offload()
+
+    return run_and_report(a, bench, work, steps, TABLE, 28, "engine logs")
+
+
+def run_and_report(a: argparse.Namespace, bench: Any, work: str, steps: Callable[[], None],
+                   table: tuple[str, ...], width: int, kept: str) -> int:
+    """Runs the steps, closes every process, prints the report; 1 when a step failed (the
+    logs stay in `work`), 3 when --require-bars and a bar failed."""
+    failed = False
+    try:
+        steps()
     except Exception as e:  # noqa: BLE001 - the report says what failed
         bench.report["errors"]["run"] = f"{type(e).__name__}: {e}"
         log(f"failed: {e}")
@@ -320,9 +333,9 @@ def main(argv: list[str]) -> int:
     if a.json:
         print(json.dumps(bench.report, indent=2))
     else:
-        print_table(bench.report, a.sizes)
+        print_table(bench.report, a.sizes, table, width)
     if failed:
-        print(f"kdn-bench vllm: engine logs kept in {work}", file=sys.stderr)
+        print(f"kdn-bench vllm: {kept} kept in {work}", file=sys.stderr)
         return 1
     shutil.rmtree(work, ignore_errors=True)
     return 3 if a.require_bars and not passed else 0
@@ -337,26 +350,12 @@ def side_by_side(a: argparse.Namespace) -> int:
     bench = vllm_side_by_side.SideBySide(a, work, log)
     bench.report["config"] = config(a)
     bench.report["config"]["plain_engine"] = "kdn engine B, kdn off" if a.no_plain_engine else "its own engine"
-    failed = False
-    try:
+
+    def steps() -> None:
         bench.run_kdn((QUESTION_B, QUESTION_A, UNRELATED))
         bench.run_lmcache()
-    except Exception as e:  # noqa: BLE001 - the report says what failed
-        bench.report["errors"]["run"] = f"{type(e).__name__}: {e}"
-        log(f"failed: {e}")
-        failed = True
-    finally:
-        bench.close()
-    passed = bench.bars()
-    if a.json:
-        print(json.dumps(bench.report, indent=2))
-    else:
-        vllm_side_by_side.print_table(bench.report, a.sizes)
-    if failed:
-        print(f"kdn-bench vllm: engine and server logs kept in {work}", file=sys.stderr)
-        return 1
-    shutil.rmtree(work, ignore_errors=True)
-    return 3 if a.require_bars and not passed else 0
+
+    return run_and_report(a, bench, work, steps, vllm_side_by_side.TABLE, 24, "engine and server logs")
 
 
 if __name__ == "__main__":

@@ -318,18 +318,3 @@ class SideBySide:
 TABLE = ("ttft_miss_none_s", "ttft_miss_kdn_s", "ttft_miss_lmcache_s", "ttft_kdn_hit_s", "ttft_lmcache_hit_s",
          "ttft_own_prefix_hit_s", "kdn_hit_over_lmcache_hit", "kdn_hit_bytes", "lmcache_hit_bytes",
          "tokens_identical_kdn", "tokens_identical_lmcache")
-
-
-def print_table(report: dict[str, Any], sizes: list[int]) -> None:
-    print("tokens  " + "  ".join(f"{c:>24}" for c in TABLE))
-    for s in sizes:
-        r = report.get(f"prompt_{s}", {})
-        cells = []
-        for c in TABLE:
-            v = r.get(c)
-            cells.append(f"{'null' if v is None else (f'{v:.4f}' if isinstance(v, float) else v):>24}")
-        print(f"{s:>6}  " + "  ".join(cells))
-    for name, b in report.get("bars", {}).items():
-        print(f"bar {name}: {b['value']} {b['op']} {b['target']}: {'pass' if b['pass'] else 'FAIL'}")
-    for name, why in report.get("errors", {}).items():
-        print(f"error {name}: {why}")

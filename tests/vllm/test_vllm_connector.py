@@ -200,9 +200,9 @@ def test_5_kdnd_killed_mid_run(refs, engines, kdnd, workdir):
     before = counters(b)
     stall = workdir / "stall-leases"
     stall.touch()
-    kdnd.mark_log("test seam: stalling a lease")
+    stalls = kdnd.log_count("test seam: stalling a lease")
     b.post("generate", prompts=prompts.batch, max_tokens=48)
-    kdnd.wait_for_log("test seam: stalling a lease")  # B's load waits on kdnd's answer
+    kdnd.wait_for_log("test seam: stalling a lease", stalls)  # B's load waits on kdnd's answer
     kdnd.kill()
     stall.unlink()
     outs = b.wait()["outputs"]
