@@ -6,9 +6,9 @@
 #include "baselines.h"
 #include "report.h"
 
+#include <cstdarg>
 #include <cstddef>
 #include <cstdint>
-#include <cstdarg>
 #include <string>
 
 namespace kdn::bench {
@@ -38,8 +38,7 @@ struct CommonBaselineOptions {
 //   <prefix>.uds_echo_rtt_p50_us, uds_echo_rtt_p99_us, spin_pingpong_rtt_p50_us,
 //     spin_pingpong_rtt_p99_us.
 // Returns false if any of them failed.
-bool add_common_baselines(Report& report, const std::string& prefix,
-                          const CommonBaselineOptions& options);
+bool add_common_baselines(Report& report, const std::string& prefix, const CommonBaselineOptions& options);
 
 // redis SET/GET of `value_bytes` values: <prefix>.redis_get_gbps, redis_set_gbps,
 // redis_value_bytes. An uninstalled redis-server gives nulls and returns true (not a failure).

@@ -54,39 +54,34 @@ class CopyLane final : public Lane {
 };
 
 // The buffers are first touched by the thread that copies them (prepare), not here.
-Result<std::vector<std::unique_ptr<Lane>>> make_copy_lanes(
-    unsigned threads, size_t bytes, const std::vector<CopyMethod>& methods) {
+Result<std::vector<std::unique_ptr<Lane>>> make_copy_lanes(unsigned threads, size_t bytes,
+                                                           const std::vector<CopyMethod>& methods) {
   std::vector<std::unique_ptr<Lane>> lanes;
   for (unsigned i = 0; i < threads; ++i) {
     Result<PageBuffer> src = PageBuffer::allocate(bytes, /*prefault=*/false);
     if (!src.ok()) return src.status();
     Result<PageBuffer> dst = PageBuffer::allocate(bytes, /*prefault=*/false);
     if (!dst.ok()) return dst.status();
-    lanes.push_back(std::make_unique<CopyLane>(std::move(src).value(), std::move(dst).value(),
-                                               methods, i + 1));
+    lanes.push_back(std::make_unique<CopyLane>(std::move(src).value(), std::move(dst).value(), methods, i + 1));
   }
   return lanes;
 }
 
-Result<std::vector<CopyResult>> measure_copies(unsigned threads, size_t bytes_per_thread,
-                                               int repetitions,
+Result<std::vector<CopyResult>> measure_copies(unsigned threads, size_t bytes_per_thread, int repetitions,
                                                const std::vector<CopyMethod>& methods) {
   if (threads == 0 || bytes_per_thread == 0 || repetitions <= 0) {
     return Status(Code::kInvalidArgument, "copy baseline needs threads, bytes, repetitions");
   }
-  Result<std::vector<std::unique_ptr<Lane>>> lanes =
-      make_copy_lanes(threads, bytes_per_thread, methods);
+  Result<std::vector<std::unique_ptr<Lane>>> lanes = make_copy_lanes(threads, bytes_per_thread, methods);
   if (!lanes.ok()) return lanes.status();
   std::vector<Lane*> raw;
   for (const std::unique_ptr<Lane>& lane : *lanes) raw.push_back(lane.get());
-  Result<MethodSamples> samples =
-      run_timed_lanes(raw, static_cast<int>(methods.size()), repetitions);
+  Result<MethodSamples> samples = run_timed_lanes(raw, static_cast<int>(methods.size()), repetitions);
   if (!samples.ok()) return samples.status();
   std::vector<CopyResult> results;
   for (const std::vector<uint64_t>& wall_ns : *samples) {
     CopyResult r;
-    static_cast<RateSpread&>(r) =
-        rate_spread(wall_ns, static_cast<uint64_t>(threads) * bytes_per_thread);
+    static_cast<RateSpread&>(r) = rate_spread(wall_ns, static_cast<uint64_t>(threads) * bytes_per_thread);
     r.threads = threads;
     r.bytes_per_thread = bytes_per_thread;
     r.repetitions = repetitions;
@@ -167,8 +162,7 @@ int answer_pings(PingPongLine& line) {
   }
 }
 
-Result<LatencySummary> time_pings(PingPongLine& line, size_t round_trips, size_t warmup,
-                                  uint64_t budget_ns) {
+Result<LatencySummary> time_pings(PingPongLine& line, size_t round_trips, size_t warmup, uint64_t budget_ns) {
   std::vector<uint64_t> samples;
   samples.reserve(round_trips);
   uint64_t deadline = now_ns() + budget_ns;
@@ -187,22 +181,17 @@ Result<LatencySummary> time_pings(PingPongLine& line, size_t round_trips, size_t
 
 }  // namespace
 
-const char* copy_method_name(CopyMethod method) noexcept {
-  return method == CopyMethod::kStream ? "stream" : "memcpy";
-}
+const char* copy_method_name(CopyMethod method) noexcept { return method == CopyMethod::kStream ? "stream" : "memcpy"; }
 
-Result<CopyComparison> copy_gbps(unsigned threads, size_t bytes_per_thread,
-                                 int repetitions) noexcept {
-  Result<std::vector<CopyResult>> r = measure_copies(threads, bytes_per_thread, repetitions,
-                                                     {CopyMethod::kMemcpy, CopyMethod::kStream});
+Result<CopyComparison> copy_gbps(unsigned threads, size_t bytes_per_thread, int repetitions) noexcept {
+  Result<std::vector<CopyResult>> r =
+      measure_copies(threads, bytes_per_thread, repetitions, {CopyMethod::kMemcpy, CopyMethod::kStream});
   if (!r.ok()) return r.status();
   return CopyComparison{(*r)[0], (*r)[1]};
 }
 
-Result<CopyResult> memcpy_gbps(unsigned threads, size_t bytes_per_thread,
-                               int repetitions) noexcept {
-  Result<std::vector<CopyResult>> r =
-      measure_copies(threads, bytes_per_thread, repetitions, {CopyMethod::kMemcpy});
+Result<CopyResult> memcpy_gbps(unsigned threads, size_t bytes_per_thread, int repetitions) noexcept {
+  Result<std::vector<CopyResult>> r = measure_copies(threads, bytes_per_thread, repetitions, {CopyMethod::kMemcpy});
   if (!r.ok()) return r.status();
   return (*r)[0];
 }
@@ -244,13 +233,11 @@ Result<LatencySummary> uds_echo_rtt_us(size_t round_trips, size_t warmup) noexce
   return summarize_ns(samples);
 }
 
-Result<LatencySummary> spin_pingpong_rtt_us(size_t round_trips, size_t warmup,
-                                            double max_seconds) noexcept {
+Result<LatencySummary> spin_pingpong_rtt_us(size_t round_trips, size_t warmup, double max_seconds) noexcept {
   if (round_trips == 0 || !(max_seconds > 0)) {
     return Status(Code::kInvalidArgument, "no round trips or no time");
   }
-  void* mem = mmap(nullptr, sizeof(PingPongLine), PROT_READ | PROT_WRITE,
-                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  void* mem = mmap(nullptr, sizeof(PingPongLine), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) return Status::from_errno("mmap shared line", errno);
   auto* line = new (mem) PingPongLine();
   Result<ChildProcess> peer = fork_child([line] { return answer_pings(*line); });

@@ -46,9 +46,7 @@ struct CopyComparison {
   CopyMethod faster() const noexcept {
     return stream.median_gbps > memcpy.median_gbps ? CopyMethod::kStream : CopyMethod::kMemcpy;
   }
-  const CopyResult& best() const noexcept {
-    return faster() == CopyMethod::kStream ? stream : memcpy;
-  }
+  const CopyResult& best() const noexcept { return faster() == CopyMethod::kStream ? stream : memcpy; }
 };
 
 // Copy bandwidth in GB/s (1e9 bytes copied per second, not counting the read and the write
@@ -59,10 +57,8 @@ struct CopyComparison {
 //
 // copy_gbps measures memcpy and the streaming copy in the same buffers, one of each per
 // repetition in alternating order; memcpy_gbps measures memcpy alone.
-Result<CopyComparison> copy_gbps(unsigned threads, size_t bytes_per_thread,
-                                 int repetitions = 5) noexcept;
-Result<CopyResult> memcpy_gbps(unsigned threads, size_t bytes_per_thread,
-                               int repetitions = 5) noexcept;
+Result<CopyComparison> copy_gbps(unsigned threads, size_t bytes_per_thread, int repetitions = 5) noexcept;
+Result<CopyResult> memcpy_gbps(unsigned threads, size_t bytes_per_thread, int repetitions = 5) noexcept;
 
 // ---- integrity: staging vs verify on read (integrity_baseline.cc) ----------------------
 //
@@ -76,17 +72,17 @@ Result<CopyResult> memcpy_gbps(unsigned threads, size_t bytes_per_thread,
 // Each method moves `chunks_per_thread` chunks of `chunk_bytes` per thread and repetition,
 // with streaming stores unless said otherwise, hashing and copying per `block_bytes` block.
 enum class IntegrityMethod {
-  kCopy,                // src -> dst: the reference (a retrieve under staging)
-  kStagingStore,        // src -> staging -> dst: a store under staging (bytes counted once)
-  kHashedStore,         // per block: hash src, then stream it to dst: the writer under verify
-                        // on read
-  kVerifyReadSource,    // per block: hash src, then stream it to dst, compare: NOT a valid
-                        // reader (the shared source may change between the hash's read and
-                        // the copy's); shown as the ceiling of an honest reader whose every
-                        // load feeds both the store and the hash, which XXH3's API cannot do
-  kVerifyReadStream,    // per block: stream src to dst, then hash the private dst block
-  kVerifyReadCached,    // per block: memcpy src to dst (lands in cache), hash the dst block
-  kHashOnly,            // XXH3-128 of src alone, compared: the hash's own rate
+  kCopy,              // src -> dst: the reference (a retrieve under staging)
+  kStagingStore,      // src -> staging -> dst: a store under staging (bytes counted once)
+  kHashedStore,       // per block: hash src, then stream it to dst: the writer under verify
+                      // on read
+  kVerifyReadSource,  // per block: hash src, then stream it to dst, compare: NOT a valid
+                      // reader (the shared source may change between the hash's read and
+                      // the copy's); shown as the ceiling of an honest reader whose every
+                      // load feeds both the store and the hash, which XXH3's API cannot do
+  kVerifyReadStream,  // per block: stream src to dst, then hash the private dst block
+  kVerifyReadCached,  // per block: memcpy src to dst (lands in cache), hash the dst block
+  kHashOnly,          // XXH3-128 of src alone, compared: the hash's own rate
 };
 inline constexpr int kIntegrityMethods = 7;
 const char* integrity_method_name(IntegrityMethod method) noexcept;

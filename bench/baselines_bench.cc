@@ -16,13 +16,10 @@
 namespace kdn::bench {
 namespace {
 
-std::string key(const std::string& prefix, const char* name) {
-  return prefix + "." + name;
-}
+std::string key(const std::string& prefix, const char* name) { return prefix + "." + name; }
 
 // The reason sits next to the null figure it explains: <prefix>.errors.<name>.
-void record_error(Report& report, const std::string& prefix, const char* name,
-                  const Status& status) {
+void record_error(Report& report, const std::string& prefix, const char* name, const Status& status) {
   report.set(key(prefix, "errors.") + name, describe(status));
   progress("%s: %s", name, describe(status).c_str());
 }
@@ -38,8 +35,7 @@ bool add_copy(Report& report, const std::string& prefix, const char* suffix, uns
               const CommonBaselineOptions& options) {
   progress("copy baseline (memcpy, streaming copy): %u thread(s) x %zu MiB", threads,
            options.memcpy_bytes_per_thread >> 20);
-  Result<CopyComparison> r =
-      copy_gbps(threads, options.memcpy_bytes_per_thread, options.memcpy_repetitions);
+  Result<CopyComparison> r = copy_gbps(threads, options.memcpy_bytes_per_thread, options.memcpy_repetitions);
   const std::string s = suffix;
   const std::string memcpy_key = key(prefix, "memcpy_gbps_") + s;
   const std::string stream_key = key(prefix, "stream_copy_gbps_") + s;
@@ -58,12 +54,9 @@ bool add_copy(Report& report, const std::string& prefix, const char* suffix, uns
   return true;
 }
 
-const char* reader_name(IntegrityMethod m) {
-  return m == IntegrityMethod::kVerifyReadCached ? "cached" : "stream";
-}
+const char* reader_name(IntegrityMethod m) { return m == IntegrityMethod::kVerifyReadCached ? "cached" : "stream"; }
 
-void set_integrity(Report& report, const std::string& base, const std::string& s,
-                   const IntegrityResult& r) {
+void set_integrity(Report& report, const std::string& base, const std::string& s, const IntegrityResult& r) {
   auto name = [&](const char* figure) { return base + "." + figure + "_gbps_" + s; };
   set_spread(report, name("copy"), r.of(IntegrityMethod::kCopy));
   set_spread(report, name("staging_store"), r.of(IntegrityMethod::kStagingStore));
@@ -79,37 +72,34 @@ void set_integrity(Report& report, const std::string& base, const std::string& s
   report.set(base + ".verify_read_vs_copy_" + s, r.ratio(r.verify_read));
 }
 
-bool add_integrity(Report& report, const std::string& prefix, const char* suffix,
-                   unsigned threads, const CommonBaselineOptions& options) {
+bool add_integrity(Report& report, const std::string& prefix, const char* suffix, unsigned threads,
+                   const CommonBaselineOptions& options) {
   IntegrityOptions o;
   o.threads = threads;
   o.chunk_bytes = options.integrity_chunk_bytes;
   o.chunks_per_thread = options.integrity_chunks_per_thread;
   o.block_bytes = options.integrity_block_bytes;
   o.repetitions = options.integrity_repetitions;
-  progress("integrity baseline: %u thread(s) x %zu chunks of %.3f MiB", threads,
-           o.chunks_per_thread, static_cast<double>(o.chunk_bytes) / (1 << 20));
+  progress("integrity baseline: %u thread(s) x %zu chunks of %.3f MiB", threads, o.chunks_per_thread,
+           static_cast<double>(o.chunk_bytes) / (1 << 20));
   Result<IntegrityResult> r = integrity_gbps(o);
   const std::string base = key(prefix, "integrity"), s = suffix;
   if (r.ok()) {
     set_integrity(report, base, s, *r);
     return true;
   }
-  for (const char* figure : {"copy_gbps_", "staging_store_gbps_", "hashed_store_gbps_",
-                             "verify_read_gbps_", "staging_store_vs_copy_",
-                             "hashed_store_vs_copy_", "verify_read_vs_copy_"}) {
+  for (const char* figure : {"copy_gbps_", "staging_store_gbps_", "hashed_store_gbps_", "verify_read_gbps_",
+                             "staging_store_vs_copy_", "hashed_store_vs_copy_", "verify_read_vs_copy_"}) {
     report.set_null(base + "." + figure + s);
   }
   record_error(report, base, ("integrity_" + s).c_str(), r.status());
   return false;
 }
 
-bool add_integrity_both(Report& report, const std::string& prefix,
-                        const CommonBaselineOptions& options) {
+bool add_integrity_both(Report& report, const std::string& prefix, const CommonBaselineOptions& options) {
   const std::string base = key(prefix, "integrity");
   report.set(base + ".chunk_bytes", static_cast<uint64_t>(options.integrity_chunk_bytes));
-  report.set(base + ".chunks_per_thread",
-             static_cast<uint64_t>(options.integrity_chunks_per_thread));
+  report.set(base + ".chunks_per_thread", static_cast<uint64_t>(options.integrity_chunks_per_thread));
   report.set(base + ".block_bytes", static_cast<uint64_t>(options.integrity_block_bytes));
   report.set(base + ".threads_pt", options.threads);
   report.set(base + ".repetitions", options.integrity_repetitions);
@@ -119,8 +109,7 @@ bool add_integrity_both(Report& report, const std::string& prefix,
   return ok;
 }
 
-bool add_latency(Report& report, const std::string& prefix, const char* name,
-                 const Result<LatencySummary>& r) {
+bool add_latency(Report& report, const std::string& prefix, const char* name, const Result<LatencySummary>& r) {
   std::string base = key(prefix, name);
   if (!r.ok()) {
     report.set_null(base + "_p50_us");
@@ -149,20 +138,17 @@ void progress(const char* format, ...) {
   va_end(args);
 }
 
-bool add_common_baselines(Report& report, const std::string& prefix,
-                          const CommonBaselineOptions& options) {
+bool add_common_baselines(Report& report, const std::string& prefix, const CommonBaselineOptions& options) {
   bool ok = add_copy(report, prefix, "1t", 1, options);
   ok &= add_copy(report, prefix, "pt", options.threads, options);
   report.set(key(prefix, "memcpy_threads_pt"), options.threads);
-  report.set(key(prefix, "memcpy_bytes_per_thread"),
-             static_cast<uint64_t>(options.memcpy_bytes_per_thread));
+  report.set(key(prefix, "memcpy_bytes_per_thread"), static_cast<uint64_t>(options.memcpy_bytes_per_thread));
   report.set(key(prefix, "copy_repetitions"), options.memcpy_repetitions);
   if (options.integrity) ok &= add_integrity_both(report, prefix, options);
   progress("unix socket echo baseline: %zu round trips", options.uds_round_trips);
   ok &= add_latency(report, prefix, "uds_echo_rtt", uds_echo_rtt_us(options.uds_round_trips));
   progress("spin ping-pong baseline: %zu round trips", options.spin_round_trips);
-  ok &= add_latency(report, prefix, "spin_pingpong_rtt",
-                    spin_pingpong_rtt_us(options.spin_round_trips));
+  ok &= add_latency(report, prefix, "spin_pingpong_rtt", spin_pingpong_rtt_us(options.spin_round_trips));
   return ok;
 }
 
@@ -195,12 +181,10 @@ int run_baselines_bench(int argc, char** argv) {
   size_t memcpy_mib = options.memcpy_bytes_per_thread >> 20;
   bool no_integrity = false;
   app.add_flag("--json", json, "print JSON instead of a table");
-  app.add_option("--threads", options.threads, "threads of the concurrent copies (P)")
-      ->check(CLI::Range(1u, 256u));
+  app.add_option("--threads", options.threads, "threads of the concurrent copies (P)")->check(CLI::Range(1u, 256u));
   app.add_option("--memcpy-mib", memcpy_mib, "MiB copied per thread per repetition")
       ->check(CLI::Range(size_t{1}, size_t{1} << 16));
-  app.add_option("--repetitions", options.memcpy_repetitions,
-                 "repetitions of the copy and integrity measurements")
+  app.add_option("--repetitions", options.memcpy_repetitions, "repetitions of the copy and integrity measurements")
       ->check(CLI::Range(1, 1000));
   app.add_option("--integrity-chunk-bytes", options.integrity_chunk_bytes,
                  "chunk size of the integrity measurement (default: one SmolLM2-135M chunk)")

@@ -1,8 +1,8 @@
 #include "baselines.h"
 #include "process.h"
 
-#include <kdn/common/testing/require.h>
 #include <gtest/gtest.h>
+#include <kdn/common/testing/require.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -71,10 +71,8 @@ TEST(IntegrityBaselineTest, EveryMethodIsVerifiedAndMeasured) {
     }
     EXPECT_TRUE(r->verify_read == IntegrityMethod::kVerifyReadStream ||
                 r->verify_read == IntegrityMethod::kVerifyReadCached);
-    EXPECT_GE(r->of(r->verify_read).median_gbps,
-              r->of(IntegrityMethod::kVerifyReadStream).median_gbps);
-    EXPECT_GE(r->of(r->verify_read).median_gbps,
-              r->of(IntegrityMethod::kVerifyReadCached).median_gbps);
+    EXPECT_GE(r->of(r->verify_read).median_gbps, r->of(IntegrityMethod::kVerifyReadStream).median_gbps);
+    EXPECT_GE(r->of(r->verify_read).median_gbps, r->of(IntegrityMethod::kVerifyReadCached).median_gbps);
     // The copy's paired ratio against itself is exactly 1.
     EXPECT_DOUBLE_EQ(r->ratio(IntegrityMethod::kCopy), 1.0);
   }
@@ -90,11 +88,9 @@ TEST(IntegrityBaselineTest, HandlesChunksSmallerThanABlock) {
 }
 
 TEST(IntegrityBaselineTest, RejectsEmptyRuns) {
-  for (auto edit : {+[](IntegrityOptions& o) { o.threads = 0; },
-                    +[](IntegrityOptions& o) { o.chunk_bytes = 0; },
+  for (auto edit : {+[](IntegrityOptions& o) { o.threads = 0; }, +[](IntegrityOptions& o) { o.chunk_bytes = 0; },
                     +[](IntegrityOptions& o) { o.chunks_per_thread = 0; },
-                    +[](IntegrityOptions& o) { o.block_bytes = 0; },
-                    +[](IntegrityOptions& o) { o.repetitions = 0; },
+                    +[](IntegrityOptions& o) { o.block_bytes = 0; }, +[](IntegrityOptions& o) { o.repetitions = 0; },
                     +[](IntegrityOptions& o) { o.chunks_per_thread = SIZE_MAX; }}) {
     IntegrityOptions o = small_integrity(1);
     edit(o);

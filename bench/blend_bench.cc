@@ -35,8 +35,8 @@
 #include <kdn/llama/engine.h>
 #include <kdn/llama/kdn_chunk_cache.h>
 
-#include <CLI/CLI.hpp>
 #include <llama.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -226,8 +226,12 @@ struct PolicyTotals {
 
   // Everything `t` gathered, after what this one holds.
   void add(const PolicyTotals& t) {
-    for (auto [dst, src] : {std::pair{&ttft, &t.ttft}, {&ttft_full, &t.ttft_full}, {&ttft_prefix, &t.ttft_prefix},
-                            {&agree, &t.agree}, {&kl, &t.kl}, {&ttft_warm, &t.ttft_warm},
+    for (auto [dst, src] : {std::pair{&ttft, &t.ttft},
+                            {&ttft_full, &t.ttft_full},
+                            {&ttft_prefix, &t.ttft_prefix},
+                            {&agree, &t.agree},
+                            {&kl, &t.kl},
+                            {&ttft_warm, &t.ttft_warm},
                             {&ttft_full_warm, &t.ttft_full_warm}})
       dst->insert(dst->end(), src->begin(), src->end());
     identical += t.identical;
@@ -253,7 +257,8 @@ void report_policy(Report& r, const std::string& k, const PolicyTotals& t) {
   r.set(k + "warm_prompts", uint64_t(t.ttft_warm.size()));
   r.set(k + "speedup_vs_full_warm",
         t.ttft_warm.empty() ? std::nullopt : kdn::bench::ratio(mean(t.ttft_full_warm), mean(t.ttft_warm)));
-  if (!t.ttft_prefix.empty()) r.set(k + "speedup_vs_prefix_cache", kdn::bench::ratio(mean(t.ttft_prefix), mean(t.ttft)));
+  if (!t.ttft_prefix.empty())
+    r.set(k + "speedup_vs_prefix_cache", kdn::bench::ratio(mean(t.ttft_prefix), mean(t.ttft)));
   r.set(k + "recomputed_fraction", t.loaded ? double(t.recomputed) / double(t.loaded) : 0.0);
   r.set(k + "served_from_cache", t.prompt_tokens ? double(t.served) / double(t.prompt_tokens) : 0.0);
   r.set(k + "top1_agreement", mean(t.agree));
@@ -286,8 +291,7 @@ void add_flags(CLI::App& app, Options& o) {
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--check-layer", o.blend.check_layer, "hkvd: the layer whose deviation ranks tokens");
   app.add_option_function<std::string>(
-         "--deviation",
-         [&o](const std::string& v) { (void)kdn::llama::parse_blend_deviation(v, &o.blend.deviation); },
+         "--deviation", [&o](const std::string& v) { (void)kdn::llama::parse_blend_deviation(v, &o.blend.deviation); },
          "hkvd: rows compared at the check layer: k, v or kv (default k)")
       ->check(CLI::IsMember({"k", "v", "kv"}));
   app.add_option("--boundary-tokens", o.blend.boundary_tokens, "boundary: tokens recomputed per document");
@@ -312,13 +316,14 @@ Json policy_row(const Scored& s) {
           {"top1_agreement", double(s.agree) / double(s.positions)},
           {"kl_mean", s.kl_mean},
           {"answer_identical", s.identical},
-          {"phases_s", {{"lookup", s.phases.lookup_s},
-                        {"segment_prefill", s.phases.segment_prefill_s},
-                        {"segment_store", s.phases.segment_store_s},
-                        {"place", s.phases.place_s},
-                        {"retrieve", s.phases.retrieve_s},
-                        {"select", s.phases.select_s},
-                        {"recompute", s.phases.recompute_s}}}};
+          {"phases_s",
+           {{"lookup", s.phases.lookup_s},
+            {"segment_prefill", s.phases.segment_prefill_s},
+            {"segment_store", s.phases.segment_store_s},
+            {"place", s.phases.place_s},
+            {"retrieve", s.phases.retrieve_s},
+            {"select", s.phases.select_s},
+            {"recompute", s.phases.recompute_s}}}};
 }
 
 // What the whole run shares: options, the engine, kdnd, the corpus and the report.
@@ -424,8 +429,8 @@ bool start(Run& run) {
   const kdn::llama::KvGeometry& g = run.engine->identity().geometry;
   for (uint32_t size : o.sizes) {
     const kdn::bench::RagClass c = kdn::bench::rag_class(size);
-    arena = std::max<uint64_t>(arena, uint64_t{c.pool} * ((c.max_tokens + g.chunk_tokens - 1) / g.chunk_tokens + 1) *
-                                          g.chunk_bytes());
+    arena = std::max<uint64_t>(
+        arena, uint64_t{c.pool} * ((c.max_tokens + g.chunk_tokens - 1) / g.chunk_tokens + 1) * g.chunk_bytes());
   }
   ko.host_arena_bytes = (arena + (64ull << 20) - 1) & ~((64ull << 20) - 1);
   ko.extra_args = {"--set", "namespace_grace_s=1", "--set", "tier.host.populate=false"};
@@ -500,12 +505,9 @@ bool run_prompt(Run& run, SizeRun& sr, const kdn::bench::RagPromptSpec& spec, co
     return false;
   }
   sr.control.add(ctl.value(), ref->ttft_s, 0, tokens.size());
-  Json row = {{"tokens", tokens.size()},
-              {"passages", spec.passages},
-              {"question", spec.question},
-              {"ttft_full_prefill_s", ref->ttft_s},
-              {"answer_end", ref->answer_end},
-              {"floor_top1_agreement", double(ctl->agree) / double(ctl->positions)},
+  Json row = {{"tokens", tokens.size()},       {"passages", spec.passages},
+              {"question", spec.question},     {"ttft_full_prefill_s", ref->ttft_s},
+              {"answer_end", ref->answer_end}, {"floor_top1_agreement", double(ctl->agree) / double(ctl->positions)},
               {"floor_kl_mean", ctl->kl_mean}};
   double prefix_ttft = 0;
   if (sr.prefix_cache) {
@@ -579,8 +581,8 @@ bool run_size(Run& run, size_t si) {
   kdn::bench::RagClass c = kdn::bench::rag_class(sr.size);
   if (!o.prompts.empty()) c.prompts = o.prompts[si];
   if (!o.pool.empty()) c.pool = o.pool[si];
-  const auto pool = kdn::bench::cut_passages(run.corpus, c, [&](const std::string& t) { return run.count_tokens(t); },
-                                             o.seed);
+  const auto pool = kdn::bench::cut_passages(
+      run.corpus, c, [&](const std::string& t) { return run.count_tokens(t); }, o.seed);
   for (const auto& p : pool) sr.texts.push_back(p.text);
   const auto prompt_of = [&](const kdn::bench::RagPromptSpec& spec) {
     std::vector<std::string> d;
@@ -599,8 +601,8 @@ bool run_size(Run& run, size_t si) {
       std::fprintf(stderr, "blend bench: building prompt %zu: %s\n", pi + 1, rp.status().what());
       return false;
     }
-    std::fprintf(stderr, "blend bench: %u: prompt %zu/%zu, %llu tokens, %zu passages\n", sr.size, pi + 1,
-                 specs.size(), static_cast<unsigned long long>(rp->size()), specs[pi].passages.size());
+    std::fprintf(stderr, "blend bench: %u: prompt %zu/%zu, %llu tokens, %zu passages\n", sr.size, pi + 1, specs.size(),
+                 static_cast<unsigned long long>(rp->size()), specs[pi].passages.size());
     if (!run_prompt(run, sr, specs[pi], rp.value())) return false;
     // A daemon that died would turn every later prompt into a fallback: not a measurement.
     if (!run.kdnd->running()) {
@@ -632,7 +634,8 @@ void report_all(Run& run) {
     const std::string k = "sizes." + std::to_string(size) + ".policies.hkvd.";
     if (size == 4096) r.set_bar("bars.hkvd_speedup_4k", r.number(k + "speedup_vs_full"), BarOp::kAtLeast, 2.5);
     if (size == 8192) r.set_bar("bars.hkvd_speedup_8k", r.number(k + "speedup_vs_full"), BarOp::kAtLeast, 3.0);
-    r.set_bar("bars.hkvd_top1_agreement_" + std::to_string(size), r.number(k + "top1_agreement"), BarOp::kAtLeast, 0.95);
+    r.set_bar("bars.hkvd_top1_agreement_" + std::to_string(size), r.number(k + "top1_agreement"), BarOp::kAtLeast,
+              0.95);
   }
   if (run.all.count(BlendPolicy::kNone)) {
     const auto h = r.number("all.hkvd.top1_agreement"), n = r.number("all.none.top1_agreement");

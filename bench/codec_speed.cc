@@ -34,8 +34,8 @@ Status prepare(const std::vector<SpeedChunk>& chunks, const CodecConfig& cfg, un
     const CodecConfig k = config_for(cfg, c);
     std::vector<uint8_t> blob(kvc1_max_encoded_size(c.g, k)), sc(kvc1_encode_scratch_bytes(c.g, k));
     size_t written = 0;
-    KDN_RETURN_IF_ERROR(kvc1_encode(c.g, kSpeedFingerprint, c.data, k, blob.data(), blob.size(), &written,
-                                    sc.data(), sc.size()));
+    KDN_RETURN_IF_ERROR(
+        kvc1_encode(c.g, kSpeedFingerprint, c.data, k, blob.data(), blob.size(), &written, sc.data(), sc.size()));
     out = std::max(out, blob.size());
     scratch = std::max(scratch, sc.size());
     decoded = std::max(decoded, static_cast<size_t>(chunk_bytes(c.g)));
@@ -68,8 +68,8 @@ Result<double> timed(const std::function<Status()>& pass) {
 
 }  // namespace
 
-Result<CodecSpeed> measure_codec_speed(const std::vector<SpeedChunk>& chunks, const CodecConfig& cfg,
-                                       unsigned threads, int reps) {
+Result<CodecSpeed> measure_codec_speed(const std::vector<SpeedChunk>& chunks, const CodecConfig& cfg, unsigned threads,
+                                       int reps) {
   if (chunks.empty() || threads == 0 || reps < 1) return Status(Code::kInvalidArgument, "nothing to measure");
   Buffers b;
   KDN_RETURN_IF_ERROR(prepare(chunks, cfg, threads, &b));
@@ -86,8 +86,8 @@ Result<CodecSpeed> measure_codec_speed(const std::vector<SpeedChunk>& chunks, co
   };
   auto decode = [&] {
     return run_pass(arena, chunks.size(), [&](size_t i, unsigned slot) {
-      return kvc1_decode(b.blobs[i].data(), b.blobs[i].size(), chunks[i].g, kSpeedFingerprint,
-                         b.decoded[slot].data(), chunk_bytes(chunks[i].g));
+      return kvc1_decode(b.blobs[i].data(), b.blobs[i].size(), chunks[i].g, kSpeedFingerprint, b.decoded[slot].data(),
+                         chunk_bytes(chunks[i].g));
     });
   };
   KDN_RETURN_IF_ERROR(encode());

@@ -49,11 +49,11 @@
 #include <kdn/kernels/layout.h>
 #include <kdn/kernels/synthetic.h>
 
-#include <CLI/CLI.hpp>
 #include <fcntl.h>
-#include <nlohmann/json.hpp>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -183,15 +183,17 @@ Status make_written_file(const std::string& path, uint64_t bytes) {
 // One fio run; GB/s of `rw` (read or write side), or none if fio is missing or failed. It runs
 // for `seconds`, or (seconds 0) until it moved `io_bytes`.
 std::optional<double> run_fio(const std::string& fio, const std::string& file, uint64_t file_bytes,
-                              const std::string& rw, uint64_t block, uint32_t depth, double seconds, nlohmann::json* raw,
-                              uint64_t io_bytes = 0) {
+                              const std::string& rw, uint64_t block, uint32_t depth, double seconds,
+                              nlohmann::json* raw, uint64_t io_bytes = 0) {
   if (fio.empty()) return std::nullopt;
   std::ostringstream cmd;
   cmd << fio << " --name=kdn-bench --filename=" << file << " --size=" << file_bytes
       << " --direct=1 --ioengine=io_uring --fixedbufs=1 --registerfiles=1 --numjobs=1 --bs=" << block
       << " --iodepth=" << depth << " --rw=" << rw;
-  if (seconds > 0) cmd << " --time_based=1 --runtime=" << seconds;
-  else cmd << " --io_size=" << io_bytes;
+  if (seconds > 0)
+    cmd << " --time_based=1 --runtime=" << seconds;
+  else
+    cmd << " --io_size=" << io_bytes;
   cmd << " --norandommap=1 --randrepeat=0 --output-format=json 2>/dev/null";
   FILE* p = ::popen(cmd.str().c_str(), "r");
   if (!p) return std::nullopt;
@@ -309,8 +311,9 @@ void main_phases(Report& r, const DiskOptions& o, const std::string& root, const
   if (!o.no_codecs)
     for (const char* c : kCodecs) {
       const std::string ns = std::string("namespace.bench-") + c + ".";
-      args.insert(args.end(), {"--set", ns + "disk_codec=" + c, "--set", ns + "max_bytes=" + std::to_string(codec_arena / kMiB) + "M",
-                               "--set", ns + "disk_bytes=" + std::to_string(2 * codec_arena / kMiB) + "M"});
+      args.insert(args.end(), {"--set", ns + "disk_codec=" + c, "--set",
+                               ns + "max_bytes=" + std::to_string(codec_arena / kMiB) + "M", "--set",
+                               ns + "disk_bytes=" + std::to_string(2 * codec_arena / kMiB) + "M"});
     }
   std::fprintf(stderr, "kdn-bench disk: starting kdnd (arena %llu MiB, disk tier in %s/kdn)\n",
                (unsigned long long)((data + 256 * kMiB) >> 20), root.c_str());
@@ -436,11 +439,13 @@ void main_phases(Report& r, const DiskOptions& o, const std::string& root, const
         kdn_lookup_result res{};
         for (uint32_t i = 0; i < n; ++i) {
           uint64_t a = now_ns();
-          if (kdn_lookup(probe.c, probe.m, tok.data(), tok.size(), &res) != KDN_OK || res.hit_chunks != kDocChunks) break;
+          if (kdn_lookup(probe.c, probe.m, tok.data(), tok.size(), &res) != KDN_OK || res.hit_chunks != kDocChunks)
+            break;
           ns.push_back(now_ns() - a);
           if (keys_ns == nullptr) continue;
           a = now_ns();
-          if (kdn_lookup_keys(probe.c, probe.m, keys.data(), n_keys, &res) != KDN_OK || res.hit_chunks != kDocChunks) break;
+          if (kdn_lookup_keys(probe.c, probe.m, keys.data(), n_keys, &res) != KDN_OK || res.hit_chunks != kDocChunks)
+            break;
           keys_ns->push_back(now_ns() - a);
         }
         return summarize_ns(ns);
@@ -522,9 +527,9 @@ void recovery_phase(Report& r, const DiskOptions& o, const std::string& root) {
   const uint64_t chunk = kdn_chunk_bytes(&d);
   const uint32_t docs = (o.recovery_chunks + kDocChunks - 1) / kDocChunks;
   const uint64_t disk = (uint64_t(docs) * kDocChunks * (chunk + 4096) * 5 / 4 + 64 * kMiB) / kMiB;
-  std::vector<std::string> args = {"--set", "tier.disk.dirs=" + root + "/recovery", "--set",
-                                   "tier.disk.bytes=" + std::to_string(disk) + "M", "--set",
-                                   "tier.disk.policy=write_through", "--set", "tier.disk.slab_bytes=16M"};
+  std::vector<std::string> args = {
+      "--set", "tier.disk.dirs=" + root + "/recovery", "--set", "tier.disk.bytes=" + std::to_string(disk) + "M",
+      "--set", "tier.disk.policy=write_through",       "--set", "tier.disk.slab_bytes=16M"};
   std::filesystem::create_directories(root + "/recovery");
   auto k = start_kdnd(o, root, "recovery", 256 * kMiB, args);
   if (!k.ok()) return;
@@ -545,7 +550,8 @@ void recovery_phase(Report& r, const DiskOptions& o, const std::string& root) {
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string log = ss.str();
-  const std::regex re(R"(disk tier ready: (\d+) chunks \((\d+) MiB\) recovered from (\d+) slot headers in (\d+) slabs in ([0-9.]+) s)");
+  const std::regex re(
+      R"(disk tier ready: (\d+) chunks \((\d+) MiB\) recovered from (\d+) slot headers in (\d+) slabs in ([0-9.]+) s)");
   std::smatch last;
   for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator(); ++it) last = *it;
   if (!last.empty()) {
@@ -572,19 +578,30 @@ int run_disk_bench(int argc, char** argv) {
   DiskOptions o;
   app.add_option("--dir", o.dir, "directory to measure (on the NVMe device T2 would use)")->required();
   app.add_flag("--json", o.json, "print JSON");
-  app.add_option("--model", o.model, "chunk geometry of the main measurements (smollm2-135m, llama3-8b)")->capture_default_str();
-  app.add_option("--data-mib", o.data_mib, "chunk bytes written down and promoted (and fio's file size)")->capture_default_str();
+  app.add_option("--model", o.model, "chunk geometry of the main measurements (smollm2-135m, llama3-8b)")
+      ->capture_default_str();
+  app.add_option("--data-mib", o.data_mib, "chunk bytes written down and promoted (and fio's file size)")
+      ->capture_default_str();
   app.add_option("--codec-mib", o.codec_mib, "chunk bytes per codec")->capture_default_str();
-  app.add_option("--queue-depth", o.queue_depth, "io_uring depth of kdnd and fio")->check(CLI::Range(1u, 4096u))->capture_default_str();
-  app.add_option("--lessees", o.lessees, "engine threads leasing during the promotion runs")->check(CLI::Range(1u, 64u))->capture_default_str();
-  app.add_option("--read-passes", o.read_passes, "write and read passes, each paired with an fio run (median)")->check(CLI::Range(1u, 20u))->capture_default_str();
+  app.add_option("--queue-depth", o.queue_depth, "io_uring depth of kdnd and fio")
+      ->check(CLI::Range(1u, 4096u))
+      ->capture_default_str();
+  app.add_option("--lessees", o.lessees, "engine threads leasing during the promotion runs")
+      ->check(CLI::Range(1u, 64u))
+      ->capture_default_str();
+  app.add_option("--read-passes", o.read_passes, "write and read passes, each paired with an fio run (median)")
+      ->check(CLI::Range(1u, 20u))
+      ->capture_default_str();
   app.add_option("--fio-seconds", o.fio_seconds, "seconds per fio baseline run")->capture_default_str();
-  app.add_option("--recovery-chunks", o.recovery_chunks, "64 KiB chunks of the restart measurement")->capture_default_str();
+  app.add_option("--recovery-chunks", o.recovery_chunks, "64 KiB chunks of the restart measurement")
+      ->capture_default_str();
   app.add_option("--lookup-samples", o.lookup_samples, "lookups per latency measurement")->capture_default_str();
   app.add_option("--prefetch-docs", o.prefetch_docs, "documents of the prefetch measurement")->capture_default_str();
   app.add_option("--kdnd", o.kdnd, "kdnd binary (default: next to kdn-bench)");
   app.add_flag("--no-codecs", o.no_codecs, "skip the per-codec runs");
-  app.add_option("--doc-chunks", o.doc_chunks, "chunks per document (32: 8K tokens)")->check(CLI::Range(1u, 4096u))->capture_default_str();
+  app.add_option("--doc-chunks", o.doc_chunks, "chunks per document (32: 8K tokens)")
+      ->check(CLI::Range(1u, 4096u))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   kDocChunks = o.doc_chunks;
   auto model = find_model(o.model);
@@ -631,10 +648,14 @@ int run_disk_bench(int argc, char** argv) {
     std::fprintf(stderr, "kdn-bench disk: fio on %s (%.2f GiB, blocks of %llu bytes, depth %u)...\n", fio_file.c_str(),
                  double(data) / double(1ull << 30), (unsigned long long)chunk, o.queue_depth);
     nlohmann::json raw;
-    r.set("baselines.fio_randread_gbps", run_fio(fio, fio_file, data, "randread", chunk, o.queue_depth, o.fio_seconds, &raw));
-    r.set("baselines.fio_seqread_gbps", run_fio(fio, fio_file, data, "read", chunk, o.queue_depth, o.fio_seconds, &raw));
-    r.set("baselines.fio_overwrite_gbps", run_fio(fio, fio_file, data, "randwrite", chunk, o.queue_depth, o.fio_seconds, &raw));
-    r.set("baselines.fio_seqwrite_gbps", run_fio(fio, fio_file, data, "write", chunk, o.queue_depth, o.fio_seconds, &raw));
+    r.set("baselines.fio_randread_gbps",
+          run_fio(fio, fio_file, data, "randread", chunk, o.queue_depth, o.fio_seconds, &raw));
+    r.set("baselines.fio_seqread_gbps",
+          run_fio(fio, fio_file, data, "read", chunk, o.queue_depth, o.fio_seconds, &raw));
+    r.set("baselines.fio_overwrite_gbps",
+          run_fio(fio, fio_file, data, "randwrite", chunk, o.queue_depth, o.fio_seconds, &raw));
+    r.set("baselines.fio_seqwrite_gbps",
+          run_fio(fio, fio_file, data, "write", chunk, o.queue_depth, o.fio_seconds, &raw));
     r.set_json("baselines.fio", Report::Json::parse(raw.dump()));
   }
   if (!r.number("baselines.fio_randread_gbps")) r.set_null("baselines.fio_randread_gbps");

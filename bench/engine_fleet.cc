@@ -38,8 +38,7 @@ Result<EngineFleet> EngineFleet::start(const EngineSetup& setup, unsigned proces
   }
   for (Engine& engine : fleet.engines_) {
     EngineReport hello;
-    KDN_RETURN_IF_ERROR(
-        receive_message(engine.control_fd, &hello, sizeof hello, kEngineStartTimeout));
+    KDN_RETURN_IF_ERROR(receive_message(engine.control_fd, &hello, sizeof hello, kEngineStartTimeout));
     if (hello.status != KDN_OK) {
       std::fprintf(stderr, "kdn-bench: %s\n", hello.error);
       return Status(static_cast<Code>(hello.status), "an engine process could not start");
@@ -56,9 +55,8 @@ EngineFleet::~EngineFleet() {
   for (Engine& engine : engines_) (void)engine.process.stop(SIGTERM, std::chrono::seconds(10));
 }
 
-Result<std::vector<EngineReport>> EngineFleet::run(
-    const std::vector<std::optional<EngineCommand>>& commands,
-    std::chrono::seconds timeout) noexcept {
+Result<std::vector<EngineReport>> EngineFleet::run(const std::vector<std::optional<EngineCommand>>& commands,
+                                                   std::chrono::seconds timeout) noexcept {
   std::vector<Engine*> active;
   for (size_t i = 0; i < engines_.size() && i < commands.size(); ++i) {
     if (!commands[i]) continue;
@@ -67,8 +65,7 @@ Result<std::vector<EngineReport>> EngineFleet::run(
   }
   for (Engine* engine : active) {
     uint32_t ready = 0;
-    KDN_RETURN_IF_ERROR(
-        receive_message(engine->control_fd, &ready, sizeof ready, kHandshakeTimeout));
+    KDN_RETURN_IF_ERROR(receive_message(engine->control_fd, &ready, sizeof ready, kHandshakeTimeout));
     if (ready != kEngineReady) return Status(Code::kProtocol, "engine sent no ready");
   }
   for (Engine* engine : active) {
@@ -76,8 +73,7 @@ Result<std::vector<EngineReport>> EngineFleet::run(
   }
   std::vector<EngineReport> reports(active.size());
   for (size_t i = 0; i < active.size(); ++i) {
-    KDN_RETURN_IF_ERROR(
-        receive_message(active[i]->control_fd, &reports[i], sizeof(EngineReport), timeout));
+    KDN_RETURN_IF_ERROR(receive_message(active[i]->control_fd, &reports[i], sizeof(EngineReport), timeout));
     reports[i].error[sizeof reports[i].error - 1] = '\0';
   }
   return reports;

@@ -69,7 +69,7 @@ struct EngineReport {
   uint64_t minor_faults = 0;          // page faults of this engine during the task
   double lookup_p50_us = 0, lookup_p99_us = 0, lookup_mean_us = 0;
   double ping_p50_us = 0, ping_p99_us = 0;
-  double prefix_keys_p50_us = 0;  // kdn_prefix_keys of the same prompt, no daemon
+  double prefix_keys_p50_us = 0;    // kdn_prefix_keys of the same prompt, no daemon
   double lookup_tokens_p50_us = 0;  // kdn_lookup from token ids: hashing + round trip
   kdn_stats stats = {};
 };

@@ -36,9 +36,7 @@ struct ChunkStamp {
   bool operator==(const ChunkStamp&) const = default;
 };
 
-ChunkStamp stamp_for(uint32_t doc, uint32_t chunk) {
-  return {0x6b646e0000000000ull | doc, chunk};
-}
+ChunkStamp stamp_for(uint32_t doc, uint32_t chunk) { return {0x6b646e0000000000ull | doc, chunk}; }
 
 class Engine {
  public:
@@ -56,8 +54,7 @@ class Engine {
 
  private:
   bool check(int rc, const char* call, EngineReport& rep);
-  void store_chunks(uint32_t doc, const std::vector<int32_t>& tokens, uint32_t first,
-                    EngineReport& rep);
+  void store_chunks(uint32_t doc, const std::vector<int32_t>& tokens, uint32_t first, EngineReport& rep);
   uint32_t retrieve_chunks(uint32_t doc, const std::vector<int32_t>& tokens, EngineReport& rep);
   void serve_request(uint32_t doc, uint64_t request_id, EngineReport& rep);
   void run_store(const EngineCommand& cmd, EngineReport& rep);
@@ -112,8 +109,7 @@ EngineReport Engine::connect() {
   return rep;
 }
 
-void Engine::store_chunks(uint32_t doc, const std::vector<int32_t>& tokens, uint32_t first,
-                          EngineReport& rep) {
+void Engine::store_chunks(uint32_t doc, const std::vector<int32_t>& tokens, uint32_t first, EngineReport& rep) {
   if (first >= kDocChunks) return;
   for (uint32_t c = first; c < kDocChunks; ++c) {
     ChunkStamp stamp = stamp_for(doc, c);
@@ -165,8 +161,7 @@ void Engine::store_chunks(uint32_t doc, const std::vector<int32_t>& tokens, uint
 }
 
 // Leases and copies the cached prefix; returns how many chunks were copied.
-uint32_t Engine::retrieve_chunks(uint32_t doc, const std::vector<int32_t>& tokens,
-                                 EngineReport& rep) {
+uint32_t Engine::retrieve_chunks(uint32_t doc, const std::vector<int32_t>& tokens, EngineReport& rep) {
   uint64_t t0 = now_ns();
   kdn_lease* lease = nullptr;
   int rc = kdn_retrieve_lease(client_, model_, tokens.data(), tokens.size(), 0, &lease);
@@ -195,8 +190,7 @@ uint32_t Engine::retrieve_chunks(uint32_t doc, const std::vector<int32_t>& token
 void Engine::serve_request(uint32_t doc, uint64_t request_id, EngineReport& rep) {
   std::vector<int32_t> tokens = request_tokens(setup_.corpus_seed, doc, request_id);
   kdn_lookup_result found;
-  if (!check(kdn_lookup(client_, model_, tokens.data(), tokens.size(), &found), "kdn_lookup",
-             rep)) {
+  if (!check(kdn_lookup(client_, model_, tokens.data(), tokens.size(), &found), "kdn_lookup", rep)) {
     return;
   }
   ++rep.requests;
@@ -216,8 +210,7 @@ void Engine::run_zipf(const EngineCommand& cmd, EngineReport& rep) {
 }
 
 // The client-side part of a lookup: hashing the prompt into prefix keys.
-void Engine::time_prefix_keys(const std::vector<int32_t>& tokens, uint32_t samples,
-                              EngineReport& rep) {
+void Engine::time_prefix_keys(const std::vector<int32_t>& tokens, uint32_t samples, EngineReport& rep) {
   kdn_model_desc desc = model_desc(setup_.layout);
   kdn_key keys[kDocChunks + 1];
   std::vector<uint64_t> times;
@@ -241,8 +234,8 @@ void Engine::run_lookup_loop(const EngineCommand& cmd, EngineReport& rep) {
   kdn_model_desc desc = model_desc(setup_.layout);
   kdn_key keys[kDocChunks + 1];
   size_t n_keys = 0;
-  if (!check(kdn_prefix_keys(&desc, tokens.data(), tokens.size(), keys, kDocChunks + 1, &n_keys),
-             "kdn_prefix_keys", rep))
+  if (!check(kdn_prefix_keys(&desc, tokens.data(), tokens.size(), keys, kDocChunks + 1, &n_keys), "kdn_prefix_keys",
+             rep))
     return;
   std::vector<uint64_t> lookups, by_tokens, pings;
   lookups.reserve(cmd.samples);

@@ -42,19 +42,17 @@ namespace kdn::bench {
 namespace {
 
 // A 1 KiB chunk: 1 layer, 1 KV head, 16 dims, 16 tokens, f16.
-kdn_model_desc flood_model() {
-  return shaped_desc(1, 1, 16, 16, "kdn-bench/flood");
-}
+kdn_model_desc flood_model() { return shaped_desc(1, 1, 16, 16, "kdn-bench/flood"); }
 
 kdn_key flood_key(uint32_t i) { return kdn_key{0x666c6f6f64000000ull | i, 0x9E3779B97F4A7C15ull * (i + 1)}; }
 
 // Shared between the flooder and the bench: a flag to start, one to stop, its counters.
 struct FloodControl {
-  std::atomic<uint32_t> ready{0};     // 1: chunks stored; 2: failed
-  std::atomic<uint32_t> go{0};        // set by the bench: start flooding
+  std::atomic<uint32_t> ready{0};  // 1: chunks stored; 2: failed
+  std::atomic<uint32_t> go{0};     // set by the bench: start flooding
   std::atomic<uint32_t> stop{0};
-  std::atomic<uint64_t> leased{0};    // chunks leased by completed LEASEs
-  std::atomic<uint64_t> completed{0}; // LEASEs completed
+  std::atomic<uint64_t> leased{0};     // chunks leased by completed LEASEs
+  std::atomic<uint64_t> completed{0};  // LEASEs completed
   std::atomic<uint64_t> flooding_ns{0};
   std::atomic<int32_t> error{0};
 };
@@ -308,8 +306,10 @@ bool add_flood_figures(Report& report, const std::string& prefix, const FloodOpt
   Status opened = probe.open(ko.socket_path);
   while (ctl->ready.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   bool ok = true;
-  if (!opened.ok()) ok = fail(describe(opened));
-  else if (ctl->ready.load() != 1) ok = fail(std::string("flooder: ") + kdn_strerror(ctl->error.load()));
+  if (!opened.ok())
+    ok = fail(describe(opened));
+  else if (ctl->ready.load() != 1)
+    ok = fail(std::string("flooder: ") + kdn_strerror(ctl->error.load()));
   if (ok) {
     auto idle = probe.time_lookups(o.lookup_samples);
     ctl->go.store(1);

@@ -11,9 +11,9 @@ namespace kdn::bench {
 
 struct FloodOptions {
   std::string kdnd_binary;
-  std::string dir;               // for the socket and kdnd's log
-  uint32_t in_flight = 64;       // LEASE requests the flooder keeps submitted
-  uint32_t keys = 65536;         // keys per LEASE (all cached)
+  std::string dir;          // for the socket and kdnd's log
+  uint32_t in_flight = 64;  // LEASE requests the flooder keeps submitted
+  uint32_t keys = 65536;    // keys per LEASE (all cached)
   uint32_t lookup_samples = 20000;
 };
 

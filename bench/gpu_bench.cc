@@ -169,7 +169,8 @@ EngineStatus timed_store(EngineSession& s, const Set& set, Timed* out) {
   const uint64_t t0 = now_ns();
   if (auto st = s.store(set.tokens, *layout, 0, n, &stored); !st.ok()) return st;
   out->ns = now_ns() - t0;
-  if (stored != n) return {KDN_ERR_INTERNAL, "kdn_gpu_store wrote " + std::to_string(stored) + " of " + std::to_string(n)};
+  if (stored != n)
+    return {KDN_ERR_INTERNAL, "kdn_gpu_store wrote " + std::to_string(stored) + " of " + std::to_string(n)};
   out->gbps = gb_per_s(s.shape().token_bytes() * set.tokens.size(), out->ns);
   return {};
 }
@@ -238,12 +239,14 @@ void t1_figures(Phase& ph, EngineSession& s, Figure* t1, std::optional<Set>* sto
     if (!*stored) *stored = set;
     const auto tiers = tiers_of(s, set.tokens);
     if (i == 0) ph.r.set("kdn.tiers.t1_set", tiers_text(tiers));
-    if (tiers[1] != ph.plan.bulk_chunks) return t1->fail("chunks stored from the host were not all in T1: " + tiers_text(tiers));
+    if (tiers[1] != ph.plan.bulk_chunks)
+      return t1->fail("chunks stored from the host were not all in T1: " + tiers_text(tiers));
     Timed t;
     if (auto st = timed_retrieve(s, set, ph.plan.bulk_chunks, true, &t); !st.ok()) return t1->fail(st.message());
     ph.count(t);
     t1->values.push_back(t.gbps);
-    say("T1 -> engine: %.1f GB/s (%u chunks, %llu wrong elements)", t.gbps, ph.plan.bulk_chunks, (unsigned long long)t.mismatches);
+    say("T1 -> engine: %.1f GB/s (%u chunks, %llu wrong elements)", t.gbps, ph.plan.bulk_chunks,
+        (unsigned long long)t.mismatches);
   }
 }
 
@@ -329,8 +332,8 @@ void decode_slowdown_figure(Phase& ph, EngineSession& s, const Set& set) {
       EngineStatus st = s.retrieve(set.tokens, *layout, 0, &got);
       if (st.ok()) st = s.wait();
       if (st.ok() && uint64_t(got) * s.chunk_tokens() != tokens) {
-        st = {KDN_ERR_NOT_FOUND, "loaded " + std::to_string(got) + " chunks of a set of " +
-                                     std::to_string(tokens / s.chunk_tokens())};
+        st = {KDN_ERR_NOT_FOUND,
+              "loaded " + std::to_string(got) + " chunks of a set of " + std::to_string(tokens / s.chunk_tokens())};
       }
       if (!st.ok()) {
         bg_error = st.message();
@@ -405,7 +408,8 @@ void decode_figure(Phase& ph) {
     const Set set = make_set(*s, 3000 + i, ph.plan.bulk_chunks);
     Timed ts, tr;
     if (auto st = timed_store(*s, set, &ts); !st.ok()) {
-      f.fail(st.code() == KDN_ERR_UNSUPPORTED ? "kdnd does not support codec kivi4 in T0: " + st.message() : st.message());
+      f.fail(st.code() == KDN_ERR_UNSUPPORTED ? "kdnd does not support codec kivi4 in T0: " + st.message()
+                                              : st.message());
       break;
     }
     // kdnd encodes the stored chunks on worker threads and publishes each blob in T0 once its
@@ -454,8 +458,8 @@ void main_figures(Phase& ph) {
     ph.why = "the engine could not register its cache: " + st.message();
     return;
   }
-  say("registered %.1f GiB of paged KV (%u blocks of %u tokens) on device %d", s->shape().kv_bytes() / double(1ull << 30),
-      s->shape().num_blocks, s->shape().block_size, ph.o.device);
+  say("registered %.1f GiB of paged KV (%u blocks of %u tokens) on device %d",
+      s->shape().kv_bytes() / double(1ull << 30), s->shape().num_blocks, s->shape().block_size, ph.o.device);
   Figure t1, store, t0;
   std::optional<Set> from_host;
   t1_figures(ph, *s, &t1, &from_host);
@@ -487,13 +491,17 @@ int run_gpu_bench(int argc, char** argv) {
   GpuOptions o;
   app.add_flag("--json", o.json, "print JSON");
   app.add_flag("--quick", o.sizes.quick, "smaller sizes (256 MiB per figure, a 2 GiB cache)");
-  app.add_option("--model", o.model, "model preset")->check(CLI::IsMember({"llama3-8b", "smollm2-135m"}))->capture_default_str();
+  app.add_option("--model", o.model, "model preset")
+      ->check(CLI::IsMember({"llama3-8b", "smollm2-135m"}))
+      ->capture_default_str();
   app.add_option("--device", o.device, "CUDA device of the engine")->capture_default_str();
   app.add_option("--bulk-mib", o.sizes.bulk_mib, "bytes per bulk request and per baseline copy (MiB)");
   app.add_option("--reps", o.sizes.reps, "fresh sets per figure (median)")->check(CLI::Range(1u, 100u));
   app.add_option("--decode-mib", o.sizes.decode_mib, "KV the decode step reads (the engine's cache, MiB)");
-  app.add_option("--latency-samples", o.sizes.latency_samples, "one-chunk retrieves timed")->check(CLI::Range(1u, 100000u));
-  app.add_option("--decode-steps", o.sizes.decode_steps, "decode steps timed per condition")->check(CLI::Range(1u, 10000u));
+  app.add_option("--latency-samples", o.sizes.latency_samples, "one-chunk retrieves timed")
+      ->check(CLI::Range(1u, 100000u));
+  app.add_option("--decode-steps", o.sizes.decode_steps, "decode steps timed per condition")
+      ->check(CLI::Range(1u, 10000u));
   app.add_option("--kdnd", o.kdnd, "kdnd binary (default: next to kdn-bench)");
   app.add_option("--timeout-ms", o.timeout_ms, "bound of every device wait")->check(CLI::Range(1000u, 600000u));
   CLI11_PARSE(app, argc, argv);
@@ -534,7 +542,8 @@ int run_gpu_bench(int argc, char** argv) {
   if (auto st = measure_copy_baselines(o.device, plan.bulk_bytes, std::max(3u, plan.reps), &b); !st.ok()) {
     say("baselines failed: %s", st.message().c_str());
     failed = true;
-    for (const char* k : {"baselines.h2d_pinned_gbps", "baselines.d2h_pinned_gbps", "baselines.d2d_gbps"}) r.set_null(k);
+    for (const char* k : {"baselines.h2d_pinned_gbps", "baselines.d2h_pinned_gbps", "baselines.d2d_gbps"})
+      r.set_null(k);
   } else {
     r.set("baselines.h2d_pinned_gbps", b.h2d_pinned_gbps);
     r.set("baselines.d2h_pinned_gbps", b.d2h_pinned_gbps);
@@ -545,7 +554,8 @@ int run_gpu_bench(int argc, char** argv) {
   Phase ph{o, plan, r, dir.value().path()};
   main_figures(ph);
   decode_figure(ph);
-  fill_missing_gpu_figures(r, ph.why.empty() ? "not measured: an earlier step failed (see the progress lines)" : ph.why.c_str());
+  fill_missing_gpu_figures(
+      r, ph.why.empty() ? "not measured: an earlier step failed (see the progress lines)" : ph.why.c_str());
   r.set("kdn.wrong_elements", ph.wrong);
   r.set("machine.loadavg_1m_end", load_average());
   add_gpu_ratios_and_bars(r);

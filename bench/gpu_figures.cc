@@ -17,8 +17,8 @@ EngineStatus cuda(cudaError_t e, const char* call) {
   if (e == cudaSuccess) return {};
   return {KDN_ERR_IO, std::string(call) + ": " + cudaGetErrorString(e)};
 }
-#define KDN_BENCH_CUDA(call)                                          \
-  do {                                                                \
+#define KDN_BENCH_CUDA(call)                                           \
+  do {                                                                 \
     if (EngineStatus st_ = cuda((call), #call); !st_.ok()) return st_; \
   } while (0)
 

@@ -37,11 +37,11 @@ void add_gpu_ratios_and_bars(Report& r) {
 }
 
 void fill_missing_gpu_figures(Report& r, const char* reason) {
-  static const char* const kFigures[] = {
-      "baselines.h2d_pinned_gbps", "baselines.d2h_pinned_gbps", "baselines.d2d_gbps",
-      "kdn.t1_to_engine_gbps",     "kdn.t0_to_engine_gbps",     "kdn.engine_to_t0_gbps",
-      "kdn.decode_to_engine_gbps", "kdn.retrieve_latency_us",   "kdn.decode_step_slowdown",
-      "kdn.peer_gbps"};
+  static const char* const kFigures[] = {"baselines.h2d_pinned_gbps", "baselines.d2h_pinned_gbps",
+                                         "baselines.d2d_gbps",        "kdn.t1_to_engine_gbps",
+                                         "kdn.t0_to_engine_gbps",     "kdn.engine_to_t0_gbps",
+                                         "kdn.decode_to_engine_gbps", "kdn.retrieve_latency_us",
+                                         "kdn.decode_step_slowdown",  "kdn.peer_gbps"};
   for (const char* key : kFigures) {
     if (r.find(key)) continue;
     r.set_null(key);

@@ -20,9 +20,9 @@ namespace kdn::bench {
 
 struct GpuBenchSizes {
   bool quick = false;
-  uint64_t bulk_mib = 0;       // 0: 2048 (256 quick)
-  uint32_t reps = 0;           // 0: 3 (2 quick)
-  uint64_t decode_mib = 0;     // 0: 8192 (2048 quick)
+  uint64_t bulk_mib = 0;         // 0: 2048 (256 quick)
+  uint32_t reps = 0;             // 0: 3 (2 quick)
+  uint64_t decode_mib = 0;       // 0: 8192 (2048 quick)
   uint32_t latency_samples = 0;  // 0: 64 (16 quick)
   uint32_t decode_steps = 0;     // 0: 30 (10 quick)
 };
@@ -30,12 +30,12 @@ struct GpuBenchSizes {
 struct GpuPlan {
   uint64_t chunk_bytes = 0;
   uint32_t chunk_tokens = 0;
-  uint32_t bulk_chunks = 0;      // chunks per request (at least 1)
-  uint64_t bulk_bytes = 0;       // bulk_chunks * chunk_bytes: also the baselines' copy size
+  uint32_t bulk_chunks = 0;  // chunks per request (at least 1)
+  uint64_t bulk_bytes = 0;   // bulk_chunks * chunk_bytes: also the baselines' copy size
   uint32_t reps = 0;
-  uint64_t engine_kv_bytes = 0;  // the engine's paged cache (the decode step reads all of it)
-  uint64_t host_arena_bytes = 0; // kdnd --host-arena-bytes
-  uint64_t t0_bytes = 0;         // kdnd tier.gpu.bytes
+  uint64_t engine_kv_bytes = 0;   // the engine's paged cache (the decode step reads all of it)
+  uint64_t host_arena_bytes = 0;  // kdnd --host-arena-bytes
+  uint64_t t0_bytes = 0;          // kdnd tier.gpu.bytes
   uint32_t latency_samples = 0;
   uint32_t decode_steps = 0;
 };

@@ -85,14 +85,14 @@ struct HiredisCluster::State {
     Context ctx;
     std::deque<size_t> waiting;  // requests sent or queued, in order
   };
-  std::vector<Conn> conns;       // pool_size per master, master by master
-  std::vector<uint16_t> owner;   // slot -> master index
+  std::vector<Conn> conns;      // pool_size per master, master by master
+  std::vector<uint16_t> owner;  // slot -> master index
   size_t masters = 0;
   uint32_t pool = 1;
   std::chrono::milliseconds timeout{};
   std::vector<char> buffer = std::vector<char>(kReadBytes);
-  Status broken;                 // after a failure the connections' state is unknown
-  std::string detail;            // what the last failure was about
+  Status broken;       // after a failure the connections' state is unknown
+  std::string detail;  // what the last failure was about
 
   Status fail(Code code, const char* what, std::string more) {
     detail = std::string(what) + (more.empty() ? "" : ": " + more);
@@ -216,7 +216,8 @@ Result<std::unique_ptr<HiredisCluster>> HiredisCluster::connect(const std::strin
       size_t m = 0;
       while (m < masters.size() && masters[m] != address) ++m;
       if (m == masters.size()) masters.push_back(address);
-      for (long long s = range->element[0]->integer; s <= range->element[1]->integer && s < sidecar::kClusterSlots; ++s) {
+      for (long long s = range->element[0]->integer; s <= range->element[1]->integer && s < sidecar::kClusterSlots;
+           ++s) {
         state->owner[size_t(s)] = uint16_t(m);
       }
     }
@@ -261,10 +262,12 @@ Status HiredisCluster::get_all(std::span<const std::string> keys, std::span<cons
         const GetTarget& t = targets[i];
         if (r->type == REDIS_REPLY_NIL) return state_->fail(Code::kCorrupt, "GET: no such key", keys[i]);
         if (r->type != REDIS_REPLY_STRING) {
-          return state_->fail(Code::kIo, "GET: not a value", keys[i] + ": " + std::string(r->str ? r->str : "", r->len));
+          return state_->fail(Code::kIo, "GET: not a value",
+                              keys[i] + ": " + std::string(r->str ? r->str : "", r->len));
         }
         if (uint64_t(r->len) != t.value_bytes || t.skip + t.bytes > t.value_bytes) {
-          return state_->fail(Code::kCorrupt, "GET: a value of another length", keys[i] + ": " + std::to_string(r->len));
+          return state_->fail(Code::kCorrupt, "GET: a value of another length",
+                              keys[i] + ": " + std::to_string(r->len));
         }
         std::memcpy(t.dest, r->str + t.skip, t.bytes);
         return OkStatus();

@@ -78,8 +78,7 @@ class IntegrityLane final : public Lane {
         if (!XXH128_isEqual(written_[i], expected_[i])) return false;
       }
     }
-    return m == IntegrityMethod::kHashOnly ||
-           std::memcmp(b_.src.data(), b_.dst.data(), b_.src.size()) == 0;
+    return m == IntegrityMethod::kHashOnly || std::memcmp(b_.src.data(), b_.dst.data(), b_.src.size()) == 0;
   }
 
  private:
@@ -159,8 +158,7 @@ class IntegrityLane final : public Lane {
 };
 
 Status validate(const IntegrityOptions& o) {
-  if (o.threads == 0 || o.chunk_bytes == 0 || o.chunks_per_thread == 0 || o.block_bytes == 0 ||
-      o.repetitions <= 0) {
+  if (o.threads == 0 || o.chunk_bytes == 0 || o.chunks_per_thread == 0 || o.block_bytes == 0 || o.repetitions <= 0) {
     return Status(Code::kInvalidArgument,
                   "integrity baseline needs threads, chunk and block bytes, chunks, repetitions");
   }
@@ -190,19 +188,24 @@ Result<std::vector<std::unique_ptr<Lane>>> make_lanes(const IntegrityOptions& o)
 
 }  // namespace
 
-bool integrity_hash_dispatched() noexcept {
-  return KDN_BENCH_XXH3_DISPATCH != 0;
-}
+bool integrity_hash_dispatched() noexcept { return KDN_BENCH_XXH3_DISPATCH != 0; }
 
 const char* integrity_method_name(IntegrityMethod method) noexcept {
   switch (method) {
-    case IntegrityMethod::kCopy: return "copy";
-    case IntegrityMethod::kStagingStore: return "staging_store";
-    case IntegrityMethod::kHashedStore: return "hashed_store";
-    case IntegrityMethod::kVerifyReadSource: return "verify_read_source_hash";
-    case IntegrityMethod::kVerifyReadStream: return "verify_read_stream";
-    case IntegrityMethod::kVerifyReadCached: return "verify_read_cached";
-    case IntegrityMethod::kHashOnly: return "hash";
+    case IntegrityMethod::kCopy:
+      return "copy";
+    case IntegrityMethod::kStagingStore:
+      return "staging_store";
+    case IntegrityMethod::kHashedStore:
+      return "hashed_store";
+    case IntegrityMethod::kVerifyReadSource:
+      return "verify_read_source_hash";
+    case IntegrityMethod::kVerifyReadStream:
+      return "verify_read_stream";
+    case IntegrityMethod::kVerifyReadCached:
+      return "verify_read_cached";
+    case IntegrityMethod::kHashOnly:
+      return "hash";
   }
   return "?";
 }
@@ -215,18 +218,17 @@ Result<IntegrityResult> integrity_gbps(const IntegrityOptions& options) noexcept
   for (const std::unique_ptr<Lane>& lane : *lanes) raw.push_back(lane.get());
   Result<MethodSamples> samples = run_timed_lanes(raw, kIntegrityMethods, options.repetitions);
   if (!samples.ok()) return samples.status();
-  const uint64_t bytes =
-      uint64_t{options.threads} * options.chunks_per_thread * options.chunk_bytes;
+  const uint64_t bytes = uint64_t{options.threads} * options.chunks_per_thread * options.chunk_bytes;
   const std::vector<uint64_t>& copy = (*samples)[static_cast<size_t>(IntegrityMethod::kCopy)];
   IntegrityResult r;
   for (int m = 0; m < kIntegrityMethods; ++m) {
     r.rate[m] = rate_spread((*samples)[static_cast<size_t>(m)], bytes);
     r.vs_copy[m] = paired_ratio((*samples)[static_cast<size_t>(m)], copy);
   }
-  r.verify_read = r.of(IntegrityMethod::kVerifyReadCached).median_gbps >
-                          r.of(IntegrityMethod::kVerifyReadStream).median_gbps
-                      ? IntegrityMethod::kVerifyReadCached
-                      : IntegrityMethod::kVerifyReadStream;
+  r.verify_read =
+      r.of(IntegrityMethod::kVerifyReadCached).median_gbps > r.of(IntegrityMethod::kVerifyReadStream).median_gbps
+          ? IntegrityMethod::kVerifyReadCached
+          : IntegrityMethod::kVerifyReadStream;
   return r;
 }
 

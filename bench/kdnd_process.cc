@@ -28,8 +28,7 @@ bool ready(const std::string& socket_path) {
   if (kdn_connect(&opts, &client) != KDN_OK) return false;
   kdn_stats s{};
   s.struct_size = sizeof s;
-  bool ok = kdn_ping(client) == KDN_OK && kdn_get_stats(client, &s) == KDN_OK &&
-            s.host_prefault_left_bytes == 0;
+  bool ok = kdn_ping(client) == KDN_OK && kdn_get_stats(client, &s) == KDN_OK && s.host_prefault_left_bytes == 0;
   kdn_disconnect(client);
   return ok;
 }
@@ -40,8 +39,8 @@ Result<KdndProcess> KdndProcess::start(const KdndOptions& options) noexcept {
   if (access(options.binary.c_str(), X_OK) != 0) {
     return Status::from_errno("kdnd binary not found (build target kdnd or pass --kdnd)", errno);
   }
-  std::vector<std::string> argv = {options.binary, "--socket", options.socket_path,
-                                   "--host-arena-bytes", std::to_string(options.host_arena_bytes)};
+  std::vector<std::string> argv = {options.binary, "--socket", options.socket_path, "--host-arena-bytes",
+                                   std::to_string(options.host_arena_bytes)};
   argv.insert(argv.end(), options.extra_args.begin(), options.extra_args.end());
   Result<ChildProcess> child = spawn_program(argv, options.log_path);
   if (!child.ok()) return child.status();
@@ -63,9 +62,7 @@ Status KdndProcess::wait_until_ready(const std::string& socket_path) noexcept {
   return Status(Code::kTimeout, "kdnd did not answer on its socket in time");
 }
 
-Result<int> KdndProcess::stop() noexcept {
-  return process_.stop(SIGTERM, kStopGrace);
-}
+Result<int> KdndProcess::stop() noexcept { return process_.stop(SIGTERM, kStopGrace); }
 
 Result<int> KdndProcess::kill() noexcept { return process_.stop(SIGKILL, kStopGrace); }
 

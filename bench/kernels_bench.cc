@@ -198,7 +198,8 @@ void bench_copy_ops(Report& report, Workload& w, const ModelShape& m, const Opti
   const std::pair<const char*, ChunkOp> ops[] = {
       {"scatter", [](Workload& w, int i, const Executor& ex) { return scatter(w.chunk(i), w.g, w.view_for(i), ex); }},
       {"gather", [](Workload& w, int i, const Executor& ex) { return gather(w.view_for(i), w.chunk(i), w.g, ex); }},
-      {"rope_scatter", [&](Workload& w, int i, const Executor& ex) {
+      {"rope_scatter",
+       [&](Workload& w, int i, const Executor& ex) {
          return rope_ok ? rope_scatter(w.chunk(i), w.g, w.view_for(i), rt, ex) : Status(Code::kInternal, "rope table");
        }},
   };
@@ -254,8 +255,9 @@ std::vector<ModeRun> codec_modes(int64_t pos_base) {
   kivi4_rotated.mode = CodecMode::kKivi4;
   kivi4_rotated.rotate = true;
   kivi2.mode = CodecMode::kKivi2;
-  return {{"raw", raw}, {"lossless", lossless}, {"int8", int8}, {"kivi4", kivi4}, {"kivi4_packed", kivi4_packed},
-          {"kivi4_rotated", kivi4_rotated}, {"kivi2", kivi2}};
+  return {{"raw", raw},     {"lossless", lossless},         {"int8", int8},
+          {"kivi4", kivi4}, {"kivi4_packed", kivi4_packed}, {"kivi4_rotated", kivi4_rotated},
+          {"kivi2", kivi2}};
 }
 
 // One chunk encoded with one mode: blob, decoded copy, quality.
@@ -275,8 +277,8 @@ Status encode_chunk(const ChunkGeometry& g, const void* chunk, const CodecConfig
                                   scratch.data(), scratch.size()));
   out->blob.resize(written);
   out->decoded.assign(kernels::chunk_bytes(g), 0);
-  KDN_RETURN_IF_ERROR(kvc1_decode(out->blob.data(), written, g, kBenchFingerprint, out->decoded.data(),
-                                  out->decoded.size()));
+  KDN_RETURN_IF_ERROR(
+      kvc1_decode(out->blob.data(), written, g, kBenchFingerprint, out->decoded.data(), out->decoded.size()));
   out->quality = kvc1_quality(g, chunk, out->decoded.data(), written);
   return OkStatus();
 }
@@ -403,8 +405,8 @@ void bench_real_kv(Report& report, const Options& o) {
   report.set_bar("bars.real_kivi4_packed_ratio", report.number("real.codec.modes.kivi4_packed.ratio_vs_fp16"),
                  BarOp::kAtLeast, 3.5);
   report.set_bar("bars.real_kivi4_ratio", report.number("real.codec.modes.kivi4.ratio_vs_fp16"), BarOp::kAtLeast, 4.5);
-  report.set_bar("bars.real_lossless_ratio", report.number("real.codec.modes.lossless.ratio_vs_fp16"),
-                 BarOp::kAtLeast, 1.25);
+  report.set_bar("bars.real_lossless_ratio", report.number("real.codec.modes.lossless.ratio_vs_fp16"), BarOp::kAtLeast,
+                 1.25);
 }
 #endif  // KDN_KERNELS_BENCH_CODEC
 
@@ -498,9 +500,10 @@ Result<double> gpu_codec_decode(Workload& w, DeviceWorkload& d, void* stream, in
   opts.cpu_threads = 0;
   if (validated) KDN_RETURN_IF_ERROR(kvc1_validate_batch(batch, w.g, kBenchFingerprint, opts));
   Result<double> r = gpu_gbps(stream, chunk_elements(w.g) * 2 * n, reps, [&] {
-    return validated ? kvc1_decode_cuda_validated(batch, w.g, kBenchFingerprint, *scratch, kvc1_cuda_scratch_bytes(n),
-                                                  stream, opts)
-                     : kvc1_decode_cuda(batch, w.g, kBenchFingerprint, *scratch, kvc1_cuda_scratch_bytes(n), stream, opts);
+    return validated
+               ? kvc1_decode_cuda_validated(batch, w.g, kBenchFingerprint, *scratch, kvc1_cuda_scratch_bytes(n), stream,
+                                            opts)
+               : kvc1_decode_cuda(batch, w.g, kBenchFingerprint, *scratch, kvc1_cuda_scratch_bytes(n), stream, opts);
   });
   KDN_RETURN_IF_ERROR(kvc1_cuda_result(*scratch, stream));
   return r;
@@ -570,19 +573,19 @@ void bench_gpu(Report& report, Workload& w, const ModelShape& m, const Options& 
     };
   };
   progress("gpu: d2d copy, scatter, gather, rope_scatter over %.0f MiB", total / 1048576.0);
-  record(report, "gpu.baselines.d2d_copy_gbps",
-         gpu_gbps(stream, total, o.reps, [&] { return copy_device_to_device(d.copy_target, d.chunks, total, stream); }));
+  record(report, "gpu.baselines.d2d_copy_gbps", gpu_gbps(stream, total, o.reps, [&] {
+           return copy_device_to_device(d.copy_target, d.chunks, total, stream);
+         }));
   char* base = d.chunks;
   const uint64_t cb = w.chunk_bytes();
-  record(report, "gpu.scatter.gbps", gpu_gbps(stream, total, o.reps, per_chunk([&](int i) {
-           return scatter(base + i * cb, w.g, d.views[i], ex);
-         })));
-  record(report, "gpu.gather.gbps", gpu_gbps(stream, total, o.reps, per_chunk([&](int i) {
-           return gather(d.views[i], base + i * cb, w.g, ex);
-         })));
+  record(
+      report, "gpu.scatter.gbps",
+      gpu_gbps(stream, total, o.reps, per_chunk([&](int i) { return scatter(base + i * cb, w.g, d.views[i], ex); })));
+  record(report, "gpu.gather.gbps",
+         gpu_gbps(stream, total, o.reps, per_chunk([&](int i) { return gather(d.views[i], base + i * cb, w.g, ex); })));
   record(report, "gpu.rope_scatter.gbps", gpu_gbps(stream, total, o.reps, per_chunk([&](int i) {
-           return rope_scatter(base + i * cb, w.g, d.views[i], rt, ex);
-         })));
+                                                     return rope_scatter(base + i * cb, w.g, d.views[i], rt, ex);
+                                                   })));
 #if KDN_KERNELS_BENCH_CODEC
   // A batch as large as one 8K-token retrieve of the model (at least the workload's chunks).
   const int decode_n = std::max(w.n, static_cast<int>((8192 + w.g.tokens - 1) / w.g.tokens));
@@ -599,12 +602,16 @@ void bench_gpu(Report& report, Workload& w, const ModelShape& m, const Options& 
   }
 #endif
   stream_destroy(stream);
-  report.set("gpu.ratios.scatter_vs_d2d", ratio(report.number("gpu.scatter.gbps"), report.number("gpu.baselines.d2d_copy_gbps")));
-  report.set("gpu.ratios.rope_vs_d2d", ratio(report.number("gpu.rope_scatter.gbps"), report.number("gpu.baselines.d2d_copy_gbps")));
+  report.set("gpu.ratios.scatter_vs_d2d",
+             ratio(report.number("gpu.scatter.gbps"), report.number("gpu.baselines.d2d_copy_gbps")));
+  report.set("gpu.ratios.rope_vs_d2d",
+             ratio(report.number("gpu.rope_scatter.gbps"), report.number("gpu.baselines.d2d_copy_gbps")));
   report.set_bar("bars.gpu_scatter_vs_d2d", report.number("gpu.ratios.scatter_vs_d2d"), BarOp::kAtLeast, 0.7);
   report.set_bar("bars.gpu_codec_decode_gbps", report.number("gpu.codec.decode.gbps"), BarOp::kAtLeast, 100.0);
-  report.set_bar("bars.gpu_codec_encode_kivi4_gbps", report.number("gpu.codec.encode.kivi4.gbps"), BarOp::kAtLeast, 100.0);
-  report.set_bar("bars.gpu_codec_encode_int8_gbps", report.number("gpu.codec.encode.int8.gbps"), BarOp::kAtLeast, 100.0);
+  report.set_bar("bars.gpu_codec_encode_kivi4_gbps", report.number("gpu.codec.encode.kivi4.gbps"), BarOp::kAtLeast,
+                 100.0);
+  report.set_bar("bars.gpu_codec_encode_int8_gbps", report.number("gpu.codec.encode.int8.gbps"), BarOp::kAtLeast,
+                 100.0);
 }
 
 // The blend kernels on one check layer's K of a 32K-token context (a long RAG prompt): per
@@ -631,7 +638,8 @@ void bench_blend(Report& report, const ModelShape& m, const Options& o) {
     auto gbps = median_gbps(2 * kTokens * row_bytes, o.reps,
                             [&] { return kv_deviation(f, c, kTokens, nullptr, dev.data(), ex); });
     record(report, "blend.kv_deviation.gbps" + suffix, gbps);
-    if (gbps.ok()) report.set("blend.kv_deviation.mtokens_per_s" + suffix, gbps.value() * 1e9 / double(2 * row_bytes) / 1e6);
+    if (gbps.ok())
+      report.set("blend.kv_deviation.mtokens_per_s" + suffix, gbps.value() * 1e9 / double(2 * row_bytes) / 1e6);
   }
   // select_top_k and merge_rows run on the calling thread (the CPU path is one nth_element and
   // one row copy per selected token).
@@ -642,7 +650,8 @@ void bench_blend(Report& report, const ModelShape& m, const Options& o) {
   std::vector<int32_t> selected(k);
   uint32_t n_selected = 0;
   auto sel = median_gbps(uint64_t{kTokens} * sizeof(float), o.reps, [&] {
-    return select_top_k(dev.data(), nullptr, kTokens, k, selected.data(), &n_selected, scratch.data(), scratch.size(), cpu);
+    return select_top_k(dev.data(), nullptr, kTokens, k, selected.data(), &n_selected, scratch.data(), scratch.size(),
+                        cpu);
   });
   if (sel.ok()) {
     report.set("blend.select_top_k.mtokens_per_s", sel.value() * 1e9 / sizeof(float) / 1e6);
@@ -674,7 +683,8 @@ void add_ratios_and_bars(Report& report) {
 }
 
 int parse_options(int argc, char** argv, Options* o) {
-  CLI::App app{"kdn-bench kernels: layout, RoPE, codec and blend (deviation, top-k, merge) kernels against same-run memcpy"};
+  CLI::App app{
+      "kdn-bench kernels: layout, RoPE, codec and blend (deviation, top-k, merge) kernels against same-run memcpy"};
   app.add_flag("--json", o->json, "print JSON");
   app.add_option("--model", o->model, "llama3-8b | smollm2-135m")->check(CLI::IsMember({"llama3-8b", "smollm2-135m"}));
   app.add_option("--chunks", o->chunks, "chunks in the working set (0: 256 MiB worth)")->check(CLI::Range(0, 4096));

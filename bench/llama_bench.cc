@@ -45,10 +45,10 @@
 #include <kdn/llama/engine.h>
 #include <kdn/llama/kdn_chunk_cache.h>
 
-#include <CLI/CLI.hpp>
 #include <llama.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -72,28 +72,28 @@ struct Options {
   std::string kdnd = kdn::bench::default_kdnd_path();
   std::vector<uint32_t> sizes = {1024, 2048, 4096, 8192};
   int32_t threads = 1;
-  uint32_t reps = 21;            // scored hit/slot-restore pairs at least
-  double pair_seconds = 60;      // ... and more until they have run this long
-  uint32_t max_pairs = 401;      // ... but no more than this
-  uint32_t warmup = 1;  // unscored hit and slot-restore runs first (first-touch page faults)
+  uint32_t reps = 21;        // scored hit/slot-restore pairs at least
+  double pair_seconds = 60;  // ... and more until they have run this long
+  uint32_t max_pairs = 401;  // ... but no more than this
+  uint32_t warmup = 1;       // unscored hit and slot-restore runs first (first-touch page faults)
   uint32_t n_predict = 32;
   uint32_t eval_tokens = 256;
   std::string question = "Summarize the terms above in one sentence.";
   kdn::kernels::CodecMode codec = kdn::kernels::CodecMode::kKivi4;  // the mode whose quality is measured
-  uint32_t k_bits = 0;            // 0: the mode's
-  uint32_t v_bits = 0;            // 0: the mode's
-  std::vector<uint8_t> layer_k_bits;  // empty, or one width per layer
+  uint32_t k_bits = 0;                                              // 0: the mode's
+  uint32_t v_bits = 0;                                              // 0: the mode's
+  std::vector<uint8_t> layer_k_bits;                                // empty, or one width per layer
   std::vector<uint8_t> layer_v_bits;
-  uint32_t k_group_tokens = 0;    // 0: the codec's default
-  uint32_t v_group_channels = 0;  // 0: the codec's default
-  bool rotate = false;            // Hadamard-rotated rows (CodecConfig::rotate)
-  uint32_t sink_tokens = kdn::kernels::kDefaultSinkTokens;  // exact leading rows of the first chunk
+  uint32_t k_group_tokens = 0;                                  // 0: the codec's default
+  uint32_t v_group_channels = 0;                                // 0: the codec's default
+  bool rotate = false;                                          // Hadamard-rotated rows (CodecConfig::rotate)
+  uint32_t sink_tokens = kdn::kernels::kDefaultSinkTokens;      // exact leading rows of the first chunk
   uint32_t recent_tokens = kdn::kernels::kDefaultRecentTokens;  // exact trailing rows of the last chunk
   bool f16_weights = false;
-  bool f16_codec = true;  // also score the codec on the f16 copy of the weights (process C)
-  bool calibrate = true;               // per-layer widths from calibrate_codec_bits (quantized modes)
+  bool f16_codec = true;                // also score the codec on the f16 copy of the weights (process C)
+  bool calibrate = true;                // per-layer widths from calibrate_codec_bits (quantized modes)
   std::vector<std::string> calib_docs;  // empty: the document's last tokens
-  uint32_t calib_probe_bits = 0;  // 0: the mode's width
+  uint32_t calib_probe_bits = 0;        // 0: the mode's width
   uint32_t calib_min_bits = kdn::llama::CalibrationOptions{}.min_bits;  // narrowest width a plane may get
   uint32_t calib_chunks = 4;
   uint32_t calib_eval_tokens = 256;
@@ -136,9 +136,7 @@ int32_t argmax(std::span<const float> l) {
 }
 
 // A failure inside a child process: its message becomes the child's JSON answer.
-Json failure(const std::string& what, const kdn::Status& st) {
-  return Json{{"error", what + ": " + st.what()}};
-}
+Json failure(const std::string& what, const kdn::Status& st) { return Json{{"error", what + ": " + st.what()}}; }
 
 struct Side {
   const Options& o;
@@ -196,9 +194,13 @@ Json run_store_side(const Side& s) {
   llama_memory_seq_rm(mem, 1, -1, -1);
   if (saved == 0) return Json{{"error", "llama_state_seq_save_file failed"}};
   const auto& st = gen->stats;
-  return Json{{"prompt_tokens", ss.prompt.size()}, {"ttft_s", st.ttft_s},  {"store_s", st.store_s},
-              {"chunks_stored", st.chunks_stored}, {"bytes_stored", st.bytes_stored},
-              {"slot_file_bytes", saved},         {"tokens", gen->tokens}};
+  return Json{{"prompt_tokens", ss.prompt.size()},
+              {"ttft_s", st.ttft_s},
+              {"store_s", st.store_s},
+              {"chunks_stored", st.chunks_stored},
+              {"bytes_stored", st.bytes_stored},
+              {"slot_file_bytes", saved},
+              {"tokens", gen->tokens}};
 }
 
 struct SlotRun {
@@ -334,7 +336,8 @@ Json codec_quality(Engine& e, kdn::llama::ChunkCache& store, const Side& s) {
     configs.back().layer_k_bits = s.cal.k_bits.data();
     configs.back().layer_v_bits = s.cal.v_bits.data();
   }
-  auto q = kdn::llama::measure_codec_quality(e, exact, std::span(ext.value()).subspan(s.size, s.o.eval_tokens), configs);
+  auto q =
+      kdn::llama::measure_codec_quality(e, exact, std::span(ext.value()).subspan(s.size, s.o.eval_tokens), configs);
   if (!q.ok()) return failure("codec", q.status());
   Json out = quality_json(q->front());
   out["mode"] = kdn::kernels::codec_mode_name(s.o.codec);
@@ -367,7 +370,8 @@ Json run_reuse_side(const Side& s) {
     hit_wait.push_back(st.load_wait_s);
     if (r == 0) {
       out["tokens"] = gen->tokens;
-      out["hit"] = {{"tokens_reused", st.tokens_reused}, {"tokens_computed", st.tokens_computed},
+      out["hit"] = {{"tokens_reused", st.tokens_reused},
+                    {"tokens_computed", st.tokens_computed},
                     {"bytes_loaded", st.bytes_loaded}};
     }
     return std::nullopt;
@@ -436,7 +440,8 @@ Json run_disk_side(const Side& s) {
   Engine& e = *ss.engine;
   auto miss = e.generate(ss.prompt, s.o.n_predict, ss.store.get());
   if (!miss.ok()) return failure("disk miss", miss.status());
-  if (miss->stats.chunks_stored == 0) return Json{{"error", std::string("disk: nothing stored: ") + miss->stats.cache_status.what()}};
+  if (miss->stats.chunks_stored == 0)
+    return Json{{"error", std::string("disk: nothing stored: ") + miss->stats.cache_status.what()}};
   kdn::bench::AdminClient admin(s.socket, s.name_space);
   if (!admin.ok()) return Json{{"error", "disk: no admin session (is this uid among kdnd's admin_uids?)"}};
   auto prefix = e.document_prefix(s.doc, s.size);
@@ -461,7 +466,9 @@ Json run_disk_side(const Side& s) {
     if (!gen.ok()) return failure("disk generate", gen.status());
     const auto& st = gen->stats;
     if (st.tokens_reused != s.size)
-      return Json{{"error", std::string(k == kArena ? "arena" : k == kDisk ? "disk" : "disk without prefetch") +
+      return Json{{"error", std::string(k == kArena  ? "arena"
+                                        : k == kDisk ? "disk"
+                                                     : "disk without prefetch") +
                                 " hit incomplete: " + std::to_string(st.tokens_reused) + " of " +
                                 std::to_string(s.size) + " tokens reused (" + st.cache_status.what() + ")"}};
     identical &= gen->tokens == miss->tokens;
@@ -559,14 +566,15 @@ void report_codec(kdn::bench::Report& r, const std::string& k, const Json& c) {
     r.set(k + "error", c["error"].get<std::string>());
     return;
   }
-  const auto fields = {"top1_agreement", "ppl_exact", "ppl_codec", "ppl_delta_pct", "kl", "flip_margin_median",
-                       "margin_median", "ratio_vs_fp16", "rel_frobenius_error", "cosine_min", "floor_top1_agreement",
-                       "floor_ppl_delta_pct", "floor_kl"};
+  const auto fields = {
+      "top1_agreement",       "ppl_exact",           "ppl_codec",     "ppl_delta_pct",       "kl",
+      "flip_margin_median",   "margin_median",       "ratio_vs_fp16", "rel_frobenius_error", "cosine_min",
+      "floor_top1_agreement", "floor_ppl_delta_pct", "floor_kl"};
   for (const char* f : fields) r.set(k + f, c[f].get<double>());
   r.set(k + "eval_tokens", c["eval_tokens"].get<uint64_t>());
   if (c.contains("calibrated"))
-    for (const char* f : {"top1_agreement", "ppl_delta_pct", "kl", "flip_margin_median", "ratio_vs_fp16",
-                          "rel_frobenius_error"})
+    for (const char* f :
+         {"top1_agreement", "ppl_delta_pct", "kl", "flip_margin_median", "ratio_vs_fp16", "rel_frobenius_error"})
       r.set(k + "calibrated." + f, c["calibrated"][f].get<double>());
 }
 
@@ -617,14 +625,16 @@ void add_flags(CLI::App& app, Options& o) {
   app.add_option("--pair-seconds", o.pair_seconds,
                  "keep running pairs past --reps until they have run this long (0: exactly --reps)")
       ->check(CLI::Range(0.0, 3600.0));
-  app.add_option("--max-pairs", o.max_pairs, "pairs at most, whatever --pair-seconds says")->check(CLI::Range(1u, 4001u));
+  app.add_option("--max-pairs", o.max_pairs, "pairs at most, whatever --pair-seconds says")
+      ->check(CLI::Range(1u, 4001u));
   app.add_option("--warmup", o.warmup, "unscored hit and slot-restore pairs before them")->check(CLI::Range(0u, 10u));
   app.add_option("--n-predict", o.n_predict, "greedy tokens compared between hit and miss");
   app.add_option("--eval-tokens", o.eval_tokens, "document tokens scored for the codec")->check(CLI::Range(2u, 4096u));
   app.add_option("--kdnd", o.kdnd, "kdnd binary (default: next to kdn-bench)");
   app.add_option("--disk-size", o.disk_size, "prompt size of the disk-tier hits (0: none)")->capture_default_str();
   app.add_option("--disk-reps", o.disk_reps, "disk-hit / arena-hit / no-prefetch triples")
-      ->check(CLI::Range(1u, 401u))->capture_default_str();
+      ->check(CLI::Range(1u, 401u))
+      ->capture_default_str();
   using kdn::kernels::CodecMode;
   // Names as the codec spells them; the callback stores the mode itself.
   static const std::map<std::string, CodecMode> modes = [] {
@@ -635,18 +645,22 @@ void add_flags(CLI::App& app, Options& o) {
   }();
   std::vector<std::string> names;
   for (const auto& [name, mode] : modes) names.push_back(name);
-  app.add_option_function<std::string>("--codec", [&o](const std::string& v) { o.codec = modes.at(v); },
-                                       "KVC1 mode whose quality is measured (default kivi4; the bar applies to kivi4)")
+  app.add_option_function<std::string>(
+         "--codec", [&o](const std::string& v) { o.codec = modes.at(v); },
+         "KVC1 mode whose quality is measured (default kivi4; the bar applies to kivi4)")
       ->check(CLI::IsMember(names));
   app.add_option("--k-bits", o.k_bits, "quantized modes: K code bits (default: the mode's)")->check(CLI::Range(1u, 8u));
   app.add_option("--v-bits", o.v_bits, "quantized modes: V code bits (default: the mode's)")->check(CLI::Range(1u, 8u));
   app.add_option("--layer-k-bits", o.layer_k_bits, "quantized modes: K code bits per layer, one per layer")
-      ->delimiter(',')->check(CLI::Range(1, 8));
+      ->delimiter(',')
+      ->check(CLI::Range(1, 8));
   app.add_option("--layer-v-bits", o.layer_v_bits, "quantized modes: V code bits per layer, one per layer")
-      ->delimiter(',')->check(CLI::Range(1, 8));
+      ->delimiter(',')
+      ->check(CLI::Range(1, 8));
   app.add_option("--k-group-tokens", o.k_group_tokens, "kivi modes: tokens per K channel group (default: the codec's)")
       ->check(CLI::Range(1u, 4096u));
-  app.add_option("--v-group-channels", o.v_group_channels, "kivi modes: channels per V token group, dividing head_dim (default: head_dim)")
+  app.add_option("--v-group-channels", o.v_group_channels,
+                 "kivi modes: channels per V token group, dividing head_dim (default: head_dim)")
       ->check(CLI::Range(1u, 1024u));
   app.add_flag("--rotate", o.rotate, "quantized modes: quantize Hadamard-rotated K and V rows (both per token)");
   app.add_option("--sink-tokens", o.sink_tokens,
@@ -778,9 +792,9 @@ Json run_remote_sides(const Options& o, const std::string& doc, const std::strin
         auto gen = ss.engine->generate(ss.prompt, o.n_predict, ss.store.get());
         if (!gen.ok()) return failure("node B generate", gen.status());
         if (gen->stats.tokens_reused != size)
-          return Json{{"error", std::string(k == 0 ? "remote" : "local") + " hit incomplete: " +
-                                    std::to_string(gen->stats.tokens_reused) + " of " + std::to_string(size) +
-                                    " tokens reused (" + gen->stats.cache_status.what() + ")"}};
+          return Json{{"error", std::string(k == 0 ? "remote" : "local") +
+                                    " hit incomplete: " + std::to_string(gen->stats.tokens_reused) + " of " +
+                                    std::to_string(size) + " tokens reused (" + gen->stats.cache_status.what() + ")"}};
         identical &= gen->tokens == (*miss)["tokens"].get<std::vector<int32_t>>();
         t[k] = gen->stats.ttft_s;
       }
@@ -818,8 +832,8 @@ int run_llama_bench(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (o.docs.empty()) o.docs = default_documents();
   // Calibration needs layer_*_bits free and a quantized mode; it always runs on f16 weights.
-  const bool calibrate = o.calibrate && kdn::kernels::codec_mode_default_bits(o.codec) != 0 &&
-                         o.layer_k_bits.empty() && o.layer_v_bits.empty() && o.k_bits == o.v_bits;
+  const bool calibrate = o.calibrate && kdn::kernels::codec_mode_default_bits(o.codec) != 0 && o.layer_k_bits.empty() &&
+                         o.layer_v_bits.empty() && o.k_bits == o.v_bits;
   std::string f16_model;
   if (o.f16_weights || calibrate || o.f16_codec) {
     const kdn::Result<std::string> f16 = kdn::llama::f16_weights_model(o.model);
@@ -857,9 +871,9 @@ int run_llama_bench(int argc, char** argv) {
     }
     std::filesystem::create_directories(tmp->path() + "/disk");
     const uint64_t disk_mib = std::max<uint64_t>(256, uint64_t{o.disk_size} * 23040 * 2 / (1u << 20) + 128);
-    ko.extra_args = {"--set", "tier.disk.dirs=" + tmp->path() + "/disk", "--set",
-                     "tier.disk.bytes=" + std::to_string(disk_mib) + "M", "--set",
-                     "namespace." + disk_ns + ".disk_codec=none"};
+    ko.extra_args = {"--set", "tier.disk.dirs=" + tmp->path() + "/disk",
+                     "--set", "tier.disk.bytes=" + std::to_string(disk_mib) + "M",
+                     "--set", "namespace." + disk_ns + ".disk_codec=none"};
   }
   auto kdnd = kdn::bench::KdndProcess::start(ko);
   if (!kdnd.ok()) {
@@ -889,7 +903,12 @@ int run_llama_bench(int argc, char** argv) {
   const bool f16_codec = o.f16_codec && !o.f16_weights;  // f16_model is set whenever o.f16_codec
   for (uint32_t size : o.sizes) {
     // A namespace per size: the shorter prompts' chunks are prefixes of the longer ones'.
-    const Side side{o, doc, cal, size, ko.socket_path, "llama-bench-" + std::to_string(size),
+    const Side side{o,
+                    doc,
+                    cal,
+                    size,
+                    ko.socket_path,
+                    "llama-bench-" + std::to_string(size),
                     tmp->path() + "/slot-" + std::to_string(size) + ".bin"};
     std::fprintf(stderr, "llama bench: %u tokens: process A (miss, store)...\n", size);
     auto a = in_child([&] { return run_store_side(side); });
@@ -924,7 +943,8 @@ int run_llama_bench(int argc, char** argv) {
     r.set(k + "disk_promoted_chunks", j["disk_promoted_chunks"].get<uint64_t>());
     r.set(k + "disk_tokens_identical", j["disk_tokens_identical"].get<bool>());
     r.set(k + "disk_side_ttft_miss_s", j["ttft_miss_s"].get<double>());
-    if (auto hit = r.number(k + "ttft_hit_s")) r.set(k + "disk_hit_engine_vs_hit_of_medians", j["ttft_disk_hit_engine_s"].get<double>() / *hit);
+    if (auto hit = r.number(k + "ttft_hit_s"))
+      r.set(k + "disk_hit_engine_vs_hit_of_medians", j["ttft_disk_hit_engine_s"].get<double>() / *hit);
     r.set_bar("bars.ttft_disk_hit_vs_hit_" + std::to_string(o.disk_size / 1024) + "k", r.number(k + "disk_hit_vs_hit"),
               kdn::bench::BarOp::kAtMost, 1.3);
     all_identical &= j["disk_tokens_identical"].get<bool>();

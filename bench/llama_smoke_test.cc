@@ -18,7 +18,9 @@ using kdn::bench::smoke::run_bench;
 using kdn::bench::median;
 
 TEST(LlamaBenchSmokeTest, ReportsWhatItsRunsMeasured) {
-  BenchRun run = run_bench("llama --json --sizes 256 --reps 4 --pair-seconds 0 --warmup 1 --eval-tokens 16 --n-predict 8 --no-calibrate --disk-size 512 --disk-reps 2");
+  BenchRun run = run_bench(
+      "llama --json --sizes 256 --reps 4 --pair-seconds 0 --warmup 1 --eval-tokens 16 --n-predict 8 --no-calibrate "
+      "--disk-size 512 --disk-reps 2");
   ASSERT_EQ(run.exit_code, 0) << run.said();
   nlohmann::json j = nlohmann::json::parse(run.stdout_text, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(j.is_discarded()) << run.stdout_text;

@@ -70,9 +70,7 @@ class ModelRun {
   bool fail(const char* phase, const std::string& why);
   bool run_phase(const char* phase, const std::vector<std::optional<EngineCommand>>& commands,
                  std::chrono::seconds timeout, std::vector<EngineReport>& out);
-  uint32_t store_doc_of(unsigned engine) const {
-    return plan_.corpus_docs + engine * plan_.store_docs;
-  }
+  uint32_t store_doc_of(unsigned engine) const { return plan_.corpus_docs + engine * plan_.store_docs; }
 
   bool start();
   bool store_phase();
@@ -99,8 +97,7 @@ bool ModelRun::fail(const char* phase, const std::string& why) {
   return false;
 }
 
-bool ModelRun::run_phase(const char* phase,
-                         const std::vector<std::optional<EngineCommand>>& commands,
+bool ModelRun::run_phase(const char* phase, const std::vector<std::optional<EngineCommand>>& commands,
                          std::chrono::seconds timeout, std::vector<EngineReport>& out) {
   progress("%s: %s phase", std::string(plan_.layout.name).c_str(), phase);
   Result<std::vector<EngineReport>> reports = fleet_->run(commands, timeout);
@@ -123,14 +120,13 @@ bool ModelRun::start() {
   options.host_arena_bytes = plan_.arena_bytes;
   options.log_path = dir_->path() + "/kdnd.log";
   options.extra_args = plan_.kdnd_args;
-  progress("%s: starting %s (host arena %.1f GiB)", std::string(plan_.layout.name).c_str(),
-           options.binary.c_str(), static_cast<double>(plan_.arena_bytes) / (1ull << 30));
+  progress("%s: starting %s (host arena %.1f GiB)", std::string(plan_.layout.name).c_str(), options.binary.c_str(),
+           static_cast<double>(plan_.arena_bytes) / (1ull << 30));
   Result<KdndProcess> kdnd = KdndProcess::start(options);
   if (!kdnd.ok()) return fail("start", describe(kdnd.status()) + log_note(options.log_path));
   kdnd_.emplace(std::move(kdnd).value());
   EngineSetup setup{options.socket_path, plan_.layout, plan_.seed};
-  progress("%s: starting %u engine processes", std::string(plan_.layout.name).c_str(),
-           plan_.processes);
+  progress("%s: starting %u engine processes", std::string(plan_.layout.name).c_str(), plan_.processes);
   Result<EngineFleet> fleet = EngineFleet::start(setup, plan_.processes);
   if (!fleet.ok()) return fail("start", describe(fleet.status()) + log_note(options.log_path));
   fleet_.emplace(std::move(fleet).value());
@@ -190,8 +186,7 @@ bool ModelRun::retrieve_phase() {
   report_.set(key("kdn.retrieve_phase_minor_faults"), t.minor_faults);
   // Everything retrieved here was stored moments before into an arena twice its size: a
   // miss means kdnd dropped a committed chunk it had room for.
-  report_.set(key("kdn.retrieve_phase_hit_ratio"),
-              fraction(t.retrieved_chunks, t.requested_chunks));
+  report_.set(key("kdn.retrieve_phase_hit_ratio"), fraction(t.retrieved_chunks, t.requested_chunks));
   return true;
 }
 
@@ -246,8 +241,7 @@ bool ModelRun::zipf_phase() {
 }
 
 bool ModelRun::idle_phase() {
-  progress("%s: idle phase (%u s, engines connected)", std::string(plan_.layout.name).c_str(),
-           plan_.idle_seconds);
+  progress("%s: idle phase (%u s, engines connected)", std::string(plan_.layout.name).c_str(), plan_.idle_seconds);
   Result<double> before = process_cpu_seconds(kdnd_->pid());
   uint64_t t0 = now_ns();
   std::this_thread::sleep_for(std::chrono::seconds(plan_.idle_seconds));
@@ -298,8 +292,8 @@ bool ModelRun::stop() {
 }
 
 bool ModelRun::run() {
-  bool ok = start() && store_phase() && memcpy_phase() && retrieve_phase() && lookup_phase() &&
-            zipf_phase() && idle_phase();
+  bool ok =
+      start() && store_phase() && memcpy_phase() && retrieve_phase() && lookup_phase() && zipf_phase() && idle_phase();
   if (fleet_) record_daemon_stats();
   ok &= stop();
   report_.set(key("kdn.corrupt_chunks"), corrupt_chunks_);

@@ -6,16 +6,16 @@
 // The top-level kdn / ratios / bars describe the headline model (the first one run, in the
 // order llama3-8b, smollm2-135m); every model's own figures are under models.<name>.
 #include "baseline_figures.h"
-#include "flood_bench.h"
-#include "staging_churn_bench.h"
 #include "commands.h"
+#include "flood_bench.h"
 #include "kdnd_process.h"
 #include "model_run.h"
 #include "node_workload.h"
 #include "report.h"
+#include "staging_churn_bench.h"
 
-#include <CLI/CLI.hpp>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -52,9 +52,7 @@ struct NodeOptions {
   bool require_bars = false;
 };
 
-std::string join(const std::string& prefix, const char* name) {
-  return prefix.empty() ? name : prefix + "." + name;
-}
+std::string join(const std::string& prefix, const char* name) { return prefix.empty() ? name : prefix + "." + name; }
 
 ModelPlan plan_for(const ModelLayout& layout, const NodeOptions& o) {
   ModelPlan p;
@@ -65,11 +63,9 @@ ModelPlan plan_for(const ModelLayout& layout, const NodeOptions& o) {
                                   : std::max<uint64_t>(4 * kGiB, 2ull * o.processes * doc);
   // The store/retrieve documents fill at most half the arena, so none is evicted before it
   // is retrieved.
-  p.store_docs =
-      static_cast<uint32_t>(std::clamp<uint64_t>(p.arena_bytes / (2 * o.processes * doc), 1, 8));
+  p.store_docs = static_cast<uint32_t>(std::clamp<uint64_t>(p.arena_bytes / (2 * o.processes * doc), 1, 8));
   double arena_docs = static_cast<double>(p.arena_bytes) / static_cast<double>(doc);
-  p.corpus_docs =
-      o.docs ? o.docs : static_cast<uint32_t>(std::max(2.0, std::ceil(2.5 * arena_docs)));
+  p.corpus_docs = o.docs ? o.docs : static_cast<uint32_t>(std::max(2.0, std::ceil(2.5 * arena_docs)));
   uint32_t requests = o.requests ? o.requests : static_cast<uint32_t>(std::ceil(10 * arena_docs));
   p.requests = std::max(requests, o.processes);
   p.retrieve_passes = o.retrieve_passes;
@@ -84,8 +80,7 @@ ModelPlan plan_for(const ModelLayout& layout, const NodeOptions& o) {
 
 // Refuses plans that would push a shared machine into swap or the OOM killer.
 bool fits_in_memory(const ModelPlan& p) {
-  double ram =
-      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  double ram = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
   double need = static_cast<double>(p.arena_bytes + p.processes * p.layout.doc_bytes());
   if (need <= 0.8 * ram) return true;
   std::fprintf(stderr,
@@ -104,8 +99,8 @@ std::vector<ModelLayout> selected_models(const std::string& name) {
 // `base`) and the model's own baselines (redis, engine memcpy; under `model_base`). Retrieve
 // and store are held to the machine's copy bandwidth (the faster of memcpy and a streaming
 // copy, copy_gbps_pt); the ratios against memcpy alone are informational.
-void add_verdicts(Report& out, const std::string& prefix, const Report& figures,
-                  const std::string& kdn, const std::string& base, const std::string& model_base) {
+void add_verdicts(Report& out, const std::string& prefix, const Report& figures, const std::string& kdn,
+                  const std::string& base, const std::string& model_base) {
   auto get = [&](const std::string& k) { return figures.number(k); };
   auto retrieve = get(kdn + ".retrieve_gbps"), store = get(kdn + ".store_gbps");
   auto lookup = get(kdn + ".lookup_rtt_p50_us"), idle = get(kdn + ".idle_cpu_percent");
@@ -128,13 +123,11 @@ void add_verdicts(Report& out, const std::string& prefix, const Report& figures,
   out.set(join(prefix, "ratios.store_vs_redis"), ratio(store, redis_set));
   // A retrieve is one copy out of the arena; under staging a store is two (client into its
   // staging memory, kdnd into the arena), so its bar is half the retrieve's.
-  out.set_bar(join(prefix, "bars.retrieve_vs_copy"), ratio(retrieve, copy_pt), BarOp::kAtLeast,
-              0.8);
+  out.set_bar(join(prefix, "bars.retrieve_vs_copy"), ratio(retrieve, copy_pt), BarOp::kAtLeast, 0.8);
   out.set_bar(join(prefix, "bars.store_vs_copy"), ratio(store, copy_pt), BarOp::kAtLeast, 0.4);
   out.set_bar(join(prefix, "bars.lookup_rtt_p50_us"), lookup, BarOp::kAtMost, 1.0);
   out.set_bar(join(prefix, "bars.lookup_vs_uds"), ratio(lookup, uds), BarOp::kAtMost, 0.25);
-  out.set_bar(join(prefix, "bars.retrieve_vs_redis"), ratio(retrieve, redis_get), BarOp::kAtLeast,
-              4.0);
+  out.set_bar(join(prefix, "bars.retrieve_vs_redis"), ratio(retrieve, redis_get), BarOp::kAtLeast, 4.0);
   out.set_bar(join(prefix, "bars.idle_cpu_percent"), idle, BarOp::kBelow, 1.0);
   // One session's lookups while another keeps 64 LEASEs of 65,536 keys in flight (the flood
   // phase runs once per run, against its own kdnd): requests are served in slices.
@@ -151,8 +144,7 @@ void add_verdicts(Report& out, const std::string& prefix, const Report& figures,
   }
 }
 
-void copy_subtree(Report& to, const std::string& to_key, const Report& from,
-                  const std::string& from_key) {
+void copy_subtree(Report& to, const std::string& to_key, const Report& from, const std::string& from_key) {
   if (const Report::Json* node = from.find(from_key)) to.set_json(to_key, *node);
 }
 
@@ -167,8 +159,10 @@ bool run_one_model(const ModelPlan& plan, const NodeOptions& o, Report& runs) {
   runs.set(prefix + ".config.store_docs_per_engine", plan.store_docs);
   runs.set(prefix + ".config.retrieve_passes", plan.retrieve_passes);
   if (2ull * plan.processes * plan.store_docs * plan.layout.doc_bytes() > plan.arena_bytes) {
-    progress("%s: warning: the arena is too small for the store/retrieve documents; expect "
-             "retrieve misses and refused reservations", std::string(plan.layout.name).c_str());
+    progress(
+        "%s: warning: the arena is too small for the store/retrieve documents; expect "
+        "retrieve misses and refused reservations",
+        std::string(plan.layout.name).c_str());
   }
   bool ok = true;
   if (o.no_redis) {
@@ -198,42 +192,37 @@ void set_config(Report& r, const NodeOptions& o) {
 void add_cli_options(CLI::App& app, NodeOptions& o) {
   app.add_flag("--json", o.json, "print JSON instead of a table");
   app.add_option("--processes", o.processes, "engine processes (P)")->check(CLI::Range(1u, 64u));
-  app.add_option("--model", o.model, "model layout")
-      ->check(CLI::IsMember({"llama3-8b", "smollm2-135m", "both"}));
-  app.add_option("--docs", o.docs,
-                 "Zipf corpus size in 8K-token documents (default 2.5x the arena)")
+  app.add_option("--model", o.model, "model layout")->check(CLI::IsMember({"llama3-8b", "smollm2-135m", "both"}));
+  app.add_option("--docs", o.docs, "Zipf corpus size in 8K-token documents (default 2.5x the arena)")
       ->check(CLI::Range(1u, 1u << 20));
-  app.add_option("--requests", o.requests,
-                 "Zipf requests over all engines (default: 10x the arena)")
+  app.add_option("--requests", o.requests, "Zipf requests over all engines (default: 10x the arena)")
       ->check(CLI::Range(1u, 1u << 24));
   app.add_option("--arena-gib", o.arena_gib, "kdnd host arena (default max(4, 2 docs per engine))")
       ->check(CLI::Range(0.01, 4096.0));
-  app.add_option("--zipf-s", o.zipf_s, "Zipf exponent of document popularity")
-      ->check(CLI::Range(0.0, 10.0));
+  app.add_option("--zipf-s", o.zipf_s, "Zipf exponent of document popularity")->check(CLI::Range(0.0, 10.0));
   app.add_option("--seed", o.seed, "corpus and request seed");
   app.add_option("--kdnd", o.kdnd, "kdnd binary (default: next to kdn-bench)");
-  app.add_option("--kdnd-arg", o.kdnd_args,
-                 "extra kdnd flag, repeatable (--kdnd-arg=--spin-us=200)");
+  app.add_option("--kdnd-arg", o.kdnd_args, "extra kdnd flag, repeatable (--kdnd-arg=--spin-us=200)");
   app.add_option("--idle-seconds", o.idle_seconds, "idle CPU window")->check(CLI::Range(1u, 3600u));
-  app.add_option("--lookup-samples", o.lookup_samples, "timed lookups")
-      ->check(CLI::Range(1u, 1u << 26));
-  app.add_option("--retrieve-passes", o.retrieve_passes, "passes of the retrieve phase")
-      ->check(CLI::Range(1u, 1000u));
+  app.add_option("--lookup-samples", o.lookup_samples, "timed lookups")->check(CLI::Range(1u, 1u << 26));
+  app.add_option("--retrieve-passes", o.retrieve_passes, "passes of the retrieve phase")->check(CLI::Range(1u, 1000u));
   app.add_option("--memcpy-mib", o.memcpy_mib, "memcpy baseline MiB per thread")
       ->check(CLI::Range(size_t{1}, size_t{1} << 16));
-  app.add_option("--integrity-chunks", o.integrity_chunks,
-                 "SmolLM2-135M chunks per thread of the integrity baseline")
+  app.add_option("--integrity-chunks", o.integrity_chunks, "SmolLM2-135M chunks per thread of the integrity baseline")
       ->check(CLI::Range(size_t{1}, size_t{1} << 16));
   app.add_flag("--no-redis", o.no_redis, "skip the redis baseline");
   app.add_option("--flood-in-flight", o.flood_in_flight, "flood phase: LEASEs the flooder keeps in flight")
-      ->check(CLI::Range(1u, 1024u))->capture_default_str();
+      ->check(CLI::Range(1u, 1024u))
+      ->capture_default_str();
   app.add_option("--flood-keys", o.flood_keys, "flood phase: keys per LEASE (all cached)")
-      ->check(CLI::Range(1u, 65536u))->capture_default_str();
+      ->check(CLI::Range(1u, 65536u))
+      ->capture_default_str();
   app.add_flag("--no-flood", o.no_flood, "skip the flood phase");
   app.add_flag("--no-staging-churn", o.no_staging_churn, "skip the staging churn phase");
   app.add_option("--staging-churn-written-mib", o.churn_written_mib,
                  "staging churn phase: MiB each written session writes before closing")
-      ->check(CLI::Range(uint64_t{1}, uint64_t{4096}))->capture_default_str();
+      ->check(CLI::Range(uint64_t{1}, uint64_t{4096}))
+      ->capture_default_str();
   app.add_flag("--require-bars", o.require_bars, "exit 3 unless every headline bar passes");
 }
 

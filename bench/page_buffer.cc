@@ -37,9 +37,7 @@ PageBuffer& PageBuffer::operator=(PageBuffer&& other) noexcept {
   return *this;
 }
 
-PageBuffer::~PageBuffer() {
-  release();
-}
+PageBuffer::~PageBuffer() { release(); }
 
 void PageBuffer::release() noexcept {
   if (data_ != nullptr) munmap(data_, size_);

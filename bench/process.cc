@@ -32,8 +32,7 @@ void die_with_parent(pid_t parent) {
 }
 
 int poll_timeout_ms(std::chrono::steady_clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-      deadline - std::chrono::steady_clock::now());
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
   return static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
 }
 
@@ -107,8 +106,7 @@ Result<ChildProcess> fork_child(const std::function<int()>& body) noexcept {
   _exit(code);
 }
 
-Result<ChildProcess> spawn_program(const std::vector<std::string>& argv,
-                                   const std::string& log_path) noexcept {
+Result<ChildProcess> spawn_program(const std::vector<std::string>& argv, const std::string& log_path) noexcept {
   if (argv.empty()) return Status(Code::kInvalidArgument, "empty command line");
   // Everything the child needs is prepared before fork: after fork only async-signal-safe
   // calls are made.

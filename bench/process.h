@@ -50,8 +50,7 @@ class ChildProcess {
 Result<ChildProcess> fork_child(const std::function<int()>& body) noexcept;
 
 // Starts `argv[0]` (looked up on PATH) with stdout and stderr appended to `log_path`.
-Result<ChildProcess> spawn_program(const std::vector<std::string>& argv,
-                                   const std::string& log_path) noexcept;
+Result<ChildProcess> spawn_program(const std::vector<std::string>& argv, const std::string& log_path) noexcept;
 
 // The absolute path of `program` on PATH, or "" if it is not installed.
 std::string find_on_path(const std::string& program);

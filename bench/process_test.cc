@@ -70,8 +70,7 @@ TEST(SpawnTest, RunsProgramsWithOutputInTheLog) {
   Result<TempDir> dir = TempDir::create("kdn-bench-test");
   ASSERT_TRUE(dir.ok());
   std::string log = dir->path() + "/out.log";
-  Result<ChildProcess> child =
-      spawn_program({"sh", "-c", "echo hello; echo oops >&2; exit 3"}, log);
+  Result<ChildProcess> child = spawn_program({"sh", "-c", "echo hello; echo oops >&2; exit 3"}, log);
   ASSERT_TRUE(child.ok());
   Result<int> status = child->wait_for(std::chrono::seconds(10));
   ASSERT_TRUE(status.ok());
@@ -136,24 +135,20 @@ TEST_F(MessageTest, WrongSizeIsAProtocolError) {
   uint32_t small = 1;
   uint64_t in = 0;
   ASSERT_TRUE(send_message(fds_[0], &small, sizeof small).ok());
-  EXPECT_EQ(receive_message(fds_[1], &in, sizeof in, std::chrono::seconds(1)).code(),
-            Code::kProtocol);
+  EXPECT_EQ(receive_message(fds_[1], &in, sizeof in, std::chrono::seconds(1)).code(), Code::kProtocol);
   char big[16] = {};
   ASSERT_TRUE(send_message(fds_[0], big, sizeof big).ok());
-  EXPECT_EQ(receive_message(fds_[1], &in, sizeof in, std::chrono::seconds(1)).code(),
-            Code::kProtocol);
+  EXPECT_EQ(receive_message(fds_[1], &in, sizeof in, std::chrono::seconds(1)).code(), Code::kProtocol);
 }
 
 TEST_F(MessageTest, SilenceTimesOutAndAClosedPeerIsUnavailable) {
   uint64_t in = 0;
   uint64_t t0 = now_ns();
-  EXPECT_EQ(receive_message(fds_[1], &in, sizeof in, std::chrono::milliseconds(50)).code(),
-            Code::kTimeout);
+  EXPECT_EQ(receive_message(fds_[1], &in, sizeof in, std::chrono::milliseconds(50)).code(), Code::kTimeout);
   EXPECT_GE(now_ns() - t0, 45'000'000u);
   close(fds_[0]);
   fds_[0] = -1;
-  EXPECT_EQ(receive_message(fds_[1], &in, sizeof in, std::chrono::seconds(1)).code(),
-            Code::kUnavailable);
+  EXPECT_EQ(receive_message(fds_[1], &in, sizeof in, std::chrono::seconds(1)).code(), Code::kUnavailable);
   EXPECT_FALSE(send_message(fds_[1], &in, sizeof in).ok());
 }
 

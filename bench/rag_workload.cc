@@ -15,10 +15,9 @@ namespace {
 // Manual pages of commands every Debian machine has (coreutils, findutils, grep, sed, tar,
 // gzip, procps, bash, less, ...) and a few common tools; a page man cannot render is skipped.
 constexpr const char* kManPages[] = {
-    "ls",   "cp",   "mv",   "rm",    "ln",   "mkdir", "chmod", "chown", "cat",  "sort", "uniq", "head",
-    "tail", "grep", "sed",  "awk",   "find", "xargs", "tar",   "gzip",  "du",   "df",   "ps",   "top",
-    "kill", "ssh",  "curl", "make",  "bash", "git",   "date",  "wc",    "tr",   "tee",  "diff", "less",
-    "env",  "touch", "stat", "cut",  "rsync", "nice",
+    "ls",   "cp",  "mv",   "rm",    "ln",  "mkdir", "chmod", "chown", "cat", "sort",  "uniq", "head", "tail",  "grep",
+    "sed",  "awk", "find", "xargs", "tar", "gzip",  "du",    "df",    "ps",  "top",   "kill", "ssh",  "curl",  "make",
+    "bash", "git", "date", "wc",    "tr",  "tee",   "diff",  "less",  "env", "touch", "stat", "cut",  "rsync", "nice",
 };
 
 // Lines without leading blanks, runs of blanks as one, no overstrike (x\bx) or escapes, at most
@@ -106,8 +105,8 @@ std::string join(const std::vector<std::string>& w, size_t first, size_t n) {
 }
 
 // One passage of `c`'s band from `lines`, starting at a paragraph start chosen by rng, or empty.
-std::string cut_one(const std::vector<std::string>& lines, const std::vector<uint32_t>& line_tokens,
-                    const RagClass& c, const TokenCount& count, std::mt19937_64& rng, uint32_t* tokens) {
+std::string cut_one(const std::vector<std::string>& lines, const std::vector<uint32_t>& line_tokens, const RagClass& c,
+                    const TokenCount& count, std::mt19937_64& rng, uint32_t* tokens) {
   std::vector<size_t> starts;
   for (size_t i = 0; i < lines.size(); ++i)
     if (!lines[i].empty() && (i == 0 || lines[i - 1].empty())) starts.push_back(i);
@@ -128,9 +127,12 @@ std::string cut_one(const std::vector<std::string>& lines, const std::vector<uin
         *tokens = n;
         return text;
       }
-      if (n > c.max_tokens) --end;
-      else if (end < lines.size()) ++end;
-      else break;
+      if (n > c.max_tokens)
+        --end;
+      else if (end < lines.size())
+        ++end;
+      else
+        break;
     }
   }
   return {};
@@ -214,10 +216,15 @@ std::vector<RagPromptSpec> draw_prompts(const std::vector<Passage>& pool, const 
     const std::vector<std::string> w = words_of(about.text);
     const size_t mid = w.size() > 8 ? 4 + rng() % (w.size() - 8) : 0;
     switch (rng() % 3) {
-      case 0: spec.question = "What does the document that begins with \"" + join(w, 0, 8) + "\" explain? Answer in detail."; break;
-      case 1: spec.question = "Summarize what the documents above say about \"" + join(w, mid, 3) + "\"."; break;
+      case 0:
+        spec.question = "What does the document that begins with \"" + join(w, 0, 8) + "\" explain? Answer in detail.";
+        break;
+      case 1:
+        spec.question = "Summarize what the documents above say about \"" + join(w, mid, 3) + "\".";
+        break;
       default:
-        spec.question = "Which of the documents above mentions \"" + join(w, mid, 4) + "\", and what does it say about it?";
+        spec.question =
+            "Which of the documents above mentions \"" + join(w, mid, 4) + "\", and what does it say about it?";
     }
     if (prompt_tokens(spec) > max_prompt_tokens) continue;
     out.push_back(std::move(spec));

@@ -35,12 +35,12 @@ struct RagDocument {
 std::vector<RagDocument> rag_corpus();
 
 struct RagClass {
-  uint32_t size = 0;            // nominal prompt size (the class's name: 2048, 4096, 8192)
-  uint32_t min_tokens = 0;      // passage length band
+  uint32_t size = 0;        // nominal prompt size (the class's name: 2048, 4096, 8192)
+  uint32_t min_tokens = 0;  // passage length band
   uint32_t max_tokens = 0;
   uint32_t min_k = 0, max_k = 0;  // passages per prompt
-  uint32_t pool = 0;            // passages cut
-  uint32_t prompts = 0;         // prompts drawn
+  uint32_t pool = 0;              // passages cut
+  uint32_t prompts = 0;           // prompts drawn
 };
 
 // The classes of the benchmark, fixed before any measurement (docs/blend.md): 2K: 300-500
@@ -50,7 +50,7 @@ struct RagClass {
 RagClass rag_class(uint32_t size);
 
 struct Passage {
-  uint32_t doc = 0;   // index in the corpus
+  uint32_t doc = 0;  // index in the corpus
   std::string text;
   uint32_t tokens = 0;
 };

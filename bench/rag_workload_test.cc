@@ -25,7 +25,8 @@ std::vector<RagDocument> corpus() {
     std::string text;
     for (int p = 0; p < 30; ++p) {
       for (int l = 0; l < 4; ++l) {
-        for (int w = 0; w < 9; ++w) text += "d" + std::to_string(d) + "p" + std::to_string(p) + "w" + std::to_string(w) + " ";
+        for (int w = 0; w < 9; ++w)
+          text += "d" + std::to_string(d) + "p" + std::to_string(p) + "w" + std::to_string(w) + " ";
         text += "\n";
       }
       text += "\n";

@@ -120,8 +120,7 @@ Result<std::unique_ptr<RedisServer> > RedisServer::start(uint64_t max_value_byte
     std::vector<std::string> argv = server_command(binary, dir->path(), *port, max_value_bytes);
     Result<ChildProcess> proc = spawn_program(argv, dir->path() + "/redis.log");
     if (!proc.ok()) return proc.status();
-    std::unique_ptr<RedisServer> server(
-        new RedisServer(std::move(dir).value(), std::move(proc).value()));
+    std::unique_ptr<RedisServer> server(new RedisServer(std::move(dir).value(), std::move(proc).value()));
     last = server->wait_until_ready(*port);
     if (last.ok()) return server;
   }
@@ -157,9 +156,7 @@ RedisServer::~RedisServer() {
   (void)proc_.stop(SIGTERM, std::chrono::seconds(5));
 }
 
-std::string value_key(size_t i) {
-  return "kdn-bench:chunk:" + std::to_string(i);
-}
+std::string value_key(size_t i) { return "kdn-bench:chunk:" + std::to_string(i); }
 
 // Stamps slot i of the engine buffer with i, so a GET can prove it got the right value.
 void stamp_slot(PageBuffer& engine, uint64_t value_bytes, size_t i) {
@@ -167,8 +164,7 @@ void stamp_slot(PageBuffer& engine, uint64_t value_bytes, size_t i) {
   std::memcpy(engine.data() + i * value_bytes, &stamp, sizeof stamp);
 }
 
-Result<uint64_t> timed_sets(redisContext* c, PageBuffer& engine, uint64_t value_bytes,
-                            size_t values) {
+Result<uint64_t> timed_sets(redisContext* c, PageBuffer& engine, uint64_t value_bytes, size_t values) {
   for (size_t i = 0; i < values; ++i) stamp_slot(engine, value_bytes, i);
   uint64_t t0 = now_ns();
   for (size_t i = 0; i < values; ++i) {
@@ -181,8 +177,7 @@ Result<uint64_t> timed_sets(redisContext* c, PageBuffer& engine, uint64_t value_
 }
 
 // GETs every key into its engine-buffer slot (a retrieve ends with the bytes there).
-Result<uint64_t> timed_gets(redisContext* c, PageBuffer& engine, uint64_t value_bytes,
-                            size_t values) {
+Result<uint64_t> timed_gets(redisContext* c, PageBuffer& engine, uint64_t value_bytes, size_t values) {
   std::memset(engine.data(), 0, engine.size());
   uint64_t t0 = now_ns();
   for (size_t i = 0; i < values; ++i) {
@@ -208,8 +203,7 @@ Result<RedisResult> redis_gbps(const RedisOptions& options) noexcept {
   if (options.value_bytes < sizeof(uint64_t) || options.get_passes <= 0) {
     return Status(Code::kInvalidArgument, "redis baseline needs a value size and passes");
   }
-  size_t values =
-      static_cast<size_t>(std::max<uint64_t>(4, options.total_bytes / options.value_bytes));
+  size_t values = static_cast<size_t>(std::max<uint64_t>(4, options.total_bytes / options.value_bytes));
   Result<PageBuffer> engine = PageBuffer::allocate(values * options.value_bytes, true);
   if (!engine.ok()) return engine.status();
   engine->fill_pattern(7);

@@ -45,15 +45,15 @@
 #include <kdn/common/clock.h>
 #include <kdn/common/model.h>
 
-#include <CLI/CLI.hpp>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <filesystem>
-#include <nlohmann/json.hpp>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -74,7 +74,7 @@ struct RemoteOptions {
   std::string model = "smollm2-135m";
   uint64_t chunk_bytes = 0;  // 0: the model's
   uint64_t data_mib = 256;
-  uint32_t chunks = 0;       // 0: data_mib worth
+  uint32_t chunks = 0;  // 0: data_mib worth
   uint32_t pool = 2;
   uint32_t depth = 16;
   uint32_t repeats = 5;
@@ -389,9 +389,13 @@ void llama_phase(Report& r, const RemoteOptions& o) {
     k.socket_path = dir + "/" + node + ".sock";
     k.host_arena_bytes = 512 * kMiB;
     k.log_path = dir + "/" + node + ".log";
-    k.extra_args = {"--no-populate", "--set", "tier.remote.seeds=" + servers->host() + ":" +
-                                                  std::to_string(servers->servers().front().port),
-                    "--set", "tier.remote.pool=" + std::to_string(o.pool), "--set", "namespace." + ns + ".max_bytes=256M"};
+    k.extra_args = {"--no-populate",
+                    "--set",
+                    "tier.remote.seeds=" + servers->host() + ":" + std::to_string(servers->servers().front().port),
+                    "--set",
+                    "tier.remote.pool=" + std::to_string(o.pool),
+                    "--set",
+                    "namespace." + ns + ".max_bytes=256M"};
     return KdndProcess::start(k);
   };
   auto a = start("a");
@@ -406,7 +410,8 @@ void llama_phase(Report& r, const RemoteOptions& o) {
   (void)b->stop();
   std::filesystem::remove_all(dir);
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || j.contains("error")) return fail(j.is_discarded() ? "no answer" : j["error"].get<std::string>());
+  if (j.is_discarded() || j.contains("error"))
+    return fail(j.is_discarded() ? "no answer" : j["error"].get<std::string>());
   r.set("llama.prompt_tokens", uint64_t(o.llama_size));
   r.set("llama.chunks", j["chunks"].get<uint64_t>());
   r.set("llama.tokens_identical", j["tokens_identical"].get<bool>());
@@ -497,14 +502,16 @@ std::optional<CodecValues> store_codec(Report& r, const RemoteOptions& o, const 
   Result<Stored> stored = store_chunks(*v.tier, *v.loop, set, model, o.depth);
   if (!stored.ok()) return refuse("writing: " + describe(stored.status()));
   v.stored = std::move(stored).value();
-  r.set(codec_key("link.kdn.t3_write_gbps_by_codec", codec), gb_per_s(uint64_t(set.count) * set.chunk_bytes, v.stored.write_ns));
+  r.set(codec_key("link.kdn.t3_write_gbps_by_codec", codec),
+        gb_per_s(uint64_t(set.count) * set.chunk_bytes, v.stored.write_ns));
   uint64_t payload = 0;  // what the store holds: raw bytes over payload bytes
   for (size_t i = 0; h != nullptr && i < v.stored.keys.size(); ++i) {
     Result<uint64_t> len = h->value_length(v.stored.keys[i]);
     if (!len.ok()) break;
     payload += *len - std::min<uint64_t>(*len, sidecar::remote::kHeaderBytes);
   }
-  if (payload > 0) r.set(codec_key("link.kdn.codec_ratio", codec), double(uint64_t(set.count) * set.chunk_bytes) / double(payload));
+  if (payload > 0)
+    r.set(codec_key("link.kdn.codec_ratio", codec), double(uint64_t(set.count) * set.chunk_bytes) / double(payload));
   v.lossy = codec == RemoteCodec::kInt8 || codec == RemoteCodec::kKivi4;
   if (v.lossy && h != nullptr) {
     std::vector<double> errors;
@@ -546,8 +553,8 @@ void link_codec(Report& r, const RemoteOptions& o, const ModelInfo& model, const
     failed += p->failed;
     if (p->failed == 0) runs.push_back(p->gbps);
     if (checked) wrong += wrong_against(*slots, v->reference ? &*v->reference : nullptr, set);
-    say("link: codec %s: repeat %u/%u: kdn %.3f GB/s decoded, hiredis %.3f GB/s", sidecar::remote::remote_codec_name(codec),
-        rep + 1, o.repeats, p->failed ? 0.0 : p->gbps, redis);
+    say("link: codec %s: repeat %u/%u: kdn %.3f GB/s decoded, hiredis %.3f GB/s",
+        sidecar::remote::remote_codec_name(codec), rep + 1, o.repeats, p->failed ? 0.0 : p->gbps, redis);
   }
   set_runs(r, codec_key("link.kdn.t3_fetch_gbps_by_codec", codec), runs);
   if (checked) {
@@ -583,8 +590,8 @@ void link_phase(Report& r, const RemoteOptions& o, const ModelInfo& model, const
   co.replicas = int(o.link_replicas);
   co.host = (*link)->peer_address();
   co.netns = (*link)->netns();
-  say("link: starting a Redis Cluster in %s at %s: %u masters, %u replica(s) each...", co.netns.c_str(), co.host.c_str(),
-      o.masters, o.link_replicas);
+  say("link: starting a Redis Cluster in %s at %s: %u masters, %u replica(s) each...", co.netns.c_str(),
+      co.host.c_str(), o.masters, o.link_replicas);
   std::unique_ptr<testing::RedisServers> servers = testing::RedisServers::cluster(co, &why);
   if (!servers) return link_nulls(r, "the cluster behind the link did not start: " + why);
   r.set("link.cluster_dir", servers->dir());
@@ -615,7 +622,8 @@ void link_phase(Report& r, const RemoteOptions& o, const ModelInfo& model, const
   for (RemoteCodec c : kCodecs) link_codec(r, o, model, *set, setup, h.ok() ? h->get() : nullptr, c, wrong_total);
   const auto none = r.number("link.kdn.t3_fetch_gbps_by_codec.none");
   for (RemoteCodec c : kCodecs) {
-    r.set(codec_key("link.ratios.t3_fetch_vs_none", c), ratio(r.number(codec_key("link.kdn.t3_fetch_gbps_by_codec", c)), none));
+    r.set(codec_key("link.ratios.t3_fetch_vs_none", c),
+          ratio(r.number(codec_key("link.kdn.t3_fetch_gbps_by_codec", c)), none));
   }
   r.set("link.ratios.redis_get_vs_link", ratio(r.number("link.baselines.redis_get_gbps"), o.link_gbit / 8));
   r.set("link.ratios.t3_fetch_none_vs_link", ratio(none, o.link_gbit / 8));
@@ -624,30 +632,47 @@ void link_phase(Report& r, const RemoteOptions& o, const ModelInfo& model, const
 }  // namespace
 
 int run_remote_bench(int argc, char** argv) {
-  CLI::App app("kdn-bench remote: T3 (RemoteTier) against hiredis on the same Redis Cluster, on loopback and "
-               "behind a rate-limited link");
+  CLI::App app(
+      "kdn-bench remote: T3 (RemoteTier) against hiredis on the same Redis Cluster, on loopback and "
+      "behind a rate-limited link");
   RemoteOptions o;
   app.add_flag("--json", o.json, "print JSON");
   app.add_option("--model", o.model, "chunk geometry (smollm2-135m, llama3-8b)")->capture_default_str();
-  app.add_option("--chunk-bytes", o.chunk_bytes, "chunk size on loopback (0: the model's 256-token chunk)")->capture_default_str();
+  app.add_option("--chunk-bytes", o.chunk_bytes, "chunk size on loopback (0: the model's 256-token chunk)")
+      ->capture_default_str();
   app.add_option("--data-mib", o.data_mib, "chunk bytes stored and read per pass on loopback")->capture_default_str();
   app.add_option("--chunks", o.chunks, "chunks on loopback (0: --data-mib worth)")->capture_default_str();
-  app.add_option("--pool", o.pool, "connections per master (RemoteTier's pool and hiredis alike)")->check(CLI::Range(1u, 64u))->capture_default_str();
-  app.add_option("--depth", o.depth, "transfers in flight (both sides)")->check(CLI::Range(1u, 256u))->capture_default_str();
-  app.add_option("--repeats", o.repeats, "read passes per side (medians)")->check(CLI::Range(1u, 50u))->capture_default_str();
+  app.add_option("--pool", o.pool, "connections per master (RemoteTier's pool and hiredis alike)")
+      ->check(CLI::Range(1u, 64u))
+      ->capture_default_str();
+  app.add_option("--depth", o.depth, "transfers in flight (both sides)")
+      ->check(CLI::Range(1u, 256u))
+      ->capture_default_str();
+  app.add_option("--repeats", o.repeats, "read passes per side (medians)")
+      ->check(CLI::Range(1u, 50u))
+      ->capture_default_str();
   app.add_option("--masters", o.masters, "cluster masters")->check(CLI::Range(1u, 16u))->capture_default_str();
-  app.add_option("--replicas", o.replicas, "replicas per master on loopback")->check(CLI::Range(0u, 4u))->capture_default_str();
-  app.add_option("--doc-chunks", o.doc_chunks, "keys per lookup (16: a 4K-token document)")->check(CLI::Range(1u, 4096u))->capture_default_str();
+  app.add_option("--replicas", o.replicas, "replicas per master on loopback")
+      ->check(CLI::Range(0u, 4u))
+      ->capture_default_str();
+  app.add_option("--doc-chunks", o.doc_chunks, "keys per lookup (16: a 4K-token document)")
+      ->check(CLI::Range(1u, 4096u))
+      ->capture_default_str();
   app.add_option("--probe-samples", o.probe_samples, "lookups timed per side")->capture_default_str();
-  app.add_option("--timeout-ms", o.timeout_ms, "request deadline (RemoteTier's remote_timeout_ms)")->capture_default_str();
+  app.add_option("--timeout-ms", o.timeout_ms, "request deadline (RemoteTier's remote_timeout_ms)")
+      ->capture_default_str();
   app.add_flag("--no-link", o.no_link, "skip the rate-limited link");
   app.add_flag("--no-llama", o.no_llama, "skip the end-to-end part with llama.cpp");
   app.add_option("--llama-size", o.llama_size, "prompt tokens of the end-to-end part")->capture_default_str();
-  app.add_option("--llama-reps", o.llama_reps, "remote-hit / hit pairs of the end-to-end part")->check(CLI::Range(1u, 100u))->capture_default_str();
+  app.add_option("--llama-reps", o.llama_reps, "remote-hit / hit pairs of the end-to-end part")
+      ->check(CLI::Range(1u, 100u))
+      ->capture_default_str();
   app.add_option("--link-gbit", o.link_gbit, "the link's rate each way, Gbit/s")->capture_default_str();
   app.add_option("--link-mtu", o.link_mtu, "the link's MTU")->capture_default_str();
   app.add_option("--link-mib", o.link_mib, "chunk bytes per codec behind the link")->capture_default_str();
-  app.add_option("--link-replicas", o.link_replicas, "replicas per master behind the link")->check(CLI::Range(0u, 4u))->capture_default_str();
+  app.add_option("--link-replicas", o.link_replicas, "replicas per master behind the link")
+      ->check(CLI::Range(0u, 4u))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   const std::optional<ModelLayout> layout = find_model(o.model);

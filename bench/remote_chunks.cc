@@ -52,8 +52,8 @@ Result<ChunkSet> make_chunks(const ModelInfo& model, uint64_t chunk_bytes, uint3
       // of the first ones in a rotated order: the same statistics per layer, other bytes.
       const uint32_t from = i % kDistinctKvChunks, shift = (i / kDistinctKvChunks) % layers;
       for (uint32_t l = 0; l < layers; ++l) {
-        std::memcpy(set.chunk(i) + uint64_t(l) * layer_bytes, set.chunk(from) + uint64_t((l + shift) % layers) * layer_bytes,
-                    layer_bytes);
+        std::memcpy(set.chunk(i) + uint64_t(l) * layer_bytes,
+                    set.chunk(from) + uint64_t((l + shift) % layers) * layer_bytes, layer_bytes);
       }
     }
     set.keys.push_back(kdn_key{(i + 1) * 0x9E3779B97F4A7C15ull, 0x6b646e2d62656e63ull ^ i});
@@ -97,8 +97,8 @@ Result<ReferenceDecode> decode_stored_value(const std::string& value, const std:
     return r;
   }
   const kernels::ChunkGeometry g = kernels::kvc1_geometry(model);
-  Status st = kernels::kvc1_decode(reinterpret_cast<const uint8_t*>(payload.data()), payload.size(), g, model.fingerprint,
-                                   out, model.chunk_bytes);
+  Status st = kernels::kvc1_decode(reinterpret_cast<const uint8_t*>(payload.data()), payload.size(), g,
+                                   model.fingerprint, out, model.chunk_bytes);
   if (!st.ok()) return st;
   return r;
 }

@@ -102,8 +102,9 @@ TEST(RemoteChunks, DecodesAStoredValueIndependently) {
   ASSERT_TRUE(kernels::kvc1_encode(g, m.fingerprint, set->chunk(0), cfg, blob.data(), blob.size(), &written,
                                    scratch.data(), scratch.size())
                   .ok());
-  const std::string kivi = stored_value(m, "bench-kivi4", key, RemoteCodec::kKivi4,
-                                        std::span<const std::byte>(reinterpret_cast<const std::byte*>(blob.data()), written));
+  const std::string kivi =
+      stored_value(m, "bench-kivi4", key, RemoteCodec::kKivi4,
+                   std::span<const std::byte>(reinterpret_cast<const std::byte*>(blob.data()), written));
   d = decode_stored_value(kivi, "bench-kivi4", key, m, out.data());
   ASSERT_TRUE(d.ok()) << d.status().what();
   EXPECT_EQ(d->codec, uint8_t(RemoteCodec::kKivi4));

@@ -37,9 +37,9 @@ TEST(RemoteBenchSmokeTest, MeasuresFetchAndLookupAgainstHiredisOnLoopback) {
   ASSERT_EQ(run.exit_code, 0) << run.said();
   nlohmann::json j = nlohmann::json::parse(run.stdout_text, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(j.is_discarded()) << run.stdout_text;
-  for (const char* key : {"kdn.t3_fetch_gbps", "kdn.t3_write_gbps", "kdn.t3_lookup_rtt_p50_us", "kdn.t3_lookup_rtt_p99_us",
-                          "baselines.redis_get_gbps", "baselines.redis_exists_rtt_p50_us",
-                          "ratios.t3_fetch_vs_redis_get"}) {
+  for (const char* key :
+       {"kdn.t3_fetch_gbps", "kdn.t3_write_gbps", "kdn.t3_lookup_rtt_p50_us", "kdn.t3_lookup_rtt_p99_us",
+        "baselines.redis_get_gbps", "baselines.redis_exists_rtt_p50_us", "ratios.t3_fetch_vs_redis_get"}) {
     const nlohmann::json& v = at(j, key);
     EXPECT_TRUE(v.is_number()) << key << " = " << v << "\n" << run.said();
   }
@@ -82,7 +82,8 @@ TEST(RemoteBenchSmokeTest, MeasuresFetchAndLookupAgainstHiredisOnLoopback) {
 TEST(RemoteBenchSmokeTest, ReadsEveryCodecBehindARateLimitedLink) {
   if (!redis_installed()) KDN_SKIP_OR_FAIL("REDIS", "redis-server is not installed (Debian: redis-server)");
   BenchRun run = run_bench(
-      "remote --json --no-llama --chunk-bytes 262144 --chunks 16 --depth 4 --repeats 1 --probe-samples 50 --link-mib 1");
+      "remote --json --no-llama --chunk-bytes 262144 --chunks 16 --depth 4 --repeats 1 --probe-samples 50 --link-mib "
+      "1");
   ASSERT_EQ(run.exit_code, 0) << run.said();
   nlohmann::json j = nlohmann::json::parse(run.stdout_text, nullptr, /*allow_exceptions=*/false);
   ASSERT_FALSE(j.is_discarded()) << run.stdout_text;

@@ -55,8 +55,8 @@ bool is_bar(const Report::Json& v) {
 
 std::string format_bar(const Report::Json& bar) {
   std::string pass = bar["pass"].is_null() ? "n/a" : (bar["pass"].get<bool>() ? "PASS" : "FAIL");
-  return format_value(bar["value"]) + " " + bar["op"].get<std::string>() + " " +
-         format_value(bar["target"]) + "  " + pass;
+  return format_value(bar["value"]) + " " + bar["op"].get<std::string>() + " " + format_value(bar["target"]) + "  " +
+         pass;
 }
 
 using Rows = std::vector<std::pair<std::string, std::string>>;
@@ -103,18 +103,10 @@ void Report::set(std::string_view key, std::optional<double> value) {
   }
 }
 
-void Report::set(std::string_view key, bool value) {
-  slot(key) = value;
-}
-void Report::set(std::string_view key, std::string_view value) {
-  slot(key) = std::string(value);
-}
-void Report::set_null(std::string_view key) {
-  slot(key) = nullptr;
-}
-void Report::set_json(std::string_view key, Json value) {
-  slot(key) = std::move(value);
-}
+void Report::set(std::string_view key, bool value) { slot(key) = value; }
+void Report::set(std::string_view key, std::string_view value) { slot(key) = std::string(value); }
+void Report::set_null(std::string_view key) { slot(key) = nullptr; }
+void Report::set_json(std::string_view key, Json value) { slot(key) = std::move(value); }
 
 void Report::set_bar(std::string_view key, std::optional<double> value, BarOp op, double target) {
   Json bar = Json::object();
@@ -153,9 +145,7 @@ bool Report::all_bars_pass(std::string_view key) const {
   return true;
 }
 
-std::string Report::to_json(int indent) const {
-  return root_.dump(indent);
-}
+std::string Report::to_json(int indent) const { return root_.dump(indent); }
 
 std::string Report::to_table() const {
   Rows rows;

@@ -30,8 +30,7 @@ class Report {
   void set(std::string_view key, double value);
   void set(std::string_view key, std::optional<double> value);  // null when empty
   template <class Int>
-  requires(std::is_integral_v<Int> && !std::is_same_v<Int, bool>) void set(std::string_view key,
-                                                                           Int value) {
+  requires(std::is_integral_v<Int> && !std::is_same_v<Int, bool>) void set(std::string_view key, Int value) {
     slot(key) = value;
   }
   void set(std::string_view key, bool value);

@@ -99,8 +99,7 @@ TEST(ReportTest, TableHasOneAlignedRowPerFigure) {
   std::string table = r.to_table();
   EXPECT_NE(table.find("baselines.memcpy_gbps_1t  12.35\n"), std::string::npos) << table;
   EXPECT_NE(table.find("kdn.lookup_rtt_p50_us     null\n"), std::string::npos) << table;
-  EXPECT_NE(table.find("bars.retrieve_vs_memcpy   0.85 >= 0.8  PASS\n"), std::string::npos)
-      << table;
+  EXPECT_NE(table.find("bars.retrieve_vs_memcpy   0.85 >= 0.8  PASS\n"), std::string::npos) << table;
 }
 
 TEST(ReportTest, SetJsonPlacesSubtrees) {

@@ -84,8 +84,8 @@ std::string tbf(const ShapedLinkOptions& o) {
   uint64_t burst = o.burst_bytes;
   if (burst == 0) burst = std::max<uint64_t>(256 << 10, uint64_t(rate_bits / 8 / 1000));
   char line[160];
-  std::snprintf(line, sizeof line, "root tbf rate %.0fbit burst %llu latency %ums", rate_bits, (unsigned long long)burst,
-                o.latency_ms);
+  std::snprintf(line, sizeof line, "root tbf rate %.0fbit burst %llu latency %ums", rate_bits,
+                (unsigned long long)burst, o.latency_ms);
   return line;
 }
 

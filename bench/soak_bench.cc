@@ -31,15 +31,15 @@
 #include <kdn/common/model_presets.h>
 #include <kdn/kdn.h>
 
-#include <CLI/CLI.hpp>
 #include <signal.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -83,9 +83,7 @@ constexpr uint32_t kBenchSlot = SoakBoard::kMaxSlots - 1;  // the bench's evicti
 
 // The soak's model: 64 KiB chunks (2 layers, 2 KV heads of 64, 64 tokens, f16), so the disk
 // tier, evictions and kills get many chunks through them in a minute on a small machine.
-kdn_model_desc soak_model() {
-  return shaped_desc(2, 2, 64, 64, "kdn-bench/soak-64k");
-}
+kdn_model_desc soak_model() { return shaped_desc(2, 2, 64, 64, "kdn-bench/soak-64k"); }
 
 // ---- kdnd's memory and files -------------------------------------------------------------------------
 
@@ -179,7 +177,7 @@ class Soak {
   std::string exit_after_sigterm_;
   uint32_t pause_gen_ = 0;
   std::optional<double> loadavg_start_, loadavg_end_;  // other work on the machine
-  std::optional<double> warmed_up_s_;  // when the last lifetime's warm-up burst ended
+  std::optional<double> warmed_up_s_;                  // when the last lifetime's warm-up burst ended
   bool shut_ = false;
 };
 
@@ -203,11 +201,11 @@ bool Soak::setup(const std::string& socket_dir, const std::string& disk_dir) {
   kdnd_options_.host_arena_bytes = o_.arena_mib << 20;
   kdnd_options_.log_path = socket_dir + "/kdnd.log";
   kdnd_options_.extra_args = {"--log-level", "info",
-                              "--set", "tier.disk.dirs=" + disk_dir,
-                              "--set", "tier.disk.bytes=" + std::to_string(o_.disk_mib) + "M",
-                              "--set", "tier.host.slab_bytes=4M",
-                              "--set", "tier.disk.slab_bytes=16M",
-                              "--set", "tier.disk.policy=write_through"};
+                              "--set",       "tier.disk.dirs=" + disk_dir,
+                              "--set",       "tier.disk.bytes=" + std::to_string(o_.disk_mib) + "M",
+                              "--set",       "tier.host.slab_bytes=4M",
+                              "--set",       "tier.disk.slab_bytes=16M",
+                              "--set",       "tier.disk.policy=write_through"};
   t0_ns_ = now_ns();
   if (!start_kdnd()) return false;
   for (uint32_t i = 0; i < o_.processes; ++i) {
@@ -311,8 +309,7 @@ void Soak::evict(ipc::EvictMode mode) {
   const uint64_t t0 = now_ns();
   const int st = admin_->evict(mode, keys.data(), keys.size(), &evicted);
   // kdnd is up (only this thread kills it): a disconnection here is not expected.
-  soak::record(board_->slots[kBenchSlot], Op::kEvict, st, st == KDN_ERR_NOT_FOUND || st == KDN_ERR_BUSY,
-               now_ns() - t0);
+  soak::record(board_->slots[kBenchSlot], Op::kEvict, st, st == KDN_ERR_NOT_FOUND || st == KDN_ERR_BUSY, now_ns() - t0);
   evicted_chunks_ += evicted;
 }
 
@@ -414,8 +411,8 @@ KdndSample Soak::quiesced_sample() {
   board_->pause.store(0, std::memory_order_release);
   if (!s.settled)
     std::fprintf(stderr, "kdn-bench soak: kdnd did not settle for a sample (%s, sessions %lld of %llu)\n",
-                 parked ? "engines parked" : "engines did not park",
-                 got_sessions ? (long long)*got_sessions : -1LL, (unsigned long long)want);
+                 parked ? "engines parked" : "engines did not park", got_sessions ? (long long)*got_sessions : -1LL,
+                 (unsigned long long)want);
   return s;
 }
 
@@ -600,8 +597,11 @@ Report::Json sample_json(const KdndSample& s) {
 void Soak::report_kdnd(Report& r, bool with_series) const {
   Report::Json lives = Report::Json::array();
   for (const Lifetime& l : lifetimes_) {
-    Report::Json j = {{"pid", l.pid}, {"start_s", std::round(l.start_s * 10) / 10},
-                      {"end_s", std::round(l.end_s * 10) / 10}, {"ready_s", l.ready_s}, {"ended", l.ended}};
+    Report::Json j = {{"pid", l.pid},
+                      {"start_s", std::round(l.start_s * 10) / 10},
+                      {"end_s", std::round(l.end_s * 10) / 10},
+                      {"ready_s", l.ready_s},
+                      {"ended", l.ended}};
     std::optional<uint64_t> first_rss, last_rss, max_rss, first_fds, last_fds;
     for (const KdndSample& s : samples_) {
       if (&lifetimes_[s.lifetime] != &l || !s.rss_anon_kib || !s.fds) continue;
@@ -719,13 +719,16 @@ void add_options(CLI::App& app, SoakOptions& o) {
   option(app, "--processes", o.processes, "P", "engine processes, 1 to 64");
   app.add_flag("--json", o.json, "print JSON (default: a table)");
   option(app, "--seed", o.seed, "S", "seeds the corpus, the operation mix and the kill schedule");
-  app.add_option("--disk-dir", o.disk_dir, "the disk tier goes into a new directory in DIR, removed at the end "
-                                           "(default: $TMPDIR, else /tmp)")->option_text("DIR");
+  app.add_option("--disk-dir", o.disk_dir,
+                 "the disk tier goes into a new directory in DIR, removed at the end "
+                 "(default: $TMPDIR, else /tmp)")
+      ->option_text("DIR");
   app.add_option("--kdnd", o.kdnd, "kdnd binary (default: the one next to kdn-bench)")->option_text("PATH");
   option(app, "--docs", o.docs, "D", "documents of the corpus");
   option(app, "--doc-chunks", o.doc_chunks, "C", "64 KiB chunks per document, 1 to 64");
   option(app, "--held-leases", o.held_leases, "L", "leases an engine keeps before releasing one, 0 to 64");
-  option(app, "--arena-mib", o.arena_mib, "MIB", "kdnd's host arena, at least 8 (below the corpus: chunks move to disk)");
+  option(app, "--arena-mib", o.arena_mib, "MIB",
+         "kdnd's host arena, at least 8 (below the corpus: chunks move to disk)");
   option(app, "--disk-mib", o.disk_mib, "MIB", "kdnd's disk tier (write-through), at least 64");
   option(app, "--engine-kill-every", o.engine_kill_every_s, "SECONDS", "mean time between engine SIGKILLs");
   option(app, "--kdnd-kill-every", o.kdnd_kill_every_s, "SECONDS", "mean time between kdnd SIGKILLs");
@@ -750,17 +753,20 @@ bool valid(const SoakOptions& o) {
   if (o.doc_chunks < 1 || o.doc_chunks > 64) return bad("--doc-chunks: 1 to 64");
   if (o.held_leases > 64) return bad("--held-leases: 0 to 64");
   if (o.arena_mib < 8 || o.disk_mib < 64) return bad("--arena-mib: at least 8; --disk-mib: at least 64");
-  if (!(o.engine_kill_every_s >= 0.1) || !(o.kdnd_kill_every_s >= 0.5)) return bad("kill intervals: at least 0.1 s (engines) and 0.5 s (kdnd)");
+  if (!(o.engine_kill_every_s >= 0.1) || !(o.kdnd_kill_every_s >= 0.5))
+    return bad("kill intervals: at least 0.1 s (engines) and 0.5 s (kdnd)");
   if (!(o.kdnd_kills_until >= 0.2 && o.kdnd_kills_until <= 0.9)) return bad("--kdnd-kills-until: 0.2 to 0.9");
-  if (!(o.evict_every_ms >= 1) || !(o.warmup_s >= 0) || o.sample_ms < 10) return bad("--evict-every-ms >= 1, --warmup >= 0, --sample-ms >= 10");
+  if (!(o.evict_every_ms >= 1) || !(o.warmup_s >= 0) || o.sample_ms < 10)
+    return bad("--evict-every-ms >= 1, --warmup >= 0, --sample-ms >= 10");
   return true;
 }
 
 }  // namespace
 
 int run_soak_bench(int argc, char** argv) {
-  CLI::App app{"kdn-bench soak: P engines at full rate against kdnd while engines and kdnd are SIGKILLed "
-               "and restarted; every retrieved byte checked; kdnd's RssAnon and fd drift"};
+  CLI::App app{
+      "kdn-bench soak: P engines at full rate against kdnd while engines and kdnd are SIGKILLed "
+      "and restarted; every retrieved byte checked; kdnd's RssAnon and fd drift"};
   SoakOptions o;
   add_options(app, o);
   try {

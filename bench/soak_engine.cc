@@ -70,8 +70,9 @@ class SoakEngine {
       docs_[d].tokens = soak_document(w_, d);
       docs_[d].keys.resize(w_.doc_chunks);
       size_t n = 0;
-      if (kdn_prefix_keys(&w_.desc, docs_[d].tokens.data(), docs_[d].tokens.size(), docs_[d].keys.data(),
-                          w_.doc_chunks, &n) != KDN_OK || n != w_.doc_chunks)
+      if (kdn_prefix_keys(&w_.desc, docs_[d].tokens.data(), docs_[d].tokens.size(), docs_[d].keys.data(), w_.doc_chunks,
+                          &n) != KDN_OK ||
+          n != w_.doc_chunks)
         return false;
     }
     chunk_bytes_ = kdn_chunk_bytes(&w_.desc);
@@ -129,11 +130,16 @@ class SoakEngine {
   void step() {
     const uint32_t doc = zipf_.sample(rng_);
     const uint32_t pick = uint32_t(rng_() % 100);
-    if (pick < 20) store(doc);
-    else if (pick < 45) lookup(doc);
-    else if (pick < 75) lease(doc);
-    else if (pick < 88 && !held_.empty()) release(uint32_t(rng_() % held_.size()));
-    else prefetch(doc);
+    if (pick < 20)
+      store(doc);
+    else if (pick < 45)
+      lookup(doc);
+    else if (pick < 75)
+      lease(doc);
+    else if (pick < 88 && !held_.empty())
+      release(uint32_t(rng_() % held_.size()));
+    else
+      prefetch(doc);
   }
 
   // Reserve, write each slot kdnd hands out with its stamp, commit: a prefix of the document.
@@ -209,8 +215,7 @@ class SoakEngine {
   void park(uint32_t gen) {
     release_all();
     while (kdn_ping(client_) != KDN_OK) {
-      if (board_->stop.load(std::memory_order_acquire) || board_->pause.load(std::memory_order_acquire) != gen)
-        return;
+      if (board_->stop.load(std::memory_order_acquire) || board_->pause.load(std::memory_order_acquire) != gen) return;
       sleep_ms(20);
     }
     slot_.parked.store(gen, std::memory_order_release);
@@ -234,21 +239,29 @@ class SoakEngine {
 
 const char* op_name(Op op) noexcept {
   switch (op) {
-    case Op::kStore: return "store";
-    case Op::kLookup: return "lookup";
-    case Op::kLease: return "lease";
-    case Op::kRelease: return "release";
-    case Op::kPrefetch: return "prefetch";
-    case Op::kEvict: return "evict";
-    default: return "?";
+    case Op::kStore:
+      return "store";
+    case Op::kLookup:
+      return "lookup";
+    case Op::kLease:
+      return "lease";
+    case Op::kRelease:
+      return "release";
+    case Op::kPrefetch:
+      return "prefetch";
+    case Op::kEvict:
+      return "evict";
+    default:
+      return "?";
   }
 }
 
 const char* error_name(uint32_t kind) noexcept {
   static const char* const kNames[kErrKindCount] = {
-      "ok",          "invalid_argument", "not_found", "no_space",  "protocol", "version",     "permission",
-      "unavailable", "timeout",          "in_progress", "busy",    "io",       "no_memory",   "corrupt",
-      "model_mismatch", "unsupported",   "internal",  "limit",     "bad_result"};
+      "ok",         "invalid_argument", "not_found",      "no_space",    "protocol", "version",
+      "permission", "unavailable",      "timeout",        "in_progress", "busy",     "io",
+      "no_memory",  "corrupt",          "model_mismatch", "unsupported", "internal", "limit",
+      "bad_result"};
   return kind < kErrKindCount ? kNames[kind] : "other";
 }
 

@@ -58,10 +58,10 @@ struct EngineSlot {
 
 struct SoakBoard {
   // SYNC POINT WRITE (release, bench) / READ (acquire, engines) for the three words below.
-  std::atomic<uint32_t> stop;       // nonzero: engines release everything, disconnect and exit
-  std::atomic<uint32_t> pause;      // nonzero: a pause generation; engines park (see parked)
-  std::atomic<uint64_t> kdnd_down;  // nonzero while the bench has killed kdnd and not restarted it
-  std::atomic<uint64_t> kdnd_up_ns; // CLOCK_MONOTONIC ns when kdnd last came back up (0: never down)
+  std::atomic<uint32_t> stop;                // nonzero: engines release everything, disconnect and exit
+  std::atomic<uint32_t> pause;               // nonzero: a pause generation; engines park (see parked)
+  std::atomic<uint64_t> kdnd_down;           // nonzero while the bench has killed kdnd and not restarted it
+  std::atomic<uint64_t> kdnd_up_ns;          // CLOCK_MONOTONIC ns when kdnd last came back up (0: never down)
   static constexpr uint32_t kMaxSlots = 65;  // 64 engines + the bench's evictions
   EngineSlot slots[kMaxSlots];
 
@@ -83,7 +83,7 @@ struct SoakWorkload {
   uint64_t seed = 1;
   uint32_t docs = 128;
   uint32_t doc_chunks = 8;
-  uint32_t held_leases = 4;        // leases an engine keeps before releasing (the release op)
+  uint32_t held_leases = 4;                   // leases an engine keeps before releasing (the release op)
   uint64_t expect_outage_ns = 5'000'000'000;  // calls that start this long after kdnd came back
                                               // must not see a disconnection
 };

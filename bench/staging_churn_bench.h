@@ -11,10 +11,10 @@ namespace kdn::bench {
 
 struct StagingChurnOptions {
   std::string kdnd_binary;
-  std::string dir;                        // for the socket and kdnd's log
+  std::string dir;                              // for the socket and kdnd's log
   uint64_t idle_staging_bytes = 4ull << 30;     // asked for and never written (max_staging_bytes)
   uint64_t written_staging_bytes = 1ull << 30;  // asked for and written whole before closing
-  uint32_t ping_samples = 20000;          // timed PINGs, idle and under churn each
+  uint32_t ping_samples = 20000;                // timed PINGs, idle and under churn each
 };
 
 // Starts its own kdnd, runs the churn, and writes under <prefix>: ping_idle_{p50,p99,max}_us,

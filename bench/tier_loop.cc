@@ -40,8 +40,7 @@ void TierLoop::turn(std::vector<TierCompletion>& out) {
 }
 
 Status TierLoop::transfer_all(size_t count, uint32_t depth, const std::function<Transfer(size_t)>& make,
-                              const std::function<void(size_t, const Status&)>& done,
-                              std::chrono::milliseconds stall) {
+                              const std::function<void(size_t, const Status&)>& done, std::chrono::milliseconds stall) {
   size_t next = 0, finished = 0, in_flight = 0;
   std::vector<TierCompletion> completions;
   auto last_progress = RedisClock::now();

@@ -24,8 +24,7 @@ struct LaneClock {
   bool checks_passed = true;
 };
 
-void drive_lane(Lane& lane, LaneClock& clock, int methods, int repetitions,
-                std::barrier<>& sync) {
+void drive_lane(Lane& lane, LaneClock& clock, int methods, int repetitions, std::barrier<>& sync) {
   lane.prepare();
   for (int rep = 0; rep < repetitions; ++rep) {
     for (int step = 0; step < methods; ++step) {
@@ -43,15 +42,13 @@ void drive_lane(Lane& lane, LaneClock& clock, int methods, int repetitions,
   }
 }
 
-Status start_and_join(std::span<Lane* const> lanes, std::vector<LaneClock>& clocks, int methods,
-                      int repetitions) {
+Status start_and_join(std::span<Lane* const> lanes, std::vector<LaneClock>& clocks, int methods, int repetitions) {
   std::barrier<> sync(static_cast<std::ptrdiff_t>(lanes.size()));
   std::vector<std::thread> workers;
   Status status;
   for (size_t i = 0; i < lanes.size(); ++i) {
     try {
-      workers.emplace_back(drive_lane, std::ref(*lanes[i]), std::ref(clocks[i]), methods,
-                           repetitions, std::ref(sync));
+      workers.emplace_back(drive_lane, std::ref(*lanes[i]), std::ref(clocks[i]), methods, repetitions, std::ref(sync));
     } catch (const std::system_error&) {
       // Lanes that never started must not leave the started ones waiting at the barrier.
       for (size_t missing = i; missing < lanes.size(); ++missing) sync.arrive_and_drop();
@@ -65,8 +62,7 @@ Status start_and_join(std::span<Lane* const> lanes, std::vector<LaneClock>& cloc
 
 }  // namespace
 
-Result<MethodSamples> run_timed_lanes(std::span<Lane* const> lanes, int methods,
-                                      int repetitions) noexcept {
+Result<MethodSamples> run_timed_lanes(std::span<Lane* const> lanes, int methods, int repetitions) noexcept {
   if (lanes.empty() || methods <= 0 || repetitions <= 0) {
     return Status(Code::kInvalidArgument, "timed lanes need lanes, methods and repetitions");
   }

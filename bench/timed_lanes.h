@@ -43,8 +43,7 @@ using MethodSamples = std::vector<std::vector<uint64_t>>;
 // Runs every lane on a thread of its own, `repetitions` rounds of every one of `methods`:
 // the k-th step of round r is method (k + r) % methods. kInternal if any check failed (the
 // figures would describe a copy that did not happen), kNoMemory if a thread could not start.
-Result<MethodSamples> run_timed_lanes(std::span<Lane* const> lanes, int methods,
-                                      int repetitions) noexcept;
+Result<MethodSamples> run_timed_lanes(std::span<Lane* const> lanes, int methods, int repetitions) noexcept;
 
 // A rate's median over repetitions and its spread (GB/s, 1e9 bytes per second).
 struct RateSpread {

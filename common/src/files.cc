@@ -45,8 +45,8 @@ Status check_owner_and_mode(const struct stat& st, const std::string& named, con
                     std::to_string(::geteuid()) + " or root");
   if (st.st_mode & (S_IWGRP | S_IWOTH))
     return fail(error, Status(Code::kPermission, "writable by others"),
-                named + " is writable by " + ((st.st_mode & S_IWOTH) ? "every user" : "its group") +
-                    " (mode " + octal_mode(st.st_mode) + "): " + other_hint);
+                named + " is writable by " + ((st.st_mode & S_IWOTH) ? "every user" : "its group") + " (mode " +
+                    octal_mode(st.st_mode) + "): " + other_hint);
   return OkStatus();
 }
 
@@ -115,11 +115,9 @@ Status check_private_file_fd(int fd, const std::string& named, std::string* erro
   return check_owner_and_mode(st, named, "another user could rewrite it; chmod go-w the file", error);
 }
 
-Status write_file_atomically(const std::string& path, std::string_view text, mode_t mode,
-                             std::string* error) {
-  const std::string tmp = parent_dir(path) + "/." +
-                          path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1) +
-                          ".tmp";
+Status write_file_atomically(const std::string& path, std::string_view text, mode_t mode, std::string* error) {
+  const std::string tmp =
+      parent_dir(path) + "/." + path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1) + ".tmp";
   (void)::unlink(tmp.c_str());  // a temporary a crash left behind (the directory is ours alone)
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
   if (fd < 0) {

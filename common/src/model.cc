@@ -32,11 +32,16 @@ struct CanonicalDesc {
 
 uint32_t dtype_bytes(uint32_t dtype) noexcept {
   switch (dtype) {
-    case KDN_DTYPE_F16: return 2;
-    case KDN_DTYPE_BF16: return 2;
-    case KDN_DTYPE_F32: return 4;
-    case KDN_DTYPE_FP8_E4M3: return 1;
-    default: return 0;
+    case KDN_DTYPE_F16:
+      return 2;
+    case KDN_DTYPE_BF16:
+      return 2;
+    case KDN_DTYPE_F32:
+      return 4;
+    case KDN_DTYPE_FP8_E4M3:
+      return 1;
+    default:
+      return 0;
   }
 }
 
@@ -53,21 +58,17 @@ Result<ModelInfo> ModelInfo::from_desc(const kdn_model_desc& in) noexcept {
     return Status(Code::kInvalidArgument, "num_layers must be in 1..1024");
   if (d.num_kv_heads == 0 || d.num_kv_heads > kMaxHeads)
     return Status(Code::kInvalidArgument, "num_kv_heads must be in 1..1024");
-  if (d.head_dim == 0 || d.head_dim > kMaxHeadDim)
-    return Status(Code::kInvalidArgument, "head_dim must be in 1..4096");
-  if (d.chunk_tokens > kMaxChunkTokens)
-    return Status(Code::kInvalidArgument, "chunk_tokens must be at most 65536");
+  if (d.head_dim == 0 || d.head_dim > kMaxHeadDim) return Status(Code::kInvalidArgument, "head_dim must be in 1..4096");
+  if (d.chunk_tokens > kMaxChunkTokens) return Status(Code::kInvalidArgument, "chunk_tokens must be at most 65536");
   if (dtype_bytes(d.dtype) == 0) return Status(Code::kInvalidArgument, "unknown dtype");
   if (d.rope_style > KDN_ROPE_GPTJ) return Status(Code::kInvalidArgument, "unknown rope_style");
   if (d.rotary_dim == 0) d.rotary_dim = d.head_dim;
   if (d.rotary_dim > d.head_dim || d.rotary_dim % 2 != 0)
     return Status(Code::kInvalidArgument, "rotary_dim must be even and at most head_dim");
-  if (d.rope_scaling > KDN_ROPE_SCALING_YARN)
-    return Status(Code::kInvalidArgument, "unknown rope_scaling");
+  if (d.rope_scaling > KDN_ROPE_SCALING_YARN) return Status(Code::kInvalidArgument, "unknown rope_scaling");
   if (d.k_channel_order > 1) return Status(Code::kInvalidArgument, "unknown k_channel_order");
   if (d.tp_rank >= d.tp_size) return Status(Code::kInvalidArgument, "tp_rank must be < tp_size");
-  if (!(d.rope_theta >= 0.0) || d.rope_theta > 1e12)
-    return Status(Code::kInvalidArgument, "rope_theta out of range");
+  if (!(d.rope_theta >= 0.0) || d.rope_theta > 1e12) return Status(Code::kInvalidArgument, "rope_theta out of range");
   m.chunk_tokens = d.chunk_tokens;
   m.plane_bytes = uint64_t{d.chunk_tokens} * d.num_kv_heads * d.head_dim * dtype_bytes(d.dtype);
   m.chunk_bytes = m.plane_bytes * 2 * d.num_layers;
@@ -75,9 +76,18 @@ Result<ModelInfo> ModelInfo::from_desc(const kdn_model_desc& in) noexcept {
     return Status(Code::kInvalidArgument, "chunk larger than 4 GiB; lower chunk_tokens");
 
   CanonicalDesc c{};
-  const uint32_t f[12] = {1 /* canonical form version */, d.num_layers, d.num_kv_heads,
-                          d.head_dim, d.dtype, d.chunk_tokens, d.rope_style, d.rotary_dim,
-                          d.rope_scaling, d.k_channel_order, d.tp_rank, d.tp_size};
+  const uint32_t f[12] = {1 /* canonical form version */,
+                          d.num_layers,
+                          d.num_kv_heads,
+                          d.head_dim,
+                          d.dtype,
+                          d.chunk_tokens,
+                          d.rope_style,
+                          d.rotary_dim,
+                          d.rope_scaling,
+                          d.k_channel_order,
+                          d.tp_rank,
+                          d.tp_size};
   std::memcpy(c.fields, f, sizeof f);
   std::memcpy(&c.theta_bits, &d.rope_theta, sizeof c.theta_bits);
   std::memcpy(c.scaling_bits, d.rope_scaling_params, sizeof c.scaling_bits);
@@ -87,8 +97,7 @@ Result<ModelInfo> ModelInfo::from_desc(const kdn_model_desc& in) noexcept {
   return m;
 }
 
-kdn_key chain_key(const kdn_key* prev, const kdn_key& fingerprint,
-                  std::span<const int32_t> chunk_tokens) noexcept {
+kdn_key chain_key(const kdn_key* prev, const kdn_key& fingerprint, std::span<const int32_t> chunk_tokens) noexcept {
   XXH3_state_t st;
   XXH3_INITSTATE(&st);  // a stack state must start from a known seed field
   XXH3_128bits_reset_withSeed(&st, kChunkKeyDomain);
@@ -126,31 +135,39 @@ class KeyHasher {
 
 kdn_key context_key(const ModelInfo& model, std::span<const int32_t> tokens) noexcept {
   const uint64_t n = tokens.size();
-  return KeyHasher(kContextDomain).add(model.fingerprint).add(&n, sizeof n).add(tokens.data(), tokens.size_bytes()).digest();
+  return KeyHasher(kContextDomain)
+      .add(model.fingerprint)
+      .add(&n, sizeof n)
+      .add(tokens.data(), tokens.size_bytes())
+      .digest();
 }
 
 uint64_t segment_chunks(const ModelInfo& model, uint64_t n_tokens) noexcept {
   return (n_tokens + model.chunk_tokens - 1) / model.chunk_tokens;
 }
 
-size_t segment_keys(const ModelInfo& model, const kdn_key& base_key, int64_t base_pos,
-                    std::span<const int32_t> tokens, std::span<kdn_key> keys) noexcept {
+size_t segment_keys(const ModelInfo& model, const kdn_key& base_key, int64_t base_pos, std::span<const int32_t> tokens,
+                    std::span<kdn_key> keys) noexcept {
   const size_t t = model.chunk_tokens;
   size_t n = static_cast<size_t>(segment_chunks(model, tokens.size()));
   if (n > keys.size()) n = keys.size();
-  kdn_key prev = KeyHasher(kSegmentSeedDomain).add(model.fingerprint).add(base_key).add(&base_pos, sizeof base_pos).digest();
+  kdn_key prev =
+      KeyHasher(kSegmentSeedDomain).add(model.fingerprint).add(base_key).add(&base_pos, sizeof base_pos).digest();
   for (size_t i = 0; i < n; ++i) {
     const std::span<const int32_t> chunk = tokens.subspan(i * t, std::min(t, tokens.size() - i * t));
     const uint32_t count = static_cast<uint32_t>(chunk.size());
-    keys[i] = KeyHasher(kSegmentKeyDomain).add(prev).add(model.fingerprint).add(&count, sizeof count)
-                  .add(chunk.data(), chunk.size_bytes()).digest();
+    keys[i] = KeyHasher(kSegmentKeyDomain)
+                  .add(prev)
+                  .add(model.fingerprint)
+                  .add(&count, sizeof count)
+                  .add(chunk.data(), chunk.size_bytes())
+                  .digest();
     prev = keys[i];
   }
   return n;
 }
 
-size_t prefix_keys(const ModelInfo& model, std::span<const int32_t> tokens,
-                   std::span<kdn_key> keys) noexcept {
+size_t prefix_keys(const ModelInfo& model, std::span<const int32_t> tokens, std::span<kdn_key> keys) noexcept {
   const size_t t = model.chunk_tokens;
   size_t n = tokens.size() / t;
   if (n > keys.size()) n = keys.size();

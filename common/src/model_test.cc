@@ -29,15 +29,23 @@ TEST(ModelInfo, RejectsHostileDescriptors) {
   kdn_model_desc d = smol();
   d.struct_size = 7;
   EXPECT_EQ(ModelInfo::from_desc(d).status().code(), Code::kVersion);
-  d = smol(); d.num_layers = 0;
+  d = smol();
+  d.num_layers = 0;
   EXPECT_FALSE(ModelInfo::from_desc(d).ok());
-  d = smol(); d.dtype = 99;
+  d = smol();
+  d.dtype = 99;
   EXPECT_FALSE(ModelInfo::from_desc(d).ok());
-  d = smol(); d.rotary_dim = 65;
+  d = smol();
+  d.rotary_dim = 65;
   EXPECT_FALSE(ModelInfo::from_desc(d).ok());
-  d = smol(); d.num_layers = 1024; d.num_kv_heads = 1024; d.head_dim = 4096;
+  d = smol();
+  d.num_layers = 1024;
+  d.num_kv_heads = 1024;
+  d.head_dim = 4096;
   EXPECT_FALSE(ModelInfo::from_desc(d).ok());  // chunk would exceed 4 GiB
-  d = smol(); d.tp_size = 2; d.tp_rank = 2;
+  d = smol();
+  d.tp_size = 2;
+  d.tp_rank = 2;
   EXPECT_FALSE(ModelInfo::from_desc(d).ok());
 }
 

@@ -105,8 +105,8 @@ void ping_pong(SharedWords& w, uint64_t spin_ns, uint32_t rounds) {
   double us = static_cast<double>(now_ns() - start) / 1e3 / rounds;
   EXPECT_TRUE(ok) << "parent missed a wakeup";
   EXPECT_EQ(wait_child(child, 60'000), 0) << "child missed a wakeup";
-  std::printf("[ doorbell ] spin %llu ns: %u round trips, %.2f us each\n",
-              static_cast<unsigned long long>(spin_ns), rounds, us);
+  std::printf("[ doorbell ] spin %llu ns: %u round trips, %.2f us each\n", static_cast<unsigned long long>(spin_ns),
+              rounds, us);
 }
 
 TEST_F(SharedWordsTest, CompletionWaiterSleepingPingPongLosesNoWakeup) { ping_pong(words(), 0, 20'000); }

@@ -26,8 +26,7 @@ bool is_clean_cstring(const char* field, size_t size) noexcept {
 }
 
 bool is_name_char(char c) noexcept {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-         c == '_' || c == '-';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
 }
 
 // Namespaces name directories and metrics labels: a conservative alphabet, no "." or "..".
@@ -90,7 +89,8 @@ Status check_regions(const WelcomeMsg& w) noexcept {
   }
   for (uint32_t i = 0; i < kMaxWelcomeRegions; ++i) {
     if (i >= w.num_regions) {
-      if (!is_zero(&w.regions[i], sizeof w.regions[i])) return Status(Code::kProtocol, "unused welcome region is not zero");
+      if (!is_zero(&w.regions[i], sizeof w.regions[i]))
+        return Status(Code::kProtocol, "unused welcome region is not zero");
       continue;
     }
     KDN_RETURN_IF_ERROR(check_region(w.regions[i]));
@@ -117,8 +117,7 @@ Status check_welcome_success(const WelcomeMsg& w, size_t num_fds, const HelloMsg
   Result<SessionLayout> layout = SessionLayout::compute(w.ring_entries, w.payload_bytes);
   if (!layout.ok()) return Status(Code::kProtocol, "welcome sizes out of range");
   bool same = w.sq_offset == layout->sq_offset && w.cq_offset == layout->cq_offset &&
-              w.payload_offset == layout->payload_offset &&
-              w.session_segment_bytes == layout->total_bytes;
+              w.payload_offset == layout->payload_offset && w.session_segment_bytes == layout->total_bytes;
   if (!same) return Status(Code::kProtocol, "welcome layout differs from the computed one");
   const SessionLimits& l = w.limits;
   if (l.max_leases == 0 || l.max_lease_count == 0 || l.max_reservations == 0 || l.max_in_flight == 0 ||
@@ -173,9 +172,8 @@ Status parse_hello(std::span<const std::byte> bytes, HelloMsg* out) noexcept {
   return OkStatus();
 }
 
-WelcomeMsg make_welcome(const HelloMsg& hello, const SessionLayout& layout, uint64_t session_id,
-                        uint32_t granted_flags, std::span<const RegionRecord> regions,
-                        const SessionLimits& limits) noexcept {
+WelcomeMsg make_welcome(const HelloMsg& hello, const SessionLayout& layout, uint64_t session_id, uint32_t granted_flags,
+                        std::span<const RegionRecord> regions, const SessionLimits& limits) noexcept {
   WelcomeMsg w{};
   w.magic = kWelcomeMagic;
   w.status = KDN_OK;
@@ -285,8 +283,7 @@ Status server_refuse(int sock, Code code) noexcept {
   // client's next read still finds the refusal.
   (void)::shutdown(sock, SHUT_RDWR);
   std::byte sink[256];
-  while (::recv(sock, sink, sizeof sink, MSG_DONTWAIT) > 0) {
-  }
+  while (::recv(sock, sink, sizeof sink, MSG_DONTWAIT) > 0) {}
   return sent;
 }
 

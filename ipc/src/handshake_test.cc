@@ -286,8 +286,7 @@ TEST(Welcome, InconsistentWelcomesAreRefused) {
   }
   WelcomeCase c;
   WelcomeMsg out;
-  EXPECT_EQ(parse_welcome(std::as_bytes(std::span(&c.welcome, 1)).first(40), 4, c.hello, &out).code(),
-            Code::kProtocol);
+  EXPECT_EQ(parse_welcome(std::as_bytes(std::span(&c.welcome, 1)).first(40), 4, c.hello, &out).code(), Code::kProtocol);
 }
 
 TEST(Token, ComparesWholeTokens) {
@@ -339,7 +338,8 @@ TEST(HandshakeSocket, ClientGetsWelcomeAndFds) {
   auto session = SharedSegment::create("hs", layout->total_bytes);
   auto arena = SharedSegment::create("hs-arena", 1 << 20);
   ASSERT_TRUE(session.ok() && arena.ok());
-  const RegionRecord regions[1] = {{3, 1, uint32_t(RegionKind::kHostArena), uint32_t(RegionAccess::kRead), arena->size(), 0}};
+  const RegionRecord regions[1] = {
+      {3, 1, uint32_t(RegionKind::kHostArena), uint32_t(RegionAccess::kRead), arena->size(), 0}};
   WelcomeMsg w = make_welcome(rh->hello, *layout, 5, kHelloFlagAdmin, regions, some_limits());
   EXPECT_EQ(w.flags, 0u) << "only flags that were asked for are granted";
   const int region_fd = arena->fd();

@@ -8,7 +8,7 @@ namespace {
 struct OpEntry {
   OpShape shape;
   OpTraits traits;
-  const char* name = nullptr;  // null: no op has this number
+  const char* name = nullptr;                                     // null: no op has this number
   uint32_t (*wanted)(const Sqe&, uint32_t in_records) = nullptr;  // output records needed
 };
 
@@ -65,9 +65,12 @@ Status check_input(const Sqe& sqe, const OpShape& op, uint32_t area, SqeShape& s
 // Records the output must be able to hold.
 uint32_t required_output(const Sqe& sqe, const OpShape& op, uint32_t in_records) noexcept {
   switch (op.out) {
-    case OpShape::Out::kNone: return 0;
-    case OpShape::Out::kAtLeastOne: return 1;
-    case OpShape::Out::kPerInput: return entry_of(sqe.opcode)->wanted(sqe, in_records);
+    case OpShape::Out::kNone:
+      return 0;
+    case OpShape::Out::kAtLeastOne:
+      return 1;
+    case OpShape::Out::kPerInput:
+      return entry_of(sqe.opcode)->wanted(sqe, in_records);
   }
   return 0;
 }

@@ -448,7 +448,7 @@ TEST(OpResults, GpuSegmentChunkRecordsAreChecked) {
   EXPECT_TRUE(Op::check_chunks(r, 2, 16, 32).ok());
   EXPECT_EQ(Op::check_chunks(r, 3, 16, 32).code(), Code::kInvalidArgument);  // one record per key
   EXPECT_EQ(Op::check_chunks(r, 2, 16, 31).code(), Code::kInvalidArgument);  // second chunk leaves the layout
-  r[1].first_token = UINT32_MAX;                                            // no wrap-around
+  r[1].first_token = UINT32_MAX;                                             // no wrap-around
   EXPECT_EQ(Op::check_chunks(r, 2, 16, 32).code(), Code::kInvalidArgument);
   r[1].first_token = 16;
   r[1].delta = KDN_MAX_POSITION;
@@ -461,7 +461,6 @@ TEST(OpResults, GpuSegmentChunkRecordsAreChecked) {
   r[1].flags = 2;
   EXPECT_EQ(Op::check_chunks(r, 2, 16, 32).code(), Code::kInvalidArgument);
 }
-
 
 TEST(CheckSqe, GpuBlendSelectShape) {
   EXPECT_STREQ(opcode_name(uint8_t(Opcode::kGpuBlendSelect)), "GPU_BLEND_SELECT");
@@ -517,9 +516,9 @@ TEST(OpResults, GpuBlendSelectAnswersAreChecked) {
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->selected, 3u);
   EXPECT_EQ(r->candidates, 50u);
-  EXPECT_FALSE(Op::result(c, out, 2, 4, 64).ok());   // more than the room
-  EXPECT_FALSE(Op::result(c, out, 3, 3, 64).ok());   // more chunks than keys
-  EXPECT_FALSE(Op::result(c, out, 3, 4, 40).ok());   // index 40 outside 40 tokens
+  EXPECT_FALSE(Op::result(c, out, 2, 4, 64).ok());  // more than the room
+  EXPECT_FALSE(Op::result(c, out, 3, 3, 64).ok());  // more chunks than keys
+  EXPECT_FALSE(Op::result(c, out, 3, 4, 40).ok());  // index 40 outside 40 tokens
   const int32_t unordered[3] = {2, 40, 17};
   EXPECT_FALSE(Op::result(c, unordered, 3, 4, 64).ok());
   const int32_t negative[3] = {-1, 17, 40};
@@ -530,7 +529,6 @@ TEST(OpResults, GpuBlendSelectAnswersAreChecked) {
   c.res[3] = 5;  // more from T0 than compared chunks
   EXPECT_FALSE(Op::result(c, out, 3, 4, 64).ok());
 }
-
 
 TEST(OpResults, GpuCheckArgsRoundTripAndRetrieveTicketsAreChecked) {
   Sqe s{};
@@ -564,7 +562,6 @@ TEST(OpResults, GpuCheckArgsRoundTripAndRetrieveTicketsAreChecked) {
   ASSERT_TRUE(sr.ok());
   EXPECT_EQ(sr->ticket, 5u);
 }
-
 
 TEST(OpResults, GpuPrefetchShapeArgsAndAnswers) {
   Sqe s = sqe_of(Opcode::kGpuPrefetch);

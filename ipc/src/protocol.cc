@@ -15,12 +15,10 @@ constexpr uint64_t round_up_to_page(uint64_t bytes) noexcept {
 }  // namespace
 
 Result<SessionLayout> SessionLayout::compute(uint32_t ring_entries, uint32_t payload_bytes) noexcept {
-  if (!std::has_single_bit(ring_entries) || ring_entries < kMinRingEntries ||
-      ring_entries > kMaxRingEntries) {
+  if (!std::has_single_bit(ring_entries) || ring_entries < kMinRingEntries || ring_entries > kMaxRingEntries) {
     return Status(Code::kInvalidArgument, "ring_entries must be a power of two in [16, 4096]");
   }
-  if (payload_bytes < kMinPayloadBytes || payload_bytes > kMaxPayloadBytes ||
-      payload_bytes % kPageBytes != 0) {
+  if (payload_bytes < kMinPayloadBytes || payload_bytes > kMaxPayloadBytes || payload_bytes % kPageBytes != 0) {
     return Status(Code::kInvalidArgument, "payload_bytes must be a 4 KiB multiple in [4 KiB, 64 MiB]");
   }
   SessionLayout l;
@@ -46,17 +44,15 @@ void init_session_header(SessionHeader& h, const SessionLayout& layout, uint64_t
   h.payload_offset = layout.payload_offset;
 }
 
-Status check_session_header(const SessionHeader& h, const SessionLayout& layout,
-                            uint64_t session_id) noexcept {
+Status check_session_header(const SessionHeader& h, const SessionLayout& layout, uint64_t session_id) noexcept {
   // The daemon wrote these before sending the fd and never changes them; compare them with
   // what the client computed itself instead of trusting them.
   if (h.magic != kSessionMagic || h.proto_major != kProtocolMajor) {
     return Status(Code::kProtocol, "session segment has a bad magic or version");
   }
   bool same = h.ring_entries == layout.ring_entries && h.payload_bytes == layout.payload_bytes &&
-              h.session_id == session_id && h.segment_bytes == layout.total_bytes &&
-              h.sq_offset == layout.sq_offset && h.cq_offset == layout.cq_offset &&
-              h.payload_offset == layout.payload_offset;
+              h.session_id == session_id && h.segment_bytes == layout.total_bytes && h.sq_offset == layout.sq_offset &&
+              h.cq_offset == layout.cq_offset && h.payload_offset == layout.payload_offset;
   if (!same) return Status(Code::kProtocol, "session segment header disagrees with the welcome");
   return OkStatus();
 }

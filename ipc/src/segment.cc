@@ -19,9 +19,7 @@ constexpr unsigned kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 #define F_SEAL_FUTURE_WRITE 0x0010
 #endif
 
-constexpr uint64_t round_up(uint64_t bytes, uint64_t unit) noexcept {
-  return (bytes + unit - 1) / unit * unit;
-}
+constexpr uint64_t round_up(uint64_t bytes, uint64_t unit) noexcept { return (bytes + unit - 1) / unit * unit; }
 
 Status mmap_error(int err) noexcept {
   if (err == ENOMEM) return Status(Code::kNoMemory, "mmap: out of memory");
@@ -55,7 +53,8 @@ Result<UniqueFd> make_memfd(const char* name, uint64_t bytes, bool hugetlb) noex
 // sealing future writes leaves the creator's mapping the only writable one. One call, since
 // F_SEAL_SEAL forbids any later seal.
 Status seal_memfd(int fd, const SegmentOptions& options) noexcept {
-  unsigned seals = (options.seal_size ? kSizeSeals : 0u) | (options.seal_writes ? F_SEAL_FUTURE_WRITE | F_SEAL_SEAL : 0u);
+  unsigned seals =
+      (options.seal_size ? kSizeSeals : 0u) | (options.seal_writes ? F_SEAL_FUTURE_WRITE | F_SEAL_SEAL : 0u);
   if (seals != 0 && ::fcntl(fd, F_ADD_SEALS, seals) != 0) return Status::from_errno("seal memfd", errno);
   return OkStatus();
 }
@@ -87,8 +86,7 @@ void SharedSegment::unmap() noexcept {
   bytes_ = 0;
 }
 
-Result<SharedSegment> SharedSegment::create(const char* name, uint64_t bytes,
-                                            const SegmentOptions& options) noexcept {
+Result<SharedSegment> SharedSegment::create(const char* name, uint64_t bytes, const SegmentOptions& options) noexcept {
   if (bytes == 0 || bytes > (1ull << 46)) return Status(Code::kInvalidArgument, "segment size out of range");
   if (options.huge_pages) {
     // Huge pages may be unavailable (none reserved, no hugetlbfs): fall back silently to
@@ -129,8 +127,7 @@ Result<SharedSegment> SharedSegment::create(const char* name, uint64_t bytes,
   return s;
 }
 
-Result<SharedSegment> SharedSegment::attach(UniqueFd fd, uint64_t expected_bytes,
-                                            const MapOptions& options) noexcept {
+Result<SharedSegment> SharedSegment::attach(UniqueFd fd, uint64_t expected_bytes, const MapOptions& options) noexcept {
   if (!fd) return Status(Code::kInvalidArgument, "no segment fd");
   if (expected_bytes == 0) return Status(Code::kProtocol, "segment announced with size 0");
   struct stat st;
@@ -143,8 +140,7 @@ Result<SharedSegment> SharedSegment::attach(UniqueFd fd, uint64_t expected_bytes
   uint64_t unit = st.st_blksize > 0 ? static_cast<uint64_t>(st.st_blksize) : kSmallPage;
   uint64_t map_bytes = round_up(expected_bytes, unit);
   if (map_bytes > file_bytes) map_bytes = expected_bytes;
-  Result<std::byte*> base =
-      map_fd(fd.get(), map_bytes, options.read_only, options.populate, options.madvise_huge);
+  Result<std::byte*> base = map_fd(fd.get(), map_bytes, options.read_only, options.populate, options.madvise_huge);
   if (!base.ok()) return base.status();
   SharedSegment s;
   s.fd_ = std::move(fd);

@@ -1,7 +1,7 @@
 #include <kdn/ipc/segment.h>
 
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <linux/falloc.h>
 #include <sys/mman.h>
 #include <unistd.h>

@@ -20,8 +20,8 @@ Result<DaemonSession> DaemonSession::create(const SessionLayout& layout, uint64_
   s.segment_ = std::move(*segment);
   // The memfd is fresh (all zero), so the rings start empty and both flags clear.
   init_session_header(*s.header(), layout, session_id);
-  Result<RingConsumer<Sqe>> sq = RingConsumer<Sqe>::attach(
-      at(s.segment_, layout.sq_offset), layout.cq_offset - layout.sq_offset, layout.ring_entries);
+  Result<RingConsumer<Sqe>> sq = RingConsumer<Sqe>::attach(at(s.segment_, layout.sq_offset),
+                                                           layout.cq_offset - layout.sq_offset, layout.ring_entries);
   if (!sq.ok()) return sq.status();
   Result<RingProducer<Cqe>> cq = RingProducer<Cqe>::attach(
       at(s.segment_, layout.cq_offset), layout.payload_offset - layout.cq_offset, layout.ring_entries);
@@ -45,8 +45,7 @@ Result<uint32_t> DaemonSession::complete(std::span<const Cqe> cqes) noexcept {
 }
 
 // ---- client --------------------------------------------------------------------------------------
-Result<ClientSession> ClientSession::attach(ClientHandshake hs, uint64_t spin_ns,
-                                            const MapOptions& arena_options,
+Result<ClientSession> ClientSession::attach(ClientHandshake hs, uint64_t spin_ns, const MapOptions& arena_options,
                                             const MapOptions& staging_options) noexcept {
   ClientSession c;
   c.welcome_ = hs.welcome;
@@ -73,9 +72,8 @@ Result<ClientSession> ClientSession::attach(ClientHandshake hs, uint64_t spin_ns
   Result<RingProducer<Sqe>> sq = RingProducer<Sqe>::attach(
       at(c.segment_, c.layout_.sq_offset), c.layout_.cq_offset - c.layout_.sq_offset, c.layout_.ring_entries);
   if (!sq.ok()) return sq.status();
-  Result<RingConsumer<Cqe>> cq = RingConsumer<Cqe>::attach(at(c.segment_, c.layout_.cq_offset),
-                                                           c.layout_.payload_offset - c.layout_.cq_offset,
-                                                           c.layout_.ring_entries);
+  Result<RingConsumer<Cqe>> cq = RingConsumer<Cqe>::attach(
+      at(c.segment_, c.layout_.cq_offset), c.layout_.payload_offset - c.layout_.cq_offset, c.layout_.ring_entries);
   if (!cq.ok()) return cq.status();
   c.sq_ = *sq;
   c.cq_ = *cq;
@@ -88,7 +86,8 @@ Result<std::byte*> ClientSession::resolve(const SlotRef& ref, uint64_t bytes, Re
     const ClientRegion& r = regions_[i];
     if (r.record.region_id != ref.region) continue;
     if (r.record.kind != uint32_t(kind)) return Status(Code::kProtocol, "slot reference into a region of another kind");
-    if (r.record.generation != ref.generation) return Status(Code::kProtocol, "slot reference of a stale region generation");
+    if (r.record.generation != ref.generation)
+      return Status(Code::kProtocol, "slot reference of a stale region generation");
     if (ref.offset > r.segment.size() || bytes > r.segment.size() - ref.offset)
       return Status(Code::kProtocol, "slot reference outside its region");
     return r.segment.data() + ref.offset;

@@ -257,11 +257,13 @@ TEST_F(SessionTest, FullSessionAcrossProcesses) {
   auto arena = SharedSegment::create("test-arena", 1 << 20);
   ASSERT_TRUE(session.ok() && arena.ok());
   std::memcpy(arena->data(), &kArenaPattern, sizeof(kArenaPattern));
-  const RegionRecord regions[1] = {{11, 3, uint32_t(RegionKind::kHostArena), uint32_t(RegionAccess::kRead), arena->size(), 0}};
+  const RegionRecord regions[1] = {
+      {11, 3, uint32_t(RegionKind::kHostArena), uint32_t(RegionAccess::kRead), arena->size(), 0}};
   WelcomeMsg w = make_welcome(rh->hello, *layout, 42, 0, regions, test_limits());
   const int arena_fd = arena->fd();
-  ASSERT_TRUE(server_send_welcome(conn.get(), w, session->segment().fd(), session->doorbell().fd(),
-                                  std::span(&arena_fd, 1)).ok());
+  ASSERT_TRUE(
+      server_send_welcome(conn.get(), w, session->segment().fd(), session->doorbell().fd(), std::span(&arena_fd, 1))
+          .ok());
   ServeStats st = serve(*session, conn.get());
   EXPECT_TRUE(st.end.ok()) << st.end.what();
   EXPECT_EQ(wait_child(child, 60'000), 0);
@@ -307,7 +309,8 @@ TEST(ClientSession, RefusesASegmentThatDisagreesWithTheWelcome) {
   ASSERT_TRUE(daemon.ok() && arena.ok());
   HelloMsg hello = *make_hello(HelloRequest{"x", "", 16, 4096, 0, 0});
   ClientHandshake hs;
-  const RegionRecord regions[1] = {{1, 1, uint32_t(RegionKind::kHostArena), uint32_t(RegionAccess::kRead), arena->size(), 0}};
+  const RegionRecord regions[1] = {
+      {1, 1, uint32_t(RegionKind::kHostArena), uint32_t(RegionAccess::kRead), arena->size(), 0}};
   hs.welcome = make_welcome(hello, *layout, 2 /* not the segment's id */, 0, regions, test_limits());
   hs.session_fd = std::move(*daemon->segment().dup_fd());
   hs.region_fds[0] = std::move(*arena->dup_fd());

@@ -147,8 +147,8 @@ bool adopt_fds(msghdr& msg, ReceivedMessage& out, size_t& total) noexcept {
   return only_rights;
 }
 
-Result<size_t> recv_once(int sock, std::span<std::byte> buffer, ReceivedMessage& out,
-                         size_t& total_fds, bool& only_rights) noexcept {
+Result<size_t> recv_once(int sock, std::span<std::byte> buffer, ReceivedMessage& out, size_t& total_fds,
+                         bool& only_rights) noexcept {
   alignas(cmsghdr) unsigned char control[CMSG_SPACE(sizeof(int) * kMaxMessageFds)];
   iovec iov{buffer.data(), buffer.size()};
   msghdr msg{};
@@ -175,12 +175,9 @@ std::string default_socket_path() {
   return "/tmp/kdn-" + std::to_string(::getuid()) + "/kdnd.sock";
 }
 
-Result<UniqueFd> uds_listen(const std::string& path, const ListenOptions& options,
-                            std::string* error) {
+Result<UniqueFd> uds_listen(const std::string& path, const ListenOptions& options, std::string* error) {
   Result<SocketAddress> addr = make_address(path);
-  if (!addr.ok())
-    return fail(error, addr.status(),
-                "socket path '" + path + "' is empty or longer than 107 bytes");
+  if (!addr.ok()) return fail(error, addr.status(), "socket path '" + path + "' is empty or longer than 107 bytes");
   KDN_RETURN_IF_ERROR(make_parent_dirs(path, options.dir_mode, error));
   Result<UniqueFd> fd = new_socket(true);
   if (!fd.ok()) return fail(error, fd.status(), "socket for " + path);
@@ -188,8 +185,7 @@ Result<UniqueFd> uds_listen(const std::string& path, const ListenOptions& option
   if (::bind(fd->get(), sa, addr->len) != 0) {
     if (errno != EADDRINUSE) return fail(error, Status::from_errno("bind", errno), "bind " + path);
     KDN_RETURN_IF_ERROR(remove_if_stale(path, error));
-    if (::bind(fd->get(), sa, addr->len) != 0)
-      return fail(error, Status::from_errno("bind", errno), "bind " + path);
+    if (::bind(fd->get(), sa, addr->len) != 0) return fail(error, Status::from_errno("bind", errno), "bind " + path);
   }
   // The file is ours alone until this chmod: the directory is checked and nobody else writes it.
   if (::chmod(path.c_str(), options.socket_mode) != 0)

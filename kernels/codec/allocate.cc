@@ -43,7 +43,8 @@ Status kvc1_allocate_bits(std::span<const double> k_sensitivity, std::span<const
   const size_t slots = 2 * layers;
   // The bits above min_bits to hand out; never more than the mean allows.
   uint64_t spare = static_cast<uint64_t>(std::floor(mean_bits * static_cast<double>(slots) + 1e-9)) - min_bits * slots;
-  for (size_t i = 0; i < slots; ++i) *slot(k_sensitivity, v_sensitivity, k_bits, v_bits, i).bits = static_cast<uint8_t>(min_bits);
+  for (size_t i = 0; i < slots; ++i)
+    *slot(k_sensitivity, v_sensitivity, k_bits, v_bits, i).bits = static_cast<uint8_t>(min_bits);
   for (; spare > 0; --spare) {
     size_t best = slots;
     double best_gain = -1;
@@ -53,7 +54,8 @@ Status kvc1_allocate_bits(std::span<const double> k_sensitivity, std::span<const
       if (*s.bits >= max_bits) continue;
       const double gain = kvc1_modelled_cost(*s.sensitivity, probe_bits, *s.bits) -
                           kvc1_modelled_cost(*s.sensitivity, probe_bits, *s.bits + 1u);
-      if (gain > best_gain || (gain == best_gain && *s.bits < best_bits)) best = i, best_gain = gain, best_bits = *s.bits;
+      if (gain > best_gain || (gain == best_gain && *s.bits < best_bits))
+        best = i, best_gain = gain, best_bits = *s.bits;
     }
     if (best == slots) break;  // every slot at max_bits
     ++*slot(k_sensitivity, v_sensitivity, k_bits, v_bits, best).bits;

@@ -125,7 +125,8 @@ TEST(Codec, ConstantGroupsDecodeExactly) {
           v[chunk_offset(g, l, 0, t, h, d)] = f32_to_f16(d % 3 == 0 ? 0.75f : -2.5f * static_cast<float>(d + h));
           v[chunk_offset(g, l, 1, t, h, d)] = f32_to_f16(0.125f * static_cast<float>(t) - 3.0f);
         }
-  for (CodecMode m : {CodecMode::kKivi4, CodecMode::kKivi2}) EXPECT_EQ(decode_ok(encode(g, chunk.data(), config(m)), g), chunk);
+  for (CodecMode m : {CodecMode::kKivi4, CodecMode::kKivi2})
+    EXPECT_EQ(decode_ok(encode(g, chunk.data(), config(m)), g), chunk);
 }
 
 TEST(Codec, EntropyCodingNeverChangesTheDecodeAndNeverGrows) {
@@ -203,9 +204,10 @@ TEST(Codec, NonFiniteValuesRejectedByQuantizersCarriedByLossless) {
       const CodecConfig cfg = config(m);
       std::vector<uint8_t> out(kvc1_max_encoded_size(g, cfg)), scratch(kvc1_encode_scratch_bytes(g, cfg));
       size_t n = 0;
-      EXPECT_EQ(kvc1_encode(g, kTestFingerprint, c.data(), cfg, out.data(), out.size(), &n, scratch.data(),
-                            scratch.size()).code(),
-                Code::kInvalidArgument);
+      EXPECT_EQ(
+          kvc1_encode(g, kTestFingerprint, c.data(), cfg, out.data(), out.size(), &n, scratch.data(), scratch.size())
+              .code(),
+          Code::kInvalidArgument);
     }
     EXPECT_EQ(decode_ok(encode(g, c.data(), config(CodecMode::kLossless)), g), c);
   }
@@ -287,7 +289,8 @@ TEST(Codec, RotatedRowsStayWithinTheMeanHalfScaleOfTheirRow) {
                 const float s = stored_scale(blob, l, p, t, h, j);
                 half_scales += s / 2;
                 s_max = std::max(s_max, s);
-                row_max = std::max(row_max, std::fabs(double{load_f32(chunk.data(), chunk_offset(g, l, p, t, h, j), dt, 1.0f)}));
+                row_max = std::max(row_max,
+                                   std::fabs(double{load_f32(chunk.data(), chunk_offset(g, l, p, t, h, j), dt, 1.0f)}));
               }
               const double bound = half_scales / g.head_dim;
               for (uint32_t d = 0; d < g.head_dim; ++d) {
@@ -396,14 +399,17 @@ TEST(Codec, CapacityAndScratchChecks) {
     EXPECT_LE(blob.size(), kvc1_max_encoded_size(g, cfg));
     std::vector<uint8_t> out(blob.size()), scratch(kvc1_encode_scratch_bytes(g, cfg));
     size_t n = 0;
-    EXPECT_TRUE(kvc1_encode(g, kTestFingerprint, chunk.data(), cfg, out.data(), out.size(), &n, scratch.data(),
-                            scratch.size()).ok());
+    EXPECT_TRUE(
+        kvc1_encode(g, kTestFingerprint, chunk.data(), cfg, out.data(), out.size(), &n, scratch.data(), scratch.size())
+            .ok());
     EXPECT_EQ(out, blob);  // deterministic
     EXPECT_EQ(kvc1_encode(g, kTestFingerprint, chunk.data(), cfg, out.data(), out.size() - 1, &n, scratch.data(),
-                          scratch.size()).code(),
+                          scratch.size())
+                  .code(),
               Code::kNoSpace);
     EXPECT_EQ(kvc1_encode(g, kTestFingerprint, chunk.data(), cfg, out.data(), out.size(), &n, scratch.data(),
-                          scratch.size() - 1).code(),
+                          scratch.size() - 1)
+                  .code(),
               Code::kInvalidArgument);
     std::vector<uint8_t> small(geometry_bytes(g) - 1);
     EXPECT_EQ(kvc1_decode(blob.data(), blob.size(), g, kTestFingerprint, small.data(), small.size()).code(),
@@ -508,7 +514,6 @@ TEST(Codec, Kivi4PackedRatioIsAtLeast3p5) {
   EXPECT_GE(kvc1_quality(g, chunk.data(), chunk.data(), blob.size()).ratio_vs_fp16, 3.5);
 }
 
-
 // Sink rows: in a chunk at position 0 the first sink_tokens rows of every quantized plane are
 // stored exactly (bit for bit, any dtype, rotated or not), minor 2; later chunks, sink_tokens 0
 // and lossless modes leave blobs as before.
@@ -516,8 +521,8 @@ TEST(Codec, SinkRowsOfASequenceStartDecodeBitExact) {
   for (DType dt : {DType::kF16, DType::kBF16, DType::kF32})
     for (CodecMode m : {CodecMode::kInt8, CodecMode::kKivi4, CodecMode::kKivi2})
       for (bool rot : {false, true}) {
-        SCOPED_TRACE(::testing::Message() << "dtype " << static_cast<int>(dt) << " mode " << static_cast<int>(m)
-                                          << " rotate " << rot);
+        SCOPED_TRACE(::testing::Message()
+                     << "dtype " << static_cast<int>(dt) << " mode " << static_cast<int>(m) << " rotate " << rot);
         const ChunkGeometry g = geometry(2, 3, 32, 40, dt);
         const std::vector<uint8_t> chunk = synthetic_chunk(g, 11);
         CodecConfig c = rot ? rotated(m) : config(m);
@@ -534,8 +539,10 @@ TEST(Codec, SinkRowsOfASequenceStartDecodeBitExact) {
               for (uint32_t h = 0; h < g.kv_heads; ++h) {
                 const size_t at = static_cast<size_t>(chunk_offset(g, l, p, t, h, 0)) * dtype_size(g.dtype);
                 const bool same = std::memcmp(out.data() + at, chunk.data() + at, row) == 0;
-                if (t < kDefaultSinkTokens) EXPECT_TRUE(same) << "layer " << l << " plane " << p << " token " << t;
-                else differing_later_rows += !same;
+                if (t < kDefaultSinkTokens)
+                  EXPECT_TRUE(same) << "layer " << l << " plane " << p << " token " << t;
+                else
+                  differing_later_rows += !same;
               }
         EXPECT_GT(differing_later_rows, 0u);  // the other rows are quantized
         c.pos_base = 40;
@@ -677,8 +684,10 @@ TEST(Codec, RecentRowsOfAContextEndDecodeBitExact) {
           size_t differing_middle_rows = 0;
           for (uint32_t t = 0; t < g.tokens; ++t) {
             const bool exact = t < sinks || t >= g.tokens - kDefaultRecentTokens;
-            if (exact) EXPECT_TRUE(token_rows_equal(out, chunk, g, t)) << "token " << t;
-            else differing_middle_rows += !token_rows_equal(out, chunk, g, t);
+            if (exact)
+              EXPECT_TRUE(token_rows_equal(out, chunk, g, t)) << "token " << t;
+            else
+              differing_middle_rows += !token_rows_equal(out, chunk, g, t);
           }
           EXPECT_GT(differing_middle_rows, 0u);  // the rows between are quantized
           EXPECT_GT(blob.size(), plain.size());

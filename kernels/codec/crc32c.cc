@@ -64,9 +64,9 @@ constexpr uint32_t multmodp(uint32_t a, uint32_t b) {
 
 // x^(8n) modulo the polynomial.
 constexpr uint32_t x8nmodp(uint64_t n) {
-  uint32_t x2k = 1u << 30;  // x^1
+  uint32_t x2k = 1u << 30;                               // x^1
   for (int k = 0; k < 3; ++k) x2k = multmodp(x2k, x2k);  // x^8
-  uint32_t p = 1u << 31;  // x^0
+  uint32_t p = 1u << 31;                                 // x^0
   for (; n; n >>= 1) {
     if (n & 1) p = multmodp(x2k, p);
     x2k = multmodp(x2k, x2k);

@@ -35,7 +35,8 @@ __global__ void decode_kernel(Job job) {
 
 Status cuda_status(cudaError_t err) {
   if (err == cudaSuccess) return OkStatus();
-  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) return Status(Code::kUnavailable, cudaGetErrorName(err));
+  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver)
+    return Status(Code::kUnavailable, cudaGetErrorName(err));
   return Status(Code::kInternal, cudaGetErrorName(err));
 }
 
@@ -66,7 +67,8 @@ Status open_batch(const Kvc1CudaBatch& batch, const ChunkGeometry& expected, con
   using namespace kvc1;
   for (uint32_t i = 0; i < batch.n; ++i) {
     Header h;
-    KDN_RETURN_IF_ERROR(open_for_decode(batch.host_blobs[i], batch.blob_bytes[i], expected, fingerprint, opts, &h, layers));
+    KDN_RETURN_IF_ERROR(
+        open_for_decode(batch.host_blobs[i], batch.blob_bytes[i], expected, fingerprint, opts, &h, layers));
     if (full) KDN_RETURN_IF_ERROR(validate_layers(batch.host_blobs[i], h, *layers, opts));
   }
   return OkStatus();
@@ -79,7 +81,8 @@ Status launch(const Kvc1CudaBatch& batch, const ChunkGeometry& expected, const k
 
 Status kvc1_validate_batch(const Kvc1CudaBatch& batch, const ChunkGeometry& expected, const kdn_key& fingerprint,
                            const DecodeOptions& opts) noexcept {
-  if (batch.n == 0 || !batch.host_blobs || !batch.blob_bytes) return Status(Code::kInvalidArgument, "null or empty batch");
+  if (batch.n == 0 || !batch.host_blobs || !batch.blob_bytes)
+    return Status(Code::kInvalidArgument, "null or empty batch");
   for (uint32_t i = 0; i < batch.n; ++i) {
     if (!batch.host_blobs[i]) return Status(Code::kInvalidArgument, "null blob");
   }
@@ -129,10 +132,11 @@ Status launch(const Kvc1CudaBatch& batch, const ChunkGeometry& expected, const k
   // need not outlive the call.
   KDN_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(base + 16, batch.device_blobs, n8, cudaMemcpyHostToDevice, s)));
   KDN_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(base + 16 + n8, batch.blob_bytes, n8, cudaMemcpyHostToDevice, s)));
-  KDN_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(base + 16 + 2 * n8, batch.device_outputs, n8, cudaMemcpyHostToDevice, s)));
+  KDN_RETURN_IF_ERROR(
+      cuda_status(cudaMemcpyAsync(base + 16 + 2 * n8, batch.device_outputs, n8, cudaMemcpyHostToDevice, s)));
   if (smem > 48 * 1024)
-    KDN_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                         static_cast<int>(smem))));
+    KDN_RETURN_IF_ERROR(cuda_status(
+        cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem))));
   const uint64_t warps = uint64_t{batch.n} * job.layers * 2 * job.kv_heads;
   const uint64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (blocks > 0x7fffffffu) return Status(Code::kInvalidArgument, "batch too large for one launch");
@@ -146,7 +150,8 @@ Status kvc1_cuda_result(const void* device_scratch, void* stream) noexcept {
   if (!device_scratch) return Status(Code::kInvalidArgument, "null scratch");
   KDN_RETURN_IF_ERROR(kvc1::cuda_status(cudaStreamSynchronize(static_cast<cudaStream_t>(stream))));
   uint32_t flag = 0;
-  KDN_RETURN_IF_ERROR(kvc1::cuda_status(cudaMemcpy(&flag, device_scratch, kKvc1CudaResultBytes, cudaMemcpyDeviceToHost)));
+  KDN_RETURN_IF_ERROR(
+      kvc1::cuda_status(cudaMemcpy(&flag, device_scratch, kKvc1CudaResultBytes, cudaMemcpyDeviceToHost)));
   return kvc1_cuda_result_of(flag);
 }
 

@@ -56,9 +56,7 @@ class SegmentReader {
   alignas(32) uint8_t prev_[kMaxHeadDim];    // codes of the previous token row
 };
 
-inline uint32_t tile_tokens(uint32_t head_dim) {
-  return head_dim >= kTileSymbols ? 1 : kTileSymbols / head_dim;
-}
+inline uint32_t tile_tokens(uint32_t head_dim) { return head_dim >= kTileSymbols ? 1 : kTileSymbols / head_dim; }
 
 inline Status stream_corrupt() { return Status(Code::kCorrupt, "KVC1 entropy-coded stream is corrupt"); }
 
@@ -131,8 +129,8 @@ bool untransform_row(const uint8_t* const* planes, uint32_t n_planes, const uint
 }
 
 // untransform_row for 16-bit elements (two planes), vectorized where the CPU allows.
-bool untransform_row16(const uint8_t* hi, const uint8_t* lo, const uint8_t* emax, uint32_t n,
-                       const ExponentField& f, uint16_t* out) noexcept;
+bool untransform_row16(const uint8_t* hi, const uint8_t* lo, const uint8_t* emax, uint32_t n, const ExponentField& f,
+                       uint16_t* out) noexcept;
 
 template <class Sink>
 Status decode_byteplane_head(const uint8_t* blob, const Header& h, const Plane& pl, uint32_t head, Sink& sink) {
@@ -170,9 +168,12 @@ Status decode_byteplane_head(const uint8_t* blob, const Header& h, const Plane& 
 template <class Sink>
 Status decode_head(const uint8_t* blob, const Header& h, const Plane& pl, uint32_t head, Sink& sink) {
   switch (pl.codec) {
-    case kCodecRaw: return decode_raw_head(blob, h, pl, head, sink);
-    case kCodecBytePlanes: return decode_byteplane_head(blob, h, pl, head, sink);
-    default: return decode_quant_head(blob, h, pl, head, sink);
+    case kCodecRaw:
+      return decode_raw_head(blob, h, pl, head, sink);
+    case kCodecBytePlanes:
+      return decode_byteplane_head(blob, h, pl, head, sink);
+    default:
+      return decode_quant_head(blob, h, pl, head, sink);
   }
 }
 

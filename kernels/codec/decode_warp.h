@@ -106,7 +106,10 @@ KDN_WARP_FN bool load_table(const uint8_t* blob, const Segment& sg, const WarpSm
       uint32_t lo = 0, hi = sg.n_syms - 1;  // largest y with cum[y] <= slot
       while (lo < hi) {
         const uint32_t mid = (lo + hi + 1) / 2;
-        if (s.cum[mid] <= slot) lo = mid; else hi = mid - 1;
+        if (s.cum[mid] <= slot)
+          lo = mid;
+        else
+          hi = mid - 1;
       }
       s.lut[slot] = static_cast<uint8_t>(lo);
     }
@@ -116,7 +119,7 @@ KDN_WARP_FN bool load_table(const uint8_t* blob, const Segment& sg, const WarpSm
 }
 
 KDN_WARP_FN void load_predictor(const uint8_t* blob, const Segment& sg, const WarpSmem& s, uint32_t head_dim,
-                               uint32_t lane) {
+                                uint32_t lane) {
   for (uint32_t d = lane; d < head_dim; d += 32) {
     s.select[d] = channel_predicted(blob, sg, d) ? 0xffu : 0u;
     s.prev[d] = 0;
@@ -127,8 +130,7 @@ KDN_WARP_FN void load_predictor(const uint8_t* blob, const Segment& sg, const Wa
 // Decodes every symbol of a segment in order; emit(index, symbol) runs on the lane that
 // decoded it (consecutive indices on consecutive lanes). Returns false on corruption.
 template <class Emit>
-KDN_WARP_FN bool decode_segment(const uint8_t* blob, const Segment& sg, const WarpSmem& s, uint32_t lane,
-                               Emit&& emit) {
+KDN_WARP_FN bool decode_segment(const uint8_t* blob, const Segment& sg, const WarpSmem& s, uint32_t lane, Emit&& emit) {
   if (sg.coding == kCodingPacked) {
     const uint8_t* bits = blob + sg.offset + kSegmentHeaderBytes;
     const uint32_t mask = (1u << sg.bits) - 1;
@@ -146,7 +148,7 @@ KDN_WARP_FN bool decode_segment(const uint8_t* blob, const Segment& sg, const Wa
   }
   if (!load_table(blob, sg, s, lane)) return false;
   uint32_t cr[15];
-KDN_WARP_UNROLL
+  KDN_WARP_UNROLL
   for (uint32_t k = 0; k < 15; ++k) cr[k] = s.cum[k + 1];
   for (uint32_t b = 0; b < sg.n_blocks; ++b) {
     Block bk;
@@ -162,7 +164,7 @@ KDN_WARP_UNROLL
       if (active) {
         const uint32_t slot = x & (rans::kProbScale - 1);
         if (sg.bits <= 4) {
-KDN_WARP_UNROLL
+          KDN_WARP_UNROLL
           for (uint32_t k = 0; k < 15; ++k) y += cr[k] <= slot ? 1u : 0u;
         } else {
           y = s.lut[slot];

@@ -34,7 +34,8 @@ bool untransform_row16(const uint8_t* hi, const uint8_t* lo, const uint8_t* emax
   }
   bad = _mm_movemask_epi8(worse) != 0;
 #endif
-  for (; d < n; ++d) out[d] = static_cast<uint16_t>(untransform_element((uint32_t{hi[d]} << 8) | lo[d], emax[d], f, &bad));
+  for (; d < n; ++d)
+    out[d] = static_cast<uint16_t>(untransform_element((uint32_t{hi[d]} << 8) | lo[d], emax[d], f, &bad));
   return !bad;
 }
 
@@ -189,7 +190,8 @@ Status open_for_decode(const uint8_t* blob, size_t len, const ChunkGeometry& exp
   return OkStatus();
 }
 
-Status validate_layers(const uint8_t* blob, const Header& h, const LayerRange& layers, const DecodeOptions& opts) noexcept {
+Status validate_layers(const uint8_t* blob, const Header& h, const LayerRange& layers,
+                       const DecodeOptions& opts) noexcept {
   FirstError err;
   run_tasks(layers.end - layers.begin, opts.cpu_threads, err, [&](uint32_t i) {
     Plane planes[2];
@@ -202,21 +204,30 @@ Status validate_layers(const uint8_t* blob, const Header& h, const LayerRange& l
 
 const char* codec_mode_name(CodecMode mode) noexcept {
   switch (mode) {
-    case CodecMode::kRaw: return "raw";
-    case CodecMode::kLossless: return "lossless";
-    case CodecMode::kInt8: return "int8";
-    case CodecMode::kKivi4: return "kivi4";
-    case CodecMode::kKivi2: return "kivi2";
+    case CodecMode::kRaw:
+      return "raw";
+    case CodecMode::kLossless:
+      return "lossless";
+    case CodecMode::kInt8:
+      return "int8";
+    case CodecMode::kKivi4:
+      return "kivi4";
+    case CodecMode::kKivi2:
+      return "kivi2";
   }
   return "unknown";
 }
 
 uint8_t codec_mode_default_bits(CodecMode mode) noexcept {
   switch (mode) {
-    case CodecMode::kInt8: return 8;
-    case CodecMode::kKivi4: return 4;
-    case CodecMode::kKivi2: return 2;
-    default: return 0;
+    case CodecMode::kInt8:
+      return 8;
+    case CodecMode::kKivi4:
+      return 4;
+    case CodecMode::kKivi2:
+      return 2;
+    default:
+      return 0;
   }
 }
 

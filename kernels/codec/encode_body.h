@@ -50,8 +50,8 @@ KDN_HD_INLINE void pack_codes_body(const uint8_t* sym, uint32_t n, uint32_t bits
 
 // Channel d's histograms of a segment's codes q[tokens][head_dim], plain and as token deltas
 // ((q[t] - q[t-1]) mod n_syms, the first token plain); hp and hd arrive zeroed.
-KDN_HD_INLINE void count_channel_body(const uint8_t* q, uint32_t tokens, uint32_t head_dim, uint32_t d,
-                                      uint32_t n_syms, uint32_t* hp, uint32_t* hd) {
+KDN_HD_INLINE void count_channel_body(const uint8_t* q, uint32_t tokens, uint32_t head_dim, uint32_t d, uint32_t n_syms,
+                                      uint32_t* hp, uint32_t* hd) {
   const uint8_t code_mask = static_cast<uint8_t>(n_syms - 1);
   uint8_t prev = 0;
   const uint8_t* col = q + d;
@@ -128,7 +128,8 @@ template <class Ops>
 KDN_HD_INLINE void choose_under_body(const Ops& ops, const ChoiceScratch& sc, uint32_t head_dim, uint32_t n_syms,
                                      const uint64_t* c_plain, const uint64_t* c_delta, uint8_t* mask) {
   uint32_t cp[rans::kMaxSymbols], cd[rans::kMaxSymbols];
-  for (uint32_t s = 0; s < n_syms; ++s) cp[s] = static_cast<uint32_t>(c_plain[s]), cd[s] = static_cast<uint32_t>(c_delta[s]);
+  for (uint32_t s = 0; s < n_syms; ++s)
+    cp[s] = static_cast<uint32_t>(c_plain[s]), cd[s] = static_cast<uint32_t>(c_delta[s]);
   for (uint32_t d = 0; d < head_dim; ++d) {
     sc.cost_plain[d] = ops.dot(sc.hist_plain + uint64_t{d} * n_syms, cp, n_syms);
     sc.cost_delta[d] = ops.dot(sc.hist_delta + uint64_t{d} * n_syms, cd, n_syms);

@@ -11,8 +11,8 @@ namespace kdn::kernels {
 namespace kvc1 {
 namespace {
 
-constexpr uint32_t kUnitThreads = 64;   // units (planes, segments) per block of the unit kernels
-constexpr uint32_t kPlaceThreads = 256; // threads copying one plane
+constexpr uint32_t kUnitThreads = 64;    // units (planes, segments) per block of the unit kernels
+constexpr uint32_t kPlaceThreads = 256;  // threads copying one plane
 
 __device__ __forceinline__ uint64_t global_unit() { return uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; }
 
@@ -62,14 +62,18 @@ __global__ void header_kernel(EncodeJob j) {
 
 Status cuda_status(cudaError_t err) {
   if (err == cudaSuccess) return OkStatus();
-  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) return Status(Code::kUnavailable, cudaGetErrorName(err));
+  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver)
+    return Status(Code::kUnavailable, cudaGetErrorName(err));
   return Status(Code::kInternal, cudaGetErrorName(err));
 }
 
-unsigned blocks_for(uint64_t units, uint32_t per_block) { return static_cast<unsigned>((units + per_block - 1) / per_block); }
+unsigned blocks_for(uint64_t units, uint32_t per_block) {
+  return static_cast<unsigned>((units + per_block - 1) / per_block);
+}
 
 Status check_encode_batch(const Kvc1CudaEncodeBatch& b, void* scratch) {
-  if (b.n == 0 || !b.device_chunks || !b.device_outputs || !scratch) return Status(Code::kInvalidArgument, "null or empty batch");
+  if (b.n == 0 || !b.device_chunks || !b.device_outputs || !scratch)
+    return Status(Code::kInvalidArgument, "null or empty batch");
   for (uint32_t i = 0; i < b.n; ++i)
     if (!b.device_chunks[i] || !b.device_outputs[i] || reinterpret_cast<uintptr_t>(b.device_outputs[i]) % kAlign != 0)
       return Status(Code::kInvalidArgument, "null chunk or output, or output not 16-byte aligned");
@@ -80,7 +84,8 @@ Status enqueue_stages(const EncodeJob& j, uint64_t out_cap, const Kvc1CudaEncode
   const uint64_t planes = uint64_t{j.n_chunks} * 2 * j.layers, segs = planes * j.kv_heads;
   if (planes > 0x7fffffffu || blocks_for(segs, kUnitThreads) > 0x7fffffffu)
     return Status(Code::kInvalidArgument, "batch too large for one launch");
-  for (uint32_t i = 0; i < b.n; ++i) KDN_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(b.device_outputs[i], 0, out_cap, s)));
+  for (uint32_t i = 0; i < b.n; ++i)
+    KDN_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(b.device_outputs[i], 0, out_cap, s)));
   params_kernel<<<blocks_for(planes, kUnitThreads), kUnitThreads, 0, s>>>(j);
   segment_kernel<<<blocks_for(segs, kUnitThreads), kUnitThreads, 0, s>>>(j);
   layout_kernel<<<blocks_for(j.n_chunks, kUnitThreads), kUnitThreads, 0, s>>>(j);
@@ -115,10 +120,10 @@ Status kvc1_encode_cuda(const Kvc1CudaEncodeBatch& batch, const ChunkGeometry& g
   // Pageable sources: each copy returns once the bytes are staged, so the caller's arrays and
   // the specs on this stack need not outlive the call.
   KDN_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(base, 0, kDeviceEncodeHeadBytes, s)));
-  KDN_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(const_cast<const uint8_t**>(job.chunks), batch.device_chunks, n8,
-                                                  cudaMemcpyHostToDevice, s)));
-  KDN_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(const_cast<uint8_t**>(job.outs), batch.device_outputs, n8,
-                                                  cudaMemcpyHostToDevice, s)));
+  KDN_RETURN_IF_ERROR(cuda_status(
+      cudaMemcpyAsync(const_cast<const uint8_t**>(job.chunks), batch.device_chunks, n8, cudaMemcpyHostToDevice, s)));
+  KDN_RETURN_IF_ERROR(cuda_status(
+      cudaMemcpyAsync(const_cast<uint8_t**>(job.outs), batch.device_outputs, n8, cudaMemcpyHostToDevice, s)));
   KDN_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(const_cast<DevicePlaneSpec*>(job.specs), host_specs,
                                                   sizeof(DevicePlaneSpec) * 2 * g.layers, cudaMemcpyHostToDevice, s)));
   return enqueue_stages(job, kvc1_max_encoded_size(g, cfg), batch, s);
@@ -131,9 +136,11 @@ Status kvc1_cuda_encode_result(const void* device_scratch, uint32_t n, void* str
   const auto* base = static_cast<const uint8_t*>(device_scratch);
   KDN_RETURN_IF_ERROR(kvc1::cuda_status(cudaMemcpy(&word, base, 4, cudaMemcpyDeviceToHost)));
   if (word & kvc1::kEncErrorNonFinite) return Status(Code::kInvalidArgument, "NaN or Inf in a chunk to quantize");
-  if (word & kvc1::kEncErrorRange) return Status(Code::kInvalidArgument, "chunk values span more than fp32 scales can hold");
+  if (word & kvc1::kEncErrorRange)
+    return Status(Code::kInvalidArgument, "chunk values span more than fp32 scales can hold");
   if (word) return Status(Code::kInternal, "device encoder failed");
-  return kvc1::cuda_status(cudaMemcpy(sizes, base + kvc1::kDeviceEncodeHeadBytes, 8 * size_t{n}, cudaMemcpyDeviceToHost));
+  return kvc1::cuda_status(
+      cudaMemcpy(sizes, base + kvc1::kDeviceEncodeHeadBytes, 8 * size_t{n}, cudaMemcpyDeviceToHost));
 }
 
 }  // namespace kdn::kernels

@@ -81,7 +81,9 @@ KDN_HD_INLINE void flag_error(uint32_t* word, uint32_t bits) {
 #endif
 }
 
-KDN_HD_INLINE uint64_t plane_unit(const EncodeJob& j, uint32_t c, uint32_t lp) { return uint64_t{c} * j.layers * 2 + lp; }
+KDN_HD_INLINE uint64_t plane_unit(const EncodeJob& j, uint32_t c, uint32_t lp) {
+  return uint64_t{c} * j.layers * 2 + lp;
+}
 KDN_HD_INLINE uint64_t seg_unit(const EncodeJob& j, uint32_t c, uint32_t lp, uint32_t h) {
   return plane_unit(j, c, lp) * j.kv_heads + h;
 }
@@ -280,8 +282,9 @@ KDN_HD_INLINE void enc_params(const EncodeJob& j, uint32_t c, uint32_t lp) {
     const uint64_t bytes = quant_params_bytes(hdr, pl);
     for (uint64_t i = 0; i < bytes; ++i) params[i] = 0;
     bool non_finite = false;
-    const bool fits = pl.codec == kCodecUintChannel ? channel_scales(j, j.chunks[c], lp, pl, sd, params, &non_finite)
-                                                     : token_scales(j, j.chunks[c], lp, pl, sd, row, params, &non_finite);
+    const bool fits = pl.codec == kCodecUintChannel
+                          ? channel_scales(j, j.chunks[c], lp, pl, sd, params, &non_finite)
+                          : token_scales(j, j.chunks[c], lp, pl, sd, row, params, &non_finite);
     if (!non_finite && exact_rows(pl))
       non_finite = !exact_rows_into(j, j.chunks[c], lp, pl, row, params + exact_rows_offset(hdr, pl));
     if (non_finite) break;

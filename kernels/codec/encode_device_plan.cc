@@ -31,7 +31,8 @@ Status plan_device_encode(const ChunkGeometry& g, const kdn_key& fingerprint, co
   uint32_t max_bits = 1;
   for (uint32_t lp = 0; lp < 2 * g.layers; ++lp) {
     const PlaneSpec s = plane_spec(plan, g, lp / 2, lp % 2);
-    if (specs) specs[lp] = DevicePlaneSpec{s.codec, s.bits, s.transform, 0, s.group, s.exact_tokens, s.exact_tail_tokens};
+    if (specs)
+      specs[lp] = DevicePlaneSpec{s.codec, s.bits, s.transform, 0, s.group, s.exact_tokens, s.exact_tail_tokens};
     const uint64_t p = params_max_bytes(g, s);
     params_slot = p > params_slot ? p : params_slot;
     max_bits = s.bits > max_bits ? s.bits : max_bits;

@@ -60,8 +60,7 @@ void expect_same_blob(const ChunkGeometry& g, const std::vector<uint8_t>& chunk,
 
 TEST(EncodeEmulation, DeviceStagesEqualCpuEncoder) {
   const ChunkGeometry shapes[] = {geometry(2, 2, 64, 48), geometry(1, 1, 32, 37, DType::kBF16),
-                                  geometry(1, 1, 40, 20, DType::kF32), geometry(1, 1, 7, 9),
-                                  geometry(1, 2, 128, 256)};
+                                  geometry(1, 1, 40, 20, DType::kF32), geometry(1, 1, 7, 9), geometry(1, 2, 128, 256)};
   const CodecMode modes[] = {CodecMode::kInt8, CodecMode::kKivi4, CodecMode::kKivi2};
   for (const ChunkGeometry& g : shapes) {
     const std::vector<uint8_t> chunk = testing::synthetic_chunk(g, 21);

@@ -35,8 +35,8 @@ float bell(uint32_t x) {
 
 // A fixed input from integer arithmetic only: per (head, channel) either a slow triangle
 // wave along tokens with a little noise (token-wise locality: the predictor's channels) or
-// plain noise (every channel with `noisy`: the predictor is weighed and dropped), a per-channel offset, one outlier channel per head, and a spread of
-// magnitudes over layers (exponent variety for the byte planes).
+// plain noise (every channel with `noisy`: the predictor is weighed and dropped), a per-channel offset, one outlier
+// channel per head, and a spread of magnitudes over layers (exponent variety for the byte planes).
 std::vector<uint8_t> mixed_chunk(const ChunkGeometry& g, uint32_t seed, bool noisy) {
   std::vector<uint8_t> c(geometry_bytes(g));
   for (uint32_t l = 0; l < g.layers; ++l)
@@ -44,8 +44,8 @@ std::vector<uint8_t> mixed_chunk(const ChunkGeometry& g, uint32_t seed, bool noi
       for (uint32_t t = 0; t < g.tokens; ++t)
         for (uint32_t h = 0; h < g.kv_heads; ++h)
           for (uint32_t d = 0; d < g.head_dim; ++d) {
-            const uint32_t key = (seed * 40503u + l * 7919u + p * 104729u + h * 1299709u + d * 15485863u) ^
-                                 (t * 2654435761u);
+            const uint32_t key =
+                (seed * 40503u + l * 7919u + p * 104729u + h * 1299709u + d * 15485863u) ^ (t * 2654435761u);
             const bool smooth = !noisy && (d * 7 + h + p) % 3 != 0;
             const int32_t phase = static_cast<int32_t>((t + 5 * d + 11 * h) % 64);
             const float wave = static_cast<float>(phase < 32 ? phase : 64 - phase) / 16.0f - 1.0f;
@@ -152,14 +152,16 @@ Codings count_codings(const std::vector<uint8_t>& blob) {
       for (uint32_t s = 0; s < kvc1::expected_segments(h, p.codec); ++s) {
         kvc1::Segment sg;
         if (kvc1::parse_segment(blob.data(), h, p, s, &sg) != kvc1::kParseOk) continue;
-        if (sg.coding == kvc1::kCodingPacked) ++n.packed;
-        else if (sg.predictor) ++n.delta;
-        else ++n.rans;
+        if (sg.coding == kvc1::kCodingPacked)
+          ++n.packed;
+        else if (sg.predictor)
+          ++n.delta;
+        else
+          ++n.rans;
       }
   }
   return n;
 }
-
 
 void expect_frozen_bytes() {
   uint32_t packed = 0, rans = 0, delta = 0;

@@ -101,8 +101,8 @@ bool try_rans(const uint8_t* sym, uint32_t n, uint32_t bits, const uint32_t* cou
 
 // ---- plane parameters and symbols -------------------------------------------------------------
 
-Status write_segments(const Source& src, const Header& hdr, const Plane& pl, const EncodePlan& plan,
-                      EncodeScratch& sc, OutBuf& out) {
+Status write_segments(const Source& src, const Header& hdr, const Plane& pl, const EncodePlan& plan, EncodeScratch& sc,
+                      OutBuf& out) {
   const size_t payload = out.pos;
   const uint32_t n_seg = expected_segments(hdr, pl.codec);
   const uint32_t e = dtype_size(src.g.dtype);
@@ -172,8 +172,8 @@ bool carve_scratch(void* scratch, size_t bytes, const ChunkGeometry& g, uint32_t
   return true;
 }
 
-Status write_segment(uint32_t tokens, uint32_t head_dim, uint32_t bits, const EncodePlan& plan,
-                     EncodeScratch& sc, OutBuf& out) noexcept {
+Status write_segment(uint32_t tokens, uint32_t head_dim, uint32_t bits, const EncodePlan& plan, EncodeScratch& sc,
+                     OutBuf& out) noexcept {
   const uint32_t n = tokens * head_dim;
   const uint64_t packed = kSegmentHeaderBytes + 4 * ((uint64_t{n} * bits + 31) / 32);
   if (!plan.entropy) return write_packed(sc.symbols, n, bits, out);
@@ -195,8 +195,8 @@ Status write_segment(uint32_t tokens, uint32_t head_dim, uint32_t bits, const En
 
 namespace {
 
-Status write_plane_as(const ChunkGeometry& g, const void* chunk, uint32_t layer, uint32_t plane,
-                      const PlaneSpec& spec, const EncodePlan& plan, EncodeScratch& scratch, OutBuf& out) {
+Status write_plane_as(const ChunkGeometry& g, const void* chunk, uint32_t layer, uint32_t plane, const PlaneSpec& spec,
+                      const EncodePlan& plan, EncodeScratch& scratch, OutBuf& out) {
   const Source src{chunk, g, layer, plane};
   const Header hdr = geometry_header(g);
   Plane pl = spec_plane(spec, 0);  // write_quant_params sets the scales' dtype

@@ -86,7 +86,8 @@ bool write_token_scales(const Source& src, const Plane& pl, uint8_t sd, EncodeSc
       for (uint32_t gi = 0; gi < ng; ++gi) {
         float lo, hi;
         group_range(sc.row + gi * pl.group, pl.group, &lo, &hi);
-        if (!store_group(lo, hi, pl.bits, sd, params, (uint64_t{t} * g.kv_heads + h) * ng + gi, per_array)) return false;
+        if (!store_group(lo, hi, pl.bits, sd, params, (uint64_t{t} * g.kv_heads + h) * ng + gi, per_array))
+          return false;
       }
     }
   }
@@ -138,8 +139,8 @@ uint32_t Source::bits(uint32_t t, uint32_t h, uint32_t d) const {
 }
 
 void Source::load_row(uint32_t t, uint32_t h, float* out) const {
-  load_row_f32(static_cast<const uint8_t*>(chunk) + index(t, h, 0) * dtype_size(g.dtype), g.dtype, 1.0f,
-               g.head_dim, out);
+  load_row_f32(static_cast<const uint8_t*>(chunk) + index(t, h, 0) * dtype_size(g.dtype), g.dtype, 1.0f, g.head_dim,
+               out);
 }
 
 bool Source::row_f32(uint32_t t, uint32_t h, float* out) const {
@@ -158,10 +159,10 @@ Status write_quant_params(const Source& src, const Header& hdr, Plane& pl, const
     if (!out.reserve(bytes)) return no_space();
     std::memset(out.data + at, 0, bytes);  // S and Z of exact rows, the padding before the exact rows
     bool non_finite = false;
-    const bool fits = pl.codec == kCodecUintChannel
-                          ? write_channel_scales(src, pl, sd, sc, out.data + at, &non_finite)
-                          : write_token_scales(src, pl, sd, sc, out.data + at, &non_finite);
-    if (!non_finite && exact_rows(pl)) non_finite = !write_exact_rows(src, pl, sc, out.data + at + exact_rows_offset(hdr, pl));
+    const bool fits = pl.codec == kCodecUintChannel ? write_channel_scales(src, pl, sd, sc, out.data + at, &non_finite)
+                                                    : write_token_scales(src, pl, sd, sc, out.data + at, &non_finite);
+    if (!non_finite && exact_rows(pl))
+      non_finite = !write_exact_rows(src, pl, sc, out.data + at + exact_rows_offset(hdr, pl));
     if (non_finite) return Status(Code::kInvalidArgument, "NaN or Inf in a chunk to quantize");
     if (fits) {
       pl.params_bytes = static_cast<uint32_t>(bytes);

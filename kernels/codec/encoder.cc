@@ -72,8 +72,8 @@ void write_layer_entry(OutBuf& out, uint32_t layer, uint64_t off, uint64_t bytes
 }  // namespace
 
 Status check_codec_geometry(const ChunkGeometry& g) noexcept {
-  if (g.layers == 0 || g.layers > kMaxLayers || g.kv_heads == 0 || g.kv_heads > kMaxHeads ||
-      g.head_dim == 0 || g.head_dim > kMaxHeadDim || g.tokens == 0 || g.tokens > kMaxChunkTokens)
+  if (g.layers == 0 || g.layers > kMaxLayers || g.kv_heads == 0 || g.kv_heads > kMaxHeads || g.head_dim == 0 ||
+      g.head_dim > kMaxHeadDim || g.tokens == 0 || g.tokens > kMaxChunkTokens)
     return Status(Code::kInvalidArgument, "chunk geometry out of range");
   if (!dtype_valid(static_cast<uint32_t>(g.dtype))) return Status(Code::kInvalidArgument, "unknown chunk dtype");
   const uint64_t bytes = uint64_t{g.layers} * 2 * g.tokens * g.kv_heads * g.head_dim * dtype_size(g.dtype);
@@ -122,17 +122,24 @@ Status make_encode_plan(const ChunkGeometry& g, const CodecConfig& cfg, EncodePl
 
 PlaneSpec plane_spec(const EncodePlan& plan, const ChunkGeometry& g, uint32_t layer, uint32_t plane) noexcept {
   switch (plan.mode) {
-    case CodecMode::kRaw: return {kCodecRaw, 0, 0};
-    case CodecMode::kLossless: return {kCodecBytePlanes, 8, 0};
-    default: break;
+    case CodecMode::kRaw:
+      return {kCodecRaw, 0, 0};
+    case CodecMode::kLossless:
+      return {kCodecBytePlanes, 8, 0};
+    default:
+      break;
   }
   const uint8_t bits = plan.layer_bits[plane] ? plan.layer_bits[plane][layer] : (plane ? plan.v_bits : plan.k_bits);
   // int8 is per (token, head) for both planes; the kivi modes are per channel for K, unless
   // rows are rotated, which makes K per (token, head) too.
   if (plane == 0 && plan.mode != CodecMode::kInt8 && !plan.rotate)
     return {kCodecUintChannel, bits, plan.k_group, kTransformNone, plan.exact_tokens, plan.exact_tail_tokens};
-  return {kCodecUintToken, bits, plane == 0 ? g.head_dim : plan.v_group,
-          plan.rotate ? kTransformHadamard : kTransformNone, plan.exact_tokens, plan.exact_tail_tokens};
+  return {kCodecUintToken,
+          bits,
+          plane == 0 ? g.head_dim : plan.v_group,
+          plan.rotate ? kTransformHadamard : kTransformNone,
+          plan.exact_tokens,
+          plan.exact_tail_tokens};
 }
 
 Header geometry_header(const ChunkGeometry& g) noexcept {

@@ -65,13 +65,13 @@ struct OutBuf {
 
 // Scratch carved out of the caller's buffer.
 struct EncodeScratch {
-  uint8_t* symbols;   // tokens * head_dim codes
-  uint8_t* residuals; // tokens * head_dim codes after the token-delta predictor
-  uint16_t* stack;    // block_tokens * head_dim rANS words
+  uint8_t* symbols;    // tokens * head_dim codes
+  uint8_t* residuals;  // tokens * head_dim codes after the token-delta predictor
+  uint16_t* stack;     // block_tokens * head_dim rANS words
   uint32_t stack_words;
-  float* lo;          // head_dim: group minima, then a row's scales
-  float* hi;          // head_dim: group maxima, then a row's zero points
-  float* row;         // head_dim: one source row as f32
+  float* lo;             // head_dim: group minima, then a row's scales
+  float* hi;             // head_dim: group maxima, then a row's zero points
+  float* row;            // head_dim: one source row as f32
   uint64_t* cost_plain;  // head_dim: per-channel code lengths (predictor choice)
   uint64_t* cost_delta;  // head_dim
   uint32_t* hist_plain;  // head_dim * 256: per-channel code histograms (predictor choice)
@@ -94,8 +94,8 @@ struct Source {
 
 // Quantizer parameters of a uint plane at out.pos: S and Z per group, f16 unless the plan asks
 // for f32 or a value does not fit. Sets pl.scale_dtype and pl.params_bytes.
-Status write_quant_params(const Source& src, const Header& hdr, Plane& pl, const EncodePlan& plan,
-                          EncodeScratch& sc, OutBuf& out) noexcept;
+Status write_quant_params(const Source& src, const Header& hdr, Plane& pl, const EncodePlan& plan, EncodeScratch& sc,
+                          OutBuf& out) noexcept;
 // Codes of head `head` (token-major) into sc.symbols, quantized with the STORED parameters.
 void quantize_head(const Source& src, const Header& hdr, const Plane& pl, const uint8_t* params, uint32_t head,
                    EncodeScratch& sc) noexcept;
@@ -109,23 +109,21 @@ bool carve_scratch(void* scratch, size_t bytes, const ChunkGeometry& g, uint32_t
 
 // Writes the plane record of (layer, plane) at out.pos (16-aligned) and pads it to 16. A
 // lossless plane that would not be smaller than raw is written raw; `spec` then says so.
-Status write_plane(const ChunkGeometry& g, const void* chunk, uint32_t layer, uint32_t plane,
-                   PlaneSpec& spec, const EncodePlan& plan, EncodeScratch& scratch,
-                   OutBuf& out) noexcept;
+Status write_plane(const ChunkGeometry& g, const void* chunk, uint32_t layer, uint32_t plane, PlaneSpec& spec,
+                   const EncodePlan& plan, EncodeScratch& scratch, OutBuf& out) noexcept;
 
 // Encodes the codes of one segment (scratch.symbols: tokens rows of head_dim codes, each
 // < 2^bits) at out.pos: rANS in blocks of block_tokens rows, with the token-delta predictor
 // on the channels where it lowers the code variance, when that is smaller than packing and
 // `entropy` allows; packed otherwise.
-Status write_segment(uint32_t tokens, uint32_t head_dim, uint32_t bits, const EncodePlan& plan,
-                     EncodeScratch& scratch, OutBuf& out) noexcept;
+Status write_segment(uint32_t tokens, uint32_t head_dim, uint32_t bits, const EncodePlan& plan, EncodeScratch& scratch,
+                     OutBuf& out) noexcept;
 
 // Channels (bit d of mask[d / 8]) to code as token deltas: each channel takes the option with
 // the smaller ideal code length under the table the segment will share (refined twice from a
-// first guess), and the predictor is dropped unless the mix beats coding every channel plain. False if no channel is predicted (or
-// head_dim < 32, where the predictor is not allowed). Either way `histogram` (2^bits entries)
-// receives the counts of the symbols the segment will code: the residuals when true, the codes
-// when false.
+// first guess), and the predictor is dropped unless the mix beats coding every channel plain. False if no channel is
+// predicted (or head_dim < 32, where the predictor is not allowed). Either way `histogram` (2^bits entries) receives
+// the counts of the symbols the segment will code: the residuals when true, the codes when false.
 bool choose_predicted_channels(const uint8_t* codes, uint32_t tokens, uint32_t head_dim, uint32_t bits,
                                EncodeScratch& sc, uint8_t* mask, uint32_t* histogram) noexcept;
 
@@ -133,7 +131,7 @@ bool choose_predicted_channels(const uint8_t* codes, uint32_t tokens, uint32_t h
 void count_symbols(const uint8_t* sym, uint32_t n, uint32_t n_syms, uint32_t* histogram) noexcept;
 
 // out = the codes with the channels of `mask` replaced by their token deltas (mod 2^bits).
-void apply_token_delta(const uint8_t* codes, uint32_t tokens, uint32_t head_dim, uint8_t code_mask,
-                       const uint8_t* mask, uint8_t* out) noexcept;
+void apply_token_delta(const uint8_t* codes, uint32_t tokens, uint32_t head_dim, uint8_t code_mask, const uint8_t* mask,
+                       uint8_t* out) noexcept;
 
 }  // namespace kdn::kernels::kvc1

@@ -41,10 +41,10 @@ constexpr uint32_t kAlign = 16;
 
 // Plane codecs (PlaneRecord.codec).
 enum : uint8_t {
-  kCodecRaw = 0,           // source bytes [t][h][d]
-  kCodecBytePlanes = 1,    // lossless: exponent rebased per channel, bytes split into planes
-  kCodecUintChannel = 2,   // asymmetric uint, per (head, token group, channel): K in kivi modes
-  kCodecUintToken = 3,     // asymmetric uint, per (token, head, channel group): V, and int8
+  kCodecRaw = 0,          // source bytes [t][h][d]
+  kCodecBytePlanes = 1,   // lossless: exponent rebased per channel, bytes split into planes
+  kCodecUintChannel = 2,  // asymmetric uint, per (head, token group, channel): K in kivi modes
+  kCodecUintToken = 3,    // asymmetric uint, per (token, head, channel group): V, and int8
 };
 
 // Plane transforms (PlaneRecord byte 3), applied to each (token, head) row before quantizing.
@@ -79,9 +79,7 @@ KDN_HD_INLINE uint32_t ld32(const uint8_t* p) {
   return p[0] | (static_cast<uint32_t>(p[1]) << 8) | (static_cast<uint32_t>(p[2]) << 16) |
          (static_cast<uint32_t>(p[3]) << 24);
 }
-KDN_HD_INLINE uint64_t ld64(const uint8_t* p) {
-  return ld32(p) | (static_cast<uint64_t>(ld32(p + 4)) << 32);
-}
+KDN_HD_INLINE uint64_t ld64(const uint8_t* p) { return ld32(p) | (static_cast<uint64_t>(ld32(p + 4)) << 32); }
 
 // ---- file header ----------------------------------------------------------------------------
 
@@ -101,11 +99,27 @@ struct Header {
 
 // Field offsets inside the 128-byte header.
 enum HeaderField : uint32_t {
-  kHfMagic = 0, kHfVersionMajor = 8, kHfVersionMinor = 10, kHfHeaderBytes = 12,
-  kHfTotalBytes = 16, kHfFingerprint = 24, kHfChunkKey = 40, kHfTokens = 56, kHfLayers = 60,
-  kHfKvHeads = 64, kHfHeadDim = 68, kHfDtype = 72, kHfMode = 73, kHfBlockTokens = 74,
-  kHfFlags = 76, kHfPosBase = 80, kHfDirOff = 88, kHfDirBytes = 96, kHfDirCrc = 100,
-  kHfReserved = 104, kHfHeaderCrc = 124,
+  kHfMagic = 0,
+  kHfVersionMajor = 8,
+  kHfVersionMinor = 10,
+  kHfHeaderBytes = 12,
+  kHfTotalBytes = 16,
+  kHfFingerprint = 24,
+  kHfChunkKey = 40,
+  kHfTokens = 56,
+  kHfLayers = 60,
+  kHfKvHeads = 64,
+  kHfHeadDim = 68,
+  kHfDtype = 72,
+  kHfMode = 73,
+  kHfBlockTokens = 74,
+  kHfFlags = 76,
+  kHfPosBase = 80,
+  kHfDirOff = 88,
+  kHfDirBytes = 96,
+  kHfDirCrc = 100,
+  kHfReserved = 104,
+  kHfHeaderCrc = 124,
 };
 
 KDN_HD_INLINE bool magic_ok(const uint8_t* p) {
@@ -162,8 +176,7 @@ struct LayerEntry {
   uint8_t codec[2], bits[2];
 };
 
-KDN_HD_INLINE uint32_t parse_layer_entry(const uint8_t* blob, const Header& h, uint32_t layer,
-                                         LayerEntry* e) {
+KDN_HD_INLINE uint32_t parse_layer_entry(const uint8_t* blob, const Header& h, uint32_t layer, LayerEntry* e) {
   const uint8_t* p = blob + h.dir_off + static_cast<uint64_t>(layer) * kLayerEntryBytes;
   e->offset = ld64(p);
   e->bytes = ld64(p + 8);
@@ -297,8 +310,7 @@ KDN_HD_INLINE uint32_t parse_segment(const uint8_t* blob, const Header& h, const
   if (sg->n_syms == 0 || sg->n_syms > (1u << sg->bits)) return kParseCorrupt;
   // The token delta needs every channel at most once per 32-symbol step (the GPU warp's unit).
   if (sg->predictor > kPredictTokenDelta || (sg->predictor && h.head_dim < 32)) return kParseCorrupt;
-  const uint64_t blocks =
-      (static_cast<uint64_t>(sg->n_symbols) + sg->block_symbols - 1) / sg->block_symbols;
+  const uint64_t blocks = (static_cast<uint64_t>(sg->n_symbols) + sg->block_symbols - 1) / sg->block_symbols;
   if (blocks != sg->n_blocks) return kParseCorrupt;
   sg->mask_off = sg->offset + kSegmentHeaderBytes;
   sg->table_off = sg->mask_off + (sg->predictor ? align16((h.head_dim + 7) / 8) : 0);
@@ -316,7 +328,7 @@ KDN_HD_INLINE bool channel_predicted(const uint8_t* blob, const Segment& sg, uin
 struct Block {
   uint32_t n_words;
   uint32_t n_symbols;
-  uint64_t words_off;  // blob offset of u16 words[n_words]
+  uint64_t words_off;   // blob offset of u16 words[n_words]
   const uint8_t* desc;  // descriptor (state[j] at desc + 8 + 4j)
 };
 
@@ -359,8 +371,8 @@ KDN_HD_INLINE uint32_t scale_bytes(uint8_t scale_dtype) { return scale_dtype == 
 
 // Byte offsets (from params_off) of the S and Z values of the first channel of a row (t, head).
 // uint_chan stores S[head][group][d] then Z likewise; uint_tok stores S[t][head][group] then Z.
-KDN_HD_INLINE void row_scale_offsets(const Header& h, const Plane& pl, uint32_t t, uint32_t head,
-                                     uint64_t* s_off, uint64_t* z_off) {
+KDN_HD_INLINE void row_scale_offsets(const Header& h, const Plane& pl, uint32_t t, uint32_t head, uint64_t* s_off,
+                                     uint64_t* z_off) {
   const uint64_t sb = scale_bytes(pl.scale_dtype);
   const uint64_t ng = scale_groups(h, pl);
   if (pl.codec == kCodecUintChannel) {
@@ -432,9 +444,7 @@ KDN_HD_INLINE uint32_t rotate_sign_down(uint32_t u, uint32_t width) {
   return ((u << 1) | (u >> (width - 1))) & all;
 }
 
-KDN_HD_INLINE uint32_t rotate_sign_up(uint32_t r, uint32_t width) {
-  return (r >> 1) | ((r & 1u) << (width - 1));
-}
+KDN_HD_INLINE uint32_t rotate_sign_up(uint32_t r, uint32_t width) { return (r >> 1) | ((r & 1u) << (width - 1)); }
 
 // Element bits from the transformed value r' and the channel's emax. Sets *bad if r' carries
 // an exponent delta larger than emax (only a corrupt blob does).

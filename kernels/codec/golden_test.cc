@@ -33,7 +33,8 @@ std::vector<uint8_t> golden_chunk(const ChunkGeometry& g, bool noisy) {
             uint32_t x = (l * 7919u + p * 104729u + h * 1299709u + d * 15485863u) ^ (t * 2654435761u);
             x = (x ^ (x >> 15)) * 0x2c1b3c6du;
             x = (x ^ (x >> 12)) * 0x297a2d39u;
-            const int32_t bell = static_cast<int32_t>((x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + (x >> 24)) - 510;
+            const int32_t bell =
+                static_cast<int32_t>((x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + (x >> 24)) - 510;
             const int32_t phase = static_cast<int32_t>((t + 5 * d + 11 * h) % 64);
             const float wave = static_cast<float>(phase < 32 ? phase : 64 - phase) / 16.0f - 1.0f;
             const float noise = static_cast<float>(bell) / (noisy ? 256.0f : 2048.0f);
@@ -133,7 +134,8 @@ constexpr uint32_t kFrozenDecodedCrc = 0xf69b3457;
 
 std::vector<uint8_t> from_hex(const char* hex) {
   std::vector<uint8_t> out;
-  for (const char* p = hex; p[0] && p[1]; p += 2) out.push_back(static_cast<uint8_t>(std::stoul(std::string(p, 2), nullptr, 16)));
+  for (const char* p = hex; p[0] && p[1]; p += 2)
+    out.push_back(static_cast<uint8_t>(std::stoul(std::string(p, 2), nullptr, 16)));
   return out;
 }
 

@@ -108,7 +108,8 @@ TEST(CodecCuda, DecodeEqualsCpuBitForBit) {
         const Status st = gpu_decode(blobs, g, &outs);
         ASSERT_TRUE(st.ok()) << st.what();
         for (size_t i = 0; i < blobs.size(); ++i)
-          EXPECT_EQ(outs[i], cpu_decode(blobs[i], g)) << codec_mode_name(m) << " entropy " << entropy << " rotate " << rotate << " D=" << g.head_dim;
+          EXPECT_EQ(outs[i], cpu_decode(blobs[i], g))
+              << codec_mode_name(m) << " entropy " << entropy << " rotate " << rotate << " D=" << g.head_dim;
       }
     }
   }
@@ -127,7 +128,8 @@ TEST(CodecCuda, ValidatedOnceThenDecodedEqualsCpuBitForBit) {
     for (size_t i = 0; i < blobs.size(); ++i) EXPECT_EQ(outs[i], cpu_decode(blobs[i], g)) << codec_mode_name(m);
   }
   // Validation still refuses what the decoder would: a flipped payload byte fails its CRC.
-  std::vector<uint8_t> blob = testing::encode(g, testing::synthetic_chunk(g, 5).data(), testing::config(CodecMode::kKivi4));
+  std::vector<uint8_t> blob =
+      testing::encode(g, testing::synthetic_chunk(g, 5).data(), testing::config(CodecMode::kKivi4));
   const size_t word = testing::v_rans_word_offset(blob);
   ASSERT_GT(word, 0u);
   blob[word] ^= 0x40;
@@ -150,7 +152,8 @@ TEST(CodecCuda, LayerRangeLeavesOtherLayersAlone) {
 TEST(CodecCuda, CorruptStreamsAreReported) {
   SKIP_WITHOUT_DEVICE();
   const ChunkGeometry g = geometry(1, 1, 64, 256);
-  std::vector<uint8_t> blob = testing::encode(g, testing::synthetic_chunk(g, 4).data(), testing::config(CodecMode::kKivi4));
+  std::vector<uint8_t> blob =
+      testing::encode(g, testing::synthetic_chunk(g, 4).data(), testing::config(CodecMode::kKivi4));
   const size_t word = testing::v_rans_word_offset(blob);
   ASSERT_GT(word, 0u);
   blob[word] ^= 0x40;
@@ -159,7 +162,8 @@ TEST(CodecCuda, CorruptStreamsAreReported) {
   DecodeOptions no_crc;
   no_crc.verify_crc = false;
   std::vector<uint8_t> cpu(geometry_bytes(g));
-  const Code cpu_code = kvc1_decode(blob.data(), blob.size(), g, kTestFingerprint, cpu.data(), cpu.size(), no_crc).code();
+  const Code cpu_code =
+      kvc1_decode(blob.data(), blob.size(), g, kTestFingerprint, cpu.data(), cpu.size(), no_crc).code();
   EXPECT_EQ(cpu_code, Code::kCorrupt);  // the end-state check
   EXPECT_EQ(gpu_decode({blob}, g, &outs, no_crc).code(), cpu_code);
 }
@@ -167,7 +171,8 @@ TEST(CodecCuda, CorruptStreamsAreReported) {
 TEST(CodecCuda, ArgumentChecks) {
   SKIP_WITHOUT_DEVICE();
   const ChunkGeometry g = geometry(1, 1, 32, 8);
-  const std::vector<uint8_t> blob = testing::encode(g, testing::synthetic_chunk(g).data(), testing::config(CodecMode::kKivi4));
+  const std::vector<uint8_t> blob =
+      testing::encode(g, testing::synthetic_chunk(g).data(), testing::config(CodecMode::kKivi4));
   DeviceBuffer dev(blob.size() + 16), out(geometry_bytes(g)), scratch(kvc1_cuda_scratch_bytes(1));
   const uint8_t* host = blob.data();
   const size_t len = blob.size();

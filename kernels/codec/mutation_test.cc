@@ -49,16 +49,24 @@ void mutate(std::vector<uint8_t>& b, std::mt19937_64& rng) {
   for (int k = 0; k < n && !b.empty(); ++k) {
     const size_t at = rng() % b.size();
     switch (rng() % 6) {
-      case 0: b[at] ^= static_cast<uint8_t>(1u << (rng() % 8)); break;
-      case 1: b[at] = static_cast<uint8_t>(rng()); break;
+      case 0:
+        b[at] ^= static_cast<uint8_t>(1u << (rng() % 8));
+        break;
+      case 1:
+        b[at] = static_cast<uint8_t>(rng());
+        break;
       case 2: {  // an interesting 32-bit value over a length or offset field
         static constexpr uint32_t kValues[] = {0, 1, 15, 16, 0x7fffffff, 0x80000000, 0xffffffff, 0x10000};
         const uint32_t v = kValues[rng() % 8];
         if (at + 4 <= b.size()) std::memcpy(&b[at], &v, 4);
         break;
       }
-      case 3: b.resize(at); break;
-      case 4: b.insert(b.begin() + static_cast<std::ptrdiff_t>(at), static_cast<uint8_t>(rng())); break;
+      case 3:
+        b.resize(at);
+        break;
+      case 4:
+        b.insert(b.begin() + static_cast<std::ptrdiff_t>(at), static_cast<uint8_t>(rng()));
+        break;
       default: {  // copy a run from elsewhere (plausible-looking structure in the wrong place)
         const size_t from = rng() % b.size(), len = std::min<size_t>(rng() % 64, b.size() - std::max(at, from));
         std::memmove(&b[at], &b[from], len);

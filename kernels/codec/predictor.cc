@@ -44,8 +44,8 @@ uint64_t log2_count(uint64_t x) {
 // token rows stream past (one compare and one subtract per value and row), and are added to
 // the u32 histograms every 255 rows.
 template <bool kDelta>
-KDN_TARGET_AVX2 void count_values(const uint8_t* q, uint32_t tokens, uint32_t head_dim, uint32_t col,
-                                  uint32_t v0, uint32_t n_syms, uint32_t* hist) {
+KDN_TARGET_AVX2 void count_values(const uint8_t* q, uint32_t tokens, uint32_t head_dim, uint32_t col, uint32_t v0,
+                                  uint32_t n_syms, uint32_t* hist) {
   const uint32_t nv = n_syms - v0 < 8 ? n_syms - v0 : 8;
   const __m256i code_mask = _mm256_set1_epi8(static_cast<char>(n_syms - 1));
   __m256i val[8];
@@ -113,8 +113,8 @@ KDN_TARGET_AVX2 uint64_t dot_avx2(const uint32_t* h, const uint32_t* cost, uint3
 KDN_TARGET_AVX2 void add_avx2(uint32_t* h, const uint32_t* c, uint32_t n_syms) {
   for (uint32_t s = 0; s < n_syms; s += 8) {
     auto* hp = reinterpret_cast<__m256i*>(h + s);
-    _mm256_storeu_si256(hp, _mm256_add_epi32(_mm256_loadu_si256(hp),
-                                             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + s))));
+    _mm256_storeu_si256(
+        hp, _mm256_add_epi32(_mm256_loadu_si256(hp), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + s))));
   }
 }
 #endif
@@ -178,8 +178,8 @@ bool choose_predicted_channels(const uint8_t* codes, uint32_t tokens, uint32_t h
   return choose_channels_body(CpuChoiceOps{}, codes, tokens, head_dim, bits, cs, mask, histogram);
 }
 
-void apply_token_delta(const uint8_t* codes, uint32_t tokens, uint32_t head_dim, uint8_t code_mask,
-                       const uint8_t* mask, uint8_t* out) noexcept {
+void apply_token_delta(const uint8_t* codes, uint32_t tokens, uint32_t head_dim, uint8_t code_mask, const uint8_t* mask,
+                       uint8_t* out) noexcept {
   uint8_t select[kMaxHeadDim];  // 0xff on predicted channels: the row loop is then branch-free
   for (uint32_t d = 0; d < head_dim; ++d) select[d] = (mask[d / 8] >> (d % 8)) & 1u ? 0xffu : 0u;
   std::memcpy(out, codes, head_dim);

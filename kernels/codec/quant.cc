@@ -74,7 +74,8 @@ KDN_TARGET_DEQ bool dequantize_row_avx2(const uint8_t* q, uint32_t n, const uint
   for (uint32_t g = 0; g < n / per; ++g) {  // one scale per group of `per` channels
     const __m256 sv = _mm256_set1_ps(load_scale(s, g, scale_dtype));
     const __m256 zv = _mm256_set1_ps(load_scale(z, g, scale_dtype));
-    for (uint32_t d = g * per; d < (g + 1) * per; d += 8) store8(dequantize8(q + d, sv, zv), out_type, o + size_t{d} * ob);
+    for (uint32_t d = g * per; d < (g + 1) * per; d += 8)
+      store8(dequantize8(q + d, sv, zv), out_type, o + size_t{d} * ob);
   }
   return true;
 }
@@ -87,7 +88,8 @@ KDN_TARGET_DEQ uint32_t quantize_row_avx2(const float* x, const float* s, const 
   for (; d + 8 <= n; d += 8) {
     const __m256 sv = _mm256_loadu_ps(s + d);
     const __m256 v = _mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(x + d), _mm256_loadu_ps(z + d)), sv);
-    __m256 r = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zero), top);
+    __m256 r =
+        _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zero), top);
     r = _mm256_and_ps(r, _mm256_cmp_ps(sv, zero, _CMP_GT_OQ));
     const __m256i i = _mm256_cvtps_epi32(r);
     const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
@@ -105,7 +107,8 @@ KDN_TARGET_DEQ void quantize_row_grouped_avx2(const float* x, const float* s, co
     const __m256 live = _mm256_cmp_ps(sv, zero, _CMP_GT_OQ);
     for (uint32_t d = g * group; d < (g + 1) * group; d += 8) {
       const __m256 v = _mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(x + d), zv), sv);
-      __m256 r = _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zero), top);
+      __m256 r =
+          _mm256_min_ps(_mm256_max_ps(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), zero), top);
       r = _mm256_and_ps(r, live);
       const __m256i i = _mm256_cvtps_epi32(r);
       const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
@@ -183,17 +186,16 @@ bool stored_group_scale(float mn, float mx, uint32_t bits, uint8_t scale_dtype, 
   return group_scale_body(mn, mx, bits, scale_dtype, out);
 }
 
-void dequantize_row_scalar(const uint8_t* q, uint32_t n, const uint8_t* s, const uint8_t* z,
-                           uint8_t scale_dtype, uint32_t per, DType out_type, void* out) noexcept {
+void dequantize_row_scalar(const uint8_t* q, uint32_t n, const uint8_t* s, const uint8_t* z, uint8_t scale_dtype,
+                           uint32_t per, DType out_type, void* out) noexcept {
   for (uint32_t d = 0; d < n; ++d) {
     const uint32_t g = d / per;
-    store_value(out, d, out_type,
-                dequantize_value(q[d], load_scale(s, g, scale_dtype), load_scale(z, g, scale_dtype)));
+    store_value(out, d, out_type, dequantize_value(q[d], load_scale(s, g, scale_dtype), load_scale(z, g, scale_dtype)));
   }
 }
 
-void dequantize_row(const uint8_t* q, uint32_t n, const uint8_t* s, const uint8_t* z, uint8_t scale_dtype,
-                    uint32_t per, DType out_type, void* out) noexcept {
+void dequantize_row(const uint8_t* q, uint32_t n, const uint8_t* s, const uint8_t* z, uint8_t scale_dtype, uint32_t per,
+                    DType out_type, void* out) noexcept {
 #if defined(__x86_64__)
   if (g_simd_enabled.load(std::memory_order_relaxed) && cpu_has_deq_simd() &&
       dequantize_row_avx2(q, n, s, z, scale_dtype, per, out_type, out))

@@ -23,9 +23,7 @@ namespace kdn::kernels::kvc1 {
 
 // ---- per-element bodies (host and device) ---------------------------------------------------
 
-KDN_HD_INLINE float dequantize_value(uint32_t q, float s, float z) {
-  return fmaf(static_cast<float>(q), s, z);
-}
+KDN_HD_INLINE float dequantize_value(uint32_t q, float s, float z) { return fmaf(static_cast<float>(q), s, z); }
 
 KDN_HD_INLINE uint32_t quantize_value(float x, float s, float z, uint32_t qmax) {
   if (!(s > 0.0f)) return 0;
@@ -79,7 +77,7 @@ KDN_HD_INLINE float load_scale(const uint8_t* params, uint64_t index, uint8_t sc
 KDN_HD_INLINE bool finite_f32(float v) { return (bits_as<uint32_t>(v) & 0x7f800000u) != 0x7f800000u; }
 
 KDN_HD_INLINE uint16_t f16_next_down(uint16_t h) {
-  if (h == 0x0000u) return 0x8001u;                       // +0 -> the negative subnormal nearest zero
+  if (h == 0x0000u) return 0x8001u;                      // +0 -> the negative subnormal nearest zero
   if (h & 0x8000u) return static_cast<uint16_t>(h + 1);  // negative: one step more magnitude
   return static_cast<uint16_t>(h - 1);
 }
@@ -169,12 +167,12 @@ void hadamard_row(float* x, uint32_t n, float scale) noexcept;
 // scale number d / per of `s` (likewise Z): per = 1 for per-channel scales (K), per = group for
 // per-token groups (V). Uses AVX2/FMA/F16C when the CPU has them; results are bit-identical to
 // the scalar bodies either way.
-void dequantize_row(const uint8_t* q, uint32_t n, const uint8_t* s, const uint8_t* z,
-                    uint8_t scale_dtype, uint32_t per, DType out_type, void* out) noexcept;
+void dequantize_row(const uint8_t* q, uint32_t n, const uint8_t* s, const uint8_t* z, uint8_t scale_dtype, uint32_t per,
+                    DType out_type, void* out) noexcept;
 
 // The scalar reference of dequantize_row.
-void dequantize_row_scalar(const uint8_t* q, uint32_t n, const uint8_t* s, const uint8_t* z,
-                           uint8_t scale_dtype, uint32_t per, DType out_type, void* out) noexcept;
+void dequantize_row_scalar(const uint8_t* q, uint32_t n, const uint8_t* s, const uint8_t* z, uint8_t scale_dtype,
+                           uint32_t per, DType out_type, void* out) noexcept;
 
 // Forces the scalar row paths (tests); returns the previous setting.
 bool set_dequantize_simd_enabled(bool enabled) noexcept;

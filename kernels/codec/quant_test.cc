@@ -47,7 +47,8 @@ TEST(Quant, StoredScaleAndZeroCoverTheGroup) {
     for (uint8_t sd : {kScaleF16, kScaleF32}) {
       const uint32_t bits = 1 + i % 8;
       GroupScale gs;
-      const bool feasible = sd == kScaleF32 || (a >= -65504.0f && (static_cast<double>(b) - a) / ((1u << bits) - 1) < 65000.0);
+      const bool feasible =
+          sd == kScaleF32 || (a >= -65504.0f && (static_cast<double>(b) - a) / ((1u << bits) - 1) < 65000.0);
       const bool fits = stored_group_scale(a, b, bits, sd, &gs);
       if (!feasible) continue;  // f16 overflow is the caller's cue to use f32 scales
       if (!fits) {
@@ -79,7 +80,8 @@ TEST(Quant, ErrorBoundAndStoredScaleRule) {
         const uint32_t q = quantize_value(v, gs.s, gs.z, qmax);
         ASSERT_LE(q, qmax);
         const float xh = dequantize_value(q, gs.s, gs.z);
-        const float slack = 4.0f * std::ldexp(FLT_EPSILON, std::ilogb(std::max({std::fabs(v), std::fabs(gs.z), 1e-30f})));
+        const float slack =
+            4.0f * std::ldexp(FLT_EPSILON, std::ilogb(std::max({std::fabs(v), std::fabs(gs.z), 1e-30f})));
         EXPECT_LE(std::fabs(v - xh), gs.s / 2 + slack) << v << " q=" << q;
         EXPECT_EQ(quantize_value(xh, gs.s, gs.z, qmax), q);
       }

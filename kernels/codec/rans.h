@@ -132,8 +132,8 @@ bool encode_block(const uint8_t* sym, uint32_t n, const EncodeTable& t, uint16_t
                   EncodedBlock* out) noexcept;
 
 // The same with the table given as (freq, cum) of n_syms symbols.
-bool encode_block(const uint8_t* sym, uint32_t n, const uint16_t* freq, const uint16_t* cum,
-                  uint32_t n_syms, uint16_t* stack, uint32_t stack_words, EncodedBlock* out) noexcept;
+bool encode_block(const uint8_t* sym, uint32_t n, const uint16_t* freq, const uint16_t* cum, uint32_t n_syms,
+                  uint16_t* stack, uint32_t stack_words, EncodedBlock* out) noexcept;
 
 // The AVX2 step loop (rans_encode_avx2.cc): encodes whole steps steps-1 down to 0 of sym
 // (32 symbols each) into the lane states x[32], pushing words below *top, while at least 32
@@ -147,9 +147,9 @@ uint32_t encode_steps_avx2(const uint8_t* sym, uint32_t steps, const EncodeTable
 struct DecodeTable {
   uint32_t n_syms = 0;
   uint32_t bits = 0;
-  uint32_t fc[kMaxSymbols];          // freq | cum << 16
+  uint32_t fc[kMaxSymbols];  // freq | cum << 16
   uint16_t cum[kMaxSymbols + 1];
-  int32_t cum_minus1[16];            // compare-count thresholds (bits <= 4), 4095 past n_syms
+  int32_t cum_minus1[16];                   // compare-count thresholds (bits <= 4), 4095 past n_syms
   alignas(32) uint8_t lut[kProbScale + 4];  // slot -> symbol; +4 for 32-bit gathers
 };
 
@@ -161,8 +161,8 @@ struct BlockDecoder {
   uint32_t x[kLanes];
   const uint8_t* words;  // u16 little-endian words, n_words of them
   uint32_t n_words;
-  uint32_t p;            // next word
-  uint32_t next;         // next symbol index in the block
+  uint32_t p;     // next word
+  uint32_t next;  // next symbol index in the block
   uint32_t n_symbols;
 };
 

@@ -65,8 +65,8 @@ struct Tables {
 template <uint32_t kBits>
 KDN_TARGET_AVX2 inline __m256i lookup(const Tables& tb, const DecodeTable& t, __m256i slot, __m256i* fc) {
   if constexpr (kBits == 0) {
-    const __m256i y = _mm256_and_si256(
-        _mm256_i32gather_epi32(reinterpret_cast<const int*>(t.lut), slot, 1), _mm256_set1_epi32(0xff));
+    const __m256i y =
+        _mm256_and_si256(_mm256_i32gather_epi32(reinterpret_cast<const int*>(t.lut), slot, 1), _mm256_set1_epi32(0xff));
     *fc = _mm256_i32gather_epi32(reinterpret_cast<const int*>(t.fc), y, 4);
     return y;
   } else {
@@ -75,8 +75,7 @@ KDN_TARGET_AVX2 inline __m256i lookup(const Tables& tb, const DecodeTable& t, __
       *fc = _mm256_permutevar8x32_epi32(tb.fc_lo, y);
     } else {
       const __m256i hi = _mm256_cmpgt_epi32(y, _mm256_set1_epi32(7));
-      *fc = _mm256_blendv_epi8(_mm256_permutevar8x32_epi32(tb.fc_lo, y),
-                               _mm256_permutevar8x32_epi32(tb.fc_hi, y), hi);
+      *fc = _mm256_blendv_epi8(_mm256_permutevar8x32_epi32(tb.fc_lo, y), _mm256_permutevar8x32_epi32(tb.fc_hi, y), hi);
     }
     return y;
   }
@@ -143,11 +142,16 @@ bool cpu_has_avx2() noexcept {
 uint32_t decode_steps_avx2(BlockDecoder& d, const DecodeTable& t, uint8_t* out, uint32_t count) noexcept {
   if (d.next % kLanes != 0) return 0;
   switch (t.bits) {
-    case 1: return steps<1>(d, t, out, count);
-    case 2: return steps<2>(d, t, out, count);
-    case 3: return steps<3>(d, t, out, count);
-    case 4: return steps<4>(d, t, out, count);
-    default: return steps<0>(d, t, out, count);
+    case 1:
+      return steps<1>(d, t, out, count);
+    case 2:
+      return steps<2>(d, t, out, count);
+    case 3:
+      return steps<3>(d, t, out, count);
+    case 4:
+      return steps<4>(d, t, out, count);
+    default:
+      return steps<0>(d, t, out, count);
   }
 }
 

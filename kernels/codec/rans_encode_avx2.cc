@@ -77,10 +77,10 @@ KDN_TARGET_AVX2 inline __m256i advance(__m256i x, __m256i f, __m256i cum) {
   const __m256 hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(x, 16)), _mm256_set1_ps(65536.0f));
   const __m256 xf = _mm256_add_ps(hi, _mm256_cvtepi32_ps(_mm256_and_si256(x, _mm256_set1_epi32(0xffff))));
   __m256i q = _mm256_cvttps_epi32(_mm256_div_ps(xf, _mm256_cvtepi32_ps(f)));
-  __m256i r = _mm256_sub_epi32(x, _mm256_mullo_epi32(q, f));  // in [-f, 2f): exact as signed
-  const __m256i low = _mm256_cmpgt_epi32(_mm256_setzero_si256(), r);              // q one too large
+  __m256i r = _mm256_sub_epi32(x, _mm256_mullo_epi32(q, f));          // in [-f, 2f): exact as signed
+  const __m256i low = _mm256_cmpgt_epi32(_mm256_setzero_si256(), r);  // q one too large
   const __m256i high = _mm256_cmpgt_epi32(r, _mm256_sub_epi32(f, _mm256_set1_epi32(1)));  // one too small
-  q = _mm256_add_epi32(_mm256_sub_epi32(q, high), low);  // true compares are -1
+  q = _mm256_add_epi32(_mm256_sub_epi32(q, high), low);                                   // true compares are -1
   r = _mm256_add_epi32(r, _mm256_and_si256(low, f));
   r = _mm256_sub_epi32(r, _mm256_and_si256(high, f));
   return _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(q, kProbBits), r), cum);

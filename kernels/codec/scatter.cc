@@ -18,8 +18,13 @@ class ScatterSink {
  public:
   ScatterSink(const EngineView& v, const RopeTable* rope, DType chunk_dtype, uint32_t head_dim, uint32_t layer,
               uint32_t plane, uint32_t head)
-      : v_(v), rope_(plane == 0 ? rope : nullptr), chunk_dtype_(chunk_dtype), head_dim_(head_dim), layer_(layer),
-        plane_(plane), head_(head) {}
+      : v_(v),
+        rope_(plane == 0 ? rope : nullptr),
+        chunk_dtype_(chunk_dtype),
+        head_dim_(head_dim),
+        layer_(layer),
+        plane_(plane),
+        head_(head) {}
 
   DType quant_type() const { return DType::kF32; }
   void* quant_row(uint32_t) { return row_; }

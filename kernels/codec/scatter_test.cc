@@ -86,8 +86,8 @@ struct Case {
 
 void check_case(const Case& c, CodecMode mode, bool rotate = false) {
   SCOPED_TRACE(::testing::Message() << engine_layout_name(c.layout) << " " << codec_mode_name(mode)
-                                    << (rotate ? " rotated" : "") << " chunk "
-                                    << static_cast<int>(c.chunk_dtype) << " engine " << static_cast<int>(c.engine_dtype));
+                                    << (rotate ? " rotated" : "") << " chunk " << static_cast<int>(c.chunk_dtype)
+                                    << " engine " << static_cast<int>(c.engine_dtype));
   const ChunkGeometry g = geometry(2, 2, 64, 40, c.chunk_dtype);
   PagedShape shape;
   shape.layers = g.layers;
@@ -187,7 +187,8 @@ TEST(DecodeScatter, ParallelEqualsSerial) {
   PagedShape shape{3, 2, 64, 6, 8, DType::kF16};
   const std::vector<uint8_t> blob = encode(g, testing::synthetic_chunk(g, 9).data(), config(CodecMode::kKivi2));
   const RopeFixture rope(RopeStyle::kNeox, 64, 64, -300);
-  Engine a(EngineLayoutKind::kFlashinferNhd, shape, false, g.tokens), b(EngineLayoutKind::kFlashinferNhd, shape, false, g.tokens);
+  Engine a(EngineLayoutKind::kFlashinferNhd, shape, false, g.tokens),
+      b(EngineLayoutKind::kFlashinferNhd, shape, false, g.tokens);
   DecodeOptions par;
   par.cpu_threads = 0;
   ASSERT_TRUE(kvc1_decode_scatter(blob.data(), blob.size(), g, kTestFingerprint, a.view, &rope.rt).ok());

@@ -109,7 +109,8 @@ Status check_exact_values(const uint8_t* e, uint64_t elems, uint32_t dtype) {
   const ExponentField f = exponent_field(dtype);
   for (uint64_t i = 0; i < elems; ++i) {
     const uint32_t u = f.width == 32 ? ld32(e + 4 * i) : ld16(e + 2 * i);
-    if (((rotate_sign_down(u, f.width) >> f.shift) & f.mask) == f.mask) return corrupt("KVC1 exact row holds NaN or Inf");
+    if (((rotate_sign_down(u, f.width) >> f.shift) & f.mask) == f.mask)
+      return corrupt("KVC1 exact row holds NaN or Inf");
   }
   return OkStatus();
 }
@@ -134,7 +135,8 @@ Status check_plane_params(const uint8_t* blob, const Header& h, const Plane& pl)
       if (!float_src || pl.bits != 8 || pl.scale_dtype || pl.group) return corrupt("KVC1 byte-plane header invalid");
       if (pl.params_bytes != uint64_t{h.kv_heads} * h.head_dim) return corrupt("KVC1 byte-plane parameters size");
       return check_exponent_refs(blob, h, pl);
-    default: break;
+    default:
+      break;
   }
   if (!float_src || pl.bits == 0 || pl.bits > 8) return corrupt("KVC1 quantized plane header invalid");
   if (pl.scale_dtype != kScaleF16 && pl.scale_dtype != kScaleF32) return corrupt("KVC1 unknown scale dtype");
@@ -168,12 +170,18 @@ Status check_plane_params(const uint8_t* blob, const Header& h, const Plane& pl)
 
 Status parse_status(uint32_t err) noexcept {
   switch (err) {
-    case kParseOk: return OkStatus();
-    case kParseTruncated: return Status(Code::kCorrupt, "KVC1 blob truncated or a length runs past its end");
-    case kParseMagic: return Status(Code::kCorrupt, "not a KVC1 blob (bad magic)");
-    case kParseVersion: return Status(Code::kVersion, "KVC1 major version not supported");
-    case kParseMismatch: return Status(Code::kModelMismatch, "KVC1 blob is for another geometry or model");
-    default: return Status(Code::kCorrupt, "KVC1 blob has an invalid field");
+    case kParseOk:
+      return OkStatus();
+    case kParseTruncated:
+      return Status(Code::kCorrupt, "KVC1 blob truncated or a length runs past its end");
+    case kParseMagic:
+      return Status(Code::kCorrupt, "not a KVC1 blob (bad magic)");
+    case kParseVersion:
+      return Status(Code::kVersion, "KVC1 major version not supported");
+    case kParseMismatch:
+      return Status(Code::kModelMismatch, "KVC1 blob is for another geometry or model");
+    default:
+      return Status(Code::kCorrupt, "KVC1 blob has an invalid field");
   }
 }
 

@@ -27,7 +27,6 @@ Status match_expected(const Header& h, const ChunkGeometry& g, const kdn_key& fi
 // parameters (finite, non-negative scales; exponent references in range), segment directories,
 // frequency tables and block descriptors, all in canonical placement. On success out[0..1]
 // are the K and V planes.
-Status validate_layer(const uint8_t* blob, const Header& h, uint32_t layer, bool verify_crc,
-                      Plane out[2]) noexcept;
+Status validate_layer(const uint8_t* blob, const Header& h, uint32_t layer, bool verify_crc, Plane out[2]) noexcept;
 
 }  // namespace kdn::kernels::kvc1

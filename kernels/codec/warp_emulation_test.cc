@@ -6,8 +6,8 @@
 #include "codec_test_util.h"
 
 #include <atomic>
-#include <bit>
 #include <barrier>
+#include <bit>
 #include <thread>
 #include <vector>
 
@@ -43,7 +43,9 @@ inline uint32_t warp_ballot(bool p) {
 }
 inline bool warp_all(bool p) { return warp_ballot(p) == 0xffffffffu; }
 inline bool warp_any(bool p) { return warp_ballot(p) != 0; }
-inline uint32_t warp_broadcast0(uint32_t v) { return emu::exchange(v, [](const uint32_t* s) { return s[0]; }); }
+inline uint32_t warp_broadcast0(uint32_t v) {
+  return emu::exchange(v, [](const uint32_t* s) { return s[0]; });
+}
 inline void warp_sync() { emu::g_warp->barrier.arrive_and_wait(); }
 inline void atomic_or(uint32_t* p, uint32_t v) { std::atomic_ref<uint32_t>(*p).fetch_or(v); }
 
@@ -74,8 +76,17 @@ uint32_t emulate(const std::vector<std::vector<uint8_t>>& blobs, const ChunkGeom
     out_ptrs.push_back((*outs)[i].data());
   }
   uint32_t error = 0;
-  kvc1::Job job{ptrs.data(), lens.data(), out_ptrs.data(), &error, static_cast<uint32_t>(blobs.size()), 0, g.layers,
-                g.kv_heads, g.head_dim, g.tokens, static_cast<uint32_t>(g.dtype),
+  kvc1::Job job{ptrs.data(),
+                lens.data(),
+                out_ptrs.data(),
+                &error,
+                static_cast<uint32_t>(blobs.size()),
+                0,
+                g.layers,
+                g.kv_heads,
+                g.head_dim,
+                g.tokens,
+                static_cast<uint32_t>(g.dtype),
                 kvc1::smem_bytes_per_warp(g.head_dim)};
   const uint64_t warps = uint64_t{job.n_chunks} * g.layers * 2 * g.kv_heads;
   for (uint64_t w = 0; w < warps; ++w) {
@@ -112,16 +123,18 @@ TEST(WarpEmulation, DeviceAlgorithmEqualsCpuDecoder) {
         CodecConfig c = testing::config(m);
         c.entropy = entropy;
         c.rotate = rotate;
-        c.block_tokens = 16;  // several blocks, the last one partial
+        c.block_tokens = 16;   // several blocks, the last one partial
         CodecConfig last = c;  // the second chunk ends its context: recent rows after the sink rows
         last.ends_context = true;
         last.recent_tokens = 5;
-        const std::vector<std::vector<uint8_t>> blobs = {testing::encode(g, testing::synthetic_chunk(g, 11).data(), c),
-                                                         testing::encode(g, testing::synthetic_chunk(g, 12).data(), last)};
+        const std::vector<std::vector<uint8_t>> blobs = {
+            testing::encode(g, testing::synthetic_chunk(g, 11).data(), c),
+            testing::encode(g, testing::synthetic_chunk(g, 12).data(), last)};
         std::vector<std::vector<uint8_t>> outs;
         ASSERT_EQ(emulate(blobs, g, &outs), 0u) << codec_mode_name(m);
         for (size_t i = 0; i < blobs.size(); ++i)
-          EXPECT_EQ(outs[i], cpu_decode(blobs[i], g)) << codec_mode_name(m) << " entropy " << entropy << " rotate " << rotate << " D=" << g.head_dim;
+          EXPECT_EQ(outs[i], cpu_decode(blobs[i], g))
+              << codec_mode_name(m) << " entropy " << entropy << " rotate " << rotate << " D=" << g.head_dim;
       }
     }
   }

@@ -55,8 +55,8 @@ __global__ void merge_kernel(TokenRows f, const int32_t* sel, MutableTokenRows d
   const int32_t row = sel[i];
   if (row < 0 || static_cast<uint32_t>(row) >= n_dst) return;  // never write out of bounds
   for (uint32_t ch = threadIdx.x; ch < f.width; ch += blockDim.x) {
-    copy_value(f.data, int64_t{i} * f.row_stride + ch, f.dtype, 1.0f, d.data, int64_t{row} * d.row_stride + ch,
-               d.dtype, 1.0f);
+    copy_value(f.data, int64_t{i} * f.row_stride + ch, f.dtype, 1.0f, d.data, int64_t{row} * d.row_stride + ch, d.dtype,
+               1.0f);
   }
 }
 
@@ -71,10 +71,9 @@ Result<TopKScratch> top_k_layout(uint32_t n) {
   size_t sort_bytes = 0, select_bytes = 0;
   KDN_RETURN_IF_ERROR(cuda_status(cub::DeviceRadixSort::SortKeysDescending(
       nullptr, sort_bytes, static_cast<const uint64_t*>(nullptr), static_cast<uint64_t*>(nullptr), n)));
-  KDN_RETURN_IF_ERROR(cuda_status(cub::DeviceSelect::Flagged(nullptr, select_bytes, static_cast<const int32_t*>(nullptr),
-                                                             static_cast<const uint8_t*>(nullptr),
-                                                             static_cast<int32_t*>(nullptr),
-                                                             static_cast<uint32_t*>(nullptr), n)));
+  KDN_RETURN_IF_ERROR(cuda_status(cub::DeviceSelect::Flagged(
+      nullptr, select_bytes, static_cast<const int32_t*>(nullptr), static_cast<const uint8_t*>(nullptr),
+      static_cast<int32_t*>(nullptr), static_cast<uint32_t*>(nullptr), n)));
   TopKScratch s{};
   s.keys_in = 0;
   s.keys_out = align256(size_t{n} * 8);
@@ -128,8 +127,8 @@ Status select_top_k_cuda(const float* deviation, const uint8_t* candidates, uint
       cub::DeviceSelect::Flagged(base + lay->temp, temp_bytes, iota, flags, selected, n_selected, n_tokens, s));
 }
 
-Status merge_rows_cuda(const TokenRows& fresh, const int32_t* selected, uint32_t n_selected, const MutableTokenRows& dst,
-                       uint32_t n_dst_tokens, void* stream) {
+Status merge_rows_cuda(const TokenRows& fresh, const int32_t* selected, uint32_t n_selected,
+                       const MutableTokenRows& dst, uint32_t n_dst_tokens, void* stream) {
   merge_kernel<<<n_selected, 128, 0, as_stream(stream)>>>(fresh, selected, dst, n_dst_tokens);
   return launch_status();
 }

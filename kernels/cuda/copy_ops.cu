@@ -57,8 +57,9 @@ __global__ void copy_kernel(char* chunk, ChunkGeometry g, EngineView v, uint32_t
   const uint32_t token = blockIdx.x, layer = l0 + blockIdx.y, plane = blockIdx.z;
   const int64_t slot = token_slot(v, token);
   if (!slot_in_bounds(v, slot)) return;
-  const bool base_aligned = ((reinterpret_cast<uintptr_t>(engine_layer_base(v, plane, layer)) |
-                              reinterpret_cast<uintptr_t>(chunk)) % 16) == 0;
+  const bool base_aligned =
+      ((reinterpret_cast<uintptr_t>(engine_layer_base(v, plane, layer)) | reinterpret_cast<uintptr_t>(chunk)) % 16) ==
+      0;
   if (plan.plane[plane] && base_aligned) return move_words<kToChunk>(chunk, g, v, layer, plane, token, slot);
   for (uint32_t i = threadIdx.x; i < g.kv_heads * g.head_dim; i += blockDim.x) {
     const uint32_t h = i / g.head_dim, d = i % g.head_dim;
@@ -76,8 +77,8 @@ __global__ void rope_scatter_kernel(const char* chunk, ChunkGeometry g, EngineVi
   const int64_t slot = token_slot(v, token);
   if (!slot_in_bounds(v, slot)) return;
   if (plane == 1) {
-    const bool base_aligned = ((reinterpret_cast<uintptr_t>(engine_layer_base(v, 1, layer)) |
-                                reinterpret_cast<uintptr_t>(chunk)) % 16) == 0;
+    const bool base_aligned =
+        ((reinterpret_cast<uintptr_t>(engine_layer_base(v, 1, layer)) | reinterpret_cast<uintptr_t>(chunk)) % 16) == 0;
     if (plan.plane[1] && base_aligned) return move_words<false>(const_cast<char*>(chunk), g, v, layer, 1, token, slot);
     for (uint32_t i = threadIdx.x; i < g.kv_heads * g.head_dim; i += blockDim.x) {
       scatter_element(chunk, g, v, layer, 1, token, i / g.head_dim, i % g.head_dim);
@@ -126,14 +127,14 @@ Status scatter_cuda(const void* chunk, const ChunkGeometry& g, const EngineView&
 
 Status gather_cuda(const EngineView& v, void* chunk, const ChunkGeometry& g, Layers ls, void* stream) {
   copy_kernel<true><<<grid_of(g, ls, 2), kThreads, 0, as_stream(stream)>>>(static_cast<char*>(chunk), g, v, ls.l0,
-                                                                            plan_vectors(g, v));
+                                                                           plan_vectors(g, v));
   return launch_status();
 }
 
 Status rope_scatter_cuda(const void* chunk, const ChunkGeometry& g, const EngineView& v, const RopeTable& t, Layers ls,
                          void* stream) {
   rope_scatter_kernel<<<grid_of(g, ls, 2), kThreads, 0, as_stream(stream)>>>(static_cast<const char*>(chunk), g, v, t,
-                                                                              ls.l0, plan_vectors(g, v));
+                                                                             ls.l0, plan_vectors(g, v));
   return launch_status();
 }
 

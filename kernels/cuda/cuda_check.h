@@ -9,7 +9,8 @@ namespace kdn::kernels::detail {
 // cudaGetErrorName returns a static string, as Status requires.
 inline Status cuda_status(cudaError_t err) {
   if (err == cudaSuccess) return OkStatus();
-  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) return Status(Code::kUnavailable, cudaGetErrorName(err));
+  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver)
+    return Status(Code::kUnavailable, cudaGetErrorName(err));
   if (err == cudaErrorMemoryAllocation) return Status(Code::kNoMemory, cudaGetErrorName(err));
   return Status(Code::kInternal, cudaGetErrorName(err));
 }

@@ -89,9 +89,8 @@ Result<size_t> top_k_scratch_bytes(uint32_t n_tokens, const Executor& ex) noexce
   return size_t{n_tokens} * sizeof(uint64_t);
 }
 
-Status select_top_k(const float* deviation, const uint8_t* candidates, uint32_t n_tokens, uint32_t k,
-                    int32_t* selected, uint32_t* n_selected, void* scratch, size_t scratch_bytes,
-                    const Executor& ex) noexcept {
+Status select_top_k(const float* deviation, const uint8_t* candidates, uint32_t n_tokens, uint32_t k, int32_t* selected,
+                    uint32_t* n_selected, void* scratch, size_t scratch_bytes, const Executor& ex) noexcept {
   KDN_RETURN_IF_ERROR(validate_executor(ex));
   if (deviation == nullptr || (selected == nullptr && k > 0) || n_selected == nullptr || scratch == nullptr) {
     return invalid("select_top_k: null pointer");
@@ -101,8 +100,8 @@ Status select_top_k(const float* deviation, const uint8_t* candidates, uint32_t 
   if (!need.ok()) return need.status();
   if (scratch_bytes < *need) return invalid("select_top_k: scratch too small");
   if (ex.kind == Executor::Kind::kCuda) {
-    return detail::select_top_k_cuda(deviation, candidates, n_tokens, k, selected, n_selected, scratch,
-                                      scratch_bytes, ex.cuda_stream);
+    return detail::select_top_k_cuda(deviation, candidates, n_tokens, k, selected, n_selected, scratch, scratch_bytes,
+                                     ex.cuda_stream);
   }
   uint64_t* keys = static_cast<uint64_t*>(scratch);
   uint32_t m = 0;
@@ -120,7 +119,8 @@ Status select_top_k(const float* deviation, const uint8_t* candidates, uint32_t 
 Status selection_to_mask(const int32_t* selected, uint32_t n_selected, uint32_t n_tokens, uint8_t* mask) noexcept {
   if (mask == nullptr || (selected == nullptr && n_selected > 0)) return invalid("selection_to_mask: null pointer");
   for (uint32_t i = 0; i < n_selected; ++i) {
-    if (selected[i] < 0 || static_cast<uint32_t>(selected[i]) >= n_tokens) return invalid("selection_to_mask: index out of range");
+    if (selected[i] < 0 || static_cast<uint32_t>(selected[i]) >= n_tokens)
+      return invalid("selection_to_mask: index out of range");
   }
   memset(mask, 0, n_tokens);
   for (uint32_t i = 0; i < n_selected; ++i) mask[selected[i]] = 1;

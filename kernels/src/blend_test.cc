@@ -43,7 +43,8 @@ std::vector<int32_t> top_k(const std::vector<float>& dev, const uint8_t* cand, u
   std::vector<uint8_t> scratch(*need);
   std::vector<int32_t> sel(std::min(k, n));
   uint32_t got = 0;
-  EXPECT_TRUE(select_top_k(dev.data(), cand, n, k, sel.data(), &got, scratch.data(), scratch.size(), Executor::cpu()).ok());
+  EXPECT_TRUE(
+      select_top_k(dev.data(), cand, n, k, sel.data(), &got, scratch.data(), scratch.size(), Executor::cpu()).ok());
   sel.resize(got);
   return sel;
 }

@@ -87,8 +87,8 @@ void move_channels_strided(const EngineView& v, uint32_t plane, char* engine_row
                            char* chunk_out, uint32_t d0, uint32_t d1) {
   switch (dtype_size(v.dtype)) {
     case 1:
-      return copy_channels(v, plane, reinterpret_cast<uint8_t*>(engine_row), reinterpret_cast<const uint8_t*>(chunk_row),
-                           reinterpret_cast<uint8_t*>(chunk_out), d0, d1);
+      return copy_channels(v, plane, reinterpret_cast<uint8_t*>(engine_row),
+                           reinterpret_cast<const uint8_t*>(chunk_row), reinterpret_cast<uint8_t*>(chunk_out), d0, d1);
     case 2:
       return copy_channels(v, plane, reinterpret_cast<uint16_t*>(engine_row),
                            reinterpret_cast<const uint16_t*>(chunk_row), reinterpret_cast<uint16_t*>(chunk_out), d0,
@@ -175,9 +175,8 @@ void gather_row(const OpContext& c, void* chunk, RowId id, int64_t slot) {
 bool rope_scatter_k_row_fast(const OpContext& c, const RopeTable& t, const void* chunk, RowId id, int64_t slot) {
   const ChunkGeometry& g = c.g;
   const EngineView& v = c.v;
-  if (!rope_neox_fast_available() || g.dtype != v.dtype || t.style != RopeStyle::kNeox ||
-      v.stride_dim[0] != 1 || is_permuted(v, 0) || (g.dtype != DType::kF16 && g.dtype != DType::kBF16) ||
-      t.rotary_dim % 16 != 0) {
+  if (!rope_neox_fast_available() || g.dtype != v.dtype || t.style != RopeStyle::kNeox || v.stride_dim[0] != 1 ||
+      is_permuted(v, 0) || (g.dtype != DType::kF16 && g.dtype != DType::kBF16) || t.rotary_dim % 16 != 0) {
     return false;
   }
   const char* src = chunk_row_ptr(chunk, g, id);
@@ -266,9 +265,15 @@ void move_tiled_plane(const OpContext& c, void* chunk, uint32_t plane, Layers ls
       const uint32_t t0 = static_cast<uint32_t>(i % tiles_per_layer) * kTileTokens;
       const uint32_t nt = std::min(kTileTokens, c.g.tokens - t0);
       switch (dtype_size(c.g.dtype)) {
-        case 1: move_tile(c, static_cast<uint8_t*>(chunk), layer, plane, t0, nt, to_chunk); break;
-        case 2: move_tile(c, static_cast<uint16_t*>(chunk), layer, plane, t0, nt, to_chunk); break;
-        default: move_tile(c, static_cast<uint32_t*>(chunk), layer, plane, t0, nt, to_chunk); break;
+        case 1:
+          move_tile(c, static_cast<uint8_t*>(chunk), layer, plane, t0, nt, to_chunk);
+          break;
+        case 2:
+          move_tile(c, static_cast<uint16_t*>(chunk), layer, plane, t0, nt, to_chunk);
+          break;
+        default:
+          move_tile(c, static_cast<uint32_t*>(chunk), layer, plane, t0, nt, to_chunk);
+          break;
       }
     }
   });

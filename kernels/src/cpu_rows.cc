@@ -94,9 +94,13 @@ bool cpu_has_f16c() noexcept { return g_has_f16c; }
 
 void load_row_f32(const void* src, DType st, float scale, uint32_t n, float* out) noexcept {
   switch (st) {
-    case DType::kF16: return f16_row_to_f32(static_cast<const uint16_t*>(src), out, n);
-    case DType::kBF16: return bf16_row_to_f32(static_cast<const uint16_t*>(src), out, n);
-    case DType::kF32: memcpy(out, src, size_t{n} * 4); return;
+    case DType::kF16:
+      return f16_row_to_f32(static_cast<const uint16_t*>(src), out, n);
+    case DType::kBF16:
+      return bf16_row_to_f32(static_cast<const uint16_t*>(src), out, n);
+    case DType::kF32:
+      memcpy(out, src, size_t{n} * 4);
+      return;
     case DType::kFP8E4M3:
       for (uint32_t i = 0; i < n; ++i) out[i] = load_f32(src, i, st, scale);
       return;
@@ -105,9 +109,13 @@ void load_row_f32(const void* src, DType st, float scale, uint32_t n, float* out
 
 void store_row_f32(const float* in, uint32_t n, DType dt, float scale, void* dst) noexcept {
   switch (dt) {
-    case DType::kF16: return f32_row_to_f16(in, static_cast<uint16_t*>(dst), n);
-    case DType::kBF16: return f32_row_to_bf16(in, static_cast<uint16_t*>(dst), n);
-    case DType::kF32: memcpy(dst, in, size_t{n} * 4); return;
+    case DType::kF16:
+      return f32_row_to_f16(in, static_cast<uint16_t*>(dst), n);
+    case DType::kBF16:
+      return f32_row_to_bf16(in, static_cast<uint16_t*>(dst), n);
+    case DType::kF32:
+      memcpy(dst, in, size_t{n} * 4);
+      return;
     case DType::kFP8E4M3:
       for (uint32_t i = 0; i < n; ++i) store_f32(dst, i, dt, in[i], scale);
       return;

@@ -49,9 +49,10 @@ uint32_t nearest_code(double x, uint32_t max_code, Decode decode, uint32_t overf
 
 std::vector<float> test_values(uint64_t seed, size_t n) {
   CounterRng rng(seed);
-  std::vector<float> out = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.99f, 65520.0f, 448.0f, 464.0f, 480.0f,
-                            5.9604645e-8f, 2.9802322e-8f, 2.98023259e-8f, 6.1035156e-5f, 0.001953125f, 0.0009765625f,
-                            0.00097656256f, 1e-30f, 1e30f};
+  std::vector<float> out = {0.0f,          -0.0f,          1.0f,           -1.0f,         65504.0f,
+                            65519.99f,     65520.0f,       448.0f,         464.0f,        480.0f,
+                            5.9604645e-8f, 2.9802322e-8f,  2.98023259e-8f, 6.1035156e-5f, 0.001953125f,
+                            0.0009765625f, 0.00097656256f, 1e-30f,         1e30f};
   while (out.size() < n) {
     const double mag = std::ldexp(1.0 + rng.next_unit(), static_cast<int>(rng.next_below(50)) - 30);
     out.push_back(static_cast<float>(rng.next_below(2) ? mag : -mag));
@@ -75,8 +76,9 @@ TEST(DType, F16DecodeIsExactForEveryCode) {
 TEST(DType, F16EncodeRoundsToNearestEven) {
   for (float x : test_values(7, 20000)) {
     const uint32_t sign = std::signbit(x) ? 0x8000u : 0u;
-    const uint32_t want = sign | nearest_code(x, 0x7bff, [](uint32_t c) { return f16_value(static_cast<uint16_t>(c)); },
-                                              0x7c00, 65520.0);
+    const uint32_t want =
+        sign | nearest_code(
+                   x, 0x7bff, [](uint32_t c) { return f16_value(static_cast<uint16_t>(c)); }, 0x7c00, 65520.0);
     ASSERT_EQ(f32_to_f16(x), want) << x;
   }
   EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(std::numeric_limits<float>::quiet_NaN()))));
@@ -108,8 +110,9 @@ TEST(DType, Fp8E4m3MatchesDefinition) {
   for (float x : test_values(9, 5000)) {
     const uint32_t sign = std::signbit(x) ? 0x80u : 0u;
     // Saturating: everything beyond 448 encodes 448 (0x7e).
-    const uint32_t want = sign | nearest_code(x, 0x7e, [](uint32_t c) { return fp8_value(static_cast<uint8_t>(c)); },
-                                              0x7e, 1e300);
+    const uint32_t want =
+        sign | nearest_code(
+                   x, 0x7e, [](uint32_t c) { return fp8_value(static_cast<uint8_t>(c)); }, 0x7e, 1e300);
     ASSERT_EQ(f32_to_fp8e4m3(x), want) << x;
   }
   EXPECT_EQ(f32_to_fp8e4m3(std::numeric_limits<float>::quiet_NaN()), 0x7f);

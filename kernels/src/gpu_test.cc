@@ -84,7 +84,9 @@ struct Case {
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (EngineLayoutKind kind : kAllEngineLayouts)
-    for (auto [c, e] : {std::pair{DType::kF16, DType::kF16}, {DType::kBF16, DType::kF16}, {DType::kF32, DType::kFP8E4M3},
+    for (auto [c, e] : {std::pair{DType::kF16, DType::kF16},
+                        {DType::kBF16, DType::kF16},
+                        {DType::kF32, DType::kFP8E4M3},
                         {DType::kF16, DType::kF32}})
       out.push_back({kind, c, e, kind == EngineLayoutKind::kLlamaCppRows});
   return out;
@@ -137,7 +139,8 @@ TEST(Gpu, RopeScatterAndRopeChunkEqualCpu) {
       std::vector<int64_t> deltas(g.tokens);
       for (int64_t& d : deltas) d = static_cast<int64_t>(rng.next_below(1 << 18)) - (1 << 17);
       std::vector<float> table(rope_table_floats(g.tokens, cfg.rotary_dim));
-      ASSERT_TRUE(build_rope_table(inv.data(), cfg.rotary_dim, deltas.data(), g.tokens, table.data(), table.size()).ok());
+      ASSERT_TRUE(
+          build_rope_table(inv.data(), cfg.rotary_dim, deltas.data(), g.tokens, table.data(), table.size()).ok());
       DeviceBuffer dtable(table);
       const RopeTable host_rt{style, cfg.rotary_dim, table.data(), 1};
       const RopeTable dev_rt{style, cfg.rotary_dim, static_cast<const float*>(dtable.get()), 1};
@@ -199,7 +202,8 @@ TEST(Gpu, BlendOpsEqualCpu) {
   DeviceBuffer dfresh(fresh), dcached(cached), dcand(cand), ddev(n * sizeof(float));
   const TokenRows df{dfresh.get(), DType::kF16, width, width}, dc{dcached.get(), DType::kF16, width, width};
   ASSERT_TRUE(kv_deviation(df, dc, n, static_cast<const uint8_t*>(dcand.get()), static_cast<float*>(ddev.get()),
-                           Executor::cuda(nullptr)).ok());
+                           Executor::cuda(nullptr))
+                  .ok());
   ASSERT_TRUE(stream_sync(nullptr).ok());
   const std::vector<float> gpu_dev = ddev.to_host<float>(n);
   ASSERT_EQ(0, memcmp(gpu_dev.data(), cpu_dev.data(), n * sizeof(float)));
@@ -209,13 +213,15 @@ TEST(Gpu, BlendOpsEqualCpu) {
     std::vector<int32_t> cpu_sel(n);
     uint32_t cpu_count = 0;
     ASSERT_TRUE(select_top_k(cpu_dev.data(), cand.data(), n, k, cpu_sel.data(), &cpu_count, cpu_scratch.data(),
-                             cpu_scratch.size(), Executor::cpu()).ok());
+                             cpu_scratch.size(), Executor::cpu())
+                    .ok());
     Result<size_t> need = top_k_scratch_bytes(n, Executor::cuda(nullptr));
     ASSERT_TRUE(need.ok());
     DeviceBuffer scratch(*need), dsel(n * sizeof(int32_t)), dcount(sizeof(uint32_t)), ddev2(cpu_dev);
     ASSERT_TRUE(select_top_k(static_cast<const float*>(ddev2.get()), static_cast<const uint8_t*>(dcand.get()), n, k,
                              static_cast<int32_t*>(dsel.get()), static_cast<uint32_t*>(dcount.get()), scratch.get(),
-                             *need, Executor::cuda(nullptr)).ok());
+                             *need, Executor::cuda(nullptr))
+                    .ok());
     ASSERT_TRUE(stream_sync(nullptr).ok());
     const uint32_t gpu_count = dcount.to_host<uint32_t>(1)[0];
     ASSERT_EQ(gpu_count, cpu_count) << "k " << k;
@@ -224,11 +230,13 @@ TEST(Gpu, BlendOpsEqualCpu) {
   }
   const std::vector<int32_t> sel = {1, 2, 400, 4999};
   std::vector<uint16_t> cpu_ctx = cached;
-  ASSERT_TRUE(merge_rows(hf, sel.data(), 4, MutableTokenRows{cpu_ctx.data(), DType::kF16, width, width}, n,
-                         Executor::cpu()).ok());
+  ASSERT_TRUE(
+      merge_rows(hf, sel.data(), 4, MutableTokenRows{cpu_ctx.data(), DType::kF16, width, width}, n, Executor::cpu())
+          .ok());
   DeviceBuffer dsel(sel);
   ASSERT_TRUE(merge_rows(df, static_cast<const int32_t*>(dsel.get()), 4,
-                         MutableTokenRows{dcached.get(), DType::kF16, width, width}, n, Executor::cuda(nullptr)).ok());
+                         MutableTokenRows{dcached.get(), DType::kF16, width, width}, n, Executor::cuda(nullptr))
+                  .ok());
   ASSERT_TRUE(stream_sync(nullptr).ok());
   EXPECT_EQ(dcached.to_host<uint16_t>(cached.size()), cpu_ctx);
 }

@@ -27,10 +27,14 @@ bool ends_with(const std::string& s, const char* suffix) {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-    case DType::kF32: return "f32";
-    case DType::kFP8E4M3: return "fp8_e4m3";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF32:
+      return "f32";
+    case DType::kFP8E4M3:
+      return "fp8_e4m3";
   }
   return "?";
 }
@@ -99,7 +103,8 @@ Status parse_info(const nlohmann::json& j, KvFileInfo* info) {
     }
     *dims[i] = static_cast<uint32_t>(it->get<uint64_t>());
   }
-  if (!j.contains("dtype") || !j["dtype"].is_string() || !dtype_from_name(j["dtype"].get<std::string>(), &info->geo.dtype)) {
+  if (!j.contains("dtype") || !j["dtype"].is_string() ||
+      !dtype_from_name(j["dtype"].get<std::string>(), &info->geo.dtype)) {
     return corrupt("kv json: unknown dtype");
   }
   if (j.contains("model") && j["model"].is_string()) info->model = j["model"].get<std::string>();
@@ -125,7 +130,8 @@ Result<KvFileInfo> read_kv_file_info(const std::string& json_path) noexcept {
     info.kv_path = json_path.substr(0, json_path.size() - 5) + ".kv";
     struct stat sb;
     if (stat(info.kv_path.c_str(), &sb) != 0) return Status::from_errno("stat kv file", errno);
-    if (static_cast<uint64_t>(sb.st_size) != chunk_bytes(info.geo)) return corrupt("kv file: size differs from the json geometry");
+    if (static_cast<uint64_t>(sb.st_size) != chunk_bytes(info.geo))
+      return corrupt("kv file: size differs from the json geometry");
     return info;
   } catch (...) {
     return Status(Code::kNoMemory, "kv json: allocation failed");
@@ -157,9 +163,15 @@ Status write_kv_file(const std::string& stem, const ChunkGeometry& geo, const vo
   try {
     KDN_RETURN_IF_ERROR(validate_geometry(geo));
     if (chunk == nullptr) return Status(Code::kInvalidArgument, "write_kv_file: null chunk");
-    nlohmann::json j = {{"format", kFormat},        {"version", kVersion},        {"layers", geo.layers},
-                        {"kv_heads", geo.kv_heads}, {"head_dim", geo.head_dim},   {"tokens", geo.tokens},
-                        {"dtype", dtype_name(geo.dtype)}, {"model", model}, {"first_position", first_position}};
+    nlohmann::json j = {{"format", kFormat},
+                        {"version", kVersion},
+                        {"layers", geo.layers},
+                        {"kv_heads", geo.kv_heads},
+                        {"head_dim", geo.head_dim},
+                        {"tokens", geo.tokens},
+                        {"dtype", dtype_name(geo.dtype)},
+                        {"model", model},
+                        {"first_position", first_position}};
     KDN_RETURN_IF_ERROR(write_all(stem + ".kv", chunk, chunk_bytes(geo)));
     const std::string text = j.dump(2) + "\n";
     return write_all(stem + ".json", text.data(), text.size());

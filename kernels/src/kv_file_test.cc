@@ -54,11 +54,17 @@ TEST_F(KvFileTest, MalformedSidecarsAreRejectedAndSkipped) {
   ASSERT_EQ(truncate((dir_ + "/short.kv").c_str(), 3), 0);
   write_text("notjson.json", "{layers: ");
   write_text("notjson.kv", "");
-  write_text("wrongfmt.json", R"({"format":"other","version":1,"layers":1,"kv_heads":1,"head_dim":4,"tokens":2,"dtype":"f16"})");
-  write_text("negative.json", R"({"format":"kdn-kv-chunk","version":1,"layers":-1,"kv_heads":1,"head_dim":4,"tokens":2,"dtype":"f16"})");
-  write_text("huge.json", R"({"format":"kdn-kv-chunk","version":1,"layers":4000000000,"kv_heads":1,"head_dim":4,"tokens":2,"dtype":"f16"})");
-  write_text("badtype.json", R"({"format":"kdn-kv-chunk","version":1,"layers":1,"kv_heads":1,"head_dim":4,"tokens":2,"dtype":"q4"})");
-  write_text("version.json", R"({"format":"kdn-kv-chunk","version":2,"layers":1,"kv_heads":1,"head_dim":4,"tokens":2,"dtype":"f16"})");
+  write_text("wrongfmt.json",
+             R"({"format":"other","version":1,"layers":1,"kv_heads":1,"head_dim":4,"tokens":2,"dtype":"f16"})");
+  write_text("negative.json",
+             R"({"format":"kdn-kv-chunk","version":1,"layers":-1,"kv_heads":1,"head_dim":4,"tokens":2,"dtype":"f16"})");
+  write_text(
+      "huge.json",
+      R"({"format":"kdn-kv-chunk","version":1,"layers":4000000000,"kv_heads":1,"head_dim":4,"tokens":2,"dtype":"f16"})");
+  write_text("badtype.json",
+             R"({"format":"kdn-kv-chunk","version":1,"layers":1,"kv_heads":1,"head_dim":4,"tokens":2,"dtype":"q4"})");
+  write_text("version.json",
+             R"({"format":"kdn-kv-chunk","version":2,"layers":1,"kv_heads":1,"head_dim":4,"tokens":2,"dtype":"f16"})");
   EXPECT_FALSE(read_kv_file_info(dir_ + "/short.json").ok());
   EXPECT_FALSE(read_kv_file_info(dir_ + "/notjson.json").ok());
   EXPECT_EQ(read_kv_file_info(dir_ + "/version.json").status().code(), Code::kVersion);

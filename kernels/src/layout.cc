@@ -8,7 +8,7 @@
 namespace kdn::kernels {
 namespace {
 
-constexpr uint32_t kMaxTokens = 1u << 24;      // a blend context, not just a chunk
+constexpr uint32_t kMaxTokens = 1u << 24;  // a blend context, not just a chunk
 constexpr int64_t kMaxStride = int64_t{1} << 40;
 
 Status invalid(const char* what) { return Status(Code::kInvalidArgument, what); }
@@ -85,7 +85,8 @@ Status validate_view(const EngineView& v, const ChunkGeometry& g) noexcept {
 Status view_from_abi(const kdn_engine_layout& abi, const ChunkGeometry& model, const ViewOptions& opt,
                      EngineView* out) noexcept {
   if (out == nullptr) return invalid("view_from_abi: null output");
-  if (abi.struct_size < sizeof(kdn_engine_layout)) return Status(Code::kVersion, "kdn_engine_layout: struct_size too small");
+  if (abi.struct_size < sizeof(kdn_engine_layout))
+    return Status(Code::kVersion, "kdn_engine_layout: struct_size too small");
   if (!dtype_valid(abi.engine_dtype)) return invalid("kdn_engine_layout: unknown engine_dtype");
   const bool split_v = abi.v_layer_base != nullptr;
   if (!split_v && abi.stride_kv <= 0) return invalid("kdn_engine_layout: K and V alias (stride_kv <= 0)");

@@ -17,21 +17,27 @@ using testing::EngineBuffers;
 using testing::random_chunk;
 using testing::random_slots;
 
-constexpr PagedShape kShape{.layers = 3, .kv_heads = 3, .head_dim = 16, .num_blocks = 9, .block_size = 4,
-                            .dtype = DType::kF16};
+constexpr PagedShape kShape{
+    .layers = 3, .kv_heads = 3, .head_dim = 16, .num_blocks = 9, .block_size = 4, .dtype = DType::kF16};
 
 // The engines' own element formulas (reference §4), independent of EngineView's arithmetic.
 int64_t engine_formula(EngineLayoutKind kind, int64_t kv, int64_t blk, int64_t off, int64_t h, int64_t d) {
   const int64_t NB = kShape.num_blocks, BS = kShape.block_size, H = kShape.kv_heads, D = kShape.head_dim;
   const int64_t cell = blk * BS + off, cells = NB * BS;
   switch (kind) {
-    case EngineLayoutKind::kVllmFlashNhd: return kv * NB * BS * H * D + blk * BS * H * D + off * H * D + h * D + d;
-    case EngineLayoutKind::kVllmFlashHnd: return kv * NB * H * BS * D + blk * H * BS * D + h * BS * D + off * D + d;
-    case EngineLayoutKind::kFlashinferNhd: return blk * 2 * BS * H * D + kv * BS * H * D + off * H * D + h * D + d;
-    case EngineLayoutKind::kFlashinferHnd: return blk * 2 * H * BS * D + kv * H * BS * D + h * BS * D + off * D + d;
+    case EngineLayoutKind::kVllmFlashNhd:
+      return kv * NB * BS * H * D + blk * BS * H * D + off * H * D + h * D + d;
+    case EngineLayoutKind::kVllmFlashHnd:
+      return kv * NB * H * BS * D + blk * H * BS * D + h * BS * D + off * D + d;
+    case EngineLayoutKind::kFlashinferNhd:
+      return blk * 2 * BS * H * D + kv * BS * H * D + off * H * D + h * D + d;
+    case EngineLayoutKind::kFlashinferHnd:
+      return blk * 2 * H * BS * D + kv * H * BS * D + h * BS * D + off * D + d;
     case EngineLayoutKind::kSglangTokenPool:
-    case EngineLayoutKind::kLlamaCppRows: return cell * H * D + h * D + d;
-    case EngineLayoutKind::kLlamaCppVTrans: return kv == 0 ? cell * H * D + h * D + d : (h * D + d) * cells + cell;
+    case EngineLayoutKind::kLlamaCppRows:
+      return cell * H * D + h * D + d;
+    case EngineLayoutKind::kLlamaCppVTrans:
+      return kv == 0 ? cell * H * D + h * D + d : (h * D + d) * cells + cell;
   }
   return -1;
 }
@@ -59,9 +65,9 @@ struct DtypePair {
 };
 
 constexpr DtypePair kPairs[] = {
-    {DType::kF16, DType::kF16, true},   {DType::kBF16, DType::kBF16, true},     {DType::kF32, DType::kF32, true},
-    {DType::kFP8E4M3, DType::kFP8E4M3, true}, {DType::kF16, DType::kF32, true}, {DType::kBF16, DType::kF32, true},
-    {DType::kF32, DType::kF16, false},  {DType::kF16, DType::kBF16, false},     {DType::kF16, DType::kFP8E4M3, false},
+    {DType::kF16, DType::kF16, true},         {DType::kBF16, DType::kBF16, true}, {DType::kF32, DType::kF32, true},
+    {DType::kFP8E4M3, DType::kFP8E4M3, true}, {DType::kF16, DType::kF32, true},   {DType::kBF16, DType::kF32, true},
+    {DType::kF32, DType::kF16, false},        {DType::kF16, DType::kBF16, false}, {DType::kF16, DType::kFP8E4M3, false},
 };
 
 ChunkGeometry chunk_geometry(DType t, uint32_t tokens) {
@@ -105,7 +111,8 @@ TEST(Layout, ScatterThenGatherReturnsTheSource) {
           const size_t at = chunk_offset(g, l, p, t, 0, 0) * dtype_size(g.dtype);
           if (slots[t] < 0) {
             ASSERT_EQ(std::vector<uint8_t>(row, testing::kSentinel),
-                      std::vector<uint8_t>(back.begin() + at, back.begin() + at + row)) << "skipped token " << t;
+                      std::vector<uint8_t>(back.begin() + at, back.begin() + at + row))
+                << "skipped token " << t;
           } else {
             ASSERT_EQ(0, memcmp(src.data() + at, back.data() + at, row)) << "l " << l << " p " << p << " t " << t;
           }

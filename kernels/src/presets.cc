@@ -11,11 +11,16 @@ struct Strides {
 // Plane strides of fused layouts (K and V in one buffer per layer).
 Strides fused_strides(EngineLayoutKind kind, int64_t nb, int64_t bs, int64_t h, int64_t d) {
   switch (kind) {
-    case EngineLayoutKind::kVllmFlashNhd: return {nb * bs * h * d, bs * h * d, h * d, d, 1};
-    case EngineLayoutKind::kVllmFlashHnd: return {nb * h * bs * d, h * bs * d, d, bs * d, 1};
-    case EngineLayoutKind::kFlashinferNhd: return {bs * h * d, 2 * bs * h * d, h * d, d, 1};
-    case EngineLayoutKind::kFlashinferHnd: return {h * bs * d, 2 * h * bs * d, d, bs * d, 1};
-    default: return {0, 0, 0, 0, 0};
+    case EngineLayoutKind::kVllmFlashNhd:
+      return {nb * bs * h * d, bs * h * d, h * d, d, 1};
+    case EngineLayoutKind::kVllmFlashHnd:
+      return {nb * h * bs * d, h * bs * d, d, bs * d, 1};
+    case EngineLayoutKind::kFlashinferNhd:
+      return {bs * h * d, 2 * bs * h * d, h * d, d, 1};
+    case EngineLayoutKind::kFlashinferHnd:
+      return {h * bs * d, 2 * h * bs * d, d, bs * d, 1};
+    default:
+      return {0, 0, 0, 0, 0};
   }
 }
 
@@ -23,13 +28,20 @@ Strides fused_strides(EngineLayoutKind kind, int64_t nb, int64_t bs, int64_t h, 
 
 const char* engine_layout_name(EngineLayoutKind kind) noexcept {
   switch (kind) {
-    case EngineLayoutKind::kVllmFlashNhd: return "vllm_flash_nhd";
-    case EngineLayoutKind::kVllmFlashHnd: return "vllm_flash_hnd";
-    case EngineLayoutKind::kFlashinferNhd: return "flashinfer_nhd";
-    case EngineLayoutKind::kFlashinferHnd: return "flashinfer_hnd";
-    case EngineLayoutKind::kSglangTokenPool: return "sglang_token_pool";
-    case EngineLayoutKind::kLlamaCppRows: return "llama_cpp_rows";
-    case EngineLayoutKind::kLlamaCppVTrans: return "llama_cpp_v_trans";
+    case EngineLayoutKind::kVllmFlashNhd:
+      return "vllm_flash_nhd";
+    case EngineLayoutKind::kVllmFlashHnd:
+      return "vllm_flash_hnd";
+    case EngineLayoutKind::kFlashinferNhd:
+      return "flashinfer_nhd";
+    case EngineLayoutKind::kFlashinferHnd:
+      return "flashinfer_hnd";
+    case EngineLayoutKind::kSglangTokenPool:
+      return "sglang_token_pool";
+    case EngineLayoutKind::kLlamaCppRows:
+      return "llama_cpp_rows";
+    case EngineLayoutKind::kLlamaCppVTrans:
+      return "llama_cpp_v_trans";
   }
   return "unknown";
 }

@@ -60,7 +60,8 @@ void yarn_inv_freq(const RopeConfig& cfg, uint32_t rotary_dim, float* out) {
 Status validate_scaling(const RopeConfig& cfg) {
   const float* p = cfg.scaling_params;
   switch (cfg.scaling) {
-    case RopeScaling::kNone: return OkStatus();
+    case RopeScaling::kNone:
+      return OkStatus();
     case RopeScaling::kLinear:
       return positive_finite(p[0]) ? OkStatus() : invalid("rope: linear factor must be > 0");
     case RopeScaling::kLlama3:
@@ -70,8 +71,8 @@ Status validate_scaling(const RopeConfig& cfg) {
       }
       return OkStatus();
     case RopeScaling::kYarn:
-      if (!positive_finite(p[0]) || !positive_finite(p[1]) || !(p[2] >= 0) || !(p[3] >= 0) ||
-          !std::isfinite(p[2]) || !std::isfinite(p[3])) {
+      if (!positive_finite(p[0]) || !positive_finite(p[1]) || !(p[2] >= 0) || !(p[3] >= 0) || !std::isfinite(p[2]) ||
+          !std::isfinite(p[3])) {
         return invalid("rope: yarn needs factor and original_max_position > 0");
       }
       return OkStatus();

@@ -63,8 +63,7 @@ KDN_AVX2 inline void store8(uint16_t* p, __m256 v, DType t, bool stream) {
   }
 }
 
-KDN_AVX2 void rope_neox_head(const uint16_t* src, uint16_t* dst, DType t, uint32_t half, const float* cs,
-                             bool stream) {
+KDN_AVX2 void rope_neox_head(const uint16_t* src, uint16_t* dst, DType t, uint32_t half, const float* cs, bool stream) {
   const float* sn = cs + half;
   for (uint32_t i = 0; i < half; i += 8) {
     const __m256 x = load8(src + i, t), y = load8(src + half + i, t);

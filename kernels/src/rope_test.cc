@@ -25,13 +25,15 @@ std::vector<float> inv_freq_of(const RopeConfig& cfg) {
 // One table row per delta.
 std::vector<float> table_for(const std::vector<float>& inv, uint32_t rotary_dim, const std::vector<int64_t>& deltas) {
   std::vector<float> t(rope_table_floats(static_cast<uint32_t>(deltas.size()), rotary_dim));
-  EXPECT_TRUE(build_rope_table(inv.data(), rotary_dim, deltas.data(), static_cast<uint32_t>(deltas.size()), t.data(),
-                               t.size()).ok());
+  EXPECT_TRUE(
+      build_rope_table(inv.data(), rotary_dim, deltas.data(), static_cast<uint32_t>(deltas.size()), t.data(), t.size())
+          .ok());
   return t;
 }
 
 // float64 rotation of one head row by `pos` (exact cos/sin of pos * inv_freq).
-void rotate_f64(std::vector<double>& row, RopeStyle style, uint32_t rotary_dim, const std::vector<float>& inv, double pos) {
+void rotate_f64(std::vector<double>& row, RopeStyle style, uint32_t rotary_dim, const std::vector<float>& inv,
+                double pos) {
   for (uint32_t i = 0; i < rotary_dim / 2; ++i) {
     const uint32_t a = style == RopeStyle::kNeox ? i : 2 * i;
     const uint32_t b = style == RopeStyle::kNeox ? i + rotary_dim / 2 : 2 * i + 1;
@@ -306,12 +308,14 @@ TEST(Rope, RopeScatterEqualsElementBodiesOnEveryLayout) {
   for (EngineLayoutKind kind : kAllEngineLayouts)
     for (RopeStyle style : {RopeStyle::kNeox, RopeStyle::kGptj})
       for (uint32_t rotary : {32u, 16u})
-        for (auto [chunk_dtype, engine_dtype] : {std::pair{DType::kF16, DType::kF16}, {DType::kBF16, DType::kBF16},
-                                                 {DType::kF16, DType::kBF16}, {DType::kF32, DType::kFP8E4M3}})
+        for (auto [chunk_dtype, engine_dtype] : {std::pair{DType::kF16, DType::kF16},
+                                                 {DType::kBF16, DType::kBF16},
+                                                 {DType::kF16, DType::kBF16},
+                                                 {DType::kF32, DType::kFP8E4M3}})
           for (uint32_t per_token : {0u, 1u}) {
             SCOPED_TRACE(::testing::Message() << engine_layout_name(kind) << " style " << static_cast<int>(style)
-                                              << " R " << rotary << " dtypes " << static_cast<int>(chunk_dtype)
-                                              << "->" << static_cast<int>(engine_dtype) << " per_token " << per_token);
+                                              << " R " << rotary << " dtypes " << static_cast<int>(chunk_dtype) << "->"
+                                              << static_cast<int>(engine_dtype) << " per_token " << per_token);
             cfg.style = style;
             cfg.rotary_dim = rotary;
             const std::vector<float> inv = inv_freq_of(cfg);
@@ -371,8 +375,8 @@ TEST(Rope, RopeScatterIsWithinOneUlpOfFloat64) {
     const std::vector<uint8_t> src = testing::random_chunk(g, 77);
     EngineBuffers eng;
     ASSERT_TRUE(eng.init(EngineLayoutKind::kVllmFlashNhd, PagedShape{1, 2, 64, 4, 4, dt}, false).ok());
-    ASSERT_TRUE(rope_scatter(src.data(), g, eng.view, RopeTable{RopeStyle::kNeox, 64, table.data(), 1},
-                             Executor::cpu()).ok());
+    ASSERT_TRUE(
+        rope_scatter(src.data(), g, eng.view, RopeTable{RopeStyle::kNeox, 64, table.data(), 1}, Executor::cpu()).ok());
     const int mant_bits = dt == DType::kF16 ? 10 : 7;
     for (uint32_t t = 0; t < g.tokens; ++t)
       for (uint32_t h = 0; h < g.kv_heads; ++h) {

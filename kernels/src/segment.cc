@@ -95,8 +95,8 @@ Status scatter_segment(std::span<const void* const> chunks, uint64_t n_tokens, c
   return OkStatus();
 }
 
-Status gather_segment(const EngineView& src, std::span<void* const> chunks, uint64_t n_tokens,
-                      const ChunkGeometry& geo, const Executor& ex) noexcept {
+Status gather_segment(const EngineView& src, std::span<void* const> chunks, uint64_t n_tokens, const ChunkGeometry& geo,
+                      const Executor& ex) noexcept {
   if (ex.kind != Executor::Kind::kCpu) return Status(Code::kUnsupported, "segment ops run on the CPU");
   KDN_RETURN_IF_ERROR(validate_geometry(geo));
   KDN_RETURN_IF_ERROR(check_tokens(chunks.size(), n_tokens, geo.tokens, true));

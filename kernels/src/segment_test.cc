@@ -117,7 +117,8 @@ TEST(Segment, ScatterRotatesKByTheDeltaInTheSamePass) {
   EXPECT_TRUE(a == b);
   // A leading part of a longer segment: its whole chunks alone.
   ASSERT_TRUE(scatter_segment(std::span<const void* const>(ptrs(std::as_const(c))).first(1), kT, f.g, a.view, f.rope,
-                              delta, Executor::cpu()).ok());
+                              delta, Executor::cpu())
+                  .ok());
 }
 
 TEST(Segment, RefusesBadInput) {
@@ -126,7 +127,8 @@ TEST(Segment, RefusesBadInput) {
   const auto p = ptrs(std::as_const(c));
   const Executor cpu = Executor::cpu();
   EngineView v = f.engine.view;
-  EXPECT_EQ(scatter_segment(p, 2 * kT + 1, f.g, v, f.rope, 0, cpu).code(), Code::kInvalidArgument) << "more tokens than chunks";
+  EXPECT_EQ(scatter_segment(p, 2 * kT + 1, f.g, v, f.rope, 0, cpu).code(), Code::kInvalidArgument)
+      << "more tokens than chunks";
   EXPECT_EQ(scatter_segment(p, kT, f.g, v, f.rope, 0, cpu).code(), Code::kInvalidArgument) << "a chunk too many";
   EXPECT_EQ(scatter_segment(p, 0, f.g, v, f.rope, 0, cpu).code(), Code::kInvalidArgument);
   EXPECT_EQ(scatter_segment(p, kT + 1, f.g, v, f.rope, kdn::kMaxPosition + 1, cpu).code(), Code::kInvalidArgument);

@@ -56,7 +56,8 @@ TEST(Synthetic, TokensAreCorrelated) {
   double num = 0, den = 0;
   for (uint32_t d = 0; d < kGeo.head_dim; ++d) {
     std::vector<double> x;
-    for (uint32_t t = 0; t < kGeo.tokens; ++t) x.push_back(load_f32(c.data(), chunk_offset(kGeo, 1, 0, t, 1, d), kGeo.dtype, 1.0f));
+    for (uint32_t t = 0; t < kGeo.tokens; ++t)
+      x.push_back(load_f32(c.data(), chunk_offset(kGeo, 1, 0, t, 1, d), kGeo.dtype, 1.0f));
     double mean = 0;
     for (double v : x) mean += v / x.size();
     for (size_t t = 0; t + 1 < x.size(); ++t) num += (x[t] - mean) * (x[t + 1] - mean);

@@ -53,7 +53,8 @@ inline std::vector<int64_t> random_slots(CounterRng& rng, uint32_t tokens, int64
 
 // Random finite values of moderate magnitude in any dtype.
 inline void fill_random(void* data, uint64_t n, DType t, CounterRng& rng, double scale = 4.0) {
-  for (uint64_t i = 0; i < n; ++i) store_f32(data, static_cast<int64_t>(i), t, static_cast<float>(scale * rng.next_normal()), 1.0f);
+  for (uint64_t i = 0; i < n; ++i)
+    store_f32(data, static_cast<int64_t>(i), t, static_cast<float>(scale * rng.next_normal()), 1.0f);
 }
 
 inline std::vector<uint8_t> random_chunk(const ChunkGeometry& g, uint64_t seed) {
@@ -84,7 +85,8 @@ inline void reference_gather(const EngineView& v, void* chunk, const ChunkGeomet
   });
 }
 
-inline void reference_rope_scatter(const void* chunk, const ChunkGeometry& g, const EngineView& v, const RopeTable& rt) {
+inline void reference_rope_scatter(const void* chunk, const ChunkGeometry& g, const EngineView& v,
+                                   const RopeTable& rt) {
   for_each_element(g, [&](uint32_t l, uint32_t p, uint32_t t, uint32_t h, uint32_t d) {
     if (p == 1 || d >= rt.rotary_dim) scatter_element(chunk, g, v, l, p, t, h, d);
   });

@@ -7,10 +7,10 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/unique_ptr.h>
-#include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/vector.h>
 
 #include "client.h"
@@ -41,11 +41,16 @@ std::span<const int64_t> span_of(const BlockArray& a) { return {a.data(), a.shap
 
 nb::dlpack::dtype dlpack_dtype(uint32_t d) {
   switch (d) {
-    case KDN_DTYPE_F16: return {uint8_t(nb::dlpack::dtype_code::Float), 16, 1};
-    case KDN_DTYPE_BF16: return {uint8_t(nb::dlpack::dtype_code::Bfloat), 16, 1};
-    case KDN_DTYPE_F32: return {uint8_t(nb::dlpack::dtype_code::Float), 32, 1};
-    case KDN_DTYPE_FP8_E4M3: return {uint8_t(nb::dlpack::dtype_code::Float8_E4M3FN), 8, 1};
-    default: throw Error(KDN_ERR_INVALID_ARGUMENT, "unknown kdn dtype");
+    case KDN_DTYPE_F16:
+      return {uint8_t(nb::dlpack::dtype_code::Float), 16, 1};
+    case KDN_DTYPE_BF16:
+      return {uint8_t(nb::dlpack::dtype_code::Bfloat), 16, 1};
+    case KDN_DTYPE_F32:
+      return {uint8_t(nb::dlpack::dtype_code::Float), 32, 1};
+    case KDN_DTYPE_FP8_E4M3:
+      return {uint8_t(nb::dlpack::dtype_code::Float8_E4M3FN), 8, 1};
+    default:
+      throw Error(KDN_ERR_INVALID_ARGUMENT, "unknown kdn dtype");
   }
 }
 
@@ -108,14 +113,32 @@ struct LookupResult {
 nb::dict stats_dict(const kdn_stats& s) {
   nb::dict d;
 #define KDN_STAT(f) d[#f] = s.f
-  KDN_STAT(lookups); KDN_STAT(lookup_hit_chunks); KDN_STAT(lookup_miss_chunks);
-  KDN_STAT(stored_chunks); KDN_STAT(stored_bytes); KDN_STAT(retrieved_chunks); KDN_STAT(retrieved_bytes);
-  KDN_STAT(evicted_chunks); KDN_STAT(dropped_chunks); KDN_STAT(demoted_chunks); KDN_STAT(promoted_chunks);
-  KDN_STAT(resident_chunks); KDN_STAT(resident_bytes); KDN_STAT(capacity_bytes);
-  KDN_STAT(active_leases); KDN_STAT(open_reservations); KDN_STAT(in_flight_ops);
-  KDN_STAT(sessions); KDN_STAT(protocol_errors); KDN_STAT(limit_errors); KDN_STAT(corrupt_chunks);
-  KDN_STAT(expired_reservations); KDN_STAT(staging_bytes);
-  KDN_STAT(daemon_sessions); KDN_STAT(daemon_requests); KDN_STAT(daemon_handshakes_refused);
+  KDN_STAT(lookups);
+  KDN_STAT(lookup_hit_chunks);
+  KDN_STAT(lookup_miss_chunks);
+  KDN_STAT(stored_chunks);
+  KDN_STAT(stored_bytes);
+  KDN_STAT(retrieved_chunks);
+  KDN_STAT(retrieved_bytes);
+  KDN_STAT(evicted_chunks);
+  KDN_STAT(dropped_chunks);
+  KDN_STAT(demoted_chunks);
+  KDN_STAT(promoted_chunks);
+  KDN_STAT(resident_chunks);
+  KDN_STAT(resident_bytes);
+  KDN_STAT(capacity_bytes);
+  KDN_STAT(active_leases);
+  KDN_STAT(open_reservations);
+  KDN_STAT(in_flight_ops);
+  KDN_STAT(sessions);
+  KDN_STAT(protocol_errors);
+  KDN_STAT(limit_errors);
+  KDN_STAT(corrupt_chunks);
+  KDN_STAT(expired_reservations);
+  KDN_STAT(staging_bytes);
+  KDN_STAT(daemon_sessions);
+  KDN_STAT(daemon_requests);
+  KDN_STAT(daemon_handshakes_refused);
   KDN_STAT(daemon_namespaces);
 #undef KDN_STAT
   nb::list chunks, bytes, capacity;
@@ -158,8 +181,9 @@ size_t check_chunk_tensor(const Model& m, const AnyArray& a, const char* what) {
   bool ok = a.ndim() == 6 && c_contiguous(a);
   for (size_t i = 1; ok && i < 6; ++i) ok = a.shape(i) == shape[i];
   if (!ok)
-    throw Error(KDN_ERR_INVALID_ARGUMENT,
-                std::string(what) + ": expected a C-contiguous [chunks, layers, 2, chunk_tokens, kv_heads, head_dim] tensor");
+    throw Error(
+        KDN_ERR_INVALID_ARGUMENT,
+        std::string(what) + ": expected a C-contiguous [chunks, layers, 2, chunk_tokens, kv_heads, head_dim] tensor");
   return a.shape(0);
 }
 
@@ -193,7 +217,8 @@ class PyModel {
     kdn_lookup_result r{};
     {
       nb::gil_scoped_release nogil;
-      check(m_->client().call([&](kdn_client* c) { return kdn_lookup(c, m_->handle(), tokens.data(), tokens.size(), &r); }),
+      check(m_->client().call(
+                [&](kdn_client* c) { return kdn_lookup(c, m_->handle(), tokens.data(), tokens.size(), &r); }),
             "kdn_lookup");
     }
     return {r.hit_chunks, r.hit_tokens, std::vector<uint32_t>(r.tier_chunks, r.tier_chunks + KDN_TIER_COUNT)};
@@ -205,7 +230,8 @@ class PyModel {
     int rc;
     {
       nb::gil_scoped_release nogil;
-      rc = m_->client().call([&](kdn_client* c) { return kdn_prefetch(c, m_->handle(), tokens.data(), tokens.size()); });
+      rc =
+          m_->client().call([&](kdn_client* c) { return kdn_prefetch(c, m_->handle(), tokens.data(), tokens.size()); });
     }
     if (rc == KDN_ERR_UNSUPPORTED) return false;
     check(rc, "kdn_prefetch");
@@ -362,7 +388,8 @@ class PyPagedKV {
     if (!block_layout_from_isa(isa.c_str(), &g.layout))
       throw Error(KDN_ERR_UNSUPPORTED, "no kdn block layout for the CPU attention ISA '" + isa + "'");
     const AnyArray& a = layers_[0];
-    if (a.ndim() != 4) throw Error(KDN_ERR_INVALID_ARGUMENT, "a layer tensor must be [blocks, kv_heads, block_tokens, 2*head_dim]");
+    if (a.ndim() != 4)
+      throw Error(KDN_ERR_INVALID_ARGUMENT, "a layer tensor must be [blocks, kv_heads, block_tokens, 2*head_dim]");
     g.layers = uint32_t(layers_.size());
     g.num_blocks = a.shape(0);
     g.kv_heads = uint32_t(a.shape(1));
@@ -481,8 +508,8 @@ NB_MODULE(_kdn, m) {
   m.attr("PROTOCOL_VERSION") = KDN_PROTOCOL_VERSION;
 
   m.def("abi_version", &kdn_abi_version, "The ABI version of the libkdn this module runs with.");
-  m.def("strerror", [](int code) { return std::string(kdn_strerror(code)); }, "code"_a,
-        "The name of a kdn status code.");
+  m.def(
+      "strerror", [](int code) { return std::string(kdn_strerror(code)); }, "code"_a, "The name of a kdn status code.");
   m.def(
       "file_digest",
       [](const std::vector<std::string>& paths) {
@@ -557,7 +584,8 @@ NB_MODULE(_kdn, m) {
       .def_ro("hit_tokens", &LookupResult::hit_tokens)
       .def_ro("tier_chunks", &LookupResult::tier_chunks)
       .def("__repr__", [](const LookupResult& r) {
-        return "LookupResult(hit_chunks=" + std::to_string(r.hit_chunks) + ", hit_tokens=" + std::to_string(r.hit_tokens) + ")";
+        return "LookupResult(hit_chunks=" + std::to_string(r.hit_chunks) +
+               ", hit_tokens=" + std::to_string(r.hit_tokens) + ")";
       });
   nb::class_<LoadOutcome>(m, "LoadOutcome")
       .def_ro("loaded", &LoadOutcome::loaded)
@@ -581,15 +609,16 @@ NB_MODULE(_kdn, m) {
             const Model& model = l.get().model();
             const auto shape = chunk_shape(model.desc(), model.chunk_tokens(), 1);
             return nb::ndarray<nb::array_api, nb::ro>(l.get().chunk(i), 5, shape.data() + 1, self, nullptr,
-                                       dlpack_dtype(model.desc().dtype), nb::device::cpu::value);
+                                                      dlpack_dtype(model.desc().dtype), nb::device::cpu::value);
           },
           "i"_a,
           "Chunk i as a read-only [layers, 2, chunk_tokens, kv_heads, head_dim] tensor (DLPack), valid "
           "until the lease is released.")
-      .def("release", [](PyLease& l) {
-        nb::gil_scoped_release nogil;
-        l.get().release();
-      })
+      .def("release",
+           [](PyLease& l) {
+             nb::gil_scoped_release nogil;
+             l.get().release();
+           })
       .def_prop_ro("released", [](PyLease& l) { return l.get().released(); })
       .def("__enter__", [](nb::handle self) { return self; })
       .def("__exit__", [](PyLease& l, nb::args) {
@@ -598,14 +627,20 @@ NB_MODULE(_kdn, m) {
       });
 
   nb::class_<PendingCommit>(m, "PendingCommit", "A commit posted without waiting (kdn_store_commit_post).")
-      .def("poll", [](PendingCommit& p) {
-        nb::gil_scoped_release nogil;
-        return p.poll();
-      }, "True once the chunks are published; raises if the commit failed.")
-      .def("wait", [](PendingCommit& p, uint32_t timeout_ms) {
-        nb::gil_scoped_release nogil;
-        p.wait(timeout_ms);
-      }, "timeout_ms"_a = 0);
+      .def(
+          "poll",
+          [](PendingCommit& p) {
+            nb::gil_scoped_release nogil;
+            return p.poll();
+          },
+          "True once the chunks are published; raises if the commit failed.")
+      .def(
+          "wait",
+          [](PendingCommit& p, uint32_t timeout_ms) {
+            nb::gil_scoped_release nogil;
+            p.wait(timeout_ms);
+          },
+          "timeout_ms"_a = 0);
 
   nb::class_<PyReservation>(m, "Reservation", "Store slots in this client's staging area; aborted unless committed.")
       .def_prop_ro("chunks", [](PyReservation& r) { return r.get().chunks(); })
@@ -618,22 +653,25 @@ NB_MODULE(_kdn, m) {
             if (p == nullptr) return nb::none();
             const Model& model = r.get().model();
             const auto shape = chunk_shape(model.desc(), model.chunk_tokens(), 1);
-            return nb::cast(nb::ndarray<nb::array_api>(p, 5, shape.data() + 1, self, nullptr, dlpack_dtype(model.desc().dtype),
-                                          nb::device::cpu::value));
+            return nb::cast(nb::ndarray<nb::array_api>(p, 5, shape.data() + 1, self, nullptr,
+                                                       dlpack_dtype(model.desc().dtype), nb::device::cpu::value));
           },
           "i"_a, "Writable slot of chunk i, or None when kdnd needs no write (already cached or in flight).")
-      .def("commit", [](PyReservation& r) {
-        nb::gil_scoped_release nogil;
-        r.get().commit();
-      })
-      .def("commit_post", [](PyReservation& r) {
-        nb::gil_scoped_release nogil;
-        return r.get().commit_post();
-      })
-      .def("abort", [](PyReservation& r) {
-        nb::gil_scoped_release nogil;
-        r.get().abort();
-      })
+      .def("commit",
+           [](PyReservation& r) {
+             nb::gil_scoped_release nogil;
+             r.get().commit();
+           })
+      .def("commit_post",
+           [](PyReservation& r) {
+             nb::gil_scoped_release nogil;
+             return r.get().commit_post();
+           })
+      .def("abort",
+           [](PyReservation& r) {
+             nb::gil_scoped_release nogil;
+             r.get().abort();
+           })
       .def("__enter__", [](nb::handle self) { return self; })
       .def("__exit__", [](PyReservation& r, nb::args) {
         nb::gil_scoped_release nogil;
@@ -650,36 +688,56 @@ NB_MODULE(_kdn, m) {
                      const auto s = chunk_shape(p.get().desc(), p.get().chunk_tokens(), 0);
                      return std::make_tuple(s[1], s[2], s[3], s[4], s[5]);
                    })
-      .def("lookup", [](const PyModel& p, const TokenArray& t) { return p.lookup(span_of(t)); }, "tokens"_a)
-      .def("lookup", [](const PyModel& p, const std::vector<int32_t>& t) { return p.lookup(t); }, "tokens"_a,
-           "How many leading whole chunks of `tokens` are cached on the node.")
-      .def("prefetch", [](const PyModel& p, const TokenArray& t) { return p.prefetch(span_of(t)); }, "tokens"_a)
-      .def("prefetch", [](const PyModel& p, const std::vector<int32_t>& t) { return p.prefetch(t); }, "tokens"_a,
-           "Starts reading the cached prefix of `tokens` from the disk tier into host memory and returns at "
-           "once (False from a kdnd without prefetch).")
-      .def("lease", [](const PyModel& p, const TokenArray& t, uint32_t max) { return p.lease(span_of(t), max); },
-           "tokens"_a, "max_chunks"_a = 0)
-      .def("lease", [](const PyModel& p, const std::vector<int32_t>& t, uint32_t max) { return p.lease(t, max); },
-           "tokens"_a, "max_chunks"_a = 0, "Leases the longest cached prefix (at most max_chunks; 0: all).")
-      .def("reserve",
-           [](const PyModel& p, const TokenArray& t, uint32_t first, uint32_t n) { return p.reserve(span_of(t), first, n); },
-           "tokens"_a, "first_chunk"_a, "n_chunks"_a)
-      .def("reserve",
-           [](const PyModel& p, const std::vector<int32_t>& t, uint32_t first, uint32_t n) { return p.reserve(t, first, n); },
-           "tokens"_a, "first_chunk"_a, "n_chunks"_a, "Reserves store slots for chunks [first, first + n) of tokens.")
-      .def("store",
-           [](const PyModel& p, const TokenArray& t, const AnyArray& kv, uint32_t first) { return p.store(span_of(t), kv, first); },
-           "tokens"_a, "kv"_a, "first_chunk"_a = 0)
-      .def("store",
-           [](const PyModel& p, const std::vector<int32_t>& t, const AnyArray& kv, uint32_t first) { return p.store(t, kv, first); },
-           "tokens"_a, "kv"_a, "first_chunk"_a = 0,
-           "Stores kv ([n, layers, 2, chunk_tokens, kv_heads, head_dim]) as chunks [first, first + n) of tokens; "
-           "returns how many were written (the rest were cached already).")
-      .def("retrieve", [](const PyModel& p, const TokenArray& t, AnyArray out) { return p.retrieve(span_of(t), out); },
-           "tokens"_a, "out"_a)
-      .def("retrieve", [](const PyModel& p, const std::vector<int32_t>& t, AnyArray out) { return p.retrieve(t, out); },
-           "tokens"_a, "out"_a,
-           "Copies the longest cached prefix of tokens (at most out.shape[0] chunks) into out; returns the count.");
+      .def(
+          "lookup", [](const PyModel& p, const TokenArray& t) { return p.lookup(span_of(t)); }, "tokens"_a)
+      .def(
+          "lookup", [](const PyModel& p, const std::vector<int32_t>& t) { return p.lookup(t); }, "tokens"_a,
+          "How many leading whole chunks of `tokens` are cached on the node.")
+      .def(
+          "prefetch", [](const PyModel& p, const TokenArray& t) { return p.prefetch(span_of(t)); }, "tokens"_a)
+      .def(
+          "prefetch", [](const PyModel& p, const std::vector<int32_t>& t) { return p.prefetch(t); }, "tokens"_a,
+          "Starts reading the cached prefix of `tokens` from the disk tier into host memory and returns at "
+          "once (False from a kdnd without prefetch).")
+      .def(
+          "lease", [](const PyModel& p, const TokenArray& t, uint32_t max) { return p.lease(span_of(t), max); },
+          "tokens"_a, "max_chunks"_a = 0)
+      .def(
+          "lease", [](const PyModel& p, const std::vector<int32_t>& t, uint32_t max) { return p.lease(t, max); },
+          "tokens"_a, "max_chunks"_a = 0, "Leases the longest cached prefix (at most max_chunks; 0: all).")
+      .def(
+          "reserve",
+          [](const PyModel& p, const TokenArray& t, uint32_t first, uint32_t n) {
+            return p.reserve(span_of(t), first, n);
+          },
+          "tokens"_a, "first_chunk"_a, "n_chunks"_a)
+      .def(
+          "reserve",
+          [](const PyModel& p, const std::vector<int32_t>& t, uint32_t first, uint32_t n) {
+            return p.reserve(t, first, n);
+          },
+          "tokens"_a, "first_chunk"_a, "n_chunks"_a, "Reserves store slots for chunks [first, first + n) of tokens.")
+      .def(
+          "store",
+          [](const PyModel& p, const TokenArray& t, const AnyArray& kv, uint32_t first) {
+            return p.store(span_of(t), kv, first);
+          },
+          "tokens"_a, "kv"_a, "first_chunk"_a = 0)
+      .def(
+          "store",
+          [](const PyModel& p, const std::vector<int32_t>& t, const AnyArray& kv, uint32_t first) {
+            return p.store(t, kv, first);
+          },
+          "tokens"_a, "kv"_a, "first_chunk"_a = 0,
+          "Stores kv ([n, layers, 2, chunk_tokens, kv_heads, head_dim]) as chunks [first, first + n) of tokens; "
+          "returns how many were written (the rest were cached already).")
+      .def(
+          "retrieve", [](const PyModel& p, const TokenArray& t, AnyArray out) { return p.retrieve(span_of(t), out); },
+          "tokens"_a, "out"_a)
+      .def(
+          "retrieve", [](const PyModel& p, const std::vector<int32_t>& t, AnyArray out) { return p.retrieve(t, out); },
+          "tokens"_a, "out"_a,
+          "Copies the longest cached prefix of tokens (at most out.shape[0] chunks) into out; returns the count.");
 
   // ---- Client --------------------------------------------------------------------------------
   nb::class_<PyClient>(m, "Client", "A connection to kdnd (one session). Calls are serialized per client.")

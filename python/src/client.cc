@@ -145,7 +145,7 @@ std::vector<uint8_t> file_digest(const std::vector<std::string>& paths) {
   for (const std::string& path : paths) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw Error(KDN_ERR_IO, "cannot open " + path + ": " + std::strerror(errno));
-    struct stat sb{};
+    struct stat sb {};
     if (::fstat(fd, &sb) != 0) {
       ::close(fd);
       throw Error(KDN_ERR_IO, "cannot stat " + path);

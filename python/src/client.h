@@ -38,7 +38,7 @@ struct ConnectOptions {
   std::string socket_path;  // empty: libkdn's default rule
   std::string name_space;   // empty: "default"
   std::string token;
-  uint32_t flags = 0;       // KDN_CONNECT_*
+  uint32_t flags = 0;  // KDN_CONNECT_*
   uint32_t timeout_ms = 0;
   uint64_t staging_bytes = 0;
 };
@@ -120,7 +120,7 @@ class PendingCommit {
  public:
   PendingCommit(std::shared_ptr<Model> model, kdn_op* op) noexcept : model_(std::move(model)), op_(op) {}
   ~PendingCommit();
-  bool poll();                  // true once published; Error if the commit failed
+  bool poll();  // true once published; Error if the commit failed
   void wait(uint32_t timeout_ms);
 
  private:

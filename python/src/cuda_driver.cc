@@ -11,10 +11,10 @@ namespace {
 
 using CUresult = int;
 using CUdeviceptr = unsigned long long;
-constexpr int kPointerMemoryType = 2;        // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
-constexpr int kPointerDeviceOrdinal = 9;     // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
-constexpr int kPointerLegacyIpcCapable = 10; // CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
-constexpr unsigned kMemoryTypeDevice = 2;    // CU_MEMORYTYPE_DEVICE
+constexpr int kPointerMemoryType = 2;         // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+constexpr int kPointerDeviceOrdinal = 9;      // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+constexpr int kPointerLegacyIpcCapable = 10;  // CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE
+constexpr unsigned kMemoryTypeDevice = 2;     // CU_MEMORYTYPE_DEVICE
 
 struct Driver {
   std::string error;  // empty once every symbol resolved and cuInit succeeded
@@ -53,7 +53,8 @@ Driver open_driver() {
     d.error = e;
     return d;
   }
-  if (CUresult rc = d.init(0); rc != 0) d.error = "cuInit failed (CUresult " + std::to_string(rc) + "): no usable device";
+  if (CUresult rc = d.init(0); rc != 0)
+    d.error = "cuInit failed (CUresult " + std::to_string(rc) + "): no usable device";
   return d;
 }
 

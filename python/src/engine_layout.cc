@@ -55,8 +55,8 @@ void check_layout_within(const PagedLayout& l, uint64_t base, uint64_t bytes) {
     const i128 end = i128(l.layer_base[i]) + (e.hi + 1) * l.elem_bytes;
     if (first < lo_limit || end > hi_limit)
       invalid("layer " + std::to_string(i) + " of the layout reaches bytes [" +
-                     std::to_string(int64_t(first - lo_limit)) + ", " + std::to_string(int64_t(end - lo_limit)) +
-                     ") of an allocation of " + std::to_string(bytes) + " bytes");
+              std::to_string(int64_t(first - lo_limit)) + ", " + std::to_string(int64_t(end - lo_limit)) +
+              ") of an allocation of " + std::to_string(bytes) + " bytes");
   }
 }
 

@@ -21,8 +21,8 @@
 namespace kdn::python {
 
 struct PagedLayout {
-  uint32_t dtype = 0;       // kdn_dtype
-  uint32_t elem_bytes = 0;  // of dtype
+  uint32_t dtype = 0;                // kdn_dtype
+  uint32_t elem_bytes = 0;           // of dtype
   std::vector<uint64_t> layer_base;  // address of element (block 0, head 0, token 0, channel 0) per layer
   uint64_t num_blocks = 0;           // kernel blocks
   int64_t block_size = 0;            // tokens per kernel block

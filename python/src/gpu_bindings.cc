@@ -36,10 +36,14 @@ std::span<const int64_t> span_of(const Slots& a) { return {a.data(), a.shape(0)}
 uint32_t elem_bytes_of(uint32_t dtype) {
   switch (dtype) {
     case KDN_DTYPE_F16:
-    case KDN_DTYPE_BF16: return 2;
-    case KDN_DTYPE_F32: return 4;
-    case KDN_DTYPE_FP8_E4M3: return 1;
-    default: throw Error(KDN_ERR_UNSUPPORTED, "kdn holds no KV of this dtype");
+    case KDN_DTYPE_BF16:
+      return 2;
+    case KDN_DTYPE_F32:
+      return 4;
+    case KDN_DTYPE_FP8_E4M3:
+      return 1;
+    default:
+      throw Error(KDN_ERR_UNSUPPORTED, "kdn holds no KV of this dtype");
   }
 }
 
@@ -127,7 +131,8 @@ uint32_t host_store(nb::handle model, std::span<const int32_t> tokens, const Pag
 // ---- GpuKV ---------------------------------------------------------------------------------
 
 std::string bytes_of(nb::bytes b, size_t n, const char* what) {
-  if (b.size() != n) throw Error(KDN_ERR_INVALID_ARGUMENT, std::string(what) + " must be " + std::to_string(n) + " bytes");
+  if (b.size() != n)
+    throw Error(KDN_ERR_INVALID_ARGUMENT, std::string(what) + " must be " + std::to_string(n) + " bytes");
   return std::string(b.c_str(), n);
 }
 
@@ -139,7 +144,8 @@ std::pair<uint64_t, uint64_t> layout_range(const PagedLayout& l, const CudaAlloc
 
 class GpuKV {
  public:
-  GpuKV(nb::handle model, const PagedLayout& layout, nb::bytes engine_event) : model_(model_of(model)), layout_(layout) {
+  GpuKV(nb::handle model, const PagedLayout& layout, nb::bytes engine_event)
+      : model_(model_of(model)), layout_(layout) {
     check_model_layout(*model_, layout_);
     const std::string event = bytes_of(engine_event, KDN_GPU_HANDLE_BYTES, "engine_event");
     nb::gil_scoped_release nogil;
@@ -172,7 +178,8 @@ class GpuKV {
     return nb::bytes(reinterpret_cast<const char*>(e), KDN_GPU_HANDLE_BYTES);
   }
 
-  uint32_t retrieve(nb::handle model, std::span<const int32_t> tokens, std::span<const int64_t> slots, uint32_t max_chunks) {
+  uint32_t retrieve(nb::handle model, std::span<const int32_t> tokens, std::span<const int64_t> slots,
+                    uint32_t max_chunks) {
     auto m = same_client(model);
     check_slots(layout_, slots);
     const uint32_t fit = uint32_t(slots.size() / m->chunk_tokens());
@@ -189,8 +196,8 @@ class GpuKV {
     return loaded;
   }
 
-  uint32_t store(nb::handle model, std::span<const int32_t> tokens, std::span<const int64_t> slots, uint32_t first_chunk,
-                 uint32_t n_chunks) {
+  uint32_t store(nb::handle model, std::span<const int32_t> tokens, std::span<const int64_t> slots,
+                 uint32_t first_chunk, uint32_t n_chunks) {
     auto m = same_client(model);
     check_slots(layout_, slots);
     if (slots.size() < uint64_t(n_chunks) * m->chunk_tokens())
@@ -200,7 +207,8 @@ class GpuKV {
     const kdn_engine_layout abi = layout_abi(layout_, bases, slots);
     uint32_t stored = 0;
     check(m->client().call([&](kdn_client* c) {
-      return kdn_gpu_store(c, m->handle(), tokens.data(), tokens.size(), first_chunk, n_chunks, live_kv(), &abi, &stored);
+      return kdn_gpu_store(c, m->handle(), tokens.data(), tokens.size(), first_chunk, n_chunks, live_kv(), &abi,
+                           &stored);
     }),
           "kdn_gpu_store");
     return stored;
@@ -231,7 +239,8 @@ class GpuKV {
     if (!kv_) return;
     kdn_gpu_kv* kv = kv_;
     kv_ = nullptr;
-    check(model_->client().call_to_finish([&](kdn_client* c) { return kdn_gpu_unregister(c, kv); }), "kdn_gpu_unregister");
+    check(model_->client().call_to_finish([&](kdn_client* c) { return kdn_gpu_unregister(c, kv); }),
+          "kdn_gpu_unregister");
   }
 
  private:
@@ -266,26 +275,28 @@ void bind_engine_memory(nb::module_& m) {
                           "An engine's paged KV memory as kdn_engine_layout describes it: per layer the address "
                           "of element (block 0, head 0, token 0, channel 0), strides in elements, V at "
                           "K + stride_kv. kdn.torch derives it from the engine's tensors.")
-      .def("__init__",
-           [](PagedLayout* self, uint32_t dtype, std::vector<uint64_t> bases, uint64_t num_blocks, int64_t block_size,
-              uint32_t kv_heads, uint32_t head_dim, int64_t stride_block, int64_t stride_head, int64_t stride_offset,
-              int64_t stride_dim, int64_t stride_kv) {
-             new (self) PagedLayout(make_layout(dtype, std::move(bases), num_blocks, block_size, kv_heads, head_dim,
-                                                stride_block, stride_head, stride_offset, stride_dim, stride_kv));
-           },
-           "dtype"_a, "layer_bases"_a, "num_blocks"_a, "block_size"_a, "kv_heads"_a, "head_dim"_a, "stride_block"_a,
-           "stride_head"_a, "stride_offset"_a, "stride_dim"_a, "stride_kv"_a)
+      .def(
+          "__init__",
+          [](PagedLayout* self, uint32_t dtype, std::vector<uint64_t> bases, uint64_t num_blocks, int64_t block_size,
+             uint32_t kv_heads, uint32_t head_dim, int64_t stride_block, int64_t stride_head, int64_t stride_offset,
+             int64_t stride_dim, int64_t stride_kv) {
+            new (self) PagedLayout(make_layout(dtype, std::move(bases), num_blocks, block_size, kv_heads, head_dim,
+                                               stride_block, stride_head, stride_offset, stride_dim, stride_kv));
+          },
+          "dtype"_a, "layer_bases"_a, "num_blocks"_a, "block_size"_a, "kv_heads"_a, "head_dim"_a, "stride_block"_a,
+          "stride_head"_a, "stride_offset"_a, "stride_dim"_a, "stride_kv"_a)
       .def_ro("dtype", &PagedLayout::dtype)
       .def_ro("layer_bases", &PagedLayout::layer_base)
       .def_ro("num_blocks", &PagedLayout::num_blocks)
       .def_ro("block_size", &PagedLayout::block_size)
       .def_ro("kv_heads", &PagedLayout::kv_heads)
       .def_ro("head_dim", &PagedLayout::head_dim)
-      .def_prop_ro("strides",
-                   [](const PagedLayout& l) {
-                     return std::make_tuple(l.stride_block, l.stride_head, l.stride_offset, l.stride_dim, l.stride_kv);
-                   },
-                   "(block, head, offset, dim, kv) in elements")
+      .def_prop_ro(
+          "strides",
+          [](const PagedLayout& l) {
+            return std::make_tuple(l.stride_block, l.stride_head, l.stride_offset, l.stride_dim, l.stride_kv);
+          },
+          "(block, head, offset, dim, kv) in elements")
       .def("check_within", &check_layout_within, "base"_a, "bytes"_a,
            "Raises KdnError(INVALID_ARGUMENT) unless every byte the layout reaches lies in [base, base + bytes).")
       .def(
@@ -310,22 +321,25 @@ void bind_engine_memory(nb::module_& m) {
            "handle of an interprocess event the engine records after writing KV, before store().")
       .def_prop_ro("device", &GpuKV::device)
       .def_prop_ro("done_event", &GpuKV::done_event, "IPC handle of kdnd's event recorded after each retrieve.")
-      .def("retrieve",
-           [](GpuKV& g, nb::handle m, const Tokens& t, const Slots& s, uint32_t max) {
-             return g.retrieve(m, span_of(t), span_of(s), max);
-           },
-           "model"_a, "tokens"_a, "slots"_a, "max_chunks"_a = 0,
-           "Queues the copies of the cached prefix (at most slots' whole chunks) into the blocks; returns the "
-           "chunks that will be written. Wait on done_event before reading them.")
-      .def("store",
-           [](GpuKV& g, nb::handle m, const Tokens& t, const Slots& s, uint32_t first, uint32_t n) {
-             return g.store(m, span_of(t), span_of(s), first, n);
-           },
-           "model"_a, "tokens"_a, "slots"_a, "first_chunk"_a, "n_chunks"_a,
-           "Stores chunks [first, first + n) gathered from the blocks once the engine event fired; returns "
-           "the chunks written (not cached before). Returns after the commit.")
-      .def("prefetch", [](GpuKV& g, nb::handle m, const Tokens& t) { return g.prefetch(m, span_of(t)); }, "model"_a,
-           "tokens"_a, "Brings the cached prefix into T0 of this device: (cached_chunks, queued_chunks).")
+      .def(
+          "retrieve",
+          [](GpuKV& g, nb::handle m, const Tokens& t, const Slots& s, uint32_t max) {
+            return g.retrieve(m, span_of(t), span_of(s), max);
+          },
+          "model"_a, "tokens"_a, "slots"_a, "max_chunks"_a = 0,
+          "Queues the copies of the cached prefix (at most slots' whole chunks) into the blocks; returns the "
+          "chunks that will be written. Wait on done_event before reading them.")
+      .def(
+          "store",
+          [](GpuKV& g, nb::handle m, const Tokens& t, const Slots& s, uint32_t first, uint32_t n) {
+            return g.store(m, span_of(t), span_of(s), first, n);
+          },
+          "model"_a, "tokens"_a, "slots"_a, "first_chunk"_a, "n_chunks"_a,
+          "Stores chunks [first, first + n) gathered from the blocks once the engine event fired; returns "
+          "the chunks written (not cached before). Returns after the commit.")
+      .def(
+          "prefetch", [](GpuKV& g, nb::handle m, const Tokens& t) { return g.prefetch(m, span_of(t)); }, "model"_a,
+          "tokens"_a, "Brings the cached prefix into T0 of this device: (cached_chunks, queued_chunks).")
       .def("check", &GpuKV::check_tickets,
            "True if every retrieve since the last check landed whole; False if a copy failed (recompute).")
       .def("unregister", &GpuKV::unregister);

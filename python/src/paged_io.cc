@@ -56,8 +56,7 @@ LoadOutcome load_chunks(const Model& model, PagedKV& kv, std::span<const int32_t
   std::vector<uint8_t> ok(copies.size(), 0);
   Status st = copies.empty() ? OkStatus() : kv.scatter(copies, ok);
 
-  const int release_rc =
-      model.client().call_to_finish([&](kdn_client* c) { return kdn_lease_release(c, lease); });
+  const int release_rc = model.client().call_to_finish([&](kdn_client* c) { return kdn_lease_release(c, lease); });
   (void)release_rc;  // the bytes are copied; a dead connection drops the lease by itself
   if (!st.ok()) {
     out.status = st.raw();

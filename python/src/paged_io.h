@@ -30,13 +30,12 @@ struct LoadOutcome {
 // `first_block` (the engine computed them already). Leases the prefix from chunk 0, copies,
 // releases. tokens must hold at least end_chunk whole chunks.
 LoadOutcome load_chunks(const Model& model, PagedKV& kv, std::span<const int32_t> tokens,
-                        std::span<const int64_t> blocks, uint32_t first_chunk, uint32_t end_chunk,
-                        int64_t first_block);
+                        std::span<const int64_t> blocks, uint32_t first_chunk, uint32_t end_chunk, int64_t first_block);
 
 struct SaveOutcome {
-  uint32_t stored = 0;  // chunks gathered and published
-  uint32_t present = 0; // chunks kdnd had already (or another engine was storing)
-  int32_t status = 0;   // the libkdn error that ended the store early; 0 if none
+  uint32_t stored = 0;   // chunks gathered and published
+  uint32_t present = 0;  // chunks kdnd had already (or another engine was storing)
+  int32_t status = 0;    // the libkdn error that ended the store early; 0 if none
   uint64_t bytes = 0;
 };
 

@@ -92,10 +92,14 @@ namespace {
 // Exponent bits of a dtype: an element with all of them set is Inf or NaN.
 uint32_t exponent_mask(uint32_t dtype) {
   switch (dtype) {
-    case KDN_DTYPE_BF16: return 0x7F80u;
-    case KDN_DTYPE_F16: return 0x7C00u;
-    case KDN_DTYPE_F32: return 0x7F800000u;
-    default: return 0;
+    case KDN_DTYPE_BF16:
+      return 0x7F80u;
+    case KDN_DTYPE_F16:
+      return 0x7C00u;
+    case KDN_DTYPE_F32:
+      return 0x7F800000u;
+    default:
+      return 0;
   }
 }
 
@@ -106,8 +110,8 @@ bool finite(T v, T mask) {
 
 // ---- generic element loops (any layout, any supported size) -------------------------------
 template <class T>
-bool scatter_plane_generic(const T* src, int64_t src_row, T* region, BlockLayout layout, uint32_t plane,
-                           uint32_t B, uint32_t D, T mask) {
+bool scatter_plane_generic(const T* src, int64_t src_row, T* region, BlockLayout layout, uint32_t plane, uint32_t B,
+                           uint32_t D, T mask) {
   bool ok = true;
   for (uint32_t t = 0; t < B; ++t)
     for (uint32_t d = 0; d < D; ++d) {
@@ -172,8 +176,7 @@ bool scatter_k_columns16(const uint16_t* src, int64_t src_row, uint16_t* region,
         bad = _mm_or_si128(bad, _mm_cmpeq_epi16(_mm_and_si128(r[i], m), m));
       }
       transpose8x8_epi16(r);
-      for (int j = 0; j < 8; ++j)
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(region + size_t(d0 + j) * B + t0), r[j]);
+      for (int j = 0; j < 8; ++j) _mm_storeu_si128(reinterpret_cast<__m128i*>(region + size_t(d0 + j) * B + t0), r[j]);
     }
   return _mm_movemask_epi8(bad) == 0;
 }
@@ -185,8 +188,7 @@ void gather_k_columns16(const uint16_t* region, uint16_t* dst, int64_t dst_row, 
       for (int j = 0; j < 8; ++j)
         r[j] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(region + size_t(d0 + j) * B + t0));
       transpose8x8_epi16(r);
-      for (int i = 0; i < 8; ++i)
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + (t0 + i) * dst_row + d0), r[i]);
+      for (int i = 0; i < 8; ++i) _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + (t0 + i) * dst_row + d0), r[i]);
     }
 }
 
@@ -205,8 +207,7 @@ bool copy_row_checked16(uint16_t* dst, const uint16_t* src, uint32_t n, uint16_t
 
 bool fast_columns16(const PagedGeometry& g) {
 #if defined(__SSE2__)
-  return g.layout == BlockLayout::kColumnsRows && g.elem_bytes == 2 && g.block_tokens % 8 == 0 &&
-         g.head_dim % 8 == 0;
+  return g.layout == BlockLayout::kColumnsRows && g.elem_bytes == 2 && g.block_tokens % 8 == 0 && g.head_dim % 8 == 0;
 #else
   (void)g;
   return false;
@@ -229,8 +230,7 @@ bool block_layout_from_isa(const char* isa, BlockLayout* out) noexcept {
   return false;
 }
 
-uint64_t block_element(BlockLayout layout, uint32_t plane, uint32_t t, uint32_t d, uint32_t B,
-                       uint32_t D) noexcept {
+uint64_t block_element(BlockLayout layout, uint32_t plane, uint32_t t, uint32_t d, uint32_t B, uint32_t D) noexcept {
   const uint64_t plane_base = plane == 0 ? 0 : uint64_t{B} * D;
   if (layout == BlockLayout::kColumnsRows) {
     return plane == 0 ? uint64_t{d} * B + t : plane_base + uint64_t{t} * D + d;
@@ -240,8 +240,7 @@ uint64_t block_element(BlockLayout layout, uint32_t plane, uint32_t t, uint32_t 
   return plane_base + uint64_t{d / 16} * 16 * B + uint64_t{t / 2} * 32 + (d % 16) * 2 + t % 2;
 }
 
-PagedKV::PagedKV(const PagedGeometry& g, std::vector<uint8_t*> layers) noexcept
-    : g_(g), layers_(std::move(layers)) {}
+PagedKV::PagedKV(const PagedGeometry& g, std::vector<uint8_t*> layers) noexcept : g_(g), layers_(std::move(layers)) {}
 
 PagedKV::~PagedKV() = default;
 

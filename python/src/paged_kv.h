@@ -50,8 +50,8 @@ struct PagedGeometry {
   uint32_t elem_bytes = 0;    // 2 (bf16, f16) or 4 (f32)
   uint32_t dtype = 0;         // kdn_dtype: how to recognise a non-finite element
   uint64_t num_blocks = 0;
-  int64_t stride_block = 0;   // elements between blocks of one layer tensor
-  int64_t stride_head = 0;    // elements between heads of one block
+  int64_t stride_block = 0;  // elements between blocks of one layer tensor
+  int64_t stride_head = 0;   // elements between heads of one block
   BlockLayout layout = BlockLayout::kColumnsRows;
 };
 
@@ -61,8 +61,8 @@ uint64_t block_element(BlockLayout layout, uint32_t plane, uint32_t t, uint32_t 
 
 // What one chunk's copy did.
 struct ChunkCopy {
-  const uint8_t* chunk = nullptr;    // canonical bytes (scatter: read; gather: see gather())
-  std::span<const int64_t> blocks;   // engine block of each of the chunk's blocks; < 0: skip it
+  const uint8_t* chunk = nullptr;   // canonical bytes (scatter: read; gather: see gather())
+  std::span<const int64_t> blocks;  // engine block of each of the chunk's blocks; < 0: skip it
 };
 
 class PagedKV {

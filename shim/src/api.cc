@@ -15,8 +15,8 @@ using kdn::Code;
 using kdn::Status;
 using kdn::shim::Client;
 using kdn::shim::guarded;
-using kdn::shim::rc;
 using kdn::shim::PayloadRange;
+using kdn::shim::rc;
 using kdn::shim::Request;
 
 namespace {
@@ -57,8 +57,8 @@ KDN_API int kdn_model_fingerprint(const kdn_model_desc* desc, kdn_key* out) {
   return KDN_OK;
 }
 
-KDN_API int kdn_prefix_keys(const kdn_model_desc* desc, const int32_t* tokens, size_t n_tokens,
-                            kdn_key* keys, size_t max_keys, size_t* n_keys) {
+KDN_API int kdn_prefix_keys(const kdn_model_desc* desc, const int32_t* tokens, size_t n_tokens, kdn_key* keys,
+                            size_t max_keys, size_t* n_keys) {
   if (!desc || (!tokens && n_tokens) || (!keys && max_keys) || !n_keys) return KDN_ERR_INVALID_ARGUMENT;
   auto m = kdn::ModelInfo::from_desc(*desc);
   if (!m.ok()) return rc(m.status());

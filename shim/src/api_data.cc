@@ -18,8 +18,8 @@ using namespace kdn::shim;
 
 namespace kdn::shim {
 
-Result<uint32_t> build_key_request(Client& c, const kdn_model& m, const int32_t* tokens, size_t n,
-                                   uint32_t first, uint32_t count, uint32_t out_record, Request& r) {
+Result<uint32_t> build_key_request(Client& c, const kdn_model& m, const int32_t* tokens, size_t n, uint32_t first,
+                                   uint32_t count, uint32_t out_record, Request& r) {
   const uint64_t whole = n / m.info.chunk_tokens;
   if (first > whole) return Status(Code::kInvalidArgument, "first_chunk beyond the tokens given");
   uint64_t want = whole - first;
@@ -57,7 +57,7 @@ namespace {
 // the request's payload. A failed CQE status comes back as the Cqe, with no records.
 template <class T>
 kdn::Result<kdn::ipc::Cqe> call_for_records(Client& c, Request& r, uint32_t max, int count_index,
-                                       std::vector<T>* records) {
+                                            std::vector<T>* records) {
   auto cqe = c.call(r);
   c.free_payload(r.in);
   if (cqe.ok() && cqe->status == KDN_OK) {
@@ -157,8 +157,8 @@ kdn_stats to_abi(const kdn::ipc::StatsRecord& s) {
 
 extern "C" {
 
-KDN_API int kdn_lookup(kdn_client* client, const kdn_model* model, const int32_t* tokens,
-                       size_t n_tokens, kdn_lookup_result* out) {
+KDN_API int kdn_lookup(kdn_client* client, const kdn_model* model, const int32_t* tokens, size_t n_tokens,
+                       kdn_lookup_result* out) {
   if (int e = check_model_call(client, model, tokens, n_tokens); e || !out) return e ? e : KDN_ERR_INVALID_ARGUMENT;
   return guarded([&]() -> int {
     *out = kdn_lookup_result{};
@@ -177,8 +177,8 @@ KDN_API int kdn_lookup(kdn_client* client, const kdn_model* model, const int32_t
   });
 }
 
-KDN_API int kdn_lookup_keys(kdn_client* client, const kdn_model* model, const kdn_key* keys,
-                            size_t n_keys, kdn_lookup_result* out) {
+KDN_API int kdn_lookup_keys(kdn_client* client, const kdn_model* model, const kdn_key* keys, size_t n_keys,
+                            kdn_lookup_result* out) {
   if (int e = check_model_call(client, model, nullptr, 0); e || !out || (!keys && n_keys))
     return e ? e : KDN_ERR_INVALID_ARGUMENT;
   if (n_keys > kdn::ipc::kMaxKeysPerOp) n_keys = kdn::ipc::kMaxKeysPerOp;
@@ -203,8 +203,8 @@ KDN_API int kdn_lookup_keys(kdn_client* client, const kdn_model* model, const kd
   });
 }
 
-KDN_API int kdn_retrieve_lease(kdn_client* client, const kdn_model* model, const int32_t* tokens,
-                               size_t n_tokens, uint32_t max_chunks, kdn_lease** out) {
+KDN_API int kdn_retrieve_lease(kdn_client* client, const kdn_model* model, const int32_t* tokens, size_t n_tokens,
+                               uint32_t max_chunks, kdn_lease** out) {
   if (int e = check_model_call(client, model, tokens, n_tokens); e || !out) return e ? e : KDN_ERR_INVALID_ARGUMENT;
   *out = nullptr;
   return guarded([&]() -> int {
@@ -255,16 +255,18 @@ KDN_API int kdn_lease_release(kdn_client* client, kdn_lease* lease) {
   if (!client || !lease) return KDN_ERR_INVALID_ARGUMENT;
   std::unique_ptr<kdn_lease> owned(lease);
   int status = KDN_OK;  // a lease of a replaced connection: kdnd dropped it with that session
-  if (!client->c) status = KDN_ERR_UNAVAILABLE;
+  if (!client->c)
+    status = KDN_ERR_UNAVAILABLE;
   else if (lease->owner == client->c.get())
-    status = client->c->broken() ? int(KDN_ERR_UNAVAILABLE)  // the daemon drops them with us
-                                 : guarded([&]() -> int { return release_ids(client_of(client), Opcode::kRelease, lease->ids); });
+    status = client->c->broken()
+                 ? int(KDN_ERR_UNAVAILABLE)  // the daemon drops them with us
+                 : guarded([&]() -> int { return release_ids(client_of(client), Opcode::kRelease, lease->ids); });
   let_go(client, lease->owner);
   return status;
 }
 
-KDN_API int kdn_store_reserve(kdn_client* client, const kdn_model* model, const int32_t* tokens,
-                              size_t n_tokens, uint32_t first_chunk, uint32_t n_chunks, kdn_store** out) {
+KDN_API int kdn_store_reserve(kdn_client* client, const kdn_model* model, const int32_t* tokens, size_t n_tokens,
+                              uint32_t first_chunk, uint32_t n_chunks, kdn_store** out) {
   if (int e = check_model_call(client, model, tokens, n_tokens); e || !out) return e ? e : KDN_ERR_INVALID_ARGUMENT;
   *out = nullptr;
   if (n_chunks == 0) return KDN_ERR_INVALID_ARGUMENT;
@@ -293,8 +295,10 @@ KDN_API int kdn_store_reserve(kdn_client* client, const kdn_model* model, const 
       st->reservation[i] = slots[i].reservation_id;
       // A reserved slot lies in this client's own staging area, the one place it writes.
       auto p = c.resolve(slots[i].slot, model->info.chunk_bytes, kdn::ipc::RegionKind::kStaging);
-      if (!p.ok() || !slots[i].reservation_id) bad = true;
-      else st->data[i] = *p;
+      if (!p.ok() || !slots[i].reservation_id)
+        bad = true;
+      else
+        st->data[i] = *p;
     }
     if (bad) {
       (void)release_ids(c, Opcode::kAbort, st->reservation);
@@ -307,18 +311,18 @@ KDN_API int kdn_store_reserve(kdn_client* client, const kdn_model* model, const 
 }
 
 KDN_API uint32_t kdn_store_chunks(const kdn_store* s) { return s ? uint32_t(s->data.size()) : 0; }
-KDN_API void* kdn_store_chunk_data(kdn_store* s, uint32_t i) {
-  return s && i < s->data.size() ? s->data[i] : nullptr;
-}
+KDN_API void* kdn_store_chunk_data(kdn_store* s, uint32_t i) { return s && i < s->data.size() ? s->data[i] : nullptr; }
 
 static int finish_store(kdn_client* client, kdn_store* store, Opcode op) {
   if (!client || !store) return KDN_ERR_INVALID_ARGUMENT;
   std::unique_ptr<kdn_store> owned(store);
   int status;
-  if (!client->c || client->c->broken()) status = KDN_ERR_UNAVAILABLE;
+  if (!client->c || client->c->broken())
+    status = KDN_ERR_UNAVAILABLE;
   else if (store->owner != client->c.get())  // a replaced connection: the reservation is gone
     status = op == Opcode::kAbort ? int(KDN_OK) : int(KDN_ERR_UNAVAILABLE);
-  else status = guarded([&]() -> int { return release_ids(client_of(client), op, store->reservation); });
+  else
+    status = guarded([&]() -> int { return release_ids(client_of(client), op, store->reservation); });
   let_go(client, store->owner);
   return status;
 }
@@ -330,9 +334,8 @@ KDN_API int kdn_store_abort(kdn_client* client, kdn_store* store) {
   return finish_store(client, store, Opcode::kAbort);
 }
 
-KDN_API int kdn_store_from(kdn_client* client, const kdn_model* model, const int32_t* tokens,
-                           size_t n_tokens, uint32_t first_chunk, uint32_t n_chunks,
-                           const kdn_engine_layout* src, uint32_t* stored) {
+KDN_API int kdn_store_from(kdn_client* client, const kdn_model* model, const int32_t* tokens, size_t n_tokens,
+                           uint32_t first_chunk, uint32_t n_chunks, const kdn_engine_layout* src, uint32_t* stored) {
   if (stored) *stored = 0;
   if (!src) return KDN_ERR_INVALID_ARGUMENT;
   const auto geo = model ? geometry(*model) : kdn::kernels::ChunkGeometry{};
@@ -368,9 +371,8 @@ KDN_API int kdn_store_from(kdn_client* client, const kdn_model* model, const int
   return KDN_OK;
 }
 
-KDN_API int kdn_retrieve_to(kdn_client* client, const kdn_model* model, const int32_t* tokens,
-                            size_t n_tokens, uint32_t max_chunks, const kdn_engine_layout* dst,
-                            uint32_t* loaded_chunks) {
+KDN_API int kdn_retrieve_to(kdn_client* client, const kdn_model* model, const int32_t* tokens, size_t n_tokens,
+                            uint32_t max_chunks, const kdn_engine_layout* dst, uint32_t* loaded_chunks) {
   if (loaded_chunks) *loaded_chunks = 0;
   if (!dst || !loaded_chunks) return KDN_ERR_INVALID_ARGUMENT;
   const auto geo = model ? geometry(*model) : kdn::kernels::ChunkGeometry{};
@@ -396,8 +398,8 @@ KDN_API int kdn_retrieve_to(kdn_client* client, const kdn_model* model, const in
   return e;
 }
 
-KDN_API int kdn_lookup_post(kdn_client* client, const kdn_model* model, const int32_t* tokens,
-                            size_t n_tokens, kdn_op** out) {
+KDN_API int kdn_lookup_post(kdn_client* client, const kdn_model* model, const int32_t* tokens, size_t n_tokens,
+                            kdn_op** out) {
   if (int e = check_model_call(client, model, tokens, n_tokens); e || !out) return e ? e : KDN_ERR_INVALID_ARGUMENT;
   *out = nullptr;
   return guarded([&]() -> int {
@@ -435,8 +437,10 @@ static int complete_op(kdn_op* op) {
   op->complete = true;
   op->status = cqe.status;
   if (cqe.status != KDN_OK) return op->status;
-  if (op->kind == kdn_op::Kind::kLookup) op->status = fill_lookup(cqe, op->keys, op->chunk_tokens, &op->lookup);
-  else op->status = rc(kdn::ipc::CommitOp::result(cqe, op->keys).status());
+  if (op->kind == kdn_op::Kind::kLookup)
+    op->status = fill_lookup(cqe, op->keys, op->chunk_tokens, &op->lookup);
+  else
+    op->status = rc(kdn::ipc::CommitOp::result(cqe, op->keys).status());
   return op->status;
 }
 
@@ -562,8 +566,10 @@ KDN_API int kdn_get_stats(kdn_client* client, kdn_stats* out) {
     int status = cqe.ok() ? cqe->status : rc(cqe.status());
     if (status == KDN_OK) {
       auto got = Op::result(*cqe, kWords);
-      if (got.ok()) std::memcpy(&s, c.payload_ptr(*o), got->words * sizeof(uint64_t));
-      else status = rc(got.status());
+      if (got.ok())
+        std::memcpy(&s, c.payload_ptr(*o), got->words * sizeof(uint64_t));
+      else
+        status = rc(got.status());
     }
     c.free_payload(*o);
     if (status != KDN_OK) return status;

@@ -28,7 +28,7 @@ struct kdn_gpu_kv {
 
 namespace {
 
-constexpr uint16_t kGpuMinor = 4;  // the first protocol minor with the GPU opcodes
+constexpr uint16_t kGpuMinor = 4;     // the first protocol minor with the GPU opcodes
 constexpr uint16_t kTicketMinor = 5;  // GPU_BLEND_SELECT, GPU_CHECK and retrieve tickets
 
 // A retrieve round queued copies under `ticket` (0: none, or a kdnd without tickets).
@@ -68,8 +68,8 @@ uint32_t chunks_per_request(const Client& c, const kdn_model& m, bool split, uin
   const uint64_t fixed = sizeof(kdn::ipc::GpuLayoutRecord) + uint64_t(m.info.desc.num_layers) * 8 * (split ? 2 : 1);
   const uint64_t per_chunk = sizeof(kdn_key) + uint64_t(m.info.chunk_tokens) * 8 + extra;
   if (budget <= fixed) return 0;
-  return uint32_t(std::min<uint64_t>({(budget - fixed) / per_chunk, kdn::ipc::kMaxKeysPerOp,
-                                      kdn::ipc::kGpuMaxLayoutBytes / per_chunk}));
+  return uint32_t(std::min<uint64_t>(
+      {(budget - fixed) / per_chunk, kdn::ipc::kMaxKeysPerOp, kdn::ipc::kGpuMaxLayoutBytes / per_chunk}));
 }
 
 // Common checks of a retrieve or store; KDN_OK or an error code.
@@ -106,8 +106,10 @@ kdn::Result<kdn::ipc::Cqe> gpu_request(Client& c, Opcode op, const kdn_model& m,
   r.in = *in;
   r.sqe.in_len = n * uint32_t(sizeof(kdn_key));
   const kdn::ipc::GpuLayoutRef where{lay->off, uint32_t(layout.size())};
-  if (op == Opcode::kGpuRetrieve) kdn::ipc::GpuRetrieveOp::put({m.id, kv.ref, max_chunks, where}, r.sqe);
-  else kdn::ipc::GpuStoreOp::put({m.id, kv.ref, where}, r.sqe);
+  if (op == Opcode::kGpuRetrieve)
+    kdn::ipc::GpuRetrieveOp::put({m.id, kv.ref, max_chunks, where}, r.sqe);
+  else
+    kdn::ipc::GpuStoreOp::put({m.id, kv.ref, where}, r.sqe);
   auto cqe = c.call(r);
   c.free_payload(*in);
   c.free_payload(*lay);
@@ -124,14 +126,16 @@ struct SegmentChunk {
   int64_t delta;
 };
 
-std::vector<SegmentChunk> segment_chunks(const kdn_model& m, const std::vector<SegmentPlan>& plans, const int64_t* target) {
+std::vector<SegmentChunk> segment_chunks(const kdn_model& m, const std::vector<SegmentPlan>& plans,
+                                         const int64_t* target) {
   const uint64_t T = m.info.chunk_tokens;
   std::vector<SegmentChunk> out;
   uint64_t offset = 0;  // segment s starts at engine token n_0 + ... + n_{s-1}
   for (size_t s = 0; s < plans.size(); ++s) {
     const kdn_segment& seg = *plans[s].seg;
     for (uint64_t i = 0; i < plans[s].chunks; ++i)
-      out.push_back({s, i, offset + i * T, uint32_t(std::min<uint64_t>(T, seg.n_tokens - i * T)), target[s] - seg.base_pos});
+      out.push_back(
+          {s, i, offset + i * T, uint32_t(std::min<uint64_t>(T, seg.n_tokens - i * T)), target[s] - seg.base_pos});
     offset += seg.n_tokens;
   }
   return out;
@@ -172,8 +176,8 @@ kdn::Result<SegmentWire> segment_wire(const kdn_model& m, const kdn_engine_layou
 // the records and the layout in the payload area, `out_bytes` of output copied to `out` when it
 // succeeded. `put` encodes the SQE's scalars given where the records and the layout are.
 template <class Put>
-kdn::Result<kdn::ipc::Cqe> segment_call(Client& c, const SegmentWire& w, uint32_t out_bytes, std::vector<std::byte>& out,
-                                        Put put) {
+kdn::Result<kdn::ipc::Cqe> segment_call(Client& c, const SegmentWire& w, uint32_t out_bytes,
+                                        std::vector<std::byte>& out, Put put) {
   const uint32_t key_bytes = uint32_t(w.keys.size() * sizeof(kdn_key));
   const uint32_t rec_bytes = uint32_t(w.recs.size() * sizeof(kdn::ipc::GpuSegmentChunkRecord));
   PayloadRange in{}, rp{}, lay{}, o{};
@@ -181,7 +185,8 @@ kdn::Result<kdn::ipc::Cqe> segment_call(Client& c, const SegmentWire& w, uint32_
     for (PayloadRange* p : {&in, &rp, &lay, &o})
       if (p->len) c.free_payload(*p);
   };
-  for (auto [ref, bytes] : {std::pair{&in, key_bytes}, {&rp, rec_bytes}, {&lay, uint32_t(w.layout.size())}, {&o, out_bytes}}) {
+  for (auto [ref, bytes] :
+       {std::pair{&in, key_bytes}, {&rp, rec_bytes}, {&lay, uint32_t(w.layout.size())}, {&o, out_bytes}}) {
     auto a = c.alloc_payload(bytes);
     if (!a.ok()) {
       free_all();
@@ -217,10 +222,11 @@ kdn::Result<kdn::ipc::GpuSegmentRetrieveOp::Result> segment_request(Client& c, c
   if (!w.ok()) return w.status();
   const uint32_t n = uint32_t(win.size());
   std::vector<std::byte> out;
-  auto cqe = segment_call(c, *w, n, out, [&](kdn::ipc::Sqe& q, kdn::ipc::GpuLayoutRef recs, kdn::ipc::GpuLayoutRef lay) {
-    q.opcode = uint8_t(Op::kOpcode);
-    Op::put({m.id, kv.ref, recs, lay}, q);
-  });
+  auto cqe =
+      segment_call(c, *w, n, out, [&](kdn::ipc::Sqe& q, kdn::ipc::GpuLayoutRef recs, kdn::ipc::GpuLayoutRef lay) {
+        q.opcode = uint8_t(Op::kOpcode);
+        Op::put({m.id, kv.ref, recs, lay}, q);
+      });
   copied.assign(n, kdn::ipc::kGpuSegmentSkipped);
   if (!cqe.ok()) return cqe.status();
   if (cqe->status != KDN_OK) return Status(Code(cqe->status), "GPU_SEGMENT_RETRIEVE failed");
@@ -419,8 +425,10 @@ KDN_API int kdn_gpu_segment_retrieve(kdn_client* client, const kdn_model* model,
       note_ticket(*kv, res->ticket);
       for (size_t j = 0; j < win.size(); ++j) {
         const size_t s = all[win[j]].seg;
-        if (copied[j] == kdn::ipc::kGpuSegmentLoaded) ++loaded[s];
-        else broken[s] = 1;
+        if (copied[j] == kdn::ipc::kGpuSegmentLoaded)
+          ++loaded[s];
+        else
+          broken[s] = 1;
       }
     }
     if (loaded_chunks) std::copy(loaded.begin(), loaded.end(), loaded_chunks);
@@ -463,7 +471,8 @@ KDN_API int kdn_gpu_blend_select(kdn_client* client, const kdn_model* model, con
     auto w = segment_wire(*model, *dst, all, keys, win);
     if (!w.ok()) return rc(w.status());
     const uint64_t tokens = uint64_t(all.size()) * T;
-    const uint32_t room = uint32_t(std::max<uint64_t>(1, std::min<uint64_t>({capacity, tokens, kdn::ipc::kMaxKeysPerOp})));
+    const uint32_t room =
+        uint32_t(std::max<uint64_t>(1, std::min<uint64_t>({capacity, tokens, kdn::ipc::kMaxKeysPerOp})));
     const uint32_t ppm = uint32_t(std::llround(ratio * kdn::ipc::kGpuBlendRatioOne));
     std::vector<std::byte> out;
     auto cqe = segment_call(c, *w, room * 4, out,
@@ -520,7 +529,8 @@ KDN_API int kdn_gpu_prefetch(kdn_client* client, const kdn_model* model, const i
     if (whole == 0) return int(KDN_OK);
     std::vector<kdn_key> keys(whole);
     kdn::prefix_keys(model->info, {tokens, size_t(whole) * model->info.chunk_tokens}, keys);
-    const uint32_t round = uint32_t(std::min<uint64_t>(kdn::ipc::kMaxKeysPerOp, c.welcome().payload_bytes / 2 / sizeof(kdn_key)));
+    const uint32_t round =
+        uint32_t(std::min<uint64_t>(kdn::ipc::kMaxKeysPerOp, c.welcome().payload_bytes / 2 / sizeof(kdn_key)));
     if (round == 0) return int(KDN_ERR_LIMIT);
     uint32_t cached = 0, queued = 0;
     for (uint32_t first = 0; first < whole;) {

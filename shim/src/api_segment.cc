@@ -41,7 +41,8 @@ Status plan_keys(const kdn::ModelInfo& m, const kdn_segment* segs, size_t n, std
     const uint64_t c = kdn::segment_chunks(m, segs[i].n_tokens);
     plans.push_back({&segs[i], total, c});
     total += c;
-    if (total > kdn::ipc::kMaxKeysPerOp) return Status(Code::kInvalidArgument, "segment: more than 65,536 chunks in one call");
+    if (total > kdn::ipc::kMaxKeysPerOp)
+      return Status(Code::kInvalidArgument, "segment: more than 65,536 chunks in one call");
   }
   keys.resize(total);
   for (const SegmentPlan& p : plans) {
@@ -143,8 +144,10 @@ int lease_each(Client& c, const kdn_model& m, const std::vector<kdn_key>& keys, 
     ++leased;
     // Leased bytes are the arena's, mapped read-only: no engine can change them.
     auto p = c.resolve(recs[i].slot, m.info.chunk_bytes, kdn::ipc::RegionKind::kHostArena);
-    if (p.ok()) out.data[i] = *p;
-    else got = p.status();
+    if (p.ok())
+      out.data[i] = *p;
+    else
+      got = p.status();
   }
   if (got.ok() && got->leased != leased) got = Status(Code::kProtocol, "LEASE_EACH count does not match its records");
   if (!got.ok()) {
@@ -175,7 +178,8 @@ Status scatter_leased(const kdn_model& m, const std::vector<SegmentPlan>& plans,
     if (tokens > 0) {
       view.first_token = offset;
       const std::span<const void* const> chunks(lease.data.data() + p.first_key, size_t(lead));
-      KDN_RETURN_IF_ERROR(kdn::kernels::scatter_segment(chunks, tokens, geo, view, rope, delta, kdn::kernels::Executor::cpu()));
+      KDN_RETURN_IF_ERROR(
+          kdn::kernels::scatter_segment(chunks, tokens, geo, view, rope, delta, kdn::kernels::Executor::cpu()));
     }
     if (loaded) loaded[s] = tokens;
     offset += int64_t(p.seg->n_tokens);
@@ -208,7 +212,8 @@ KDN_API int kdn_segment_keys(const kdn_model_desc* desc, const kdn_segment* seg,
 
 KDN_API int kdn_segment_lookup(kdn_client* client, const kdn_model* model, const kdn_segment* segs, size_t n_segs,
                                kdn_segment_hits* hits, uint8_t* hit_map, size_t hit_map_len) {
-  if (int e = check_model_call(client, model, nullptr, 0); e || !hits || !hit_map) return e ? e : KDN_ERR_INVALID_ARGUMENT;
+  if (int e = check_model_call(client, model, nullptr, 0); e || !hits || !hit_map)
+    return e ? e : KDN_ERR_INVALID_ARGUMENT;
   return guarded([&]() -> int {
     std::vector<SegmentPlan> plans;
     std::vector<kdn_key> keys;
@@ -291,8 +296,10 @@ KDN_API int kdn_segment_store_from(kdn_client* client, const kdn_model* model, c
         if (recs[i].state != uint32_t(kdn::ipc::ReserveState::kReserved)) continue;
         ids[i] = recs[i].reservation_id;
         auto p = c.resolve(recs[i].slot, model->info.chunk_bytes, kdn::ipc::RegionKind::kStaging);
-        if (!p.ok() || ids[i] == 0) bad = true;
-        else slots[i] = *p;
+        if (!p.ok() || ids[i] == 0)
+          bad = true;
+        else
+          slots[i] = *p;
       }
       Status g = bad ? Status(Code::kProtocol, "RESERVE answered a bad slot") : kdn::OkStatus();
       if (g.ok() && std::any_of(slots.begin(), slots.end(), [](void* p) { return p != nullptr; })) {
@@ -317,7 +324,8 @@ KDN_API int kdn_segment_store_from(kdn_client* client, const kdn_model* model, c
 
 KDN_API int kdn_segment_retrieve_to(kdn_client* client, const kdn_model* model, const kdn_segment* segs, size_t n_segs,
                                     const int64_t* target_pos, const kdn_engine_layout* dst, uint64_t* loaded_tokens) {
-  if (int e = check_model_call(client, model, nullptr, 0); e || !dst || !target_pos) return e ? e : KDN_ERR_INVALID_ARGUMENT;
+  if (int e = check_model_call(client, model, nullptr, 0); e || !dst || !target_pos)
+    return e ? e : KDN_ERR_INVALID_ARGUMENT;
   return guarded([&]() -> int {
     std::vector<SegmentPlan> plans;
     std::vector<kdn_key> keys;

@@ -14,8 +14,7 @@ namespace kdn::shim {
 // of microseconds on virtual machines, far more than a request, so spin well past that.
 constexpr uint64_t kClientSpinNs = 100'000;
 
-Result<std::unique_ptr<Client>> Client::connect(const kdn_connect_opts* opts, uint32_t hello_flags,
-                                                bool map_eagerly) {
+Result<std::unique_ptr<Client>> Client::connect(const kdn_connect_opts* opts, uint32_t hello_flags, bool map_eagerly) {
   kdn_connect_opts o{};
   o.struct_size = sizeof o;
   if (opts) {

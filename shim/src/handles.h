@@ -88,7 +88,7 @@ void let_go(kdn_client* client, Client* owner) noexcept;
 // (count clipped to the whole chunks available) and whose output holds `out_record` bytes
 // per key. Allocates payload; the caller frees r.in and r.out. A RESERVE (r.sqe.opcode set
 // before the call) also says where its keys sit in their prefix chain, for kdnctl ls.
-Result<uint32_t> build_key_request(Client& c, const kdn_model& m, const int32_t* tokens, size_t n,
-                                   uint32_t first, uint32_t count, uint32_t out_record, Request& r);
+Result<uint32_t> build_key_request(Client& c, const kdn_model& m, const int32_t* tokens, size_t n, uint32_t first,
+                                   uint32_t count, uint32_t out_record, Request& r);
 
 }  // namespace kdn::shim

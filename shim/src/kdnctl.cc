@@ -41,8 +41,9 @@ int fail(const char* what, const Status& st) {
 int fail_code(const char* what, int code) {
   std::fprintf(stderr, "kdnctl: %s: %s\n", what, kdn::code_name(kdn::Code(code)));
   if (code == KDN_ERR_PERMISSION)
-    std::fprintf(stderr, "kdnctl: this needs admin rights: add this uid to admin_uids (daemon-wide or in "
-                         "[namespace.NAME]) in kdnd's configuration\n");
+    std::fprintf(stderr,
+                 "kdnctl: this needs admin rights: add this uid to admin_uids (daemon-wide or in "
+                 "[namespace.NAME]) in kdnd's configuration\n");
   return 1;
 }
 
@@ -104,20 +105,30 @@ struct Field {
 };
 
 std::vector<Field> stats_fields(const kdn::ipc::StatsRecord& s, bool admin) {
-  std::vector<Field> f = {
-      {"lookups", s.lookups}, {"lookup_hit_chunks", s.lookup_hit_chunks},
-      {"lookup_miss_chunks", s.lookup_miss_chunks}, {"leases", s.leases},
-      {"lease_hit_chunks", s.lease_hit_chunks}, {"lease_miss_chunks", s.lease_miss_chunks},
-      {"stored_chunks", s.stored_chunks},
-      {"stored_bytes", s.stored_bytes}, {"retrieved_chunks", s.retrieved_chunks},
-      {"retrieved_bytes", s.retrieved_bytes}, {"evicted_chunks", s.evicted_chunks},
-      {"dropped_chunks", s.dropped_chunks}, {"demoted_chunks", s.demoted_chunks},
-      {"promoted_chunks", s.promoted_chunks}, {"corrupt_chunks", s.corrupt_chunks},
-      {"active_leases", s.active_leases}, {"open_reservations", s.open_reservations},
-      {"expired_reservations", s.expired_reservations}, {"transfers_in_flight", s.in_flight_ops},
-      {"sessions", s.sessions}, {"staging_bytes", s.staging_bytes},
-      {"protocol_errors", s.protocol_errors}, {"limit_errors", s.limit_errors},
-      {"host_prefault_left_bytes", s.host_prefault_left_bytes}};
+  std::vector<Field> f = {{"lookups", s.lookups},
+                          {"lookup_hit_chunks", s.lookup_hit_chunks},
+                          {"lookup_miss_chunks", s.lookup_miss_chunks},
+                          {"leases", s.leases},
+                          {"lease_hit_chunks", s.lease_hit_chunks},
+                          {"lease_miss_chunks", s.lease_miss_chunks},
+                          {"stored_chunks", s.stored_chunks},
+                          {"stored_bytes", s.stored_bytes},
+                          {"retrieved_chunks", s.retrieved_chunks},
+                          {"retrieved_bytes", s.retrieved_bytes},
+                          {"evicted_chunks", s.evicted_chunks},
+                          {"dropped_chunks", s.dropped_chunks},
+                          {"demoted_chunks", s.demoted_chunks},
+                          {"promoted_chunks", s.promoted_chunks},
+                          {"corrupt_chunks", s.corrupt_chunks},
+                          {"active_leases", s.active_leases},
+                          {"open_reservations", s.open_reservations},
+                          {"expired_reservations", s.expired_reservations},
+                          {"transfers_in_flight", s.in_flight_ops},
+                          {"sessions", s.sessions},
+                          {"staging_bytes", s.staging_bytes},
+                          {"protocol_errors", s.protocol_errors},
+                          {"limit_errors", s.limit_errors},
+                          {"host_prefault_left_bytes", s.host_prefault_left_bytes}};
   static const char* kTiers[] = {"gpu", "host", "disk", "remote"};
   for (uint32_t t = 0; t < kdn::ipc::kTierCount; ++t) {
     if (s.capacity_bytes[t] == 0) continue;
@@ -326,8 +337,10 @@ void print_watch(const std::string& ns, int refresh, double dt, const kdn::ipc::
   }
   const uint64_t hits = kWatchRows[0].get(now) - kWatchRows[0].get(before);
   const uint64_t asked = hits + kWatchRows[1].get(now) - kWatchRows[1].get(before);
-  if (asked) std::printf("%-16s %15.1f%%\n", "hit_ratio", 100.0 * double(hits) / double(asked));
-  else std::printf("%-16s %16s\n", "hit_ratio", "-");
+  if (asked)
+    std::printf("%-16s %15.1f%%\n", "hit_ratio", 100.0 * double(hits) / double(asked));
+  else
+    std::printf("%-16s %16s\n", "hit_ratio", "-");
   std::printf("%-16s %16" PRIu64 "\n%-16s %16" PRIu64 "\n%-16s %16" PRIu64 "\n", "active_leases", now.active_leases,
               "sessions", now.sessions, "resident.host", now.resident_chunks[uint32_t(kdn::ipc::ChunkTier::kHost)]);
   std::fflush(stdout);
@@ -398,8 +411,10 @@ int cmd_stats(Client& c, bool json, bool prom) {
     std::printf("}\n");
   } else {
     for (auto& x : f) {
-      if (x.name == "tier.disk.codec") std::printf("%-34s %s\n", x.name.c_str(), codec_label(x.v));
-      else std::printf("%-34s %" PRIu64 "\n", x.name.c_str(), x.v);
+      if (x.name == "tier.disk.codec")
+        std::printf("%-34s %s\n", x.name.c_str(), codec_label(x.v));
+      else
+        std::printf("%-34s %" PRIu64 "\n", x.name.c_str(), x.v);
     }
     for (const auto& [ordinal, name] : gpu_names)
       std::printf("%-34s %s\n", ("gpu.device" + std::to_string(ordinal) + ".name").c_str(), name.c_str());
@@ -425,10 +440,14 @@ const char* tier_label(uint8_t t) {
 
 const char* state_label(uint8_t s) {
   switch (kdn::ipc::ChunkState(s)) {
-    case kdn::ipc::ChunkState::kReserved: return "reserved";
-    case kdn::ipc::ChunkState::kCommitted: return "committed";
-    case kdn::ipc::ChunkState::kMoving: return "moving";
-    case kdn::ipc::ChunkState::kWriting: return "writing";
+    case kdn::ipc::ChunkState::kReserved:
+      return "reserved";
+    case kdn::ipc::ChunkState::kCommitted:
+      return "committed";
+    case kdn::ipc::ChunkState::kMoving:
+      return "moving";
+    case kdn::ipc::ChunkState::kWriting:
+      return "writing";
   }
   return "?";
 }
@@ -460,7 +479,7 @@ std::string chain_label(const kdn::ipc::ListRecordExt& x) {
 int cmd_ls(Client& c, uint64_t limit, const std::string& tier) {
   using Op = kdn::ipc::ListOp;
   const uint32_t cap = 1024;  // chunks per page
-  int only = -1;  // show chunks with a copy in this tier only
+  int only = -1;              // show chunks with a copy in this tier only
   for (uint8_t t = 0; t < 4 && !tier.empty(); ++t)
     if (tier == tier_label(t)) only = t;
   if (!tier.empty() && only < 0) {
@@ -492,10 +511,10 @@ int cmd_ls(Client& c, uint64_t limit, const std::string& tier) {
       const kdn::ipc::ListRecord& x = ext.base;
       if (limit && shown >= limit) return 0;
       if (only >= 0 && !(x.tier_mask & (1u << only))) continue;
-      std::printf("%016" PRIx64 "%016" PRIx64 "   %10u %-6s %-10s %-9s %6u %12" PRIu64 " %9s %9s %s\n", x.key.hi, x.key.lo,
-                  x.model_id, tier_label(x.tier), tiers_label(x.tier_mask).c_str(), state_label(x.state), x.leases,
-                  x.bytes, seconds_label(ext.created, ext.now).c_str(), seconds_label(x.last_access, ext.now).c_str(),
-                  chain_label(ext).c_str());
+      std::printf("%016" PRIx64 "%016" PRIx64 "   %10u %-6s %-10s %-9s %6u %12" PRIu64 " %9s %9s %s\n", x.key.hi,
+                  x.key.lo, x.model_id, tier_label(x.tier), tiers_label(x.tier_mask).c_str(), state_label(x.state),
+                  x.leases, x.bytes, seconds_label(ext.created, ext.now).c_str(),
+                  seconds_label(x.last_access, ext.now).c_str(), chain_label(ext).c_str());
       ++shown;
     }
     cursor = got->next_cursor;
@@ -564,8 +583,9 @@ int cmd_evict(Client& c, bool all, const std::vector<std::string>& keys, const s
 int main(int argc, char** argv) {
   CLI::App app{"kdnctl: inspect and manage kdnd"};
   std::string socket, ns = "default", token;
-  app.add_option("-s,--socket", socket, "kdnd socket (default: $KDN_SOCKET, $XDG_RUNTIME_DIR/kdn/kdnd.sock or "
-                                        "/tmp/kdn-$UID/kdnd.sock, as kdnd)");
+  app.add_option("-s,--socket", socket,
+                 "kdnd socket (default: $KDN_SOCKET, $XDG_RUNTIME_DIR/kdn/kdnd.sock or "
+                 "/tmp/kdn-$UID/kdnd.sock, as kdnd)");
   app.add_option("-n,--namespace", ns, "namespace")->capture_default_str();
   app.add_option("--token", token, "the namespace's token, if kdnd requires one");
   app.require_subcommand(1);
@@ -583,10 +603,11 @@ int main(int argc, char** argv) {
   stats->add_flag("--prometheus", prom, "kdnd's Prometheus page, as its endpoint serves it (admin)");
   double watch = 0;
   int watch_count = 0;
-  auto* watch_opt = stats->add_option("--watch", watch, "a live view: the counters and their rates every SECONDS, until Ctrl-C")
-                        ->expected(0, 1)
-                        ->default_str("1")
-                        ->check(CLI::Range(0.05, 3600.0));
+  auto* watch_opt =
+      stats->add_option("--watch", watch, "a live view: the counters and their rates every SECONDS, until Ctrl-C")
+          ->expected(0, 1)
+          ->default_str("1")
+          ->check(CLI::Range(0.05, 3600.0));
   stats->add_option("--count", watch_count, "with --watch: stop after N refreshes (0: never)")
       ->check(CLI::Range(0, 1000000))
       ->capture_default_str();

@@ -11,10 +11,14 @@ namespace kdn::sidecar {
 
 kernels::CodecMode codec_mode_of(uint8_t codec_id) noexcept {
   switch (codec_id) {
-    case 1: return kernels::CodecMode::kLossless;
-    case 2: return kernels::CodecMode::kInt8;
-    case 3: return kernels::CodecMode::kKivi4;
-    default: return kernels::CodecMode::kRaw;
+    case 1:
+      return kernels::CodecMode::kLossless;
+    case 2:
+      return kernels::CodecMode::kInt8;
+    case 3:
+      return kernels::CodecMode::kKivi4;
+    default:
+      return kernels::CodecMode::kRaw;
   }
 }
 
@@ -28,8 +32,7 @@ kdn_key chunk_hash(const void* data, size_t n) noexcept {
 void ChunkGeometries::learn(const ModelInfo& model) noexcept {
   try {
     map_.emplace(model.fingerprint, kernels::kvc1_geometry(model));
-  } catch (const std::bad_alloc&) {
-  }
+  } catch (const std::bad_alloc&) {}
 }
 
 const kernels::ChunkGeometry* ChunkGeometries::find(const kdn_key& fingerprint, uint64_t chunk_bytes) const noexcept {
@@ -40,8 +43,8 @@ const kernels::ChunkGeometry* ChunkGeometries::find(const kdn_key& fingerprint, 
 
 // ---- encode and decode -----------------------------------------------------------------------------
 
-bool encode_chunk(const kernels::ChunkGeometry& g, const kdn_key& fingerprint, const std::byte* chunk,
-                  uint8_t codec_id, uint64_t min_saving, ChunkEncoding* out) noexcept {
+bool encode_chunk(const kernels::ChunkGeometry& g, const kdn_key& fingerprint, const std::byte* chunk, uint8_t codec_id,
+                  uint64_t min_saving, ChunkEncoding* out) noexcept {
   *out = ChunkEncoding{};
   kernels::CodecConfig cfg;
   cfg.mode = codec_mode_of(codec_id);
@@ -57,8 +60,8 @@ bool encode_chunk(const kernels::ChunkGeometry& g, const kdn_key& fingerprint, c
     if (scratch.size() < scratch_bytes) scratch.resize(scratch_bytes);
     AlignedBuffer blob(cap);
     if (cap == 0 || blob.data() == nullptr) return false;
-    Status st = kernels::kvc1_encode(g, fingerprint, chunk, cfg, reinterpret_cast<uint8_t*>(blob.data()), cap,
-                                     &written, scratch.data(), scratch.size());
+    Status st = kernels::kvc1_encode(g, fingerprint, chunk, cfg, reinterpret_cast<uint8_t*>(blob.data()), cap, &written,
+                                     scratch.data(), scratch.size());
     if (!st.ok() || written + min_saving > raw_bytes || written >= raw_bytes) return false;
     out->blob = std::move(blob);
   } catch (const std::bad_alloc&) {

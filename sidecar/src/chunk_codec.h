@@ -47,18 +47,18 @@ class ChunkGeometries {
 
 // A chunk as encode_chunk made it.
 struct ChunkEncoding {
-  AlignedBuffer blob;   // the KVC1 blob in its first `bytes` bytes
+  AlignedBuffer blob;  // the KVC1 blob in its first `bytes` bytes
   uint64_t bytes = 0;
-  uint32_t crc = 0;     // CRC32C of the blob
-  kdn_key raw_hash{};   // lossless: chunk_hash() of the chunk; zero otherwise
+  uint32_t crc = 0;    // CRC32C of the blob
+  kdn_key raw_hash{};  // lossless: chunk_hash() of the chunk; zero otherwise
 };
 
 // Encodes the canonical chunk at `chunk` (chunk_bytes(g) bytes) of the model `fingerprint` with
 // the tier codec `codec_id` (1..3) into *out. False, with *out empty, when the chunk cannot be
 // encoded (NaN or Inf in a quantized mode), when memory runs out, or when the blob would not be
 // at least `min_saving` bytes smaller than the chunk: the caller stores the chunk raw.
-bool encode_chunk(const kernels::ChunkGeometry& g, const kdn_key& fingerprint, const std::byte* chunk,
-                  uint8_t codec_id, uint64_t min_saving, ChunkEncoding* out) noexcept;
+bool encode_chunk(const kernels::ChunkGeometry& g, const kdn_key& fingerprint, const std::byte* chunk, uint8_t codec_id,
+                  uint64_t min_saving, ChunkEncoding* out) noexcept;
 
 // Decodes the KVC1 blob [blob, blob + blob_bytes) into the canonical chunk at out[0, raw_bytes).
 // The blob must be in the tier codec `codec_id`, describe a chunk of exactly raw_bytes of the

@@ -10,10 +10,14 @@ constexpr uint8_t bit(TierId t) { return uint8_t(1u << tier_index(t)); }
 
 const char* tier_name(TierId t) noexcept {
   switch (t) {
-    case TierId::kGpu: return "gpu";
-    case TierId::kHost: return "host";
-    case TierId::kDisk: return "disk";
-    case TierId::kRemote: return "remote";
+    case TierId::kGpu:
+      return "gpu";
+    case TierId::kHost:
+      return "host";
+    case TierId::kDisk:
+      return "disk";
+    case TierId::kRemote:
+      return "remote";
   }
   return "unknown";
 }
@@ -39,8 +43,8 @@ const Entry* ChunkIndex::find(const kdn_key& key) const noexcept {
   return it == map_.end() ? nullptr : it->second.get();
 }
 
-Entry* ChunkIndex::create(const kdn_key& key, const kdn_key& fingerprint, uint64_t bytes,
-                          uint64_t owner, uint64_t now_ns) {
+Entry* ChunkIndex::create(const kdn_key& key, const kdn_key& fingerprint, uint64_t bytes, uint64_t owner,
+                          uint64_t now_ns) {
   assert(find(key) == nullptr);
   auto e = std::make_unique<Entry>();
   e->key = key;
@@ -105,8 +109,7 @@ Placement ChunkIndex::end_move(Entry* e, TierId t, bool ok) noexcept {
 
 void ChunkIndex::erase(Entry* e) noexcept {
   assert(e->resident == 0 && e->moving == 0 && e->leases == 0 && e->io == 0);
-  assert(!e->placement[0].valid() && !e->placement[1].valid() && !e->placement[2].valid() &&
-         !e->placement[3].valid());
+  assert(!e->placement[0].valid() && !e->placement[1].valid() && !e->placement[2].valid() && !e->placement[3].valid());
   const kdn_key key = e->key;  // erase by a copy: the entry owns the original
   map_.erase(key);             // destroys *e
   ++counters_.erased;

@@ -50,20 +50,20 @@ struct QueueLinks {
 
 struct Entry {
   kdn_key key{};
-  kdn_key fingerprint{};       // the model's (listing, admin eviction)
-  uint64_t bytes = 0;          // canonical chunk bytes
+  kdn_key fingerprint{};  // the model's (listing, admin eviction)
+  uint64_t bytes = 0;     // canonical chunk bytes
   uint64_t generation = 0;
   uint64_t owner_session = 0;  // the writer while kReserved or kWriting
   uint64_t last_access_ns = 0;
-  uint64_t created_ns = 0;     // reserved (or adopted at start); kdnctl ls shows the age
-  kdn_key chain_head{};        // the first key of the prefix chain it was stored in (LIST)
-  uint32_t chain_pos = 0;      // its position there plus one; 0: not known (segments, old clients)
-  uint32_t leases = 0;         // sessions leasing it; > 0 pins the host copy
-  uint32_t io = 0;             // transfers in flight touching its placements
+  uint64_t created_ns = 0;  // reserved (or adopted at start); kdnctl ls shows the age
+  kdn_key chain_head{};     // the first key of the prefix chain it was stored in (LIST)
+  uint32_t chain_pos = 0;   // its position there plus one; 0: not known (segments, old clients)
+  uint32_t leases = 0;      // sessions leasing it; > 0 pins the host copy
+  uint32_t io = 0;          // transfers in flight touching its placements
   EntryState state = EntryState::kReserved;
-  uint8_t resident = 0;        // bit t: a valid copy in tier t
-  uint8_t moving = 0;          // bit t: a copy into tier t is in flight
-  uint8_t evicting = 0;        // bit t: that copy leaves tier t once a move out completes
+  uint8_t resident = 0;  // bit t: a valid copy in tier t
+  uint8_t moving = 0;    // bit t: a copy into tier t is in flight
+  uint8_t evicting = 0;  // bit t: that copy leaves tier t once a move out completes
   Placement placement[kTierCount];
   QueueLinks links[kTierCount];
 
@@ -88,8 +88,7 @@ class ChunkIndex {
   const Entry* find(const kdn_key& key) const noexcept;
 
   // absent -> kReserved for `owner`. The key must be absent.
-  Entry* create(const kdn_key& key, const kdn_key& fingerprint, uint64_t bytes, uint64_t owner,
-                uint64_t now_ns);
+  Entry* create(const kdn_key& key, const kdn_key& fingerprint, uint64_t bytes, uint64_t owner, uint64_t now_ns);
   // kReserved -> kWriting (the owner committed).
   void begin_write(Entry* e) noexcept;
   // kWriting -> kCommitted; the writer is forgotten.

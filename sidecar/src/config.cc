@@ -291,8 +291,7 @@ struct ResolvedKey {
   std::string ns;
 };
 
-std::string unknown_key(std::string_view key, Section section, std::string_view name,
-                        std::string_view ns) {
+std::string unknown_key(std::string_view key, Section section, std::string_view name, std::string_view ns) {
   return "unknown key '" + std::string(key) + "'" + config_table::did_you_mean(section, name, ns);
 }
 
@@ -355,8 +354,7 @@ std::string choices_text(std::string_view choices) {
   const size_t last = choices.rfind('|');
   if (last == std::string_view::npos) return std::string(choices);
   std::string out;
-  for (const char ch : choices.substr(0, last))
-    out += ch == '|' ? std::string(", ") : std::string(1, ch);
+  for (const char ch : choices.substr(0, last)) out += ch == '|' ? std::string(", ") : std::string(1, ch);
   return out + " or " + std::string(choices.substr(last + 1));
 }
 
@@ -386,8 +384,8 @@ std::string bound_problem(const KeyDef& k, const Config& c, const NamespaceConfi
     }
   });
   if (why.empty()) return "";
-  return config_table::dotted_key(k, ns ? ns->name : "") + " = " +
-         config_table::value_text(k, c, ns) + origin_of(ns) + ": " + why;
+  return config_table::dotted_key(k, ns ? ns->name : "") + " = " + config_table::value_text(k, c, ns) + origin_of(ns) +
+         ": " + why;
 }
 
 std::string check_bounds(const Config& c) {
@@ -403,11 +401,9 @@ std::string check_bounds(const Config& c) {
 }
 
 // "tier.host.bytes = "1M"", for messages about two keys.
-std::string key_and_value(const config_table::Field& member, const Config& c,
-                          const NamespaceConfig* ns = nullptr) {
+std::string key_and_value(const config_table::Field& member, const Config& c, const NamespaceConfig* ns = nullptr) {
   const KeyDef& k = config_table::row_of(member);
-  return config_table::dotted_key(k, ns ? ns->name : "") + " = " +
-         config_table::value_text(k, c, ns) + origin_of(ns);
+  return config_table::dotted_key(k, ns ? ns->name : "") + " = " + config_table::value_text(k, c, ns) + origin_of(ns);
 }
 
 std::string check_arenas(const Config& c) {
@@ -466,11 +462,10 @@ std::string check_daemon(const Config& c) {
     return key_and_value(&Config::socket_path, c) + ": " + std::to_string(c.socket_path.size()) +
            " bytes; a Unix socket path holds at most 107";
   if (c.token.size() >= ipc::kTokenBytes)
-    return key_and_value(&Config::token, c) + ": " + std::to_string(c.token.size()) +
-           " bytes; a token holds at most " + std::to_string(ipc::kTokenBytes - 1);
+    return key_and_value(&Config::token, c) + ": " + std::to_string(c.token.size()) + " bytes; a token holds at most " +
+           std::to_string(ipc::kTokenBytes - 1);
   if (c.staging_bytes > c.max_staging_bytes)
-    return key_and_value(&Config::staging_bytes, c) + ": larger than " +
-           key_and_value(&Config::max_staging_bytes, c);
+    return key_and_value(&Config::staging_bytes, c) + ": larger than " + key_and_value(&Config::max_staging_bytes, c);
   // A budget below one session's largest area would refuse every such session.
   for (uint64_t Config::*budget : {&Config::max_staging_bytes_per_uid, &Config::max_staging_bytes_per_namespace})
     if (c.*budget < c.max_staging_bytes)
@@ -488,8 +483,7 @@ std::string check_namespaces(const Config& c) {
   for (size_t i = 0; i < c.namespaces.size(); ++i) {
     const NamespaceConfig& ns = c.namespaces[i];
     if (!valid_namespace_name(ns.name))
-      return "namespace '" + ns.name + "'" + origin_of(&ns) + ": " +
-             config_table::kNamespaceNameRule;
+      return "namespace '" + ns.name + "'" + origin_of(&ns) + ": " + config_table::kNamespaceNameRule;
     for (size_t j = 0; j < i; ++j)
       if (c.namespaces[j].name == ns.name) return "namespace '" + ns.name + "' is declared twice";
     if (ns.max_sessions > c.max_sessions)
@@ -516,8 +510,7 @@ void append_section(std::string* out, Section section, const Config& c, const Na
     const KeyDef& k = keys[i];
     if (config_table::section_of(k) != section) continue;
     *out += "# " + std::string(config_keys()[i].help) + "\n";
-    *out += std::string(config_table::local_name(k)) + " = " + config_table::value_text(k, c, ns) +
-            "\n";
+    *out += std::string(config_table::local_name(k)) + " = " + config_table::value_text(k, c, ns) + "\n";
   }
 }
 
@@ -565,12 +558,18 @@ bool parse_size(const std::string& s, uint64_t* out) {
   if (errno || end == s.c_str() || s[0] == '-') return false;
   std::string suf(end);
   int shift = 0;
-  if (suf == "" || suf == "B") shift = 0;
-  else if (suf == "K" || suf == "KiB" || suf == "k") shift = 10;
-  else if (suf == "M" || suf == "MiB") shift = 20;
-  else if (suf == "G" || suf == "GiB") shift = 30;
-  else if (suf == "T" || suf == "TiB") shift = 40;
-  else return false;
+  if (suf == "" || suf == "B")
+    shift = 0;
+  else if (suf == "K" || suf == "KiB" || suf == "k")
+    shift = 10;
+  else if (suf == "M" || suf == "MiB")
+    shift = 20;
+  else if (suf == "G" || suf == "GiB")
+    shift = 30;
+  else if (suf == "T" || suf == "TiB")
+    shift = 40;
+  else
+    return false;
   if (shift && v > (~0ull >> shift)) return false;
   *out = uint64_t(v) << shift;
   return true;
@@ -579,23 +578,20 @@ bool parse_size(const std::string& s, uint64_t* out) {
 bool valid_namespace_name(const std::string& name) {
   if (name.empty() || name.size() > 63 || name[0] == '.') return false;
   return std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-           c == '_' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+           c == '-';
   });
 }
 
-Status Config::set(const std::string& key, const std::string& value, std::string* error,
-                   const char* origin) {
+Status Config::set(const std::string& key, const std::string& value, std::string* error, const char* origin) {
   const std::string where = origin ? origin : "--set " + key + "=" + value;
   std::string why;
   ResolvedKey r;
-  if (!resolve_key(key, &r, &why))
-    return config_table::config_error(error, where + ": " + why, "config: unknown key");
+  if (!resolve_key(key, &r, &why)) return config_table::config_error(error, where + ": " + why, "config: unknown key");
   // Parse into a fresh namespace first: a bad value must not declare one.
   NamespaceConfig fresh;
   NamespaceConfig* ns = nullptr;
-  if (!r.ns.empty())
-    ns = find_namespace(r.ns) ? &config_table::namespace_entry(*this, r.ns, 0) : &fresh;
+  if (!r.ns.empty()) ns = find_namespace(r.ns) ? &config_table::namespace_entry(*this, r.ns, 0) : &fresh;
   if (!config_table::assign_text(*r.def, value, *this, ns, &why))
     return config_table::config_error(error, where + ": " + why, "config: bad value");
   if (ns == &fresh) {
@@ -608,8 +604,7 @@ Status Config::set(const std::string& key, const std::string& value, std::string
 void Config::fill_defaults() {
   if (socket_path.empty()) socket_path = ipc::default_socket_path();
   if (host.bytes == 0) host.bytes = std::min<uint64_t>(4ull << 30, total_ram_bytes() / 4);
-  if (host.copy_threads == 0)
-    host.copy_threads = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
+  if (host.copy_threads == 0) host.copy_threads = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
   if (disk.workers == 0) disk.workers = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
   const uint32_t me = getuid();
   const UidList me_and_root = me == 0 ? UidList{0} : UidList{me, 0};
@@ -672,22 +667,18 @@ bool read_first_line(int fd, std::string* line) {
   std::string_view text(buf, got);
   text = text.substr(0, text.find('\n'));
   const size_t b = text.find_first_not_of(" \t\r");
-  *line = b == std::string_view::npos
-              ? ""
-              : std::string(text.substr(b, text.find_last_not_of(" \t\r") - b + 1));
+  *line = b == std::string_view::npos ? "" : std::string(text.substr(b, text.find_last_not_of(" \t\r") - b + 1));
   return true;
 }
 
 }  // namespace
 
-Status load_namespace_token(const NamespaceConfig& ns, const Config& c, std::string* token,
-                            std::string* error) {
+Status load_namespace_token(const NamespaceConfig& ns, const Config& c, std::string* token, std::string* error) {
   if (ns.token_file.empty()) {
     *token = c.token;
     return OkStatus();
   }
-  const std::string what =
-      "namespace." + ns.name + ".token_file = " + config_table::toml_text(ns.token_file);
+  const std::string what = "namespace." + ns.name + ".token_file = " + config_table::toml_text(ns.token_file);
   return read_secret_file(ns.token_file, what, ipc::kTokenBytes - 1, token, error);
 }
 
@@ -708,7 +699,8 @@ Result<ipc::UniqueFd> open_secret_file(const std::string& path, const std::strin
   ipc::UniqueFd fd(::openat(dir_fd.get(), name.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW | O_NONBLOCK));
   if (!fd) {
     const int err = errno;
-    if (error) *error = what + ": cannot read: " + (err == ELOOP ? "it is a symlink; name the file itself" : std::strerror(err));
+    if (error)
+      *error = what + ": cannot read: " + (err == ELOOP ? "it is a symlink; name the file itself" : std::strerror(err));
     return Status::from_errno("config: cannot read a secret file", err);
   }
   if (Status st = check_private_file_fd(fd.get(), "the file", &why); !st.ok()) {
@@ -735,17 +727,16 @@ Status read_secret_file(const std::string& path, const std::string& what, size_t
   char mode[8];
   std::snprintf(mode, sizeof mode, "%04o", unsigned(st.st_mode & 07777));
   if (st.st_mode & (S_IROTH | S_IWOTH))
-    return config_table::config_error(
-        error, what + ": mode " + mode + " lets others read or write it; chmod o-rw the file",
-        "config: secret file open to others");
-  if (line.empty())
-    return config_table::config_error(error, what + ": its first line is empty",
-                                      "config: empty secret");
-  if (line.size() > max_bytes)
     return config_table::config_error(error,
-                                      what + ": its first line is " + std::to_string(line.size()) +
-                                          " bytes; at most " + std::to_string(max_bytes),
-                                      "config: secret too long");
+                                      what + ": mode " + mode + " lets others read or write it; chmod o-rw the file",
+                                      "config: secret file open to others");
+  if (line.empty())
+    return config_table::config_error(error, what + ": its first line is empty", "config: empty secret");
+  if (line.size() > max_bytes)
+    return config_table::config_error(
+        error,
+        what + ": its first line is " + std::to_string(line.size()) + " bytes; at most " + std::to_string(max_bytes),
+        "config: secret too long");
   *secret = std::move(line);
   return OkStatus();
 }

@@ -33,17 +33,14 @@ enum class Section { kDaemon, kTierHost, kTierDisk, kTierRemote, kTierGpu, kName
 
 // The member a key reads and writes.
 using Field =
-    std::variant<std::string Config::*, bool Config::*, uint32_t Config::*, uint64_t Config::*,
-                 UidList Config::*, std::string HostTierConfig::*, bool HostTierConfig::*,
-                 uint32_t HostTierConfig::*, uint64_t HostTierConfig::*,
-                 std::string DiskTierConfig::*, bool DiskTierConfig::*, uint32_t DiskTierConfig::*,
-                 uint64_t DiskTierConfig::*, PathList DiskTierConfig::*,
-                 std::string RemoteTierConfig::*, uint32_t RemoteTierConfig::*,
-                 uint64_t RemoteTierConfig::*, PathList RemoteTierConfig::*,
-                 std::string GpuTierConfig::*, bool GpuTierConfig::*, uint32_t GpuTierConfig::*,
-                 uint64_t GpuTierConfig::*,
-                 std::string NamespaceConfig::*, UidList NamespaceConfig::*,
-                 uint32_t NamespaceConfig::*, uint64_t NamespaceConfig::*>;
+    std::variant<std::string Config::*, bool Config::*, uint32_t Config::*, uint64_t Config::*, UidList Config::*,
+                 std::string HostTierConfig::*, bool HostTierConfig::*, uint32_t HostTierConfig::*,
+                 uint64_t HostTierConfig::*, std::string DiskTierConfig::*, bool DiskTierConfig::*,
+                 uint32_t DiskTierConfig::*, uint64_t DiskTierConfig::*, PathList DiskTierConfig::*,
+                 std::string RemoteTierConfig::*, uint32_t RemoteTierConfig::*, uint64_t RemoteTierConfig::*,
+                 PathList RemoteTierConfig::*, std::string GpuTierConfig::*, bool GpuTierConfig::*,
+                 uint32_t GpuTierConfig::*, uint64_t GpuTierConfig::*, std::string NamespaceConfig::*,
+                 UidList NamespaceConfig::*, uint32_t NamespaceConfig::*, uint64_t NamespaceConfig::*>;
 
 // One key. `default_text` is the default as `--set` takes it or, for a `computed` key, how
 // fill_defaults() picks it (the field then starts empty). `min`, `max` and `choices` ("lru|s3fifo")
@@ -96,12 +93,18 @@ void with_value(const KeyDef& k, C& c, N* ns, Fn&& fn) {
   std::visit(
       [&](auto member) {
         using Owner = typename MemberTraits<decltype(member)>::Owner;
-        if constexpr (std::is_same_v<Owner, Config>) fn(c.*member);
-        else if constexpr (std::is_same_v<Owner, HostTierConfig>) fn(c.host.*member);
-        else if constexpr (std::is_same_v<Owner, DiskTierConfig>) fn(c.disk.*member);
-        else if constexpr (std::is_same_v<Owner, RemoteTierConfig>) fn(c.remote.*member);
-        else if constexpr (std::is_same_v<Owner, GpuTierConfig>) fn(c.gpu.*member);
-        else fn(ns->*member);
+        if constexpr (std::is_same_v<Owner, Config>)
+          fn(c.*member);
+        else if constexpr (std::is_same_v<Owner, HostTierConfig>)
+          fn(c.host.*member);
+        else if constexpr (std::is_same_v<Owner, DiskTierConfig>)
+          fn(c.disk.*member);
+        else if constexpr (std::is_same_v<Owner, RemoteTierConfig>)
+          fn(c.remote.*member);
+        else if constexpr (std::is_same_v<Owner, GpuTierConfig>)
+          fn(c.gpu.*member);
+        else
+          fn(ns->*member);
       },
       k.field);
 }
@@ -132,8 +135,7 @@ std::string size_text(uint64_t v);
 std::string value_text(const KeyDef& k, const Config& c, const NamespaceConfig* ns);
 
 // Sets `k` in `c` (or `ns`) from command-line text; on bad text leaves it and says why.
-bool assign_text(const KeyDef& k, std::string_view text, Config& c, NamespaceConfig* ns,
-                 std::string* why);
+bool assign_text(const KeyDef& k, std::string_view text, Config& c, NamespaceConfig* ns, std::string* why);
 
 // The namespace `name` of `c`, appended (with `line`) if it is not there yet.
 NamespaceConfig& namespace_entry(Config& c, const std::string& name, int line);

@@ -2,8 +2,8 @@
 
 #include "config_table.h"
 
-#include <gtest/gtest.h>
 #include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -99,8 +99,7 @@ TEST(ConfigTable, DefaultTextsMatchTheStructs) {
     NamespaceConfig ns;
     std::string why;
     ASSERT_TRUE(config_table::assign_text(k, k.default_text, c, &ns, &why)) << k.key << ": " << why;
-    EXPECT_EQ(config_table::value_text(k, c, &ns), config_table::value_text(k, fresh, &fresh_ns))
-        << k.key;
+    EXPECT_EQ(config_table::value_text(k, c, &ns), config_table::value_text(k, fresh, &fresh_ns)) << k.key;
   }
 }
 
@@ -128,8 +127,8 @@ TEST(ConfigTable, OperationsDocListsEveryKey) {
     return s;
   };
   for (const ConfigKeyInfo& k : config_keys()) {
-    const std::string row = "| `" + std::string(k.key) + "` | " + cell(k.type) + " | " +
-                            cell(k.default_text) + " | " + cell(k.help) + " |\n";
+    const std::string row = "| `" + std::string(k.key) + "` | " + cell(k.type) + " | " + cell(k.default_text) + " | " +
+                            cell(k.help) + " |\n";
     EXPECT_THAT(doc, HasSubstr(row)) << "docs/operations.md lacks or has a stale row for " << k.key;
   }
   // Rows of the key tables (those headed "| key | type | default | meaning |"; the document has
@@ -308,37 +307,30 @@ TEST_F(ConfigFiles, AnEmptyNamespaceSectionDeclaresIt) {
 TEST_F(ConfigFiles, UnknownKeysSectionsAndTiersAreErrors) {
   EXPECT_EQ(load("spin_us = 5\n\nhost_arena_byte = 5\n"),
             dir_ + "/kdnd.toml:3: unknown key 'host_arena_byte' (did you mean 'tier.host.bytes'?)");
-  EXPECT_THAT(load("eviction = \"lru\"\n"), AllOf(HasSubstr("kdnd.toml:1: unknown key 'eviction'"),
-                                                  HasSubstr("'tier.host.eviction'")));
-  EXPECT_THAT(load("[tier.host]\nbyts = 1\n"),
-              AllOf(HasSubstr("kdnd.toml:2: unknown key 'tier.host.byts'"),
-                    HasSubstr("did you mean 'tier.host.bytes'")));
-  EXPECT_THAT(load("[namespace.a]\nmax_byte = 1\n"),
-              AllOf(HasSubstr("kdnd.toml:2: unknown key 'namespace.a.max_byte'"),
-                    HasSubstr("did you mean 'namespace.a.max_bytes'")));
+  EXPECT_THAT(load("eviction = \"lru\"\n"),
+              AllOf(HasSubstr("kdnd.toml:1: unknown key 'eviction'"), HasSubstr("'tier.host.eviction'")));
+  EXPECT_THAT(load("[tier.host]\nbyts = 1\n"), AllOf(HasSubstr("kdnd.toml:2: unknown key 'tier.host.byts'"),
+                                                     HasSubstr("did you mean 'tier.host.bytes'")));
+  EXPECT_THAT(load("[namespace.a]\nmax_byte = 1\n"), AllOf(HasSubstr("kdnd.toml:2: unknown key 'namespace.a.max_byte'"),
+                                                           HasSubstr("did you mean 'namespace.a.max_bytes'")));
   EXPECT_EQ(load("x = 1\n[server]\nport = 5\n"), dir_ + "/kdnd.toml:1: unknown key 'x'");
   EXPECT_THAT(load("[server]\nport = 5\n"), HasSubstr("kdnd.toml:1: unknown section '[server]'"));
-  EXPECT_THAT(load("[tier.host.extra]\n"),
-              HasSubstr("kdnd.toml:1: unknown section '[tier.host.extra]'"));
+  EXPECT_THAT(load("[tier.host.extra]\n"), HasSubstr("kdnd.toml:1: unknown section '[tier.host.extra]'"));
   EXPECT_THAT(load("[tier.host]\nbytes = 5\n[tier.tpu]\nbytes = 5\n"),
               HasSubstr("kdnd.toml:3: unknown tier 'tpu' (this kdnd has: host, disk, remote, gpu)"));
-  EXPECT_THAT(load("[namespace.team.a]\n"),
-              AllOf(HasSubstr("kdnd.toml:1: unknown section '[namespace.team.a]'"),
-                    HasSubstr("[namespace.\"team.a\"]")));
+  EXPECT_THAT(load("[namespace.team.a]\n"), AllOf(HasSubstr("kdnd.toml:1: unknown section '[namespace.team.a]'"),
+                                                  HasSubstr("[namespace.\"team.a\"]")));
   EXPECT_THAT(load("tier = 5\n"), HasSubstr("kdnd.toml:1: tier = 5: tiers are sections"));
   EXPECT_THAT(load("[[namespace]]\n"), HasSubstr("kdnd.toml:1: namespace = "));
 }
 
 TEST_F(ConfigFiles, BadNamespaceNamesAreErrors) {
   EXPECT_THAT(load("\n[namespace.\".hidden\"]\n"),
-              AllOf(HasSubstr("kdnd.toml:2: [namespace.\".hidden\"]"),
-                    HasSubstr("does not start with '.'")));
-  EXPECT_THAT(load("[namespace.\"a b\"]\n"),
-              AllOf(HasSubstr("kdnd.toml:1:"), HasSubstr("\"a b\"")));
+              AllOf(HasSubstr("kdnd.toml:2: [namespace.\".hidden\"]"), HasSubstr("does not start with '.'")));
+  EXPECT_THAT(load("[namespace.\"a b\"]\n"), AllOf(HasSubstr("kdnd.toml:1:"), HasSubstr("\"a b\"")));
   EXPECT_THAT(load("[namespace." + std::string(64, 'n') + "]\n"), HasSubstr("1 to 63 bytes"));
   EXPECT_EQ(load("[namespace." + std::string(63, 'n') + "]\n"), "");
-  EXPECT_THAT(load("namespace.a = 5\n"),
-              HasSubstr("kdnd.toml:1: namespace.a = 5: expected a section"));
+  EXPECT_THAT(load("namespace.a = 5\n"), HasSubstr("kdnd.toml:1: namespace.a = 5: expected a section"));
 }
 
 // Each bad value: the message names file:line, the dotted key and the value as written.
@@ -350,30 +342,25 @@ TEST_F(ConfigFiles, BadValuesNameLineKeyAndValue) {
       {"[tier.host]\n\n\n\n\n\nbytes = \"4Q\"\n",
        "kdnd.toml:7: tier.host.bytes = \"4Q\": not a size (a number with K, M, G or T)"},
       {"[tier.host]\nbytes = -1\n", "kdnd.toml:2: tier.host.bytes = -1: must not be negative"},
-      {"[tier.host]\nbytes = \"-1G\"\n",
-       "kdnd.toml:2: tier.host.bytes = \"-1G\": must not be negative"},
+      {"[tier.host]\nbytes = \"-1G\"\n", "kdnd.toml:2: tier.host.bytes = \"-1G\": must not be negative"},
       {"[tier.host]\nslab_bytes = 1.5\n", "kdnd.toml:2: tier.host.slab_bytes = 1.5: not a size"},
       {"max_sessions = -4\n", "kdnd.toml:1: max_sessions = -4: must not be negative"},
-      {"max_sessions = 4294967296\n",
-       "kdnd.toml:1: max_sessions = 4294967296: too large (at most 4294967295)"},
+      {"max_sessions = 4294967296\n", "kdnd.toml:1: max_sessions = 4294967296: too large (at most 4294967295)"},
       {"max_sessions = \"10\"\n", "kdnd.toml:1: max_sessions = \"10\": expected a whole number"},
-      {"[tier.host]\npopulate = \"yes\"\n",
-       "kdnd.toml:2: tier.host.populate = \"yes\": expected true or false"},
+      {"[tier.host]\npopulate = \"yes\"\n", "kdnd.toml:2: tier.host.populate = \"yes\": expected true or false"},
       {"log_level = 3\n", "kdnd.toml:1: log_level = 3: expected a string in quotes"},
       {"[namespace.a]\nallow_uids = [1001, -2]\n",
        "kdnd.toml:2: namespace.a.allow_uids = [ 1001, -2 ]: element 2 (-2): must not be negative"},
       {"[namespace.a]\nallow_gids = [\"x\"]\n", "kdnd.toml:2: namespace.a.allow_gids = "},
       {"admin_uids = 0\n", "kdnd.toml:1: admin_uids = 0: expected a list of whole numbers"},
       {"create_namespace_uids = [4294967296]\n", "element 1 (4294967296): too large"},
-      {"[tier.host]\neviction = { a = 1 }\n",
-       "kdnd.toml:2: tier.host.eviction = { a = 1 }: expected a string"},
+      {"[tier.host]\neviction = { a = 1 }\n", "kdnd.toml:2: tier.host.eviction = { a = 1 }: expected a string"},
   };
   for (const Case& c : cases) EXPECT_THAT(load(c.file), HasSubstr(c.message)) << c.file;
 }
 
 TEST_F(ConfigFiles, SyntaxErrorsGiveLineAndColumn) {
-  EXPECT_THAT(load("spin_us = 5\neviction = [\n"),
-              AllOf(HasSubstr("kdnd.toml:2:"), HasSubstr("TOML syntax error")));
+  EXPECT_THAT(load("spin_us = 5\neviction = [\n"), AllOf(HasSubstr("kdnd.toml:2:"), HasSubstr("TOML syntax error")));
   EXPECT_THAT(load("a = 1\na = 2\n"), HasSubstr("kdnd.toml:2:5: TOML syntax error"));
 }
 
@@ -440,28 +427,23 @@ TEST(ConfigSet, ErrorsNameTheFlagKeyAndValue) {
     const char* value;
     const char* message;
   } cases[] = {
-      {"tier.host.bytes", "4Q",
-       "--set tier.host.bytes=4Q: not a size (a number with K, M, G or T)"},
+      {"tier.host.bytes", "4Q", "--set tier.host.bytes=4Q: not a size (a number with K, M, G or T)"},
       {"tier.host.bytes", "-4G", "--set tier.host.bytes=-4G: must not be negative"},
       {"max_sessions", "-1", "--set max_sessions=-1: must not be negative"},
-      {"max_sessions", "4294967296",
-       "--set max_sessions=4294967296: too large (at most 4294967295)"},
+      {"max_sessions", "4294967296", "--set max_sessions=4294967296: too large (at most 4294967295)"},
       {"max_sessions", "many", "--set max_sessions=many: not a whole number"},
       {"tier.host.populate", "maybe", "--set tier.host.populate=maybe: not a bool"},
-      {"max_sesions", "1",
-       "--set max_sesions=1: unknown key 'max_sesions' (did you mean 'max_sessions'?)"},
-      {"tier.tpu.bytes", "1G",
-       "--set tier.tpu.bytes=1G: unknown tier 'tpu' (this kdnd has: host, disk, remote, gpu)"},
+      {"max_sesions", "1", "--set max_sesions=1: unknown key 'max_sesions' (did you mean 'max_sessions'?)"},
+      {"tier.tpu.bytes", "1G", "--set tier.tpu.bytes=1G: unknown tier 'tpu' (this kdnd has: host, disk, remote, gpu)"},
       {"tier.host", "1G", "--set tier.host=1G: unknown key 'tier.host'"},
       {"namespace.a.max_byte", "1",
        "--set namespace.a.max_byte=1: unknown key 'namespace.a.max_byte' (did you "
        "mean 'namespace.a.max_bytes'?)"},
       {"namespace..x.max_bytes", "1", "--set namespace..x.max_bytes=1: '.x': a namespace name"},
-      {"namespace.max_bytes", "1",
-       "--set namespace.max_bytes=1: unknown key 'namespace.max_bytes'"},
-      {"socket", "/run/kdn/\xc3(.sock", ": not valid UTF-8 text"},  // a cut-off two-byte sequence
+      {"namespace.max_bytes", "1", "--set namespace.max_bytes=1: unknown key 'namespace.max_bytes'"},
+      {"socket", "/run/kdn/\xc3(.sock", ": not valid UTF-8 text"},    // a cut-off two-byte sequence
       {"socket", "/run/kdn/\xed\xa0\x80", ": not valid UTF-8 text"},  // a UTF-16 surrogate
-      {"socket", "/run/kdn/\xc0\xaf", ": not valid UTF-8 text"},  // an overlong '/'
+      {"socket", "/run/kdn/\xc0\xaf", ": not valid UTF-8 text"},      // an overlong '/'
   };
   for (const Case& k : cases) {
     Config c;
@@ -476,8 +458,7 @@ TEST(ConfigSet, ErrorsNameTheFlagKeyAndValue) {
 TEST(ConfigSet, UnicodeTextPrintsAndLoadsBack) {
   Config c;
   std::string error;
-  ASSERT_TRUE(c.set("socket", "/run/kdn/m\xc3\xbcnchen-\xf0\x9f\x94\x91.sock", &error).ok())
-      << error;
+  ASSERT_TRUE(c.set("socket", "/run/kdn/m\xc3\xbcnchen-\xf0\x9f\x94\x91.sock", &error).ok()) << error;
   c.fill_defaults();
   ASSERT_TRUE(c.validate(&error).ok()) << error;
   const std::string dir = ::testing::TempDir();
@@ -516,39 +497,26 @@ TEST(ConfigValidate, EachProblemNamesTheKeyAndValue) {
       {"log", [](Config& c) { c.log_level = "loud"; },
        "log_level = \"loud\": must be trace, debug, info, warn, error or off"},
       {"sessions", [](Config& c) { c.max_sessions = 0; }, "max_sessions = 0: must be at least 1"},
-      {"per uid", [](Config& c) { c.max_sessions_per_uid = 0; },
-       "max_sessions_per_uid = 0: must be at least 1"},
-      {"namespaces", [](Config& c) { c.max_namespaces = 0; },
-       "max_namespaces = 0: must be at least 1"},
+      {"per uid", [](Config& c) { c.max_sessions_per_uid = 0; }, "max_sessions_per_uid = 0: must be at least 1"},
+      {"namespaces", [](Config& c) { c.max_namespaces = 0; }, "max_namespaces = 0: must be at least 1"},
       {"leases", [](Config& c) { c.max_leases = 0; }, "max_leases = 0: must be at least 1"},
-      {"lease count", [](Config& c) { c.max_lease_count = 0; },
-       "max_lease_count = 0: must be at least 1"},
-      {"reservations", [](Config& c) { c.max_reservations = 0; },
-       "max_reservations = 0: must be at least 1"},
-      {"in flight", [](Config& c) { c.max_in_flight = 0; },
-       "max_in_flight = 0: must be between 1 and 4096"},
-      {"in flight max", [](Config& c) { c.max_in_flight = 4097; },
-       "max_in_flight = 4097: must be between 1 and 4096"},
+      {"lease count", [](Config& c) { c.max_lease_count = 0; }, "max_lease_count = 0: must be at least 1"},
+      {"reservations", [](Config& c) { c.max_reservations = 0; }, "max_reservations = 0: must be at least 1"},
+      {"in flight", [](Config& c) { c.max_in_flight = 0; }, "max_in_flight = 0: must be between 1 and 4096"},
+      {"in flight max", [](Config& c) { c.max_in_flight = 4097; }, "max_in_flight = 4097: must be between 1 and 4096"},
       {"models", [](Config& c) { c.max_models = 0; }, "max_models = 0: must be at least 1"},
-      {"models total", [](Config& c) { c.max_models_total = 0; },
-       "max_models_total = 0: must be at least 1"},
-      {"timeout", [](Config& c) { c.reservation_timeout_ms = 0; },
-       "reservation_timeout_ms = 0: must be at least 1"},
+      {"models total", [](Config& c) { c.max_models_total = 0; }, "max_models_total = 0: must be at least 1"},
+      {"timeout", [](Config& c) { c.reservation_timeout_ms = 0; }, "reservation_timeout_ms = 0: must be at least 1"},
       {"socket empty", [](Config& c) { c.socket_path.clear(); }, "socket = \"\": empty"},
       {"socket long", [](Config& c) { c.socket_path = "/" + std::string(107, 's'); },
        "bytes; a Unix socket path holds at most 107"},
-      {"spin", [](Config& c) { c.spin_us = 1000001; },
-       "spin_us = 1000001: must be at most 1000000"},
-      {"slice low", [](Config& c) { c.slice_us = 9; },
-       "slice_us = 9: must be between 10 and 100000"},
-      {"slice high", [](Config& c) { c.slice_us = 100001; },
-       "slice_us = 100001: must be between 10 and 100000"},
+      {"spin", [](Config& c) { c.spin_us = 1000001; }, "spin_us = 1000001: must be at most 1000000"},
+      {"slice low", [](Config& c) { c.slice_us = 9; }, "slice_us = 9: must be between 10 and 100000"},
+      {"slice high", [](Config& c) { c.slice_us = 100001; }, "slice_us = 100001: must be between 10 and 100000"},
       {"staging", [](Config& c) { c.staging_bytes = 8ull << 30; },
        "staging_bytes = \"8G\": larger than max_staging_bytes = \"4G\""},
       {"too many namespaces",
-       [](Config& c) {
-         c.max_namespaces = 1, c.namespaces.push_back(c.namespaces[0]), c.namespaces[1].name = "b";
-       },
+       [](Config& c) { c.max_namespaces = 1, c.namespaces.push_back(c.namespaces[0]), c.namespaces[1].name = "b"; },
        "max_namespaces = 1: 2 namespaces are declared (default, b)"},
       {"ns sessions", [](Config& c) { c.namespaces[0].max_sessions = 257; },
        "namespace.default.max_sessions = 257: larger than max_sessions = 256"},
@@ -572,8 +540,7 @@ TEST_F(ConfigFiles, ValidateNamesTheLineOfAFileNamespace) {
   c.fill_defaults();
   std::string error;
   EXPECT_FALSE(c.validate(&error).ok());
-  EXPECT_THAT(error,
-              HasSubstr("namespace.t.max_bytes = \"1M\" ([namespace.t] on line 3): smaller than"));
+  EXPECT_THAT(error, HasSubstr("namespace.t.max_bytes = \"1M\" ([namespace.t] on line 3): smaller than"));
 }
 
 // ---- to_toml()
@@ -581,12 +548,11 @@ TEST_F(ConfigFiles, ValidateNamesTheLineOfAFileNamespace) {
 TEST_F(ConfigFiles, PrintedConfigLoadsBackTheSame) {
   for (const char* token : {"", "s3cret"}) {
     Config c;
-    ASSERT_EQ(
-        load(c,
-             "metrics_file = \"/tmp/m \\\"q\\\".prom\"\nspin_us = 7\n"
-             "[tier.host]\nbytes = 1234567\neviction = \"s3fifo\"\n"
-             "[namespace.b]\nallow_gids = [10, 20]\n[namespace.\"team.a\"]\nmax_bytes = \"3G\"\n"),
-        "");
+    ASSERT_EQ(load(c,
+                   "metrics_file = \"/tmp/m \\\"q\\\".prom\"\nspin_us = 7\n"
+                   "[tier.host]\nbytes = 1234567\neviction = \"s3fifo\"\n"
+                   "[namespace.b]\nallow_gids = [10, 20]\n[namespace.\"team.a\"]\nmax_bytes = \"3G\"\n"),
+              "");
     c.token = token;
     c.fill_defaults();
     const std::string printed = c.to_toml();
@@ -599,11 +565,16 @@ TEST_F(ConfigFiles, PrintedConfigLoadsBackTheSame) {
     EXPECT_EQ(back.to_toml(), printed);
     for (const ConfigKeyInfo& k : config_keys()) {
       std::string key = k.key;
-      if (key.rfind("namespace.*.", 0) == 0) key = "[namespace.b]";
-      else if (key.rfind("tier.host.", 0) == 0) key = key.substr(10);
-      else if (key.rfind("tier.disk.", 0) == 0) key = key.substr(10);
-      else if (key.rfind("tier.remote.", 0) == 0) key = key.substr(12);
-      else if (key.rfind("tier.gpu.", 0) == 0) key = key.substr(9);
+      if (key.rfind("namespace.*.", 0) == 0)
+        key = "[namespace.b]";
+      else if (key.rfind("tier.host.", 0) == 0)
+        key = key.substr(10);
+      else if (key.rfind("tier.disk.", 0) == 0)
+        key = key.substr(10);
+      else if (key.rfind("tier.remote.", 0) == 0)
+        key = key.substr(12);
+      else if (key.rfind("tier.gpu.", 0) == 0)
+        key = key.substr(9);
       EXPECT_THAT(printed, HasSubstr(key)) << "missing from --print-config";
     }
   }
@@ -626,8 +597,8 @@ TEST_F(ConfigFiles, TokenFileRules) {
 
   ns.token_file = write("open.token", "s3cret\n", 0644);
   EXPECT_FALSE(load_namespace_token(ns, c, &token, &error).ok());
-  EXPECT_THAT(error, AllOf(HasSubstr("namespace.team.token_file = \"" + ns.token_file + "\""),
-                           HasSubstr("0644"), HasSubstr("others")));
+  EXPECT_THAT(error, AllOf(HasSubstr("namespace.team.token_file = \"" + ns.token_file + "\""), HasSubstr("0644"),
+                           HasSubstr("others")));
 
   ns.token_file = write("writable.token", "s3cret\n", 0602);
   EXPECT_FALSE(load_namespace_token(ns, c, &token, &error).ok());

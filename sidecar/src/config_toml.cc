@@ -15,11 +15,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <toml++/toml.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <sstream>
-#include <toml++/toml.h>
 
 namespace kdn::sidecar {
 
@@ -62,14 +62,11 @@ void walk_key(Section section, const std::string& prefix, const std::string& ns,
               const toml::node& v, std::vector<Step>* steps) {
   const std::string name(k.str());
   if (const KeyDef* def = config_table::find_key(section, name)) {
-    steps->push_back(
-        {.at = k.source().begin, .ns = ns, .key = def, .dotted = prefix + name, .value = &v});
+    steps->push_back({.at = k.source().begin, .ns = ns, .key = def, .dotted = prefix + name, .value = &v});
     return;
   }
   if (!v.is_table()) {
-    add_error(
-        steps, k,
-        "unknown key '" + prefix + name + "'" + config_table::did_you_mean(section, name, ns));
+    add_error(steps, k, "unknown key '" + prefix + name + "'" + config_table::did_you_mean(section, name, ns));
     return;
   }
   std::string error = "unknown section '[" + prefix + name + "]'";
@@ -78,8 +75,8 @@ void walk_key(Section section, const std::string& prefix, const std::string& ns,
   add_error(steps, k, std::move(error));
 }
 
-void walk_section(Section section, const std::string& prefix, const std::string& ns,
-                  const toml::table& t, std::vector<Step>* steps) {
+void walk_section(Section section, const std::string& prefix, const std::string& ns, const toml::table& t,
+                  std::vector<Step>* steps) {
   for (auto&& [k, v] : t) walk_key(section, prefix, ns, k, v, steps);
 }
 
@@ -93,8 +90,7 @@ void walk_tiers(const toml::key& k, const toml::node& v, std::vector<Step>* step
     const std::string tier_name(name.str());
     const std::optional<Section> found = config_table::tier_section(tier_name);
     if (!found) {
-      add_error(steps, name,
-                "unknown tier '" + tier_name + "' (this kdnd has: " + config_table::kTierNames + ")");
+      add_error(steps, name, "unknown tier '" + tier_name + "' (this kdnd has: " + config_table::kTierNames + ")");
       continue;
     }
     const Section section = *found;
@@ -102,8 +98,7 @@ void walk_tiers(const toml::key& k, const toml::node& v, std::vector<Step>* step
       walk_section(section, "tier." + tier_name + ".", "", *t, steps);
     } else {
       add_error(steps, name,
-                "tier." + tier_name + " = " + as_written(tier) + ": expected a section [tier." +
-                    tier_name + "]");
+                "tier." + tier_name + " = " + as_written(tier) + ": expected a section [tier." + tier_name + "]");
     }
   }
 }
@@ -111,22 +106,17 @@ void walk_tiers(const toml::key& k, const toml::node& v, std::vector<Step>* step
 void walk_namespaces(const toml::key& k, const toml::node& v, std::vector<Step>* steps) {
   const toml::table* namespaces = v.as_table();
   if (!namespaces) {
-    add_error(
-        steps, k,
-        "namespace = " + as_written(v) + ": namespaces are sections, like [namespace.team-a]");
+    add_error(steps, k, "namespace = " + as_written(v) + ": namespaces are sections, like [namespace.team-a]");
     return;
   }
   for (auto&& [key, section] : *namespaces) {
     const std::string name(key.str());
     const toml::table* t = section.as_table();
     if (!valid_namespace_name(name)) {
-      add_error(
-          steps, key,
-          "[namespace." + config_table::toml_text(name) + "]: " + config_table::kNamespaceNameRule);
+      add_error(steps, key, "[namespace." + config_table::toml_text(name) + "]: " + config_table::kNamespaceNameRule);
     } else if (!t) {
       add_error(steps, key,
-                "namespace." + name + " = " + as_written(section) +
-                    ": expected a section [namespace." + name + "]");
+                "namespace." + name + " = " + as_written(section) + ": expected a section [namespace." + name + "]");
     } else {
       steps->push_back({.at = key.source().begin, .ns = name});
       walk_section(Section::kNamespace, "namespace." + name + ".", name, *t, steps);
@@ -137,9 +127,12 @@ void walk_namespaces(const toml::key& k, const toml::node& v, std::vector<Step>*
 std::vector<Step> walk(const toml::table& root) {
   std::vector<Step> steps;
   for (auto&& [k, v] : root) {
-    if (k.str() == "tier") walk_tiers(k, v, &steps);
-    else if (k.str() == "namespace") walk_namespaces(k, v, &steps);
-    else walk_key(Section::kDaemon, "", "", k, v, &steps);
+    if (k.str() == "tier")
+      walk_tiers(k, v, &steps);
+    else if (k.str() == "namespace")
+      walk_namespaces(k, v, &steps);
+    else
+      walk_key(Section::kDaemon, "", "", k, v, &steps);
   }
   std::stable_sort(steps.begin(), steps.end(), before);
   return steps;
@@ -205,8 +198,8 @@ bool from_node(const toml::node& n, config_table::PathList* out, std::string* wh
   for (const toml::node& e : *a) {
     std::string v;
     if (!from_node(e, &v, why) || v.empty()) {
-      *why = "element " + std::to_string(list.size() + 1) + " (" + as_written(e) + "): " +
-             (v.empty() && why->empty() ? std::string("empty") : *why);
+      *why = "element " + std::to_string(list.size() + 1) + " (" + as_written(e) +
+             "): " + (v.empty() && why->empty() ? std::string("empty") : *why);
       return false;
     }
     list.push_back(std::move(v));
@@ -215,8 +208,7 @@ bool from_node(const toml::node& n, config_table::PathList* out, std::string* wh
   return true;
 }
 
-bool assign_node(const KeyDef& k, const toml::node& n, Config& c, NamespaceConfig* ns,
-                 std::string* why) {
+bool assign_node(const KeyDef& k, const toml::node& n, Config& c, NamespaceConfig* ns, std::string* why) {
   bool ok = false;
   config_table::with_value(k, c, ns, [&](auto& v) {
     std::remove_cvref_t<decltype(v)> parsed{};
@@ -246,14 +238,11 @@ std::string at_line(const std::string& path, const toml::source_position& at) {
 }
 
 // Applies the walk's steps to `c` in file order; the first error stops it.
-Status apply(const std::string& path, const std::vector<Step>& steps, Config* c,
-             std::string* error) {
+Status apply(const std::string& path, const std::vector<Step>& steps, Config* c, std::string* error) {
   for (const Step& s : steps) {
     if (!s.error.empty())
-      return config_table::config_error(error, at_line(path, s.at) + s.error,
-                                        "config: unknown key");
-    NamespaceConfig* ns =
-        s.ns.empty() ? nullptr : &config_table::namespace_entry(*c, s.ns, int(s.at.line));
+      return config_table::config_error(error, at_line(path, s.at) + s.error, "config: unknown key");
+    NamespaceConfig* ns = s.ns.empty() ? nullptr : &config_table::namespace_entry(*c, s.ns, int(s.at.line));
     if (!s.key) {  // a declaration: a namespace already set from elsewhere takes the file's line
       ns->line = int(s.at.line);
       continue;
@@ -261,8 +250,7 @@ Status apply(const std::string& path, const std::vector<Step>& steps, Config* c,
     std::string why;
     if (!assign_node(*s.key, *s.value, *c, ns, &why))
       return config_table::config_error(
-          error, at_line(path, s.at) + s.dotted + " = " + as_written(*s.value) + ": " + why,
-          "config: bad value");
+          error, at_line(path, s.at) + s.dotted + " = " + as_written(*s.value) + ": " + why, "config: bad value");
   }
   return OkStatus();
 }
@@ -282,8 +270,7 @@ Status Config::load_toml(const std::string& path, std::string* error) {
   } catch (const toml::parse_error& e) {
     const toml::source_position at = e.source().begin;
     return config_table::config_error(error,
-                                      path + ":" + std::to_string(at.line) + ":" +
-                                          std::to_string(at.column) +
+                                      path + ":" + std::to_string(at.line) + ":" + std::to_string(at.column) +
                                           ": TOML syntax error: " + std::string(e.description()),
                                       "config: TOML syntax error");
   }

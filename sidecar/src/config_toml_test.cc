@@ -93,17 +93,18 @@ TEST_F(ConfigTomlFiles, BytesThatAreNotUtf8AreASyntaxError) {
     int line;
   };
   const Bad bad[] = {
-      {"max_sessions = 4\nlog_level = \"in\xff" "fo\"\n", 2},         // an invalid byte in a string
-      {"max_sessions = 4\n# a comment \xc3\x28 here\n", 2},          // a broken two-byte sequence
-      {"\n\nlog_level = \"\xe2\x82\"\n", 3},                          // a three-byte sequence cut short
-      {"log_level = \"info\"\nmax_sessions = \"\xc0\xaf\"\n", 2},      // an overlong encoding
-      {"log_level = \"\xed\xa0\x80\"\n", 1},                          // a UTF-16 surrogate
-      {"max_sessions = 4\nlog_level = \"\xe2\x82", 2},                // cut inside a character
+      {"max_sessions = 4\nlog_level = \"in\xff"
+       "fo\"\n",
+       2},                                                         // an invalid byte in a string
+      {"max_sessions = 4\n# a comment \xc3\x28 here\n", 2},        // a broken two-byte sequence
+      {"\n\nlog_level = \"\xe2\x82\"\n", 3},                       // a three-byte sequence cut short
+      {"log_level = \"info\"\nmax_sessions = \"\xc0\xaf\"\n", 2},  // an overlong encoding
+      {"log_level = \"\xed\xa0\x80\"\n", 1},                       // a UTF-16 surrogate
+      {"max_sessions = 4\nlog_level = \"\xe2\x82", 2},             // cut inside a character
   };
   for (const Bad& b : bad) {
     SCOPED_TRACE(b.text);
-    EXPECT_THAT(load(b.text), AllOf(StartsWith(at(b.line)), HasSubstr("TOML syntax error"),
-                                    HasSubstr("utf-8")));
+    EXPECT_THAT(load(b.text), AllOf(StartsWith(at(b.line)), HasSubstr("TOML syntax error"), HasSubstr("utf-8")));
   }
   // The same characters well formed load (and come back as written).
   Config c;
@@ -125,9 +126,9 @@ TEST_F(ConfigTomlFiles, DuplicateKeysAndSectionsNameTheSecondLine) {
   const Dup dups[] = {
       {"max_sessions = 4\nlog_level = \"info\"\nmax_sessions = 8\n", 3},
       {"[tier.host]\nbytes = \"1G\"\n\n[tier.host]\nbytes = \"2G\"\n", 4},
-      {"[tier.host]\nbytes = \"1G\"\nbytes = \"1G\"\n", 3},                  // even the same value
+      {"[tier.host]\nbytes = \"1G\"\nbytes = \"1G\"\n", 3},  // even the same value
       {"[namespace.a]\nmax_bytes = \"1G\"\n[namespace.b]\n[namespace.a]\n", 4},
-      {"tier.host.bytes = \"1G\"\n[tier.host]\nbytes = \"2G\"\n", 2},         // dotted, then a table
+      {"tier.host.bytes = \"1G\"\n[tier.host]\nbytes = \"2G\"\n", 2},  // dotted, then a table
   };
   for (const Dup& d : dups) {
     SCOPED_TRACE(d.text);
@@ -163,7 +164,7 @@ TEST_F(ConfigTomlFiles, AKeyGivenAsASectionIsNamed) {
 TEST_F(ConfigTomlFiles, UnknownKeysDeepInAFileNameTheirLine) {
   std::string text = "# kdnd\n\nmax_sessions = 4\n\n[tier.host]\n";
   for (int i = 0; i < 40; ++i) text += "# filler\n";  // lines 6..45
-  text += "bytes = \"1G\"\nsurprise = 1\n";            // lines 46, 47
+  text += "bytes = \"1G\"\nsurprise = 1\n";           // lines 46, 47
   EXPECT_EQ(load(text), at(47) + " unknown key 'tier.host.surprise'");
   EXPECT_EQ(load("[tier.host]\nbytes = \"1G\"\n[bogus]\nx = 1\n"), at(3) + " unknown section '[bogus]'");
 }

@@ -75,12 +75,18 @@ Section section_of(const KeyDef& k) {
   return std::visit(
       [](auto member) {
         using Owner = typename MemberTraits<decltype(member)>::Owner;
-        if constexpr (std::is_same_v<Owner, Config>) return Section::kDaemon;
-        else if constexpr (std::is_same_v<Owner, HostTierConfig>) return Section::kTierHost;
-        else if constexpr (std::is_same_v<Owner, DiskTierConfig>) return Section::kTierDisk;
-        else if constexpr (std::is_same_v<Owner, RemoteTierConfig>) return Section::kTierRemote;
-        else if constexpr (std::is_same_v<Owner, GpuTierConfig>) return Section::kTierGpu;
-        else return Section::kNamespace;
+        if constexpr (std::is_same_v<Owner, Config>)
+          return Section::kDaemon;
+        else if constexpr (std::is_same_v<Owner, HostTierConfig>)
+          return Section::kTierHost;
+        else if constexpr (std::is_same_v<Owner, DiskTierConfig>)
+          return Section::kTierDisk;
+        else if constexpr (std::is_same_v<Owner, RemoteTierConfig>)
+          return Section::kTierRemote;
+        else if constexpr (std::is_same_v<Owner, GpuTierConfig>)
+          return Section::kTierGpu;
+        else
+          return Section::kNamespace;
       },
       k.field);
 }
@@ -123,12 +129,18 @@ const char* type_name(const KeyDef& k) {
   return std::visit(
       [](auto member) {
         using T = typename MemberTraits<decltype(member)>::Type;
-        if constexpr (std::is_same_v<T, std::string>) return "string";
-        else if constexpr (std::is_same_v<T, bool>) return "bool";
-        else if constexpr (std::is_same_v<T, uint32_t>) return "u32";
-        else if constexpr (std::is_same_v<T, uint64_t>) return "size";
-        else if constexpr (std::is_same_v<T, PathList>) return "list of strings";
-        else return "list of u32";
+        if constexpr (std::is_same_v<T, std::string>)
+          return "string";
+        else if constexpr (std::is_same_v<T, bool>)
+          return "bool";
+        else if constexpr (std::is_same_v<T, uint32_t>)
+          return "u32";
+        else if constexpr (std::is_same_v<T, uint64_t>)
+          return "size";
+        else if constexpr (std::is_same_v<T, PathList>)
+          return "list of strings";
+        else
+          return "list of u32";
       },
       k.field);
 }
@@ -141,11 +153,16 @@ bool valid_utf8(std::string_view s) {
     const auto b = static_cast<unsigned char>(s[i]);
     size_t len = 0;
     uint32_t cp = 0;
-    if (b < 0x80) len = 1, cp = b;
-    else if ((b & 0xE0) == 0xC0) len = 2, cp = b & 0x1F;
-    else if ((b & 0xF0) == 0xE0) len = 3, cp = b & 0x0F;
-    else if ((b & 0xF8) == 0xF0) len = 4, cp = b & 0x07;
-    else return false;
+    if (b < 0x80)
+      len = 1, cp = b;
+    else if ((b & 0xE0) == 0xC0)
+      len = 2, cp = b & 0x1F;
+    else if ((b & 0xF0) == 0xE0)
+      len = 3, cp = b & 0x0F;
+    else if ((b & 0xF8) == 0xF0)
+      len = 4, cp = b & 0x07;
+    else
+      return false;
     if (i + len > s.size()) return false;
     for (size_t k = 1; k < len; ++k) {
       const auto c = static_cast<unsigned char>(s[i + k]);
@@ -202,8 +219,7 @@ bool parse_text(std::string_view s, uint32_t* out, std::string* why) {
 
 bool parse_text(std::string_view s, uint64_t* out, std::string* why) {
   if (parse_size(std::string(trim(s)), out)) return true;
-  *why =
-      trim(s).starts_with('-') ? "must not be negative" : "not a size (a number with K, M, G or T)";
+  *why = trim(s).starts_with('-') ? "must not be negative" : "not a size (a number with K, M, G or T)";
   return false;
 }
 
@@ -245,9 +261,12 @@ bool parse_text(std::string_view s, PathList* out, std::string* why) {
 }
 
 bool u32_from(int64_t v, uint32_t* out, std::string* why) {
-  if (v < 0) *why = "must not be negative";
-  else if (v > int64_t{UINT32_MAX}) *why = "too large (at most 4294967295)";
-  else return *out = uint32_t(v), true;
+  if (v < 0)
+    *why = "must not be negative";
+  else if (v > int64_t{UINT32_MAX})
+    *why = "too large (at most 4294967295)";
+  else
+    return *out = uint32_t(v), true;
   return false;
 }
 
@@ -255,9 +274,12 @@ std::string toml_text(const std::string& v) {
   std::string out = "\"";
   for (const char ch : v) {
     const auto c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\') out += '\\', out += ch;
-    else if (c == '\n') out += "\\n";
-    else if (c == '\t') out += "\\t";
+    if (c == '"' || c == '\\')
+      out += '\\', out += ch;
+    else if (c == '\n')
+      out += "\\n";
+    else if (c == '\t')
+      out += "\\t";
     else if (c < 0x20 || c == 0x7f) {
       char esc[8];
       std::snprintf(esc, sizeof esc, "\\u%04x", c);
@@ -299,8 +321,7 @@ std::string value_text(const KeyDef& k, const Config& c, const NamespaceConfig* 
   return out;
 }
 
-bool assign_text(const KeyDef& k, std::string_view text, Config& c, NamespaceConfig* ns,
-                 std::string* why) {
+bool assign_text(const KeyDef& k, std::string_view text, Config& c, NamespaceConfig* ns, std::string* why) {
   bool ok = false;
   with_value(k, c, ns, [&](auto& v) {
     std::remove_cvref_t<decltype(v)> parsed{};

@@ -3,8 +3,8 @@
 #include "access.h"
 #include "admission.h"
 #include "gpu/gpu_service.h"
-#include "metrics.h"
 #include "memory_releaser.h"
+#include "metrics.h"
 #include "metrics_server.h"
 #include "prefault.h"
 #include "request_handler.h"
@@ -17,10 +17,10 @@
 #include <kdn/ipc/handshake.h>
 #include <kdn/ipc/uds.h>
 
-#include <spdlog/fmt/ranges.h>
-#include <spdlog/spdlog.h>
 #include <malloc.h>
 #include <poll.h>
+#include <spdlog/fmt/ranges.h>
+#include <spdlog/spdlog.h>
 #include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
@@ -34,7 +34,17 @@ namespace kdn::sidecar {
 namespace {
 
 // epoll tags: the top byte says what the fd is, the rest identifies it.
-enum TagKind : uint64_t { kListen = 1, kSignal = 2, kStop = 3, kHandshake = 4, kSocket = 5, kBell = 6, kTierWake = 7, kScrape = 8, kGpuWake = 9 };
+enum TagKind : uint64_t {
+  kListen = 1,
+  kSignal = 2,
+  kStop = 3,
+  kHandshake = 4,
+  kSocket = 5,
+  kBell = 6,
+  kTierWake = 7,
+  kScrape = 8,
+  kGpuWake = 9
+};
 constexpr uint64_t tag(TagKind k, uint64_t id) { return (uint64_t(k) << 56) | (id & ((1ull << 56) - 1)); }
 constexpr TagKind tag_kind(uint64_t t) { return TagKind(t >> 56); }
 constexpr uint64_t tag_id(uint64_t t) { return t & ((1ull << 56) - 1); }
@@ -210,10 +220,10 @@ class DaemonImpl {
   std::unordered_map<int, Pending> pending_;
   std::unordered_map<uint32_t, uint32_t> pending_per_uid_;
   std::unordered_map<uint32_t, uint64_t> staging_per_uid_;  // staging bytes of each uid's sessions
-  MemoryReleaser releaser_;  // unmaps what ended sessions leave behind, off the loop
-  LogLimiter refusal_log_;  // refusals can come by the thousand: a few lines a second
-  std::string metrics_error_;  // the last failure to write the metrics file ("" = none)
-  std::unordered_map<uint64_t, std::unique_ptr<Op>> ops_;  // parked requests by token
+  MemoryReleaser releaser_;                                 // unmaps what ended sessions leave behind, off the loop
+  LogLimiter refusal_log_;                                  // refusals can come by the thousand: a few lines a second
+  std::string metrics_error_;                               // the last failure to write the metrics file ("" = none)
+  std::unordered_map<uint64_t, std::unique_ptr<Op>> ops_;   // parked requests by token
   std::deque<Op*> runnable_;
   std::vector<Session*> broken_;  // sessions whose completion ring broke, closed next turn
   std::vector<StoreEvent> events_ = std::vector<StoreEvent>(256);
@@ -225,7 +235,7 @@ class DaemonImpl {
   uint64_t last_metrics_ns_ = 0, last_housekeeping_ns_ = 0;
   std::atomic<bool> stop_{false};
   std::unique_ptr<MetricsServer> metrics_server_;  // metrics_listen; its thread reads nothing of ours
-  Prefaulter prefaulter_;  // last: stopped before the namespaces it faults in are unmapped
+  Prefaulter prefaulter_;                          // last: stopped before the namespaces it faults in are unmapped
 };
 
 // ---- start-up ---------------------------------------------------------------------------------
@@ -307,14 +317,12 @@ Status DaemonImpl::start() {
   KDN_RETURN_IF_ERROR(poller_.add(signal_fd_.get(), tag(kSignal, 0)));
   KDN_RETURN_IF_ERROR(poller_.add(stop_fd_.get(), tag(kStop, 0)));
   spdlog::info("kdnd listening on {} (protocol {}, {} namespace(s), host arena {} MiB each, eviction {})",
-               cfg_.socket_path, KDN_PROTOCOL_VERSION, namespaces_.size(), cfg_.host.bytes >> 20,
-               cfg_.host.eviction);
+               cfg_.socket_path, KDN_PROTOCOL_VERSION, namespaces_.size(), cfg_.host.bytes >> 20, cfg_.host.eviction);
   prefaulter_.start(std::move(prefault));  // configured namespaces live as long as the daemon
   return OkStatus();
 }
 
-Result<Namespace*> DaemonImpl::open_namespace(const std::string& name, const NamespaceConfig& policy,
-                                              bool configured) {
+Result<Namespace*> DaemonImpl::open_namespace(const std::string& name, const NamespaceConfig& policy, bool configured) {
   if (namespaces_.size() >= cfg_.max_namespaces) return Status(Code::kLimit, "max_namespaces namespaces exist");
   std::string token;
   std::string error;
@@ -374,9 +382,11 @@ Status DaemonImpl::poll_tiers_of(const Namespace& ns) {
     const Tier* tier = ns.tier(TierId(t));
     if (tier == nullptr) continue;
     if (tier->wake_fd() >= 0)
-      KDN_RETURN_IF_ERROR(poller_.add(tier->wake_fd(), tag(kTierWake, wake_id(ns.region_id, TierId(t), TierFd::kWake))));
+      KDN_RETURN_IF_ERROR(
+          poller_.add(tier->wake_fd(), tag(kTierWake, wake_id(ns.region_id, TierId(t), TierFd::kWake))));
     if (tier->poll_fd() >= 0)
-      KDN_RETURN_IF_ERROR(poller_.add(tier->poll_fd(), tag(kTierWake, wake_id(ns.region_id, TierId(t), TierFd::kPoll))));
+      KDN_RETURN_IF_ERROR(
+          poller_.add(tier->poll_fd(), tag(kTierWake, wake_id(ns.region_id, TierId(t), TierFd::kPoll))));
   }
   return OkStatus();
 }
@@ -396,8 +406,8 @@ void DaemonImpl::release_namespaces(uint64_t now) {
   const uint64_t grace = uint64_t(cfg_.namespace_grace_s) * 1'000'000'000;
   for (auto it = namespaces_.begin(); it != namespaces_.end();) {
     Namespace& ns = *it->second;
-    const bool idle = !ns.configured && ns.sessions == 0 && ns.attached == 0 &&
-                      ns.store->transfers_in_flight() == 0 && now - ns.empty_since_ns >= grace;
+    const bool idle = !ns.configured && ns.sessions == 0 && ns.attached == 0 && ns.store->transfers_in_flight() == 0 &&
+                      now - ns.empty_since_ns >= grace;
     if (!idle) {
       ++it;
       continue;
@@ -444,9 +454,12 @@ void DaemonImpl::accept_clients() {
     Peer peer{uint32_t(cred->uid), uint32_t(cred->gid), {}};
     if (auto groups = ipc::peer_groups(fd); groups.ok()) peer.groups = std::move(*groups);
     Refusal why = Refusal::kCount;
-    if (!could_connect(peer)) why = Refusal::kUid;
-    else if (pending_per_uid_[peer.uid] >= cfg_.max_pending_handshakes_per_uid) why = Refusal::kPending;
-    else if (pending_.size() >= cfg_.max_pending_handshakes && !make_pending_room(peer.uid)) why = Refusal::kPending;
+    if (!could_connect(peer))
+      why = Refusal::kUid;
+    else if (pending_per_uid_[peer.uid] >= cfg_.max_pending_handshakes_per_uid)
+      why = Refusal::kPending;
+    else if (pending_.size() >= cfg_.max_pending_handshakes && !make_pending_room(peer.uid))
+      why = Refusal::kPending;
     if (why == Refusal::kCount && !poller_.add(fd, tag(kHandshake, uint64_t(fd))).ok()) why = Refusal::kResources;
     if (why != Refusal::kCount) {
       refuse_at_accept(fd, cred->pid, cred->uid, why);
@@ -517,9 +530,9 @@ void DaemonImpl::finish_handshake(int fd) {
   Status st = admit(std::move(sock), *hello);
   if (!st.ok()) {
     const Code c = st.code();
-    counters_.refuse(c == Code::kLimit ? Refusal::kLimit
+    counters_.refuse(c == Code::kLimit                                ? Refusal::kLimit
                      : c == Code::kPermission || c == Code::kNotFound ? Refusal::kAccess
-                                                                       : Refusal::kResources);
+                                                                      : Refusal::kResources);
     if (refusal_log_.allow(now_ns()))
       spdlog::warn("client pid {} uid {} refused for namespace '{}': {}{}", hello->peer.pid, hello->peer.uid,
                    hello->hello.name_space, st.what(), refusal_log_.suppressed_note());
@@ -550,7 +563,8 @@ Status DaemonImpl::admit(ipc::UniqueFd sock, const ipc::ReceivedHello& rh) {
   uint32_t of_uid = 0;
   for (Session* s : active_) of_uid += s->uid == rh.peer.uid;
   if (Status share = session_share_allows(cfg_, namespaces_, *ns, active_.size()); !share.ok()) return refuse(share);
-  if (of_uid >= cfg_.max_sessions_per_uid) return refuse(Status(Code::kLimit, "max_sessions_per_uid sessions of this uid"));
+  if (of_uid >= cfg_.max_sessions_per_uid)
+    return refuse(Status(Code::kLimit, "max_sessions_per_uid sessions of this uid"));
   if (ns->policy.max_sessions && ns->sessions >= ns->policy.max_sessions)
     return refuse(Status(Code::kLimit, "the namespace's max_sessions are open"));
   if (Status budget = staging_budget_allows(*ns, rh.peer.uid, h.staging_bytes); !budget.ok()) return refuse(budget);
@@ -581,7 +595,8 @@ Status DaemonImpl::admit(ipc::UniqueFd sock, const ipc::ReceivedHello& rh) {
   const bool admin = (h.flags & ipc::kHelloFlagAdmin) && is_admin(cfg_, *ns, peer);
   const uint32_t granted = (admin ? ipc::kHelloFlagAdmin : 0u) | (h.flags & ipc::kHelloFlagCreateNamespace);
   ipc::WelcomeMsg w = ipc::make_welcome(h, *layout, s->id, granted, regions, handler_.limits());
-  KDN_RETURN_IF_ERROR(ipc::server_send_welcome(sock.get(), w, s->shm.segment().fd(), s->shm.doorbell().fd(), region_fds));
+  KDN_RETURN_IF_ERROR(
+      ipc::server_send_welcome(sock.get(), w, s->shm.segment().fd(), s->shm.doorbell().fd(), region_fds));
   s->sock = std::move(sock);
   s->ns = ns;
   s->admin = admin;
@@ -624,9 +639,7 @@ void DaemonImpl::close_session(Session* s, const char* why) {
   // Requests that wait for nothing end now; those whose copies still read the staging area
   // keep the session until they land (op_done then destroys it).
   // A COMMIT still finishes (it settles the chunks its copies published).
-  auto ends_now = [&](const Op& op) {
-    return op.session == s && op.waiting == 0 && !settles_after_close(op);
-  };
+  auto ends_now = [&](const Op& op) { return op.session == s && op.waiting == 0 && !settles_after_close(op); };
   std::erase_if(runnable_, [&](Op* op) { return ends_now(*op); });
   for (auto it = ops_.begin(); it != ops_.end();) {
     if (ends_now(*it->second)) {
@@ -643,7 +656,8 @@ void DaemonImpl::destroy_session(Session* s) {
   Namespace* ns = s->ns;
   --ns->attached;
   ns->staging_bytes -= s->staging.capacity();
-  if (auto it = staging_per_uid_.find(s->uid); it != staging_per_uid_.end() && (it->second -= s->staging.capacity()) == 0)
+  if (auto it = staging_per_uid_.find(s->uid);
+      it != staging_per_uid_.end() && (it->second -= s->staging.capacity()) == 0)
     staging_per_uid_.erase(it);
   release_session_memory(*s);
   const bool trim = s->held_many_leases;
@@ -794,8 +808,10 @@ bool DaemonImpl::run_slice() {
     return true;
   }
   const Step step = handler_.step(*op, now_ns() + uint64_t(cfg_.slice_us) * 1000);
-  if (step == Step::kDone) op_done(*op);
-  else if (step == Step::kMore || (op->waiting == 0 && !op->wants_room)) make_runnable(op);
+  if (step == Step::kDone)
+    op_done(*op);
+  else if (step == Step::kMore || (op->waiting == 0 && !op->wants_room))
+    make_runnable(op);
   return true;
 }
 
@@ -902,8 +918,12 @@ Status DaemonImpl::service_control(int timeout_ms) {
   for (size_t i = 0; i < *n; ++i) {
     const uint64_t id = tag_id(tags[i]);
     switch (tag_kind(tags[i])) {
-      case kListen: accept_clients(); break;
-      case kHandshake: finish_handshake(int(id)); break;
+      case kListen:
+        accept_clients();
+        break;
+      case kHandshake:
+        finish_handshake(int(id));
+        break;
       case kSignal: {
         signalfd_siginfo si;
         while (::read(signal_fd_.get(), &si, sizeof si) == sizeof si) {
@@ -912,8 +932,12 @@ Status DaemonImpl::service_control(int timeout_ms) {
         }
         break;
       }
-      case kStop: stop_.store(true, std::memory_order_relaxed); break;
-      case kGpuWake: (void)poll_gpu(); break;  // drains the queue's eventfd
+      case kStop:
+        stop_.store(true, std::memory_order_relaxed);
+        break;
+      case kGpuWake:
+        (void)poll_gpu();
+        break;  // drains the queue's eventfd
       case kScrape:
         if (!metrics_server_->consume_request()) break;
         try {
@@ -1055,8 +1079,8 @@ void DaemonImpl::write_down(const std::string& name, Namespace& ns, Tier& target
   const uint64_t written_before = ns.store->counters().written_through_chunks;
   const uint64_t budget = ns.store->host_only_chunks();
   if (budget > 0)
-    spdlog::info("namespace '{}': writing {} chunks held only in the arena to the {} tier before exiting", name,
-                 budget, where);
+    spdlog::info("namespace '{}': writing {} chunks held only in the arena to the {} tier before exiting", name, budget,
+                 where);
   for (;;) {
     // Keep the device's queue full, not the whole arena in flight at once.
     const uint64_t room = target.queue_room();
@@ -1103,14 +1127,15 @@ void DaemonImpl::write_metrics() {
   Status st = write_prometheus_file(cfg_.metrics_file, counters_, metrics_namespaces(), &error, gpu_.get());
   if (!st.ok() && error.empty()) error = st.what();
   if (error != metrics_error_) {  // a failure is logged once, and so is the recovery
-    if (error.empty()) spdlog::info("metrics file {} written again", cfg_.metrics_file);
-    else spdlog::warn("metrics file: {}", error);
+    if (error.empty())
+      spdlog::info("metrics file {} written again", cfg_.metrics_file);
+    else
+      spdlog::warn("metrics file: {}", error);
     metrics_error_ = std::move(error);
   }
 }
 
-Daemon::Daemon(Config config, DaemonFaults faults)
-    : impl_(std::make_unique<DaemonImpl>(std::move(config), faults)) {}
+Daemon::Daemon(Config config, DaemonFaults faults) : impl_(std::make_unique<DaemonImpl>(std::move(config), faults)) {}
 Daemon::~Daemon() = default;
 Status Daemon::start() { return impl_->start(); }
 Status Daemon::run() { return impl_->run(); }

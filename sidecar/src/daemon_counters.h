@@ -27,9 +27,9 @@ const char* refusal_name(Refusal r) noexcept;
 // Request latency, from the loop's first look at a request to its completion being queued for
 // the client, in fixed buckets (Prometheus' cumulative form is made when rendering).
 struct LatencyHistogram {
-  static constexpr uint64_t kBoundsNs[] = {1'000,     2'500,     5'000,      10'000,     25'000,      50'000,
-                                           100'000,   250'000,   500'000,    1'000'000,  2'500'000,   10'000'000,
-                                           100'000'000, 1'000'000'000};
+  static constexpr uint64_t kBoundsNs[] = {1'000,     2'500,      5'000,       10'000,       25'000,
+                                           50'000,    100'000,    250'000,     500'000,      1'000'000,
+                                           2'500'000, 10'000'000, 100'000'000, 1'000'000'000};
   static constexpr size_t kBuckets = std::size(kBoundsNs) + 1;  // the last: above every bound
   uint64_t buckets[kBuckets] = {};
   uint64_t count = 0, sum_ns = 0;

@@ -12,7 +12,7 @@ namespace {
 constexpr char kSuperMagic[8] = {'K', 'D', 'N', 'S', 'L', 'A', 'B', 'F'};
 constexpr char kSlotMagic[8] = {'K', 'D', 'N', 'S', 'L', 'O', 'T', '1'};
 constexpr uint16_t kEntryMagic = 0x4553;  // "SE"
-constexpr size_t kCrcAt = kBlock - 4;      // every block's CRC32C covers [0, kCrcAt)
+constexpr size_t kCrcAt = kBlock - 4;     // every block's CRC32C covers [0, kCrcAt)
 // No slab file is larger (64 PiB): a superblock claiming more is damaged, and its offsets would
 // overflow.
 constexpr uint64_t kMaxFileBytes = uint64_t{1} << 56;
@@ -35,10 +35,14 @@ uint64_t round_up(uint64_t v, uint64_t a) noexcept { return (v + a - 1) / a * a;
 
 const char* disk_codec_name(DiskCodec c) noexcept {
   switch (c) {
-    case DiskCodec::kNone: return "none";
-    case DiskCodec::kLossless: return "lossless";
-    case DiskCodec::kInt8: return "int8";
-    case DiskCodec::kKivi4: return "kivi4";
+    case DiskCodec::kNone:
+      return "none";
+    case DiskCodec::kLossless:
+      return "lossless";
+    case DiskCodec::kInt8:
+      return "int8";
+    case DiskCodec::kKivi4:
+      return "kivi4";
   }
   return "unknown";
 }

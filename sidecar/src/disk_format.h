@@ -30,13 +30,13 @@ namespace kdn::sidecar::disk {
 
 static_assert(std::endian::native == std::endian::little, "slab files are little-endian");
 
-constexpr uint64_t kBlock = 4096;           // O_DIRECT unit; headers, table blocks, alignment
-constexpr uint16_t kFormatMajor = 1;        // a reader refuses other majors
-constexpr uint16_t kFormatMinor = 0;        // additions that older readers may ignore
+constexpr uint64_t kBlock = 4096;     // O_DIRECT unit; headers, table blocks, alignment
+constexpr uint16_t kFormatMajor = 1;  // a reader refuses other majors
+constexpr uint16_t kFormatMinor = 0;  // additions that older readers may ignore
 constexpr uint32_t kSlabEntryBytes = 16;
 constexpr uint32_t kSlabEntriesPerBlock = uint32_t(kBlock / kSlabEntryBytes);
-constexpr size_t kNameBytes = 64;           // a namespace name, NUL-padded (at most 63 bytes)
-constexpr uint32_t kMaxSlabs = 1u << 24;    // a file of 16 Mi slabs is far beyond any device
+constexpr size_t kNameBytes = 64;         // a namespace name, NUL-padded (at most 63 bytes)
+constexpr uint32_t kMaxSlabs = 1u << 24;  // a file of 16 Mi slabs is far beyond any device
 
 // What the stored bytes of a slot are.
 enum class DiskCodec : uint8_t {
@@ -69,9 +69,9 @@ struct FileLayout {
 };
 
 struct Superblock {
-  uint8_t file_id[16] = {};          // random at creation; every slot header repeats it
-  std::string name_space;            // the namespace the file belongs to
-  uint32_t dir_index = 0;            // the directory's place in disk dirs at creation (informational)
+  uint8_t file_id[16] = {};  // random at creation; every slot header repeats it
+  std::string name_space;    // the namespace the file belongs to
+  uint32_t dir_index = 0;    // the directory's place in disk dirs at creation (informational)
   uint32_t dir_count = 0;
   FileLayout layout;
   uint64_t created_unix_ns = 0;
@@ -91,18 +91,18 @@ bool decode_slab_entry(const std::byte* in, SlabEntry* out) noexcept;
 
 struct SlotHeader {
   uint8_t file_id[16] = {};
-  uint64_t slot_offset = 0;     // the file offset of this header (a header found elsewhere is stale)
-  uint64_t slot_bytes = 0;      // the slab class it was written in
+  uint64_t slot_offset = 0;  // the file offset of this header (a header found elsewhere is stale)
+  uint64_t slot_bytes = 0;   // the slab class it was written in
   kdn_key key{};
-  kdn_key fingerprint{};        // the model's
-  uint64_t sequence = 0;        // grows with every write to the file set; the newest copy of a key wins
-  uint64_t raw_bytes = 0;       // the canonical chunk's size
-  uint64_t stored_bytes = 0;    // payload bytes after the header (== raw_bytes for kNone)
+  kdn_key fingerprint{};      // the model's
+  uint64_t sequence = 0;      // grows with every write to the file set; the newest copy of a key wins
+  uint64_t raw_bytes = 0;     // the canonical chunk's size
+  uint64_t stored_bytes = 0;  // payload bytes after the header (== raw_bytes for kNone)
   DiskCodec codec = DiskCodec::kNone;
-  uint32_t payload_crc = 0;     // CRC32C of the stored bytes
-  kdn_key raw_hash{};           // XXH3-128 of the canonical chunk (kLossless; zero otherwise)
+  uint32_t payload_crc = 0;  // CRC32C of the stored bytes
+  kdn_key raw_hash{};        // XXH3-128 of the canonical chunk (kLossless; zero otherwise)
   std::string name_space;
-  uint64_t written_unix_ns = 0; // informational
+  uint64_t written_unix_ns = 0;  // informational
 };
 void encode_slot_header(const SlotHeader& h, std::byte* block) noexcept;  // kBlock bytes
 Status decode_slot_header(const std::byte* block, SlotHeader* out) noexcept;

@@ -52,7 +52,9 @@ ssize_t DiskIo::pread(int fd, void* buf, size_t bytes, uint64_t offset) noexcept
   return r < 0 ? -errno : r;
 }
 
-int DiskIo::fdatasync(int fd) noexcept { return ret(retry_eintr([&] { return ::fdatasync(fd); })); }
+int DiskIo::fdatasync(int fd) noexcept {
+  return ret(retry_eintr([&] { return ::fdatasync(fd); }));
+}
 
 DiskIo& DiskIo::system() noexcept {
   static DiskIo io;

@@ -27,9 +27,9 @@ class DiskIo {
 
   // Names relative to a directory the tier holds open and has checked (openat, mkdirat): a
   // directory swapped in under the same path later is never used.
-  virtual int mkdirat(int dir_fd, const std::string& name, mode_t mode) noexcept;         // 0 or -errno (-EEXIST too)
+  virtual int mkdirat(int dir_fd, const std::string& name, mode_t mode) noexcept;  // 0 or -errno (-EEXIST too)
   virtual int openat(int dir_fd, const std::string& name, int flags, mode_t mode) noexcept;  // fd or -errno
-  virtual int file_size(int fd, uint64_t* bytes) noexcept;                     // fstat
+  virtual int file_size(int fd, uint64_t* bytes) noexcept;                                   // fstat
   virtual int fallocate(int fd, uint64_t offset, uint64_t bytes) noexcept;
   virtual int truncate(int fd, uint64_t bytes) noexcept;
   // Synchronous positional I/O, for start-up only (creating files, the superblock).

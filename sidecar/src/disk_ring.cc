@@ -7,12 +7,12 @@ namespace kdn::sidecar {
 namespace {
 
 constexpr uint64_t kMaxPart = 1ull << 30;  // one SQE moves at most this (the kernel caps near 2 GiB)
-constexpr uint32_t kMaxRetries = 10000;     // -EAGAIN this often in a row is a failure, not a hiccup
+constexpr uint32_t kMaxRetries = 10000;    // -EAGAIN this often in a row is a failure, not a hiccup
 
 }  // namespace
 
-Result<std::unique_ptr<DiskRing>> DiskRing::create(uint32_t depth, std::span<const int> files, int wake_fd,
-                                                   DiskIo& io, uint32_t device) noexcept {
+Result<std::unique_ptr<DiskRing>> DiskRing::create(uint32_t depth, std::span<const int> files, int wake_fd, DiskIo& io,
+                                                   uint32_t device) noexcept {
   if (depth == 0 || depth > 4096) return Status(Code::kInvalidArgument, "io_uring queue depth must be 1..4096");
   std::unique_ptr<DiskRing> r(new (std::nothrow) DiskRing(io, device));
   if (!r) return Status(Code::kNoMemory, "disk ring allocation failed");
@@ -75,9 +75,7 @@ Status DiskRing::register_buffers(std::span<const iovec> pieces) noexcept {
   return OkStatus();
 }
 
-bool DiskRing::is_metadata(const IoRequest* r) noexcept {
-  return r->kind == IoKind::kSync || r->bytes <= 4096;
-}
+bool DiskRing::is_metadata(const IoRequest* r) noexcept { return r->kind == IoKind::kSync || r->bytes <= 4096; }
 
 void DiskRing::submit(IoRequest* r) noexcept {
   r->done = 0;
@@ -115,12 +113,16 @@ void DiskRing::prepare(IoRequest* r) noexcept {
     const uint64_t off = r->offset + r->done;
     if (fixed) {
       ++counters_.fixed;
-      if (r->kind == IoKind::kRead) io_uring_prep_read_fixed(sqe, int(r->file), p, unsigned(part), off, fixed->index);
-      else io_uring_prep_write_fixed(sqe, int(r->file), p, unsigned(part), off, fixed->index);
+      if (r->kind == IoKind::kRead)
+        io_uring_prep_read_fixed(sqe, int(r->file), p, unsigned(part), off, fixed->index);
+      else
+        io_uring_prep_write_fixed(sqe, int(r->file), p, unsigned(part), off, fixed->index);
     } else {
       ++counters_.unfixed;
-      if (r->kind == IoKind::kRead) io_uring_prep_read(sqe, int(r->file), p, unsigned(part), off);
-      else io_uring_prep_write(sqe, int(r->file), p, unsigned(part), off);
+      if (r->kind == IoKind::kRead)
+        io_uring_prep_read(sqe, int(r->file), p, unsigned(part), off);
+      else
+        io_uring_prep_write(sqe, int(r->file), p, unsigned(part), off);
     }
   }
   sqe->flags |= IOSQE_FIXED_FILE;

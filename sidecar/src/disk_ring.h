@@ -39,30 +39,30 @@ namespace kdn::sidecar {
 
 struct IoRequest {
   IoKind kind = IoKind::kRead;
-  uint32_t file = 0;            // index among the ring's registered files
-  uint64_t offset = 0;          // file offset (block-aligned for O_DIRECT)
-  std::byte* buf = nullptr;     // block-aligned
-  uint64_t bytes = 0;           // block multiple; 0 for kSync
-  uint64_t owner = 0;           // the caller's, untouched
+  uint32_t file = 0;         // index among the ring's registered files
+  uint64_t offset = 0;       // file offset (block-aligned for O_DIRECT)
+  std::byte* buf = nullptr;  // block-aligned
+  uint64_t bytes = 0;        // block multiple; 0 for kSync
+  uint64_t owner = 0;        // the caller's, untouched
   // Filled in by the ring.
-  uint64_t done = 0;            // bytes transferred so far
-  int32_t result = 0;           // on completion: 0, or -errno (-ENODATA: end of file on a read)
-  uint32_t retries = 0;         // -EAGAIN / -EINTR resubmissions
-  uint32_t short_count = 0;     // short transfers continued
-  uint32_t segment = 0;         // bytes of the part in flight (internal)
+  uint64_t done = 0;         // bytes transferred so far
+  int32_t result = 0;        // on completion: 0, or -errno (-ENODATA: end of file on a read)
+  uint32_t retries = 0;      // -EAGAIN / -EINTR resubmissions
+  uint32_t short_count = 0;  // short transfers continued
+  uint32_t segment = 0;      // bytes of the part in flight (internal)
 };
 
 struct RingCounters {
   uint64_t submitted = 0, completed = 0, retries = 0, short_transfers = 0, fixed = 0, unfixed = 0;
-  uint64_t queued_max = 0;      // the most requests ever waiting behind the cap
+  uint64_t queued_max = 0;  // the most requests ever waiting behind the cap
 };
 
 class DiskRing {
  public:
   // `files`: fds to register, in index order. `wake_fd`: an eventfd completions signal (-1:
   // none). `device`: this ring's directory index (for DiskIo::completed).
-  static Result<std::unique_ptr<DiskRing>> create(uint32_t depth, std::span<const int> files, int wake_fd,
-                                                  DiskIo& io, uint32_t device) noexcept;
+  static Result<std::unique_ptr<DiskRing>> create(uint32_t depth, std::span<const int> files, int wake_fd, DiskIo& io,
+                                                  uint32_t device) noexcept;
   ~DiskRing();
   DiskRing(const DiskRing&) = delete;
   DiskRing& operator=(const DiskRing&) = delete;
@@ -82,7 +82,7 @@ class DiskRing {
   // Blocks until at least one completion is ready (start-up and shutdown only).
   Status wait() noexcept;
 
-  uint32_t in_flight() const noexcept { return in_flight_; }     // in the kernel or prepared
+  uint32_t in_flight() const noexcept { return in_flight_; }  // in the kernel or prepared
   uint32_t payloads_in_flight() const noexcept { return payloads_; }
   size_t queued() const noexcept { return waiting_.size() + waiting_meta_.size(); }  // behind a cap
   uint32_t depth() const noexcept { return depth_; }
@@ -107,8 +107,8 @@ class DiskRing {
   uint32_t device_;
   uint32_t depth_ = 0;
   uint32_t in_flight_ = 0;
-  uint32_t payloads_ = 0;  // of in_flight_, payload transfers (capped at depth_)
-  uint32_t prepared_ = 0;  // SQEs not yet handed to the kernel
+  uint32_t payloads_ = 0;                // of in_flight_, payload transfers (capped at depth_)
+  uint32_t prepared_ = 0;                // SQEs not yet handed to the kernel
   std::deque<IoRequest*> waiting_;       // payloads behind the cap
   std::deque<IoRequest*> waiting_meta_;  // metadata behind its cap
   std::vector<Region> regions_;

@@ -31,9 +31,7 @@ struct FreeDeleter {
 };
 using Buffer = std::unique_ptr<std::byte[], FreeDeleter>;
 
-Buffer aligned(uint64_t bytes) {
-  return Buffer(static_cast<std::byte*>(std::aligned_alloc(kBlock, bytes)));
-}
+Buffer aligned(uint64_t bytes) { return Buffer(static_cast<std::byte*>(std::aligned_alloc(kBlock, bytes))); }
 
 // A byte pattern that differs per offset and per seed, so a misplaced block shows.
 void fill(std::byte* p, uint64_t bytes, uint64_t seed) {
@@ -126,8 +124,7 @@ TEST_F(DiskRingTest, WritesAndReadsLandByteForByte) {
     EXPECT_EQ(std::memcmp(on_disk.data(), out.get() + i * kBytes, kBytes), 0) << "write " << i;
   }
   std::memset(in.get(), 0, kN * kBytes);
-  for (int i = 0; i < kN; ++i)
-    rd.push_back(request(IoKind::kRead, in.get() + i * kBytes, w[i].offset, kBytes));
+  for (int i = 0; i < kN; ++i) rd.push_back(request(IoKind::kRead, in.get() + i * kBytes, w[i].offset, kBytes));
   for (IoRequest& r : rd) ring_->submit(&r);
   run(kN);
   for (int i = 0; i < kN; ++i) EXPECT_EQ(rd[i].result, 0);

@@ -19,8 +19,8 @@ using disk::kBlock;
 
 namespace {
 
-constexpr uint32_t kDegradeAfter = 8;                 // consecutive failed writes
-constexpr uint64_t kDegradeNs = 5'000'000'000;        // ... refuse new ones this long
+constexpr uint32_t kDegradeAfter = 8;           // consecutive failed writes
+constexpr uint64_t kDegradeNs = 5'000'000'000;  // ... refuse new ones this long
 constexpr uint64_t round_block(uint64_t v) { return (v + kBlock - 1) / kBlock * kBlock; }
 
 }  // namespace
@@ -92,8 +92,6 @@ bool DiskTier::locate(const Placement& p, uint32_t* device, uint64_t* header_off
   return true;
 }
 
-
-
 // ---- space -------------------------------------------------------------------------------------------
 
 Result<uint16_t> DiskTier::slot_class(uint64_t bytes) noexcept {
@@ -140,8 +138,8 @@ void DiskTier::note_slab_taken(uint32_t d, uint64_t offset, uint64_t slot_bytes)
   const uint32_t n = slot_bytes > slab_bytes ? uint32_t((slot_bytes + slab_bytes - 1) / slab_bytes) : 1;
   uint32_t last_block = UINT32_MAX;
   for (uint32_t s = first; s < first + n; ++s) {
-    const uint64_t at = dev.super.layout.table_block_offset(s) - dev.super.layout.table_offset +
-                        disk::FileLayout::entry_in_block(s);
+    const uint64_t at =
+        dev.super.layout.table_block_offset(s) - dev.super.layout.table_offset + disk::FileLayout::entry_in_block(s);
     disk::encode_slab_entry(disk::SlabEntry{slot_bytes, s != first}, dev.table.data() + at);
     const uint32_t block = s / disk::kSlabEntriesPerBlock;
     if (block != last_block) write_table_block(d, block);
@@ -267,8 +265,10 @@ std::byte* DiskTier::header_block() noexcept {
 
 void DiskTier::return_header_block(std::byte* b) noexcept {
   const bool pooled = header_pool_ && b >= header_pool_ && b < header_pool_ + header_pool_blocks_ * kBlock;
-  if (pooled) header_free_.push_back(b);  // capacity reserved for the whole pool
-  else std::free(b);
+  if (pooled)
+    header_free_.push_back(b);  // capacity reserved for the whole pool
+  else
+    std::free(b);
 }
 
 void DiskTier::start_io(Op* op, uint32_t device, IoRequest& io) noexcept {
@@ -291,7 +291,8 @@ void DiskTier::on_io(IoRequest* io) noexcept {
         return maybe_write_header(op);
       }
       return on_write_done(op);
-    case Op::kRead: return on_read_done(op);
+    case Op::kRead:
+      return on_read_done(op);
     case Op::kReencode:
       if (op->stage == 0) return on_reencode_read(op);
       if (op->stage == 2) {
@@ -334,28 +335,32 @@ void DiskTier::on_io(IoRequest* io) noexcept {
 }
 
 Status DiskTier::fault(int err, bool write) noexcept {
-  Status st = err == ENOSPC ? Status(Code::kNoSpace, "the disk tier's file system is full")
+  Status st = err == ENOSPC    ? Status(Code::kNoSpace, "the disk tier's file system is full")
               : err == ENODATA ? Status(Code::kCorrupt, "read past the end of a slab file (truncated?)")
                                : Status::from_errno(write ? "disk write failed" : "disk read failed", err);
-  if (err == ENOSPC) ++counters_.no_space;
-  else if (err == ENODATA) ++counters_.end_of_file;
-  else ++counters_.io_errors;
+  if (err == ENOSPC)
+    ++counters_.no_space;
+  else if (err == ENODATA)
+    ++counters_.end_of_file;
+  else
+    ++counters_.io_errors;
   bool first = false;
   try {
     first = logged_.insert({err, write}).second;
-  } catch (const std::bad_alloc&) {
-  }
+  } catch (const std::bad_alloc&) {}
   if (first)
-    spdlog::warn("namespace '{}': disk tier {} failed: {} (errno {}); further faults of this kind are only counted "
-                 "(kdnctl stats)",
-                 options_.name_space, write ? "write" : "read", std::strerror(err), err);
+    spdlog::warn(
+        "namespace '{}': disk tier {} failed: {} (errno {}); further faults of this kind are only counted "
+        "(kdnctl stats)",
+        options_.name_space, write ? "write" : "read", std::strerror(err), err);
   if (write && ++consecutive_write_errors_ >= kDegradeAfter) {
     consecutive_write_errors_ = 0;
     degraded_until_ns_ = now_ns() + kDegradeNs;
     ++counters_.degraded_periods;
-    spdlog::warn("namespace '{}': {} disk writes failed in a row: the disk tier takes no new chunks for {} s "
-                 "(evicted chunks are dropped meanwhile)",
-                 options_.name_space, kDegradeAfter, kDegradeNs / 1'000'000'000);
+    spdlog::warn(
+        "namespace '{}': {} disk writes failed in a row: the disk tier takes no new chunks for {} s "
+        "(evicted chunks are dropped meanwhile)",
+        options_.name_space, kDegradeAfter, kDegradeNs / 1'000'000'000);
   }
   return st;
 }
@@ -597,12 +602,12 @@ void DiskTier::finish_read(Op* op, Status st) noexcept {
     bool first = false;
     try {
       first = logged_.insert({-1, false}).second;
-    } catch (const std::bad_alloc&) {
-    }
+    } catch (const std::bad_alloc&) {}
     if (first)
-      spdlog::warn("namespace '{}': disk tier read: {}: the copy is dropped, never served; further damaged chunks "
-                   "are only counted (kdnctl stats)",
-                   options_.name_space, st.what());
+      spdlog::warn(
+          "namespace '{}': disk tier read: {}: the copy is dropped, never served; further damaged chunks "
+          "are only counted (kdnctl stats)",
+          options_.name_space, st.what());
   }
   complete_transfer(op, st);
   --s.busy;
@@ -639,9 +644,12 @@ void DiskTier::on_worker(Op* op) noexcept {
       op->crc_done = true;
       start_payload(op);
       return;
-    case Op::kRead: return finish_read(op, op->status);
-    case Op::kReencode: return on_reencode_encoded(op);
-    default: return;
+    case Op::kRead:
+      return finish_read(op, op->status);
+    case Op::kReencode:
+      return on_reencode_encoded(op);
+    default:
+      return;
   }
 }
 
@@ -691,9 +699,9 @@ void DiskTier::service() noexcept {
       bool first = false;
       try {
         first = logged_.insert({st.sys_errno(), false}).second;
-      } catch (const std::bad_alloc&) {
-      }
-      if (first) spdlog::error("namespace '{}': io_uring_submit: {}", options_.name_space, std::strerror(st.sys_errno()));
+      } catch (const std::bad_alloc&) {}
+      if (first)
+        spdlog::error("namespace '{}': io_uring_submit: {}", options_.name_space, std::strerror(st.sys_errno()));
     }
   }
 }
@@ -842,7 +850,8 @@ void DiskTier::on_reencode_encoded(Op* op) noexcept {
   op->crc_done = true;
   op->device = op->target.device;
   op->error = 0;
-  op->io[0] = IoRequest{IoKind::kWrite, 0, file_offset(op->target) + kBlock, op->payload.data(), round_block(op->stored)};
+  op->io[0] =
+      IoRequest{IoKind::kWrite, 0, file_offset(op->target) + kBlock, op->payload.data(), round_block(op->stored)};
   start_io(op, op->target.device, op->io[0]);
 }
 
@@ -850,8 +859,8 @@ void DiskTier::on_reencode_written(Op* op) noexcept {
   Slot& s = slots_[op->handle];
   const uint32_t h = op->handle;
   // Swap only if nothing else reads the old bytes and the chunk was not rewritten or freed.
-  const bool swap = op->error == 0 && s.live && !s.release_when_idle && s.busy == 1 &&
-                    s.sequence == op->sequence_at_start;
+  const bool swap =
+      op->error == 0 && s.live && !s.release_when_idle && s.busy == 1 && s.sequence == op->sequence_at_start;
   if (op->error) (void)fault(-op->error, true);
   if (swap) {
     const uint64_t saved = s.stored_bytes > op->stored ? s.stored_bytes - op->stored : 0;

@@ -59,22 +59,22 @@ template <class Item>
 class WorkerPool;
 
 struct DiskTierOptions {
-  std::vector<std::string> dirs;       // one per device; each must exist
+  std::vector<std::string> dirs;  // one per device; each must exist
   std::string name_space;
-  uint64_t bytes_per_dir = 0;          // data area of each directory's slab file
+  uint64_t bytes_per_dir = 0;  // data area of each directory's slab file
   uint64_t slab_bytes = 64ull << 20;
-  uint32_t queue_depth = 32;           // per directory
-  bool register_buffers = true;        // fixed buffers (needs RLIMIT_MEMLOCK or CAP_IPC_LOCK)
+  uint32_t queue_depth = 32;     // per directory
+  bool register_buffers = true;  // fixed buffers (needs RLIMIT_MEMLOCK or CAP_IPC_LOCK)
   uint32_t workers = 2;
   // Checksums of uncompressed chunks run on the loop thread, in slices of this many bytes
   // between its other work (about 20 us each): no thread hop per chunk.
   uint64_t checksum_slice_bytes = 256ull << 10;
   disk::DiskCodec codec = disk::DiskCodec::kNone;
-  uint32_t encode_queue = 8;           // chunks waiting for an encoder before demotions go raw
-  bool reencode = true;                // the background pass re-encodes raw chunks when idle
-  uint64_t idle_ns = 100'000'000;      // no transfers for this long: the tier is idle
-  bool fsync_batch = false;            // disk_fsync = batch
-  std::span<std::byte> arena;          // the host arena: registered as fixed buffers
+  uint32_t encode_queue = 8;       // chunks waiting for an encoder before demotions go raw
+  bool reencode = true;            // the background pass re-encodes raw chunks when idle
+  uint64_t idle_ns = 100'000'000;  // no transfers for this long: the tier is idle
+  bool fsync_batch = false;        // disk_fsync = batch
+  std::span<std::byte> arena;      // the host arena: registered as fixed buffers
 };
 
 struct RecoveryReport {
@@ -213,9 +213,9 @@ class DiskTier final : public Tier {
   ChunkGeometries geometries_;
   std::unique_ptr<Workers> workers_;
   std::vector<TierCompletion> ready_;
-  std::deque<Op*> checksums_;           // operations whose CRC the loop computes, in slices
-  std::set<Op*> ops_;                   // every operation alive
-  std::vector<std::byte*> header_free_; // registered header blocks
+  std::deque<Op*> checksums_;            // operations whose CRC the loop computes, in slices
+  std::set<Op*> ops_;                    // every operation alive
+  std::vector<std::byte*> header_free_;  // registered header blocks
   std::byte* header_pool_ = nullptr;
   uint64_t header_pool_blocks_ = 0;
   // One block of zeros, the source of every header clear (read-only once made: clears of
@@ -226,7 +226,7 @@ class DiskTier final : public Tier {
   uint64_t next_sequence_ = 1;
   uint64_t submitted_ = 0, reaped_ = 0;
   uint64_t background_ops_ = 0;
-  uint64_t encoding_ = 0;               // encode jobs posted and not done
+  uint64_t encoding_ = 0;  // encode jobs posted and not done
   uint64_t reencoding_ = 0;
   uint64_t pending_reencode_ = 0;
   uint64_t last_transfer_ns_ = 0;

@@ -43,8 +43,7 @@ void DiskTier::describe_metrics(MetricsSink& sink) const {
   sink.add("kdn_disk_reads_total", kCounter, "Chunk payloads read from the disk tier.", c.reads);
   sink.add("kdn_disk_read_bytes_total", kCounter, "Bytes read from the disk tier.", c.read_bytes);
   sink.add("kdn_disk_writes_total", kCounter, "Chunks written to the disk tier.", c.writes);
-  sink.add("kdn_disk_write_bytes_total", kCounter, "Bytes written to the disk tier (headers included).",
-           c.write_bytes);
+  sink.add("kdn_disk_write_bytes_total", kCounter, "Bytes written to the disk tier (headers included).", c.write_bytes);
   sink.add("kdn_disk_raw_bytes_written_total", kCounter,
            "Canonical bytes of the chunks written (codec ratio: raw / stored).", c.raw_bytes_written);
   sink.add("kdn_disk_stored_bytes_written_total", kCounter, "Stored bytes of the chunks written.",

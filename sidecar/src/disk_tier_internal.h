@@ -14,15 +14,15 @@ static_assert(disk::kBlock == AlignedBuffer::kAlign, "O_DIRECT buffers are block
 
 struct DiskTier::Device {
   uint32_t index = 0;
-  std::string dir;   // <disk dir>/<namespace>
-  std::string path;  // the slab file
+  std::string dir;       // <disk dir>/<namespace>
+  std::string path;      // the slab file
   ipc::UniqueFd dir_fd;  // <disk dir>/<namespace>, checked: the slab file is opened under it
   ipc::UniqueFd fd;
   disk::Superblock super;
   std::unique_ptr<SlabAllocator> alloc;  // over the data area: offsets are data-relative
-  AlignedBuffer table;                    // the slab table as on disk
-  std::vector<uint8_t> table_writing;     // per table block: a write in flight
-  std::vector<uint8_t> table_dirty;       // ... and a newer state waits for it
+  AlignedBuffer table;                   // the slab table as on disk
+  std::vector<uint8_t> table_writing;    // per table block: a write in flight
+  std::vector<uint8_t> table_dirty;      // ... and a newer state waits for it
   std::unique_ptr<DiskRing> ring;
   bool dirty = false;    // writes completed since the last fdatasync was submitted
   bool syncing = false;  // an fdatasync in flight
@@ -36,22 +36,22 @@ struct DiskTier::Slot {
   bool release_when_idle = false;  // the index let go while an operation still touched it
   bool clear_when_idle = false;    // ... and its header must be erased first
   uint32_t device = 0;
-  uint16_t dev_class = 0;          // the device allocator's class
-  uint16_t tier_class = 0;         // the tier's class (by raw size; eviction queues)
-  uint64_t offset = 0;             // in the device's data area
+  uint16_t dev_class = 0;   // the device allocator's class
+  uint16_t tier_class = 0;  // the tier's class (by raw size; eviction queues)
+  uint64_t offset = 0;      // in the device's data area
   uint64_t slot_bytes = 0;
   uint64_t raw_bytes = 0, stored_bytes = 0;
   uint32_t crc = 0;
   disk::DiskCodec codec = disk::DiskCodec::kNone;
   kdn_key raw_hash{}, key{}, fingerprint{};
   uint64_t sequence = 0;
-  uint32_t busy = 0;               // operations reading its physical slot
+  uint32_t busy = 0;  // operations reading its physical slot
 };
 
 struct DiskTier::Op {
   enum Kind : int { kRead, kWrite, kTable, kClear, kSync, kReencode };
   int kind = kRead;
-  bool transfer = false;      // one of the index's transfers (completes through reap)
+  bool transfer = false;  // one of the index's transfers (completes through reap)
   TransferId id = 0;
   uint32_t handle = 0;
   uint32_t device = 0;
@@ -61,9 +61,9 @@ struct DiskTier::Op {
   uint64_t bytes = 0;         // raw bytes
   ChunkIdentity chunk;
   IoRequest io[2];
-  uint32_t pending = 0;       // I/Os outstanding
-  int32_t error = 0;          // the first I/O error (-errno)
-  AlignedBuffer payload;      // encoded bytes, a table block, or a zero block
+  uint32_t pending = 0;   // I/Os outstanding
+  int32_t error = 0;      // the first I/O error (-errno)
+  AlignedBuffer payload;  // encoded bytes, a table block, or a zero block
   std::byte* header = nullptr;
   bool header_pooled = false;
   // What a worker found or made.

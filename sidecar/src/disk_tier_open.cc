@@ -22,8 +22,8 @@ using disk::kBlock;
 
 namespace {
 
-constexpr uint64_t kZeroChunk = 8ull << 20;     // bytes per write while initializing a file
-constexpr size_t kHeaderBatch = 4096;           // slot headers read per batch at recovery
+constexpr uint64_t kZeroChunk = 8ull << 20;  // bytes per write while initializing a file
+constexpr size_t kHeaderBatch = 4096;        // slot headers read per batch at recovery
 constexpr uint64_t kProgressNs = 1'000'000'000;
 constexpr const char* kSlabFile = "slabs.kdn";
 
@@ -116,9 +116,10 @@ Status DiskTier::open_device_dir(Device& d, const std::string& root) noexcept {
   const int fd = io_.openat(root_dir.get(), options_.name_space, O_RDONLY | O_DIRECTORY | O_NOFOLLOW, 0);
   if (fd < 0) {
     const bool link = fd == -ELOOP || fd == -ENOTDIR;
-    spdlog::error("tier.disk.dirs: {} {}", d.dir, link ? "is a symlink or not a directory; kdnd keeps its slab files "
-                                                         "only in a directory it made"
-                                                       : "cannot be opened: " + describe(-fd));
+    spdlog::error("tier.disk.dirs: {} {}", d.dir,
+                  link ? "is a symlink or not a directory; kdnd keeps its slab files "
+                         "only in a directory it made"
+                       : "cannot be opened: " + describe(-fd));
     return link ? Status(Code::kPermission, "a namespace's disk directory is a symlink")
                 : Status::from_errno("cannot open a disk directory", -fd);
   }
@@ -151,9 +152,10 @@ Status DiskTier::open_devices(std::vector<RecoveredChunk>* recovered, RecoveryRe
       int fd = io_.openat(d->dir_fd.get(), kSlabFile, O_RDWR | O_DIRECT | O_NOFOLLOW, 0);
       bool create = fd == -ENOENT;
       if (fd == -EINVAL) {
-        spdlog::error("tier.disk.dirs: the file system of '{}' does not support O_DIRECT; T2 needs direct I/O "
-                      "(use a directory on ext4, xfs or btrfs)",
-                      options_.dirs[i]);
+        spdlog::error(
+            "tier.disk.dirs: the file system of '{}' does not support O_DIRECT; T2 needs direct I/O "
+            "(use a directory on ext4, xfs or btrfs)",
+            options_.dirs[i]);
         return Status(Code::kUnsupported, "a disk directory's file system has no O_DIRECT");
       }
       if (fd == -ELOOP) {
@@ -174,7 +176,8 @@ Status DiskTier::open_devices(std::vector<RecoveredChunk>* recovered, RecoveryRe
         const ssize_t r = io_.pread(fd, block.data(), kBlock, 0);
         Status sb = r == ssize_t(kBlock) ? disk::decode_superblock(block.data(), &d->super)
                                          : Status(Code::kCorrupt, "superblock unreadable");
-        if (sb.ok() && d->super.name_space != options_.name_space) sb = Status(Code::kCorrupt, "superblock of another namespace");
+        if (sb.ok() && d->super.name_space != options_.name_space)
+          sb = Status(Code::kCorrupt, "superblock of another namespace");
         if (sb.code() == Code::kVersion) {
           spdlog::error("disk tier: {} was written by a newer kdnd (format major other than {}); refusing to touch it",
                         d->path, disk::kFormatMajor);
@@ -182,7 +185,8 @@ Status DiskTier::open_devices(std::vector<RecoveredChunk>* recovered, RecoveryRe
         }
         if (!sb.ok()) {
           // Nothing in it can be trusted without its superblock: keep it for inspection, start anew.
-          const std::string aside = d->path + ".unreadable-" + std::to_string(disk_detail::now_unix_ns() / 1'000'000'000);
+          const std::string aside =
+              d->path + ".unreadable-" + std::to_string(disk_detail::now_unix_ns() / 1'000'000'000);
           spdlog::error("disk tier: {}: {}; moved to {} and starting with an empty file", d->path, sb.what(), aside);
           d->fd.reset();
           const std::string aside_name = aside.substr(d->dir.size() + 1);
@@ -190,10 +194,11 @@ Status DiskTier::open_devices(std::vector<RecoveredChunk>* recovered, RecoveryRe
             return Status::from_errno("moving a damaged slab file aside", errno);
           create = true;
         } else if (d->super.layout.slab_bytes != want.slab_bytes || d->super.layout.slab_count != want.slab_count) {
-          spdlog::error("disk tier: {} holds {} slabs of {} MiB, but tier.disk.bytes and tier.disk.slab_bytes ask for {} "
-                        "of {} MiB: set them back, or remove the file to start empty",
-                        d->path, d->super.layout.slab_count, d->super.layout.slab_bytes >> 20, want.slab_count,
-                        want.slab_bytes >> 20);
+          spdlog::error(
+              "disk tier: {} holds {} slabs of {} MiB, but tier.disk.bytes and tier.disk.slab_bytes ask for {} "
+              "of {} MiB: set them back, or remove the file to start empty",
+              d->path, d->super.layout.slab_count, d->super.layout.slab_bytes >> 20, want.slab_count,
+              want.slab_bytes >> 20);
           return Status(Code::kInvalidArgument, "a slab file of another geometry");
         }
       }
@@ -209,7 +214,8 @@ Status DiskTier::open_devices(std::vector<RecoveredChunk>* recovered, RecoveryRe
         (void)::fchmod(fd, 0600);  // open applied the umask; the mode is the file's only guard
         const int fa = io_.fallocate(fd, 0, want.file_bytes);
         if (fa == -ENOSPC) {
-          spdlog::error("tier.disk.dirs: '{}' has no room for {} MiB (tier.disk.bytes)", options_.dirs[i], want.file_bytes >> 20);
+          spdlog::error("tier.disk.dirs: '{}' has no room for {} MiB (tier.disk.bytes)", options_.dirs[i],
+                        want.file_bytes >> 20);
           ::unlinkat(d->dir_fd.get(), kSlabFile, 0);
           return Status(Code::kNoSpace, "no room for the slab file (tier.disk.bytes)");
         }
@@ -239,9 +245,10 @@ Status DiskTier::open_devices(std::vector<RecoveredChunk>* recovered, RecoveryRe
       } else {
         uint64_t size = 0;
         if (io_.file_size(d->fd.get(), &size) == 0 && size < d->super.layout.file_bytes) {
-          spdlog::warn("disk tier: {} is {} bytes, shorter than its {} (truncated?): the missing part is lost and "
-                       "written anew",
-                       d->path, size, d->super.layout.file_bytes);
+          spdlog::warn(
+              "disk tier: {} is {} bytes, shorter than its {} (truncated?): the missing part is lost and "
+              "written anew",
+              d->path, size, d->super.layout.file_bytes);
           (void)io_.fallocate(d->fd.get(), size / kBlock * kBlock, d->super.layout.file_bytes - size / kBlock * kBlock);
           KDN_RETURN_IF_ERROR(zero_fill(io_, d->fd.get(), size / kBlock * kBlock, d->super.layout.file_bytes, d->path));
         }
@@ -282,7 +289,8 @@ Status DiskTier::open_devices(std::vector<RecoveredChunk>* recovered, RecoveryRe
     try {
       for (uint32_t s = 0; s < l.slab_count;) {
         disk::SlabEntry e;
-        const std::byte* at = d.table.data() + (l.table_block_offset(s) - l.table_offset) + disk::FileLayout::entry_in_block(s);
+        const std::byte* at =
+            d.table.data() + (l.table_block_offset(s) - l.table_offset) + disk::FileLayout::entry_in_block(s);
         if (!disk::decode_slab_entry(at, &e) || e.continuation) {
           ++s;
           continue;
@@ -299,7 +307,8 @@ Status DiskTier::open_devices(std::vector<RecoveredChunk>* recovered, RecoveryRe
         for (uint32_t k = 1; whole && k < span; ++k) {
           disk::SlabEntry c;
           const uint32_t sk = s + k;
-          const std::byte* ck = d.table.data() + (l.table_block_offset(sk) - l.table_offset) + disk::FileLayout::entry_in_block(sk);
+          const std::byte* ck =
+              d.table.data() + (l.table_block_offset(sk) - l.table_offset) + disk::FileLayout::entry_in_block(sk);
           whole = disk::decode_slab_entry(ck, &c) && c.continuation && c.slot_bytes == e.slot_bytes;
         }
         if (whole) where.push_back({s, 0, l.slab_offset(s), e.slot_bytes});
@@ -465,11 +474,12 @@ Status DiskTier::register_buffers() noexcept {
       said = true;
       rlimit lim{};
       (void)getrlimit(RLIMIT_MEMLOCK, &lim);
-      spdlog::warn("namespace '{}': io_uring refused to register the arena as fixed buffers ({}; RLIMIT_MEMLOCK is {} "
-                   "KiB): disk tiers run with unregistered buffers, a little more CPU per I/O. Raise the limit "
-                   "(LimitMEMLOCK=infinity in the unit) or give kdnd CAP_IPC_LOCK.",
-                   options_.name_space, std::strerror(st.sys_errno()),
-                   lim.rlim_cur == RLIM_INFINITY ? std::string("unlimited") : std::to_string(lim.rlim_cur >> 10));
+      spdlog::warn(
+          "namespace '{}': io_uring refused to register the arena as fixed buffers ({}; RLIMIT_MEMLOCK is {} "
+          "KiB): disk tiers run with unregistered buffers, a little more CPU per I/O. Raise the limit "
+          "(LimitMEMLOCK=infinity in the unit) or give kdnd CAP_IPC_LOCK.",
+          options_.name_space, std::strerror(st.sys_errno()),
+          lim.rlim_cur == RLIM_INFINITY ? std::string("unlimited") : std::to_string(lim.rlim_cur >> 10));
       break;
     }
   }

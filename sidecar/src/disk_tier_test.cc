@@ -9,8 +9,8 @@
 #include <kdn/common/model_presets.h>
 #include <kdn/kernels/synthetic.h>
 
-#include <kdn/common/testing/require.h>
 #include <gtest/gtest.h>
+#include <kdn/common/testing/require.h>
 
 #include <fcntl.h>
 #include <poll.h>
@@ -31,9 +31,7 @@ using disk::kBlock;
 
 constexpr uint64_t kMiB = 1ull << 20;
 
-kdn_model_desc test_model() {
-  return shaped_desc(2, 2, 64, 256, "disk-test");
-}
+kdn_model_desc test_model() { return shaped_desc(2, 2, 64, 256, "disk-test"); }
 
 kdn_key K(uint64_t i) { return kdn_key{i * 0x9E3779B97F4A7C15ull + 1, i}; }
 
@@ -169,7 +167,8 @@ class DiskTierTest : public ::testing::Test {
   }
 
   Status write(const Placement& p, uint32_t arena_slot, uint64_t key, TransferId id = 1) {
-    Transfer t{Transfer::Direction::kWrite, p, slot(arena_slot), model_.chunk_bytes, id, ChunkIdentity{K(key), model_.fingerprint}};
+    Transfer t{Transfer::Direction::kWrite, p,  slot(arena_slot),
+               model_.chunk_bytes,          id, ChunkIdentity{K(key), model_.fingerprint}};
     KDN_RETURN_IF_ERROR(tier_->submit(t));
     return wait_for(1)[0].status;
   }
@@ -228,8 +227,10 @@ TEST_F(DiskTierTest, RoundTripWithEveryCodecAndAfterReopen) {
     std::memset(slot(1), 0, model_.chunk_bytes);
     ASSERT_TRUE(read(p, 1).ok());
     const bool exact = codec == DiskCodec::kNone || codec == DiskCodec::kLossless;
-    if (exact) EXPECT_TRUE(same(0, 1));
-    else EXPECT_LT(rel_error(0, 1), codec == DiskCodec::kInt8 ? 0.02 : 0.15);
+    if (exact)
+      EXPECT_TRUE(same(0, 1));
+    else
+      EXPECT_LT(rel_error(0, 1), codec == DiskCodec::kInt8 ? 0.02 : 0.15);
     const DiskCounters& c = tier_->counters();
     if (codec != DiskCodec::kNone) {
       EXPECT_EQ(c.encoded_writes, 1u) << "synthetic KV compresses";
@@ -287,8 +288,8 @@ TEST_F(DiskTierTest, QueueDepthCapsInFlightAndEverythingCompletes) {
   for (uint32_t i = 0; i < 40; ++i) {
     fill(i, i);
     ps.push_back(alloc());
-    Transfer t{Transfer::Direction::kWrite, ps[i], slot(i), model_.chunk_bytes, 100 + i,
-               ChunkIdentity{K(i), model_.fingerprint}};
+    Transfer t{Transfer::Direction::kWrite, ps[i],   slot(i),
+               model_.chunk_bytes,          100 + i, ChunkIdentity{K(i), model_.fingerprint}};
     ASSERT_TRUE(tier_->submit(t).ok());
   }
   auto done = wait_for(40);
@@ -313,7 +314,7 @@ TEST_F(DiskTierTest, InjectedFaultsNeverServeAWrongByte) {
   io.fail_next(IoKind::kWrite, -EAGAIN, 1, kPayload);
   io.fail_next(IoKind::kWrite, 4096, 1, kPayload);  // a short write: the rest goes out again
   ASSERT_TRUE(write(p, 0, 1).ok());
-  io.fail_next(IoKind::kRead, 8192);   // a short read
+  io.fail_next(IoKind::kRead, 8192);  // a short read
   io.fail_next(IoKind::kRead, -EAGAIN);
   std::memset(slot(1), 0, model_.chunk_bytes);
   ASSERT_TRUE(read(p, 1).ok());

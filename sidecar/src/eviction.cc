@@ -7,15 +7,24 @@ void EntryList::push_front(Entry* e, uint8_t queue) {
   l.queue = queue;
   l.prev = nullptr;
   l.next = head_;
-  if (head_) links(head_).prev = e; else tail_ = e;
+  if (head_)
+    links(head_).prev = e;
+  else
+    tail_ = e;
   head_ = e;
   ++size_;
 }
 
 void EntryList::remove(Entry* e) {
   QueueLinks& l = links(e);
-  if (l.prev) links(l.prev).next = l.next; else head_ = l.next;
-  if (l.next) links(l.next).prev = l.prev; else tail_ = l.prev;
+  if (l.prev)
+    links(l.prev).next = l.next;
+  else
+    head_ = l.next;
+  if (l.next)
+    links(l.next).prev = l.prev;
+  else
+    tail_ = l.prev;
   l.prev = l.next = nullptr;
   l.queue = 0;
   --size_;
@@ -80,16 +89,20 @@ class S3FifoPolicy final : public EvictionPolicy {
     Queues& q = queues(cls_of(e));
     e->links[t()].freq = 0;
     const uint64_t h = e->key.lo;
-    if (q.ghost.erase(h)) q.main.push_front(e, kMain);
-    else q.small.push_front(e, kSmall);
+    if (q.ghost.erase(h))
+      q.main.push_front(e, kMain);
+    else
+      q.small.push_front(e, kSmall);
   }
   void on_access(Entry* e) override {
     if (e->links[t()].freq < 3) ++e->links[t()].freq;
   }
   void on_remove(Entry* e) override {
     Queues& q = queues(cls_of(e));
-    if (e->links[t()].queue == kSmall) q.small.remove(e);
-    else if (e->links[t()].queue == kMain) q.main.remove(e);
+    if (e->links[t()].queue == kSmall)
+      q.small.remove(e);
+    else if (e->links[t()].queue == kMain)
+      q.main.remove(e);
   }
   // Evicted from small: it had no second access, and its return goes straight to main.
   void on_evict(Entry* e) override {
@@ -152,8 +165,14 @@ class S3FifoPolicy final : public EvictionPolicy {
 }  // namespace
 
 bool parse_eviction_kind(std::string_view s, EvictionKind* out) {
-  if (s == "lru") { *out = EvictionKind::kLru; return true; }
-  if (s == "s3fifo" || s == "s3-fifo") { *out = EvictionKind::kS3Fifo; return true; }
+  if (s == "lru") {
+    *out = EvictionKind::kLru;
+    return true;
+  }
+  if (s == "s3fifo" || s == "s3-fifo") {
+    *out = EvictionKind::kS3Fifo;
+    return true;
+  }
   return false;
 }
 

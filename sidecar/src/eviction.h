@@ -40,9 +40,9 @@ class EvictionPolicy {
  public:
   explicit EvictionPolicy(TierId tier) : tier_(tier) {}
   virtual ~EvictionPolicy() = default;
-  virtual void on_insert(Entry* e) = 0;   // a copy arrived in this tier
-  virtual void on_access(Entry* e) = 0;   // leased or looked up
-  virtual void on_remove(Entry* e) = 0;   // the copy leaves this tier, for any reason
+  virtual void on_insert(Entry* e) = 0;  // a copy arrived in this tier
+  virtual void on_access(Entry* e) = 0;  // leased or looked up
+  virtual void on_remove(Entry* e) = 0;  // the copy leaves this tier, for any reason
   // The store evicts `e`, a victim this policy returned (on_remove follows when its copy
   // leaves). Policies that remember evicted keys do it here, not when a victim is merely
   // proposed: victim_any() asks every class and evicts one.

@@ -4,13 +4,12 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <optional>
 #include <cstring>
+#include <optional>
 
 namespace kdn::sidecar {
 
-Result<std::unique_ptr<FaultTier>> FaultTier::create(TierId id, uint64_t capacity_bytes,
-                                                     uint64_t slab_bytes) noexcept {
+Result<std::unique_ptr<FaultTier>> FaultTier::create(TierId id, uint64_t capacity_bytes, uint64_t slab_bytes) noexcept {
   ipc::UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake) return Status::from_errno("eventfd for the fault tier", errno);
   try {
@@ -73,8 +72,10 @@ void FaultTier::finish(const Pending& p) noexcept {
   const Transfer& t = p.transfer;
   if (p.status.ok()) {
     std::byte* slot = bytes_at(t.placement);
-    if (t.direction == Transfer::Direction::kWrite) std::memcpy(slot, t.host, t.bytes);
-    else std::memcpy(t.host, slot, t.bytes);
+    if (t.direction == Transfer::Direction::kWrite)
+      std::memcpy(slot, t.host, t.bytes);
+    else
+      std::memcpy(t.host, slot, t.bytes);
   }
   ready_.push_back({t.id, p.status});
   const uint64_t one = 1;

@@ -25,8 +25,7 @@ namespace kdn::sidecar {
 
 class FaultTier final : public Tier {
  public:
-  static Result<std::unique_ptr<FaultTier>> create(TierId id, uint64_t capacity_bytes,
-                                                   uint64_t slab_bytes) noexcept;
+  static Result<std::unique_ptr<FaultTier>> create(TierId id, uint64_t capacity_bytes, uint64_t slab_bytes) noexcept;
 
   // ---- faults and pacing (test side)
   bool auto_complete = false;
@@ -41,7 +40,9 @@ class FaultTier final : public Tier {
   size_t held() const noexcept { return held_.size(); }
   // The stored bytes of a placement (tests inspect or damage them).
   std::byte* bytes_at(const Placement& p) noexcept { return storage_.data() + p.offset; }
-  uint64_t transfers(Transfer::Direction d) const noexcept { return d == Transfer::Direction::kRead ? reads_ : writes_; }
+  uint64_t transfers(Transfer::Direction d) const noexcept {
+    return d == Transfer::Direction::kRead ? reads_ : writes_;
+  }
 
   // ---- Tier
   TierId id() const noexcept override { return id_; }

@@ -7,9 +7,9 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <optional>
 #include <condition_variable>
 #include <deque>
+#include <optional>
 #include <thread>
 
 namespace kdn::sidecar {
@@ -149,8 +149,8 @@ Result<Placement> HostArenaTier::allocate(uint64_t bytes) noexcept {
 void HostArenaTier::free(const Placement& p) noexcept { alloc_.free(p.slot_class, p.offset); }
 
 Status HostArenaTier::submit(const Transfer& t) noexcept {
-  if (!t.placement.valid() || t.bytes > t.placement.bytes || t.host == nullptr ||
-      t.placement.offset > arena_.size() || t.bytes > arena_.size() - t.placement.offset) {
+  if (!t.placement.valid() || t.bytes > t.placement.bytes || t.host == nullptr || t.placement.offset > arena_.size() ||
+      t.bytes > arena_.size() - t.placement.offset) {
     return Status(Code::kInvalidArgument, "host transfer outside its placement");
   }
   std::byte* slot = address(t.placement);

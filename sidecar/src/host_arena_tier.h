@@ -46,9 +46,7 @@ class HostArenaTier final : public Tier {
   Result<uint16_t> slot_class(uint64_t bytes) noexcept override;
   Result<Placement> allocate(uint64_t bytes) noexcept override;
   void free(const Placement& placement) noexcept override;
-  std::byte* address(const Placement& placement) const noexcept override {
-    return arena_.data() + placement.offset;
-  }
+  std::byte* address(const Placement& placement) const noexcept override { return arena_.data() + placement.offset; }
   Status submit(const Transfer& t) noexcept override;
   int wake_fd() const noexcept override { return wake_.get(); }
   size_t reap(std::span<TierCompletion> out) noexcept override;
@@ -66,7 +64,7 @@ class HostArenaTier final : public Tier {
   ipc::SharedSegment arena_;
   SlabAllocator alloc_;
   HostArenaOptions options_;
-  ipc::UniqueFd wake_;                   // eventfd: worker completions wait
+  ipc::UniqueFd wake_;  // eventfd: worker completions wait
   std::unique_ptr<Workers> workers_;
   std::vector<TierCompletion> inline_done_;  // loop thread only
   uint64_t submitted_ = 0, reaped_ = 0;      // loop thread only

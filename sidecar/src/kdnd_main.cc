@@ -11,9 +11,9 @@
 #include <kdn/sidecar/config.h>
 #include <kdn/sidecar/daemon.h>
 
-#include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 
 #include <sys/resource.h>
 
@@ -77,8 +77,7 @@ struct Flags {
 };
 
 std::string key_list_footer() {
-  std::string out =
-      "Configuration keys (in the file, or --set KEY=VALUE; sizes take K, M, G, T):\n";
+  std::string out = "Configuration keys (in the file, or --set KEY=VALUE; sizes take K, M, G, T):\n";
   for (const ConfigKeyInfo& k : kdn::sidecar::config_keys()) {
     out += "  " + std::string(k.key) + " (" + k.type + ", default: " + k.default_text + ")\n";
     out += "      " + std::string(k.help) + "\n";
@@ -90,8 +89,7 @@ void add_flags(CLI::App& app, Flags& f) {
   app.add_option("-c,--config", f.config_file)
       ->type_name("FILE")
       ->description("TOML configuration file, read before the other flags (default: none)");
-  app.add_flag("--print-config", f.print_config)
-      ->description("print the effective configuration as TOML and exit");
+  app.add_flag("--print-config", f.print_config)->description("print the effective configuration as TOML and exit");
   f.set = app.add_option("--set")
               ->expected(1)
               ->take_all()
@@ -113,8 +111,7 @@ void add_flags(CLI::App& app, Flags& f) {
 }
 
 // Sets one key from the command line; false after printing why.
-bool set_key(Config& cfg, const std::string& key, const std::string& value,
-             const std::string& origin) {
+bool set_key(Config& cfg, const std::string& key, const std::string& value, const std::string& origin) {
   std::string error;
   if (cfg.set(key, value, &error, origin.empty() ? nullptr : origin.c_str()).ok()) return true;
   std::fprintf(stderr, "kdnd: %s\n", error.c_str());
@@ -168,7 +165,8 @@ int run_daemon(const Config& cfg) {
   kdn::sidecar::DaemonFaults faults;
 #if KDN_TEST_SEAMS
   // kdnd-test only (built with the tests): faults the multi-process tests inject.
-  if (const char* n = std::getenv("KDN_TEST_GPU_FAIL_RETRIEVE")) faults.fail_gpu_retrieve = std::strtoull(n, nullptr, 10);
+  if (const char* n = std::getenv("KDN_TEST_GPU_FAIL_RETRIEVE"))
+    faults.fail_gpu_retrieve = std::strtoull(n, nullptr, 10);
   if (const char* f = std::getenv("KDN_TEST_STALL_LEASE_FILE")) faults.stall_lease_file = f;
   if (const char* n = std::getenv("KDN_TEST_STALL_LEASE_MS")) faults.stall_lease_ms = std::strtoul(n, nullptr, 10);
 #endif
@@ -195,8 +193,7 @@ int main(int argc, char** argv) {
   try {  // CLI11 reports by exception; it stops here
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success))
-      return app.exit(e);  // --help
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);  // --help
     std::fprintf(stderr, "kdnd: %s (kdnd --help lists the flags)\n", e.what());
     return 2;
   }

@@ -28,8 +28,8 @@ void read_path_families(std::ostream& o, const std::vector<NamespaceMetrics>& ns
   for (const NamespaceMetrics& n : ns)
     for (size_t op = 0; op < kReadOps; ++op)
       tiers_of(n, [&](uint32_t t, const char* tier) {
-        o << "kdn_hit_chunks_total{namespace=\"" << n.name << "\",op=\"" << read_op_name(ReadOp(op))
-          << "\",tier=\"" << tier << "\"} " << n.ns->store->counters().hit_chunks[op][t] << '\n';
+        o << "kdn_hit_chunks_total{namespace=\"" << n.name << "\",op=\"" << read_op_name(ReadOp(op)) << "\",tier=\""
+          << tier << "\"} " << n.ns->store->counters().hit_chunks[op][t] << '\n';
       });
   metric("kdn_miss_chunks_total", "counter", "Chunks asked for and not found in any tier, by operation.");
   for (const NamespaceMetrics& n : ns)
@@ -71,15 +71,28 @@ void tier_families(std::ostream& o, const std::vector<NamespaceMetrics>& ns, Met
     n.ns->for_each_lower([&](const Tier& t) { t.describe_metrics(c); });
   }
   using Get = uint64_t (*)(const StoreCounters&);
-  struct StoreCol { const char* name; const char* help; TierId tier; Get get; };
+  struct StoreCol {
+    const char* name;
+    const char* help;
+    TierId tier;
+    Get get;
+  };
   static const StoreCol store_cols[] = {
-      {"kdn_disk_recovered_chunks", "Chunks found on disk at start.", TierId::kDisk, [](const StoreCounters& k) { return k.recovered_chunks; }},
-      {"kdn_remote_probes_total", "Remote lookups on local misses (one pipelined EXISTS batch each).", TierId::kRemote, [](const StoreCounters& k) { return k.remote_probes; }},
-      {"kdn_remote_probe_keys_total", "Keys those lookups asked about.", TierId::kRemote, [](const StoreCounters& k) { return k.remote_probe_keys; }},
-      {"kdn_remote_found_chunks_total", "Chunks remote lookups found (other nodes' or earlier uploads).", TierId::kRemote, [](const StoreCounters& k) { return k.remote_found_chunks; }},
-      {"kdn_remote_failed_probes_total", "Remote lookups that did not fully answer in time (what did not answer is a miss).", TierId::kRemote, [](const StoreCounters& k) { return k.remote_failed_probes; }},
-      {"kdn_remote_uploads_total", "Chunks uploaded to the remote tier.", TierId::kRemote, [](const StoreCounters& k) { return k.uploaded_chunks; }},
-      {"kdn_remote_failed_uploads_total", "Uploads that failed (the chunk stayed on this node alone).", TierId::kRemote, [](const StoreCounters& k) { return k.failed_uploads; }},
+      {"kdn_disk_recovered_chunks", "Chunks found on disk at start.", TierId::kDisk,
+       [](const StoreCounters& k) { return k.recovered_chunks; }},
+      {"kdn_remote_probes_total", "Remote lookups on local misses (one pipelined EXISTS batch each).", TierId::kRemote,
+       [](const StoreCounters& k) { return k.remote_probes; }},
+      {"kdn_remote_probe_keys_total", "Keys those lookups asked about.", TierId::kRemote,
+       [](const StoreCounters& k) { return k.remote_probe_keys; }},
+      {"kdn_remote_found_chunks_total", "Chunks remote lookups found (other nodes' or earlier uploads).",
+       TierId::kRemote, [](const StoreCounters& k) { return k.remote_found_chunks; }},
+      {"kdn_remote_failed_probes_total",
+       "Remote lookups that did not fully answer in time (what did not answer is a miss).", TierId::kRemote,
+       [](const StoreCounters& k) { return k.remote_failed_probes; }},
+      {"kdn_remote_uploads_total", "Chunks uploaded to the remote tier.", TierId::kRemote,
+       [](const StoreCounters& k) { return k.uploaded_chunks; }},
+      {"kdn_remote_failed_uploads_total", "Uploads that failed (the chunk stayed on this node alone).", TierId::kRemote,
+       [](const StoreCounters& k) { return k.failed_uploads; }},
   };
   for (const StoreCol& col : store_cols) {
     for (const NamespaceMetrics& n : ns) {
@@ -120,21 +133,27 @@ void gpu_text(std::ostringstream& o, const gpu::GpuService& g) {
       {"kdn_gpu_registrations", "gauge", "Engine memory registrations open.", uint64_t(g.registrations())},
       {"kdn_gpu_registrations_total", "counter", "GPU_REGISTER requests served.", c.registrations},
       {"kdn_gpu_stale_refused_total", "counter", "Requests naming an unknown or stale registration.", c.stale_refused},
-      {"kdn_gpu_bounds_refused_total", "counter", "Layouts refused for reaching outside their registration.", c.bounds_refused},
+      {"kdn_gpu_bounds_refused_total", "counter", "Layouts refused for reaching outside their registration.",
+       c.bounds_refused},
       {"kdn_gpu_retrieves_total", "counter", "GPU_RETRIEVE requests whose copies were queued.", c.retrieves},
       {"kdn_gpu_retrieved_chunks_total", "counter", "Chunks scattered into engine memory.", c.retrieved_chunks},
       {"kdn_gpu_stores_total", "counter", "GPU_STORE requests whose gathers were queued.", c.stores},
-      {"kdn_gpu_blend_selects_total", "counter", "GPU_BLEND_SELECT requests whose comparisons were queued.", c.blend_selects},
+      {"kdn_gpu_blend_selects_total", "counter", "GPU_BLEND_SELECT requests whose comparisons were queued.",
+       c.blend_selects},
       {"kdn_gpu_blend_chunks_total", "counter", "Chunks compared by blend selections.", c.blend_chunks},
       {"kdn_gpu_h2d_bytes_total", "counter", "Bytes copied from the host tier to devices.", c.h2d_bytes},
       {"kdn_gpu_d2h_bytes_total", "counter", "Bytes copied from devices to the host tier.", c.d2h_bytes},
       {"kdn_gpu_peer_chunks_total", "counter", "Chunks read from another device's T0 (peer access).", c.peer_chunks},
-      {"kdn_gpu_staged_chunks_total", "counter", "Chunks served through the bounce buffer (no T0 slot).", c.staged_chunks},
-      {"kdn_gpu_failed_batches_total", "counter", "Copy batches that failed on the device or could not be queued.", c.batches_failed},
+      {"kdn_gpu_staged_chunks_total", "counter", "Chunks served through the bounce buffer (no T0 slot).",
+       c.staged_chunks},
+      {"kdn_gpu_failed_batches_total", "counter", "Copy batches that failed on the device or could not be queued.",
+       c.batches_failed},
       {"kdn_gpu_t0_encoded_total", "counter", "Chunks encoded into T0 blobs (tier.gpu.codec).", c.t0_encoded},
-      {"kdn_gpu_t0_encode_failed_total", "counter", "Chunks the T0 codec refused (served from the host tier).", c.t0_encode_failed},
+      {"kdn_gpu_t0_encode_failed_total", "counter", "Chunks the T0 codec refused (served from the host tier).",
+       c.t0_encode_failed},
       {"kdn_gpu_t0_decoded_chunks_total", "counter", "Chunks decoded from T0 blobs on a device.", c.t0_decoded_chunks},
-      {"kdn_gpu_t0_decode_faults_total", "counter", "Chunks whose T0 blob failed to decode on the device (entry dropped).", c.t0_decode_faults},
+      {"kdn_gpu_t0_decode_faults_total", "counter",
+       "Chunks whose T0 blob failed to decode on the device (entry dropped).", c.t0_decode_faults},
   };
   for (const auto& r : rows) {
     metric(r.name, r.type, r.help);
@@ -150,15 +169,24 @@ void gpu_text(std::ostringstream& o, const gpu::GpuService& g) {
     const char* help;
     Get get;
   } per_dev[] = {
-      {"kdn_gpu_t0_capacity_bytes", "gauge", "T0 bytes of the device.", [](const gpu::DeviceStats& s) { return s.t0_capacity; }},
-      {"kdn_gpu_t0_used_bytes", "gauge", "T0 bytes held by slots.", [](const gpu::DeviceStats& s) { return s.t0_used; }},
-      {"kdn_gpu_t0_resident_chunks", "gauge", "Chunks with a T0 copy.", [](const gpu::DeviceStats& s) { return s.t0_chunks; }},
-      {"kdn_gpu_t0_hits_total", "counter", "Chunks served from a T0 copy.", [](const gpu::DeviceStats& s) { return s.t0.hits; }},
-      {"kdn_gpu_t0_promoted_chunks_total", "counter", "Chunks copied from the host tier into T0.", [](const gpu::DeviceStats& s) { return s.t0.promoted; }},
-      {"kdn_gpu_t0_evicted_chunks_total", "counter", "T0 copies dropped to make room (a host copy remains).", [](const gpu::DeviceStats& s) { return s.t0.evicted; }},
-      {"kdn_gpu_t0_raw_bytes", "gauge", "Canonical bytes of the chunks T0's blobs encode (tier.gpu.codec).", [](const gpu::DeviceStats& s) { return s.t0_raw_bytes; }},
-      {"kdn_gpu_t0_stored_bytes", "gauge", "Bytes of the blobs in T0 (tier.gpu.codec).", [](const gpu::DeviceStats& s) { return s.t0_stored_bytes; }},
-      {"kdn_gpu_peer_mask", "gauge", "Bit j: the device can read device j's memory.", [](const gpu::DeviceStats& s) { return s.peer_mask; }},
+      {"kdn_gpu_t0_capacity_bytes", "gauge", "T0 bytes of the device.",
+       [](const gpu::DeviceStats& s) { return s.t0_capacity; }},
+      {"kdn_gpu_t0_used_bytes", "gauge", "T0 bytes held by slots.",
+       [](const gpu::DeviceStats& s) { return s.t0_used; }},
+      {"kdn_gpu_t0_resident_chunks", "gauge", "Chunks with a T0 copy.",
+       [](const gpu::DeviceStats& s) { return s.t0_chunks; }},
+      {"kdn_gpu_t0_hits_total", "counter", "Chunks served from a T0 copy.",
+       [](const gpu::DeviceStats& s) { return s.t0.hits; }},
+      {"kdn_gpu_t0_promoted_chunks_total", "counter", "Chunks copied from the host tier into T0.",
+       [](const gpu::DeviceStats& s) { return s.t0.promoted; }},
+      {"kdn_gpu_t0_evicted_chunks_total", "counter", "T0 copies dropped to make room (a host copy remains).",
+       [](const gpu::DeviceStats& s) { return s.t0.evicted; }},
+      {"kdn_gpu_t0_raw_bytes", "gauge", "Canonical bytes of the chunks T0's blobs encode (tier.gpu.codec).",
+       [](const gpu::DeviceStats& s) { return s.t0_raw_bytes; }},
+      {"kdn_gpu_t0_stored_bytes", "gauge", "Bytes of the blobs in T0 (tier.gpu.codec).",
+       [](const gpu::DeviceStats& s) { return s.t0_stored_bytes; }},
+      {"kdn_gpu_peer_mask", "gauge", "Bit j: the device can read device j's memory.",
+       [](const gpu::DeviceStats& s) { return s.peer_mask; }},
   };
   for (const auto& m : per_dev) {
     metric(m.name, m.type, m.help);
@@ -202,8 +230,10 @@ void latency_family(std::ostringstream& o, const DaemonCounters& d, Metric metri
     for (size_t b = 0; b < LatencyHistogram::kBuckets; ++b) {
       cumulative += h.buckets[b];
       o << "kdn_request_duration_seconds_bucket{op=\"" << name << "\",le=\"";
-      if (b < std::size(LatencyHistogram::kBoundsNs)) o << double(LatencyHistogram::kBoundsNs[b]) / 1e9;
-      else o << "+Inf";
+      if (b < std::size(LatencyHistogram::kBoundsNs))
+        o << double(LatencyHistogram::kBoundsNs[b]) / 1e9;
+      else
+        o << "+Inf";
       o << "\"} " << cumulative << '\n';
     }
     o << "kdn_request_duration_seconds_sum{op=\"" << name << "\"} " << double(h.sum_ns) / 1e9 << '\n';
@@ -213,38 +243,67 @@ void latency_family(std::ostringstream& o, const DaemonCounters& d, Metric metri
 
 }  // namespace
 
-std::string prometheus_text(const DaemonCounters* d_or_null, const std::vector<NamespaceMetrics>& ns, const gpu::GpuService* gpu) {
+std::string prometheus_text(const DaemonCounters* d_or_null, const std::vector<NamespaceMetrics>& ns,
+                            const gpu::GpuService* gpu) {
   std::ostringstream o;
   auto metric = [&](const char* name, const char* type, const char* help) {
     o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
   };
   if (d_or_null) daemon_families(o, *d_or_null, metric);
   using Get = uint64_t (*)(const Namespace&);
-  struct Col { const char* name; const char* type; const char* help; Get get; };
+  struct Col {
+    const char* name;
+    const char* type;
+    const char* help;
+    Get get;
+  };
   static const Col cols[] = {
-      {"kdn_namespace_sessions", "gauge", "Open sessions of the namespace.", [](const Namespace& n) -> uint64_t { return n.sessions; }},
-      {"kdn_lookups_total", "counter", "LOOKUP and LOOKUP_EACH requests.", [](const Namespace& n) { return n.store->counters().lookups; }},
-      {"kdn_lookup_hit_chunks_total", "counter", "Chunks found by LOOKUP and LOOKUP_EACH.", [](const Namespace& n) { return n.store->counters().lookup_hit_chunks; }},
-      {"kdn_lookup_miss_chunks_total", "counter", "Chunks missed by LOOKUP and LOOKUP_EACH.", [](const Namespace& n) { return n.store->counters().lookup_miss_chunks; }},
-      {"kdn_leases_total", "counter", "LEASE and LEASE_EACH requests.", [](const Namespace& n) { return n.store->counters().leases; }},
-      {"kdn_lease_hit_chunks_total", "counter", "Chunks leased by LEASE and LEASE_EACH.", [](const Namespace& n) { return n.store->counters().lease_hit_chunks; }},
-      {"kdn_lease_miss_chunks_total", "counter", "Chunks missed by LEASE and LEASE_EACH.", [](const Namespace& n) { return n.store->counters().lease_miss_chunks; }},
-      {"kdn_stored_chunks_total", "counter", "Chunks committed.", [](const Namespace& n) { return n.store->counters().stored_chunks; }},
-      {"kdn_stored_bytes_total", "counter", "Bytes committed.", [](const Namespace& n) { return n.store->counters().stored_bytes; }},
-      {"kdn_retrieved_chunks_total", "counter", "Chunks leased to readers.", [](const Namespace& n) { return n.store->counters().retrieved_chunks; }},
-      {"kdn_retrieved_bytes_total", "counter", "Bytes leased to readers.", [](const Namespace& n) { return n.store->counters().retrieved_bytes; }},
-      {"kdn_aborted_chunks_total", "counter", "Reserved chunks aborted (by the client, its exit or the reservation timeout).", [](const Namespace& n) { return n.store->counters().aborted_chunks; }},
-      {"kdn_demoted_chunks_total", "counter", "Copies written down to a lower tier.", [](const Namespace& n) { return n.store->counters().demoted_chunks; }},
-      {"kdn_promoted_chunks_total", "counter", "Copies brought up from a lower tier.", [](const Namespace& n) { return n.store->counters().promoted_chunks; }},
-      {"kdn_transfer_errors_total", "counter", "Transfers a tier failed (the data stayed where it was).", [](const Namespace& n) { return n.store->counters().transfer_errors; }},
-      {"kdn_evicted_chunks_total", "counter", "Copies evicted from a tier to make room.", [](const Namespace& n) { return n.store->counters().evicted_chunks; }},
-      {"kdn_dropped_chunks_total", "counter", "Chunks that left the namespace.", [](const Namespace& n) { return n.store->counters().dropped_chunks; }},
-      {"kdn_corrupt_chunks_total", "counter", "Copies found damaged and dropped, never served.", [](const Namespace& n) { return n.store->counters().corrupt_chunks; }},
+      {"kdn_namespace_sessions", "gauge", "Open sessions of the namespace.",
+       [](const Namespace& n) -> uint64_t { return n.sessions; }},
+      {"kdn_lookups_total", "counter", "LOOKUP and LOOKUP_EACH requests.",
+       [](const Namespace& n) { return n.store->counters().lookups; }},
+      {"kdn_lookup_hit_chunks_total", "counter", "Chunks found by LOOKUP and LOOKUP_EACH.",
+       [](const Namespace& n) { return n.store->counters().lookup_hit_chunks; }},
+      {"kdn_lookup_miss_chunks_total", "counter", "Chunks missed by LOOKUP and LOOKUP_EACH.",
+       [](const Namespace& n) { return n.store->counters().lookup_miss_chunks; }},
+      {"kdn_leases_total", "counter", "LEASE and LEASE_EACH requests.",
+       [](const Namespace& n) { return n.store->counters().leases; }},
+      {"kdn_lease_hit_chunks_total", "counter", "Chunks leased by LEASE and LEASE_EACH.",
+       [](const Namespace& n) { return n.store->counters().lease_hit_chunks; }},
+      {"kdn_lease_miss_chunks_total", "counter", "Chunks missed by LEASE and LEASE_EACH.",
+       [](const Namespace& n) { return n.store->counters().lease_miss_chunks; }},
+      {"kdn_stored_chunks_total", "counter", "Chunks committed.",
+       [](const Namespace& n) { return n.store->counters().stored_chunks; }},
+      {"kdn_stored_bytes_total", "counter", "Bytes committed.",
+       [](const Namespace& n) { return n.store->counters().stored_bytes; }},
+      {"kdn_retrieved_chunks_total", "counter", "Chunks leased to readers.",
+       [](const Namespace& n) { return n.store->counters().retrieved_chunks; }},
+      {"kdn_retrieved_bytes_total", "counter", "Bytes leased to readers.",
+       [](const Namespace& n) { return n.store->counters().retrieved_bytes; }},
+      {"kdn_aborted_chunks_total", "counter",
+       "Reserved chunks aborted (by the client, its exit or the reservation timeout).",
+       [](const Namespace& n) { return n.store->counters().aborted_chunks; }},
+      {"kdn_demoted_chunks_total", "counter", "Copies written down to a lower tier.",
+       [](const Namespace& n) { return n.store->counters().demoted_chunks; }},
+      {"kdn_promoted_chunks_total", "counter", "Copies brought up from a lower tier.",
+       [](const Namespace& n) { return n.store->counters().promoted_chunks; }},
+      {"kdn_transfer_errors_total", "counter", "Transfers a tier failed (the data stayed where it was).",
+       [](const Namespace& n) { return n.store->counters().transfer_errors; }},
+      {"kdn_evicted_chunks_total", "counter", "Copies evicted from a tier to make room.",
+       [](const Namespace& n) { return n.store->counters().evicted_chunks; }},
+      {"kdn_dropped_chunks_total", "counter", "Chunks that left the namespace.",
+       [](const Namespace& n) { return n.store->counters().dropped_chunks; }},
+      {"kdn_corrupt_chunks_total", "counter", "Copies found damaged and dropped, never served.",
+       [](const Namespace& n) { return n.store->counters().corrupt_chunks; }},
       {"kdn_active_leases", "gauge", "Leases held.", [](const Namespace& n) { return n.store->active_leases(); }},
-      {"kdn_open_reservations", "gauge", "Reservations not yet committed.", [](const Namespace& n) { return n.store->open_reservations(); }},
-      {"kdn_expired_reservations_total", "counter", "Reservations aborted by the reservation timeout.", [](const Namespace& n) { return n.counters.expired_reservations; }},
-      {"kdn_staging_bytes", "gauge", "Staging areas of the namespace's sessions.", [](const Namespace& n) { return n.staging_bytes; }},
-      {"kdn_host_prefault_left_bytes", "gauge", "Host arena bytes still to be faulted in after start.", [](const Namespace& n) { return n.prefault_left.load(std::memory_order_relaxed); }},
+      {"kdn_open_reservations", "gauge", "Reservations not yet committed.",
+       [](const Namespace& n) { return n.store->open_reservations(); }},
+      {"kdn_expired_reservations_total", "counter", "Reservations aborted by the reservation timeout.",
+       [](const Namespace& n) { return n.counters.expired_reservations; }},
+      {"kdn_staging_bytes", "gauge", "Staging areas of the namespace's sessions.",
+       [](const Namespace& n) { return n.staging_bytes; }},
+      {"kdn_host_prefault_left_bytes", "gauge", "Host arena bytes still to be faulted in after start.",
+       [](const Namespace& n) { return n.prefault_left.load(std::memory_order_relaxed); }},
   };
   for (const Col& c : cols) {
     metric(c.name, c.type, c.help);
@@ -252,7 +311,12 @@ std::string prometheus_text(const DaemonCounters* d_or_null, const std::vector<N
   }
   tier_families(o, ns, metric);
   read_path_families(o, ns, metric);
-  struct TierCol { const char* name; const char* help; bool capacity; bool bytes; };
+  struct TierCol {
+    const char* name;
+    const char* help;
+    bool capacity;
+    bool bytes;
+  };
   static const TierCol tier_cols[] = {
       {"kdn_resident_chunks", "Chunks with a copy in the tier.", false, false},
       {"kdn_resident_bytes", "Bytes of the copies in the tier.", false, true},
@@ -275,9 +339,8 @@ std::string prometheus_text(const DaemonCounters* d_or_null, const std::vector<N
   return o.str();
 }
 
-Status write_prometheus_file(const std::string& path, const DaemonCounters& d,
-                             const std::vector<NamespaceMetrics>& ns, std::string* error,
-                             const gpu::GpuService* gpu) {
+Status write_prometheus_file(const std::string& path, const DaemonCounters& d, const std::vector<NamespaceMetrics>& ns,
+                             std::string* error, const gpu::GpuService* gpu) {
   return write_file_atomically(path, prometheus_text(&d, ns, gpu), 0600, error);
 }
 

@@ -21,8 +21,7 @@ std::string prometheus_text(const DaemonCounters* d, const std::vector<Namespace
                             const gpu::GpuService* gpu = nullptr);
 // Writes the file whole (a temporary created O_EXCL | O_NOFOLLOW, mode 0600, then renamed);
 // its directory must be one only kdnd's user can write (checked at start).
-Status write_prometheus_file(const std::string& path, const DaemonCounters& d,
-                             const std::vector<NamespaceMetrics>& ns, std::string* error,
-                             const gpu::GpuService* gpu = nullptr);
+Status write_prometheus_file(const std::string& path, const DaemonCounters& d, const std::vector<NamespaceMetrics>& ns,
+                             std::string* error, const gpu::GpuService* gpu = nullptr);
 
 }  // namespace kdn::sidecar

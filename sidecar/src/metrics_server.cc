@@ -54,7 +54,8 @@ bool parse_loopback_listen(const std::string& text, std::string* host, uint16_t*
                         (inet_pton(AF_INET, h.c_str(), &a4) == 1 && (ntohl(a4.s_addr) >> 24) == 127) ||
                         (inet_pton(AF_INET6, h.c_str(), &a6) == 1 && IN6_IS_ADDR_LOOPBACK(&a6));
   if (!loopback) {
-    *error = "'" + text + "': only a loopback address (127.0.0.1, [::1], localhost) is served, since the page names "
+    *error = "'" + text +
+             "': only a loopback address (127.0.0.1, [::1], localhost) is served, since the page names "
              "every namespace; scrape from another host through metrics_file and node_exporter";
     return false;
   }
@@ -81,7 +82,7 @@ struct Connection {
   std::string in;            // the request so far
   std::string head;          // status line and headers
   std::shared_ptr<const std::string> body;
-  size_t sent = 0;           // of head, then body
+  size_t sent = 0;  // of head, then body
 };
 
 void signal_fd(int fd) {
@@ -118,12 +119,12 @@ struct MetricsServer::Impl {
   ipc::UniqueFd published;  // loop -> server: a rendering is there
   ipc::UniqueFd stop;       // owner -> server: end
   std::mutex mu;
-  uint64_t wanted = 0;                        // GUARDED_BY(mu): renderings asked for by scrapes
-  uint64_t answered = 0;                      // GUARDED_BY(mu): ... and published
-  std::shared_ptr<const std::string> page;    // GUARDED_BY(mu): the newest rendering
+  uint64_t wanted = 0;                      // GUARDED_BY(mu): renderings asked for by scrapes
+  uint64_t answered = 0;                    // GUARDED_BY(mu): ... and published
+  std::shared_ptr<const std::string> page;  // GUARDED_BY(mu): the newest rendering
   // Relaxed: a statistic; nothing is ordered by it.
   std::atomic<uint64_t> scrapes{0};
-  std::vector<Connection> conns;              // server thread only
+  std::vector<Connection> conns;  // server thread only
   std::thread thread;
 
   void run();
@@ -151,9 +152,11 @@ void MetricsServer::Impl::respond(Connection& c, uint64_t now, const char* statu
 
 void MetricsServer::Impl::route(Connection& c, uint64_t now) {
   std::string_view method, path;
-  if (!parse_request_line(c.in, &method, &path)) return respond(c, now, "400 Bad Request", short_body("not an HTTP/1.x request\n"));
+  if (!parse_request_line(c.in, &method, &path))
+    return respond(c, now, "400 Bad Request", short_body("not an HTTP/1.x request\n"));
   c.head_only = method == "HEAD";
-  if (method != "GET" && !c.head_only) return respond(c, now, "405 Method Not Allowed", short_body("only GET and HEAD\n"));
+  if (method != "GET" && !c.head_only)
+    return respond(c, now, "405 Method Not Allowed", short_body("only GET and HEAD\n"));
   if (path == "/") return respond(c, now, "200 OK", short_body("kdnd: metrics at /metrics (Prometheus text format)\n"));
   if (path != "/metrics") return respond(c, now, "404 Not Found", short_body("not found: try /metrics\n"));
   {
@@ -281,9 +284,12 @@ void MetricsServer::Impl::run() {
       Connection& c = conns[i];
       const short re = fds[3 + i].revents;
       if (re == 0) continue;
-      if (c.state == Connection::State::kReading) read_request(c, now);
-      else if (c.state == Connection::State::kWriting) write_some(c);
-      else if (re & (POLLHUP | POLLERR)) c.state = Connection::State::kDone;  // gone while it waited
+      if (c.state == Connection::State::kReading)
+        read_request(c, now);
+      else if (c.state == Connection::State::kWriting)
+        write_some(c);
+      else if (re & (POLLHUP | POLLERR))
+        c.state = Connection::State::kDone;  // gone while it waited
     }
     expire(now);
     std::erase_if(conns, [](const Connection& c) { return c.state == Connection::State::kDone; });

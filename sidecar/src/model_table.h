@@ -57,7 +57,7 @@ class ModelTable {
   std::unordered_map<uint32_t, std::unordered_map<uint32_t, uint32_t>> held_;  // holder -> slot -> references
   uint32_t live_ = 0;
   std::vector<Slot> slots_;
-  std::vector<uint32_t> free_;                                  // slots with refs == 0
+  std::vector<uint32_t> free_;                                     // slots with refs == 0
   std::unordered_map<kdn_key, uint32_t, KeyHash> by_fingerprint_;  // live slots
 };
 

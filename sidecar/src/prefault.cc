@@ -9,7 +9,7 @@
 namespace kdn::sidecar {
 namespace {
 
-constexpr uint64_t kStepBytes = 64ull << 20;      // one madvise: a stop waits for at most this
+constexpr uint64_t kStepBytes = 64ull << 20;  // one madvise: a stop waits for at most this
 constexpr uint64_t kLogEveryNs = 1'000'000'000;
 
 // Faults [p, p + n) in. MADV_POPULATE_WRITE (Linux 5.14) allocates the pages without touching
@@ -40,8 +40,7 @@ void Prefaulter::run() {
   for (Target& t : targets_) {
     const uint64_t t0 = now_ns();
     uint64_t last_log = t0;
-    spdlog::info("namespace '{}': pre-faulting its host arena ({} MiB) in the background", t.name,
-                 t.bytes >> 20);
+    spdlog::info("namespace '{}': pre-faulting its host arena ({} MiB) in the background", t.name, t.bytes >> 20);
     uint64_t done = 0;
     while (done < t.bytes) {
       if (stop_.load(std::memory_order_relaxed)) return;

@@ -17,8 +17,8 @@ namespace kdn::sidecar {
 class Prefaulter {
  public:
   struct Target {
-    std::string name;                 // the namespace, for the log
-    std::byte* base = nullptr;        // kdnd's writable mapping of its arena
+    std::string name;           // the namespace, for the log
+    std::byte* base = nullptr;  // kdnd's writable mapping of its arena
     uint64_t bytes = 0;
     std::atomic<uint64_t>* left = nullptr;  // bytes not yet faulted in; counts down to 0
   };

@@ -41,9 +41,7 @@ uint16_t key_slot(std::string_view key) noexcept {
   return static_cast<uint16_t>(crc16_xmodem(key) % kClusterSlots);
 }
 
-std::string NodeAddress::to_string() const {
-  return host + ":" + std::to_string(port);
-}
+std::string NodeAddress::to_string() const { return host + ":" + std::to_string(port); }
 
 std::optional<NodeAddress> parse_address(std::string_view text) {
   size_t colon = text.rfind(':');
@@ -93,7 +91,8 @@ Result<SlotMap> SlotMap::from_cluster_slots(const resp::Reply& reply, const Node
       return Status(Code::kProtocol, "CLUSTER SLOTS: malformed slot range");
     }
     int64_t first = reply.node(start).value, last = reply.node(end).value;
-    if (first < 0 || last < first || last >= kClusterSlots) return Status(Code::kProtocol, "CLUSTER SLOTS: slot out of range");
+    if (first < 0 || last < first || last >= kClusterSlots)
+      return Status(Code::kProtocol, "CLUSTER SLOTS: slot out of range");
     size_t host = reply.element(master, 0), port = reply.element(master, 1);
     if (port == SIZE_MAX || reply.node(port).type != Type::kInteger || reply.node(port).value <= 0 ||
         reply.node(port).value > UINT16_MAX) {
@@ -115,9 +114,7 @@ uint32_t SlotMap::uncovered() const noexcept {
   return n;
 }
 
-void SlotMap::assign(uint16_t slot, const NodeAddress& node) {
-  owner_[slot % kClusterSlots] = index_of(node);
-}
+void SlotMap::assign(uint16_t slot, const NodeAddress& node) { owner_[slot % kClusterSlots] = index_of(node); }
 
 uint16_t SlotMap::index_of(const NodeAddress& node) {
   for (size_t i = 0; i < masters_.size(); ++i) {

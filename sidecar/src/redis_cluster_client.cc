@@ -132,9 +132,7 @@ void RedisCluster::finish(RedisRequest& r, Status status, const resp::Reply* rep
 
 // ---- the slot map --------------------------------------------------------------------------
 
-void RedisCluster::replace_slot_map(SlotMap map) noexcept {
-  map_ = std::move(map);
-}
+void RedisCluster::replace_slot_map(SlotMap map) noexcept { map_ = std::move(map); }
 
 // Asks one node for CLUSTER SLOTS if a refresh is wanted and none ran within the interval.
 // Nodes are tried in turn, starting after the last that failed, skipping any backing off.
@@ -257,7 +255,8 @@ void RedisCluster::sync_epoll() noexcept {
       ev.events = events;
       ev.data.ptr = m.get();
       if (fresh) {
-        if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0 && errno == EEXIST) epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, fd, &ev);
+        if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0 && errno == EEXIST)
+          epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, fd, &ev);
       } else {
         epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, fd, &ev);
       }

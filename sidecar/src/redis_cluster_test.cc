@@ -36,8 +36,8 @@ TEST(RedisCluster, ParsesRedirects) {
   ASSERT_TRUE(ask);
   EXPECT_EQ(ask->kind, Redirect::Kind::kAsk);
   EXPECT_EQ(ask->node, (NodeAddress{"::1", 7000}));
-  for (const char* bad : {"ERR unknown", "MOVED", "MOVED 3999", "MOVED x 1.2.3.4:5", "MOVED 16384 a:1",
-                          "MOVED 1 a:0", "MOVED 1 a:70000", "MOVED 1 :5", "ASK 1 a"}) {
+  for (const char* bad : {"ERR unknown", "MOVED", "MOVED 3999", "MOVED x 1.2.3.4:5", "MOVED 16384 a:1", "MOVED 1 a:0",
+                          "MOVED 1 a:70000", "MOVED 1 :5", "ASK 1 a"}) {
     EXPECT_FALSE(parse_redirect(bad)) << bad;
   }
 }
@@ -51,7 +51,8 @@ resp::Parser parsed(std::string_view text) {
 TEST(RedisCluster, SlotMapFromClusterSlots) {
   resp::Parser p = parsed(
       "*3\r\n"
-      "*4\r\n:0\r\n:5460\r\n*3\r\n$9\r\n127.0.0.1\r\n:30001\r\n$2\r\nid\r\n*3\r\n$9\r\n127.0.0.1\r\n:30004\r\n$2\r\nid\r\n"
+      "*4\r\n:0\r\n:5460\r\n*3\r\n$9\r\n127.0.0.1\r\n:30001\r\n$2\r\nid\r\n*3\r\n$9\r\n127.0.0.1\r\n:30004\r\n$"
+      "2\r\nid\r\n"
       "*3\r\n:5461\r\n:10922\r\n*4\r\n$0\r\n\r\n:30002\r\n$2\r\nid\r\n*0\r\n"
       "*3\r\n:10923\r\n:16000\r\n*2\r\n$9\r\n127.0.0.1\r\n:30003\r\n");
   Result<SlotMap> m = SlotMap::from_cluster_slots(p.reply(), NodeAddress{"10.0.0.9", 30002});
@@ -70,9 +71,10 @@ TEST(RedisCluster, SlotMapFromClusterSlots) {
 
 TEST(RedisCluster, RefusesMalformedClusterSlots) {
   NodeAddress seed{"127.0.0.1", 1};
-  for (const char* bad : {":1\r\n", "*1\r\n:1\r\n", "*1\r\n*2\r\n:0\r\n:1\r\n", "*1\r\n*3\r\n:5\r\n:1\r\n*2\r\n$1\r\na\r\n:1\r\n",
-                          "*1\r\n*3\r\n:0\r\n:16384\r\n*2\r\n$1\r\na\r\n:1\r\n",
-                          "*1\r\n*3\r\n:0\r\n:1\r\n*2\r\n$1\r\na\r\n:0\r\n", "*1\r\n*3\r\n:0\r\n:1\r\n*1\r\n$1\r\na\r\n"}) {
+  for (const char* bad :
+       {":1\r\n", "*1\r\n:1\r\n", "*1\r\n*2\r\n:0\r\n:1\r\n", "*1\r\n*3\r\n:5\r\n:1\r\n*2\r\n$1\r\na\r\n:1\r\n",
+        "*1\r\n*3\r\n:0\r\n:16384\r\n*2\r\n$1\r\na\r\n:1\r\n", "*1\r\n*3\r\n:0\r\n:1\r\n*2\r\n$1\r\na\r\n:0\r\n",
+        "*1\r\n*3\r\n:0\r\n:1\r\n*1\r\n$1\r\na\r\n"}) {
     resp::Parser p = parsed(bad);
     EXPECT_EQ(SlotMap::from_cluster_slots(p.reply(), seed).status().code(), Code::kProtocol) << bad;
   }

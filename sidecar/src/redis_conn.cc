@@ -70,15 +70,14 @@ RedisConn::RedisConn(RedisEndpoint endpoint, const RedisConnOptions& options, Re
   }
 }
 
-RedisConn::~RedisConn() {
-  fail_connection(Status(Code::kUnavailable, "redis connection closed"));
-}
+RedisConn::~RedisConn() { fail_connection(Status(Code::kUnavailable, "redis connection closed")); }
 
 void RedisConn::submit(RedisRequest* r, RedisClock::time_point now) noexcept {
   now_ = now;
   ++counters_.submitted;
   if (state_ == State::kBackoff && now >= backoff_until_) state_ = State::kIdle;
-  if (state_ == State::kBackoff) return complete(r, Status(Code::kUnavailable, "redis server unreachable (backing off)"), nullptr);
+  if (state_ == State::kBackoff)
+    return complete(r, Status(Code::kUnavailable, "redis server unreachable (backing off)"), nullptr);
   if (state_ == State::kIdle) {
     Status st = start_connect(now);
     if (!st.ok()) return complete(r, st, nullptr);
@@ -107,7 +106,8 @@ RedisClock::time_point RedisConn::next_deadline() const noexcept {
 Status RedisConn::start_connect(RedisClock::time_point now) noexcept {
   sockaddr_storage addr;
   socklen_t len = 0;
-  if (!socket_address(endpoint_, &addr, &len)) return Status(Code::kInvalidArgument, "redis host is not a numeric address");
+  if (!socket_address(endpoint_, &addr, &len))
+    return Status(Code::kInvalidArgument, "redis host is not a numeric address");
   int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return Status::from_errno("redis socket", errno);
   if (addr.ss_family != AF_UNIX) {

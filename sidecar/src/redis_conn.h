@@ -57,10 +57,10 @@ using RedisClock = std::chrono::steady_clock;
 
 struct RedisRequest {
   // Set by the caller; untouched by the client.
-  std::string command;                    // RESP bytes (resp::append_command, or _head)
-  bool payload_follows = false;           // `command` came from append_command_head
-  std::span<const std::byte> payload;     // then: sent after `command`, followed by CRLF
-  resp::BulkSink* sink = nullptr;         // where bulk replies go (null: into the reply)
+  std::string command;                 // RESP bytes (resp::append_command, or _head)
+  bool payload_follows = false;        // `command` came from append_command_head
+  std::span<const std::byte> payload;  // then: sent after `command`, followed by CRLF
+  resp::BulkSink* sink = nullptr;      // where bulk replies go (null: into the reply)
   RedisClock::time_point deadline{};
   // Completion: `reply` is null unless `status` is ok (an error *reply*, such as OOM or
   // WRONGTYPE, is a reply: status ok, reply->is_error()). It is valid during the call only.
@@ -131,7 +131,7 @@ class RedisConn {
   struct Entry {
     RedisRequest* request = nullptr;  // null: internal, or abandoned after its deadline
     Kind kind = Kind::kRequest;
-    bool asking = false;              // an ASKING reply comes first
+    bool asking = false;  // an ASKING reply comes first
     bool abandoned = false;
     RedisClock::time_point sent_at{};
   };
@@ -163,9 +163,9 @@ class RedisConn {
   State state_ = State::kIdle;
   RedisClock::time_point connect_deadline_{}, backoff_until_{}, last_read_{}, now_{};
   std::chrono::milliseconds backoff_{0};
-  std::deque<Entry> queue_;   // in submission order; replies complete the front
-  size_t written_ = 0;        // entries at the front that are fully written
-  size_t write_offset_ = 0;   // bytes of queue_[written_] already written
+  std::deque<Entry> queue_;  // in submission order; replies complete the front
+  size_t written_ = 0;       // entries at the front that are fully written
+  size_t write_offset_ = 0;  // bytes of queue_[written_] already written
   resp::Parser parser_;
   std::vector<std::byte> read_buffer_;
   std::string auth_command_;
@@ -177,7 +177,7 @@ struct RedisClusterOptions {
   std::vector<NodeAddress> seeds;  // cluster: any of its nodes; standalone: the server
   std::string unix_path;           // standalone only: connect here instead
   bool cluster = true;
-  uint32_t pool_size = 1;          // connections per master
+  uint32_t pool_size = 1;  // connections per master
   uint32_t max_redirects = 5;
   std::chrono::milliseconds refresh_interval{100};  // the least time between two CLUSTER SLOTS
   std::chrono::milliseconds refresh_timeout{1000};

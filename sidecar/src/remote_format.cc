@@ -38,7 +38,6 @@ bool get_name(const std::byte* b, std::string* out) noexcept {
   return record::get_name(b, kAtName, kNameBytes, out) && valid_namespace(*out);
 }
 
-
 bool parse_hex64(std::string_view s, uint64_t* out) noexcept {
   if (s.size() != 16) return false;
   uint64_t v = 0;
@@ -59,10 +58,14 @@ bool parse_key_hex(std::string_view s, kdn_key* out) noexcept {
 
 const char* remote_codec_name(RemoteCodec c) noexcept {
   switch (c) {
-    case RemoteCodec::kNone: return "none";
-    case RemoteCodec::kLossless: return "lossless";
-    case RemoteCodec::kInt8: return "int8";
-    case RemoteCodec::kKivi4: return "kivi4";
+    case RemoteCodec::kNone:
+      return "none";
+    case RemoteCodec::kLossless:
+      return "lossless";
+    case RemoteCodec::kInt8:
+      return "int8";
+    case RemoteCodec::kKivi4:
+      return "kivi4";
   }
   return "unknown";
 }
@@ -80,8 +83,8 @@ bool parse_remote_codec(std::string_view name, RemoteCodec* out) noexcept {
 bool valid_namespace(std::string_view name) noexcept {
   if (name.empty() || name.size() >= kNameBytes || name.front() == '.') return false;
   for (char c : name) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-              c == '-';
+    bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
     if (!ok) return false;
   }
   return true;
@@ -147,11 +150,15 @@ void encode_header(const ValueHeader& h, std::byte* b) noexcept {
 
 Status decode_header(std::span<const std::byte, kHeaderBytes> in, ValueHeader* out) noexcept {
   const std::byte* b = in.data();
-  if (std::memcmp(b, kMagic, sizeof kMagic) != 0) return Status(Code::kCorrupt, "remote value: not a kdn value (bad magic)");
+  if (std::memcmp(b, kMagic, sizeof kMagic) != 0)
+    return Status(Code::kCorrupt, "remote value: not a kdn value (bad magic)");
   if (get<uint16_t>(b, kAtMajor) != kFormatMajor) return Status(Code::kVersion, "remote value of another format major");
-  if (get<uint32_t>(b, kHeaderCrcAt) != crc32c(b, kHeaderCrcAt)) return Status(Code::kCorrupt, "remote value: header CRC mismatch");
-  if (get<uint16_t>(b, kAtHeaderBytes) != kHeaderBytes) return Status(Code::kCorrupt, "remote value: header size is not 192");
-  if (get<uint8_t>(b, kAtFlags) != 0 || get<uint32_t>(b, kAtReserved1) != 0 || !zero_range(b, kAtReserved2, kHeaderCrcAt))
+  if (get<uint32_t>(b, kHeaderCrcAt) != crc32c(b, kHeaderCrcAt))
+    return Status(Code::kCorrupt, "remote value: header CRC mismatch");
+  if (get<uint16_t>(b, kAtHeaderBytes) != kHeaderBytes)
+    return Status(Code::kCorrupt, "remote value: header size is not 192");
+  if (get<uint8_t>(b, kAtFlags) != 0 || get<uint32_t>(b, kAtReserved1) != 0 ||
+      !zero_range(b, kAtReserved2, kHeaderCrcAt))
     return Status(Code::kCorrupt, "remote value: reserved bytes are not zero");
   ValueHeader h;
   const uint8_t codec = get<uint8_t>(b, kAtCodec);
@@ -165,7 +172,8 @@ Status decode_header(std::span<const std::byte, kHeaderBytes> in, ValueHeader* o
   h.raw_hash = get<kdn_key>(b, kAtRawHash);
   h.written_unix_ns = get<uint64_t>(b, kAtWritten);
   if (!get_name(b, &h.name_space)) return Status(Code::kCorrupt, "remote value: namespace is not a name");
-  if (h.raw_bytes == 0 || h.raw_bytes > kMaxRawBytes) return Status(Code::kCorrupt, "remote value: raw size is impossible");
+  if (h.raw_bytes == 0 || h.raw_bytes > kMaxRawBytes)
+    return Status(Code::kCorrupt, "remote value: raw size is impossible");
   if (h.stored_bytes == 0 || h.stored_bytes > kMaxRawBytes)
     return Status(Code::kCorrupt, "remote value: stored size is impossible");
   if (h.codec == RemoteCodec::kNone && h.stored_bytes != h.raw_bytes)
@@ -197,7 +205,8 @@ Status decode_value(std::span<const std::byte> value, const ValueExpectation& wa
   KDN_RETURN_IF_ERROR(decode_header(value.first<kHeaderBytes>(), &h));
   KDN_RETURN_IF_ERROR(check_header(h, want, value.size()));
   std::span<const std::byte> body = value.subspan(kHeaderBytes);
-  if (crc32c(body.data(), body.size()) != h.payload_crc) return Status(Code::kCorrupt, "remote value: payload CRC mismatch");
+  if (crc32c(body.data(), body.size()) != h.payload_crc)
+    return Status(Code::kCorrupt, "remote value: payload CRC mismatch");
   *header = std::move(h);
   *payload = body;
   return OkStatus();

@@ -33,11 +33,11 @@ namespace kdn::sidecar::remote {
 
 static_assert(std::endian::native == std::endian::little, "remote values are little-endian");
 
-constexpr uint16_t kFormatMajor = 1;      // a reader refuses other majors
-constexpr uint16_t kFormatMinor = 0;      // informational: a later minor gives reserved bytes meaning
-constexpr size_t kHeaderBytes = 192;      // the payload starts here
+constexpr uint16_t kFormatMajor = 1;  // a reader refuses other majors
+constexpr uint16_t kFormatMinor = 0;  // informational: a later minor gives reserved bytes meaning
+constexpr size_t kHeaderBytes = 192;  // the payload starts here
 constexpr size_t kHeaderCrcAt = kHeaderBytes - 4;
-constexpr size_t kNameBytes = 64;         // a namespace name, NUL-padded (at most 63 bytes)
+constexpr size_t kNameBytes = 64;  // a namespace name, NUL-padded (at most 63 bytes)
 constexpr std::string_view kKeyPrefix = "kdn";
 
 // What the payload is. The ids are the disk tier's (disk::DiskCodec), so a chunk moves between
@@ -75,12 +75,12 @@ std::optional<KeyParts> parse_value_key(std::string_view text);
 
 struct ValueHeader {
   kdn_key key{};
-  kdn_key fingerprint{};         // the model's
+  kdn_key fingerprint{};  // the model's
   RemoteCodec codec = RemoteCodec::kNone;
-  uint64_t raw_bytes = 0;        // the canonical chunk's size
-  uint64_t stored_bytes = 0;     // the payload's size (== raw_bytes for kNone, < it otherwise)
-  uint32_t payload_crc = 0;      // CRC32C of the payload
-  kdn_key raw_hash{};            // kLossless: XXH3-128 of the canonical chunk; zero otherwise
+  uint64_t raw_bytes = 0;     // the canonical chunk's size
+  uint64_t stored_bytes = 0;  // the payload's size (== raw_bytes for kNone, < it otherwise)
+  uint32_t payload_crc = 0;   // CRC32C of the payload
+  kdn_key raw_hash{};         // kLossless: XXH3-128 of the canonical chunk; zero otherwise
   std::string name_space;
   uint64_t written_unix_ns = 0;  // informational
 };

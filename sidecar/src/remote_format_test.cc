@@ -1,5 +1,5 @@
-#include "redis_cluster.h"
 #include "remote_format.h"
+#include "redis_cluster.h"
 
 #include <gtest/gtest.h>
 

@@ -24,9 +24,9 @@ bool starts_with(std::string_view text, std::string_view prefix) noexcept {
 }
 
 uint64_t unix_ns() noexcept {
-  return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::chrono::system_clock::now().time_since_epoch())
-                      .count());
+  return uint64_t(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
 }
 
 }  // namespace
@@ -60,11 +60,11 @@ struct RemoteTier::Op final : resp::BulkSink {
   RedisRequest req;
   TransferId id = 0;
   std::byte* host = nullptr;
-  uint64_t bytes = 0;        // the chunk's size
+  uint64_t bytes = 0;  // the chunk's size
   uint32_t slot = 0, generation = 0;
   remote::ValueExpectation want;
   Probe* probe = nullptr;
-  uint32_t index = 0;        // the key's place in its probe
+  uint32_t index = 0;  // the key's place in its probe
   alignas(16) std::array<std::byte, kHeaderBytes> header{};
 
   // A transfer's worker job reads and writes only these (and the host bytes); the loop does not
@@ -81,7 +81,7 @@ struct RemoteTier::Op final : resp::BulkSink {
   uint64_t staged = 0;                // ... its size (0: the payload went to the host destination)
   bool staging_failed = false;        // ... no memory for it
   Verdict verdict = Verdict::kOk;
-  Status status;                      // kDecodeError: why
+  Status status;  // kDecodeError: why
 };
 
 namespace {
@@ -97,8 +97,8 @@ void prepare_write(RemoteTier::Op* op) noexcept {
     op->verdict = Verdict::kExpired;
     return;
   }
-  if (op->codec != 0 && encode_chunk(op->geometry, op->chunk.fingerprint, op->host, op->codec, op->bytes / 16,
-                                     &op->encoding))
+  if (op->codec != 0 &&
+      encode_chunk(op->geometry, op->chunk.fingerprint, op->host, op->codec, op->bytes / 16, &op->encoding))
     return;
   op->codec = 0;
   op->crc = remote::crc32c(op->host, op->bytes);
@@ -132,12 +132,16 @@ struct RemoteTier::Probe {
 };
 
 Result<std::unique_ptr<RemoteTier>> RemoteTier::create(RemoteTierOptions options) noexcept {
-  if (!remote::valid_namespace(options.name_space)) return Status(Code::kInvalidArgument, "remote tier: bad namespace name");
-  if (uint8_t(options.codec) > remote::kMaxRemoteCodec) return Status(Code::kInvalidArgument, "remote tier: unknown codec");
+  if (!remote::valid_namespace(options.name_space))
+    return Status(Code::kInvalidArgument, "remote tier: bad namespace name");
+  if (uint8_t(options.codec) > remote::kMaxRemoteCodec)
+    return Status(Code::kInvalidArgument, "remote tier: unknown codec");
   if (options.timeout.count() <= 0) return Status(Code::kInvalidArgument, "remote tier: the timeout must be positive");
-  if (options.max_in_flight == 0) return Status(Code::kInvalidArgument, "remote tier: max_in_flight must be at least 1");
+  if (options.max_in_flight == 0)
+    return Status(Code::kInvalidArgument, "remote tier: max_in_flight must be at least 1");
   // Values are up to 512 MiB: the parser must accept bulks that large.
-  options.redis.conn.limits.max_bulk = std::max<uint64_t>(options.redis.conn.limits.max_bulk, remote::kMaxRawBytes + kHeaderBytes);
+  options.redis.conn.limits.max_bulk =
+      std::max<uint64_t>(options.redis.conn.limits.max_bulk, remote::kMaxRawBytes + kHeaderBytes);
   ipc::UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake) return Status::from_errno("eventfd for the remote tier", errno);
   Result<std::unique_ptr<RedisCluster>> client = RedisCluster::create(options.redis);
@@ -174,7 +178,8 @@ uint64_t RemoteTier::capacity_bytes() const noexcept {
 // ---- placements ----------------------------------------------------------------------------------
 
 Result<uint16_t> RemoteTier::slot_class(uint64_t bytes) noexcept {
-  if (bytes == 0 || bytes > remote::kMaxRawBytes) return Status(Code::kInvalidArgument, "chunk too large for a remote value");
+  if (bytes == 0 || bytes > remote::kMaxRawBytes)
+    return Status(Code::kInvalidArgument, "chunk too large for a remote value");
   return uint16_t{0};
 }
 
@@ -350,7 +355,8 @@ Status RemoteTier::start_write(const Transfer& t, Slot& s) noexcept {
       options_.codec == remote::RemoteCodec::kNone ? nullptr : geometries_.find(t.chunk.fingerprint, t.bytes);
   // Encoders falling behind: the chunk goes raw rather than wait (a reader takes either).
   op->encode_job = g != nullptr && encoding_ < options_.encode_queue;
-  op->deadline = RedisClock::now() + options_.timeout + (op->encode_job ? options_.encode_wait : std::chrono::milliseconds(0));
+  op->deadline =
+      RedisClock::now() + options_.timeout + (op->encode_job ? options_.encode_wait : std::chrono::milliseconds(0));
   if (op->encode_job) {
     op->codec = uint8_t(options_.codec);
     op->geometry = *g;
@@ -363,8 +369,8 @@ Status RemoteTier::start_write(const Transfer& t, Slot& s) noexcept {
   // Another chunk in this placement is readable only once the store has said OK. The same
   // chunk again stays readable meanwhile: SET is atomic, so the store holds one whole value
   // or the other, and either passes a reader's checks.
-  const bool same_chunk = s.stored_bytes == t.bytes && s.chunk.key == t.chunk.key &&
-                          s.chunk.fingerprint == t.chunk.fingerprint;
+  const bool same_chunk =
+      s.stored_bytes == t.bytes && s.chunk.key == t.chunk.key && s.chunk.fingerprint == t.chunk.fingerprint;
   if (!same_chunk) s.stored_bytes = 0;
   s.chunk = t.chunk;
   ++submitted_;
@@ -530,10 +536,14 @@ void RemoteTier::take_worker_results() noexcept {
 
 void RemoteTier::on_reply(Op* op, Status status, const resp::Reply* reply) noexcept {
   switch (op->kind) {
-    case Op::Kind::kWrite: return on_write_reply(op, status, reply);
-    case Op::Kind::kRead: return on_read_reply(op, status, reply);
-    case Op::Kind::kProbe: return on_probe_reply(op, status, reply);
-    case Op::Kind::kDelete: return release_op(op);
+    case Op::Kind::kWrite:
+      return on_write_reply(op, status, reply);
+    case Op::Kind::kRead:
+      return on_read_reply(op, status, reply);
+    case Op::Kind::kProbe:
+      return on_probe_reply(op, status, reply);
+    case Op::Kind::kDelete:
+      return release_op(op);
   }
 }
 

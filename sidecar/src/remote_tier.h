@@ -68,15 +68,15 @@ template <class Item>
 class WorkerPool;
 
 struct RemoteTierOptions {
-  RedisClusterOptions redis;                 // seeds, cluster or standalone, pool, AUTH
-  std::string name_space;                    // must be a valid namespace name
-  std::chrono::milliseconds timeout{500};    // remote_timeout_ms: every request's deadline
-  uint64_t capacity_bytes = 0;               // this node's budget in the store; 0: unbounded
-  uint32_t max_in_flight = 256;              // transfers; more are refused with kBusy
-  uint32_t max_probe_keys = 4096;            // keys in one probe
+  RedisClusterOptions redis;                               // seeds, cluster or standalone, pool, AUTH
+  std::string name_space;                                  // must be a valid namespace name
+  std::chrono::milliseconds timeout{500};                  // remote_timeout_ms: every request's deadline
+  uint64_t capacity_bytes = 0;                             // this node's budget in the store; 0: unbounded
+  uint32_t max_in_flight = 256;                            // transfers; more are refused with kBusy
+  uint32_t max_probe_keys = 4096;                          // keys in one probe
   remote::RemoteCodec codec = remote::RemoteCodec::kNone;  // remote_codec: what writes are encoded with
-  uint32_t workers = 2;                      // threads for encodes, decodes and checksums
-  uint32_t encode_queue = 4;                 // encodes waiting before writes go raw (docs/remote.md)
+  uint32_t workers = 2;                                    // threads for encodes, decodes and checksums
+  uint32_t encode_queue = 4;                               // encodes waiting before writes go raw (docs/remote.md)
   // A write whose chunk is encoded may wait this long for a worker on top of `timeout`; its
   // SET still gets `timeout` from when it is sent. 0: the encode shares the write's deadline.
   std::chrono::milliseconds encode_wait{0};
@@ -92,17 +92,17 @@ struct RemoteCounters {
   uint64_t raw_writes = 0;      // stored raw under a codec: model unknown, encoders busy, no gain
   uint64_t decoded_reads = 0;   // KVC1 values decoded and served
   // Faults by cause (each failed transfer counts once).
-  uint64_t missing = 0;       // nil: no such value
-  uint64_t foreign = 0;       // a value of another chunk, model or namespace
-  uint64_t bad_length = 0;    // a value whose length is not this chunk's
-  uint64_t bad_header = 0;    // a header that fails its checks (CRC, magic, version, fields)
-  uint64_t crc_mismatch = 0;  // a payload that fails its CRC32C
-  uint64_t decode_errors = 0; // a KVC1 payload that does not decode (or, lossless, to other bytes)
-  uint64_t wrong_type = 0;    // the key holds something else (WRONGTYPE)
-  uint64_t no_space = 0;      // -OOM
-  uint64_t timeouts = 0;      // no answer before the deadline
-  uint64_t unavailable = 0;   // connection failures, nodes down, too many redirects
-  uint64_t error_replies = 0; // any other error reply
+  uint64_t missing = 0;        // nil: no such value
+  uint64_t foreign = 0;        // a value of another chunk, model or namespace
+  uint64_t bad_length = 0;     // a value whose length is not this chunk's
+  uint64_t bad_header = 0;     // a header that fails its checks (CRC, magic, version, fields)
+  uint64_t crc_mismatch = 0;   // a payload that fails its CRC32C
+  uint64_t decode_errors = 0;  // a KVC1 payload that does not decode (or, lossless, to other bytes)
+  uint64_t wrong_type = 0;     // the key holds something else (WRONGTYPE)
+  uint64_t no_space = 0;       // -OOM
+  uint64_t timeouts = 0;       // no answer before the deadline
+  uint64_t unavailable = 0;    // connection failures, nodes down, too many redirects
+  uint64_t error_replies = 0;  // any other error reply
 };
 
 class RemoteTier final : public Tier {
@@ -168,10 +168,10 @@ class RemoteTier final : public Tier {
 
  private:
   struct Slot {
-    std::string redis_key;       // names the namespace, the fingerprint and the chunk key
+    std::string redis_key;  // names the namespace, the fingerprint and the chunk key
     ChunkIdentity chunk;
-    uint64_t bytes = 0;          // allocated (the placement's size)
-    uint64_t stored_bytes = 0;   // the chunk's size once a value is stored (0: nothing yet)
+    uint64_t bytes = 0;         // allocated (the placement's size)
+    uint64_t stored_bytes = 0;  // the chunk's size once a value is stored (0: nothing yet)
     uint32_t generation = 0;
     bool in_use = false;
   };
@@ -199,10 +199,10 @@ class RemoteTier final : public Tier {
   void complete(TransferId id, Status status) noexcept;
 
   RemoteTierOptions options_;
-  ipc::UniqueFd wake_;                       // eventfd: completions wait in ready_
+  ipc::UniqueFd wake_;  // eventfd: completions wait in ready_
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_slots_;
-  std::vector<std::unique_ptr<Op>> ops_;     // every operation made; idle ones in idle_ops_
+  std::vector<std::unique_ptr<Op>> ops_;  // every operation made; idle ones in idle_ops_
   std::vector<Op*> idle_ops_;
   std::vector<std::unique_ptr<Probe>> probes_;
   std::vector<TierCompletion> ready_;
@@ -211,15 +211,15 @@ class RemoteTier final : public Tier {
   bool signalled_ = false;
   ChunkGeometries geometries_;
   std::unique_ptr<Workers> workers_;
-  std::vector<Op*> worker_done_;             // results taken from the workers, being handled
-  uint32_t worker_jobs_ = 0;                 // posted and not taken back
-  uint32_t encoding_ = 0;                    // encode jobs among them
+  std::vector<Op*> worker_done_;  // results taken from the workers, being handled
+  uint32_t worker_jobs_ = 0;      // posted and not taken back
+  uint32_t encoding_ = 0;         // encode jobs among them
   uint64_t used_bytes_ = 0;
   uint64_t submitted_ = 0, reaped_ = 0;
-  uint32_t transfers_ = 0;                   // transfers in flight (not yet completed)
+  uint32_t transfers_ = 0;  // transfers in flight (not yet completed)
   RemoteCounters counters_;
-  uint32_t faults_logged_ = 0;               // a bit per fault cause already logged
-  std::unique_ptr<RedisCluster> client_;     // last: destroyed first, failing what is in flight
+  uint32_t faults_logged_ = 0;            // a bit per fault cause already logged
+  std::unique_ptr<RedisCluster> client_;  // last: destroyed first, failing what is in flight
 };
 
 }  // namespace kdn::sidecar

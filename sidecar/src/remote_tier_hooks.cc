@@ -55,9 +55,10 @@ void RemoteTier::log_new_faults(std::string_view ns) noexcept {
     const RemoteFault& f = kRemoteFaults[i];
     if ((faults_logged_ >> i) & 1u || counters_.*f.count == 0) continue;
     faults_logged_ |= 1u << i;
-    spdlog::warn("namespace '{}': remote tier: {} ({} so far); each is a local miss, never an error; logged once, "
-                 "counted in kdn_remote_faults_{}_total",
-                 ns, f.meaning, counters_.*f.count, f.cause);
+    spdlog::warn(
+        "namespace '{}': remote tier: {} ({} so far); each is a local miss, never an error; logged once, "
+        "counted in kdn_remote_faults_{}_total",
+        ns, f.meaning, counters_.*f.count, f.cause);
   }
 }
 

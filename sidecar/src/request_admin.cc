@@ -59,7 +59,8 @@ Step RequestHandler::serve(Op& op, uint64_t, ipc::StatsOp) {
   Session& s = *op.session;
   const ipc::StatsRecord r = stats(*s.ns, s.node_admin);  // a namespace's admin: no daemon-wide words
   const uint32_t words = std::min<uint32_t>(op.shape.out_capacity, sizeof r / sizeof(uint64_t));
-  Status out = s.shm.payload().copy_out(op.sqe.out_off, std::as_bytes(std::span(&r, 1)).first(words * sizeof(uint64_t)));
+  Status out =
+      s.shm.payload().copy_out(op.sqe.out_off, std::as_bytes(std::span(&r, 1)).first(words * sizeof(uint64_t)));
   if (!out.ok()) return finish(op, out);
   ipc::StatsOp::put({words}, op.cqe);
   return finish(op, OkStatus());
@@ -144,8 +145,10 @@ Step RequestHandler::serve(Op& op, uint64_t deadline_ns, ipc::EvictOp) {
     if (!in.ok()) return finish(op, in);
     for (uint32_t i = 0; i < m; ++i) {
       if (store.index().find(keys[i]) == nullptr) continue;
-      if (store.evict(keys[i])) ++op.done;
-      else ++op.skipped;
+      if (store.evict(keys[i]))
+        ++op.done;
+      else
+        ++op.skipped;
     }
     op.cursor += m;
     if (op.cursor < n && past(deadline_ns)) return Step::kMore;

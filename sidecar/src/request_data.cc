@@ -97,8 +97,7 @@ Step RequestHandler::serve(Op& op, uint64_t deadline_ns, ipc::LookupOp) {
     if (!in.ok()) return finish(op, in);
     uint32_t tiers[kTierCount] = {};
     std::function<bool(const Entry&)> in_gpu;
-    if (gpu_ != nullptr && gpu_->holds_any())
-      in_gpu = [&](const Entry& e) { return gpu_->holds(s.ns->region_id, e); };
+    if (gpu_ != nullptr && gpu_->holds_any()) in_gpu = [&](const Entry& e) { return gpu_->holds(s.ns->region_id, e); };
     const uint32_t hits = store.lookup(std::span(keys, m), op.model->chunk_bytes, tiers, in_gpu ? &in_gpu : nullptr);
     for (uint32_t t = 0; t < kTierCount; ++t) op.read.per_tier[t] += tiers[t];
     // Read-ahead: a lease usually follows a lookup; chunks it will need from the disk or the
@@ -161,7 +160,8 @@ Step RequestHandler::serve(Op& op, uint64_t deadline_ns, ipc::ReserveOp) {
   const uint32_t n = op.shape.in_records;
   const uint64_t bytes = op.model->chunk_bytes;
   if (op.cursor == 0 && op.taken.empty()) {  // limits are checked before anything is taken
-    if (!s.staging.valid()) return finish(op, Status(Code::kLimit, "a read-only session (no staging area) cannot store"));
+    if (!s.staging.valid())
+      return finish(op, Status(Code::kLimit, "a read-only session (no staging area) cannot store"));
     if (s.reservations.size() + n > config_.max_reservations)
       return finish(op, Status(Code::kLimit, "more open reservations than max_reservations"));
     if (uint64_t(n) * staging_slot(bytes) > s.staging.free_bytes())
@@ -201,7 +201,8 @@ Step RequestHandler::serve(Op& op, uint64_t deadline_ns, ipc::ReserveOp) {
         off = s.staging.allocate(bytes);
         if (off) {
           s.reservation_order.push_back(id);  // an id here without a reservation is skipped
-          s.reservations.emplace(id, Reservation{r->entry, *off, now + uint64_t(config_.reservation_timeout_ms) * 1000000});
+          s.reservations.emplace(id,
+                                 Reservation{r->entry, *off, now + uint64_t(config_.reservation_timeout_ms) * 1000000});
         }
       } catch (...) {
         if (off) s.staging.free(*off);
@@ -292,8 +293,9 @@ Step RequestHandler::serve(Op& op, uint64_t deadline_ns, ipc::CommitOp) {
   if (!settle_backwards(op, op.committed, deadline_ns, [&](const kdn_key& k) { store.settle(k); })) return Step::kMore;
   ipc::CommitOp::put({uint32_t(op.done)}, op.cqe);
   if (!op.first_error.ok()) return finish(op, op.first_error);
-  return finish(op, op.unknown_handle ? Status(Code::kNotFound, "unknown reservation id (never issued, finished or expired)")
-                                      : OkStatus());
+  return finish(op, op.unknown_handle
+                        ? Status(Code::kNotFound, "unknown reservation id (never issued, finished or expired)")
+                        : OkStatus());
 }
 
 // ABORT and RELEASE: each id this session holds is finished by `finish_one`; an id it does not
@@ -352,7 +354,8 @@ Step RequestHandler::serve(Op& op, uint64_t deadline_ns, ipc::PrefetchOp) {
     if (!in.ok()) return finish(op, in);
     const uint32_t hits = store.cached_prefix(std::span(keys, m), bytes);
     if (op.read.read_ahead < config_.disk.prefetch_max_chunks)
-      op.read.read_ahead += store.prefetch(std::span(keys, hits), bytes, config_.disk.prefetch_max_chunks - op.read.read_ahead);
+      op.read.read_ahead +=
+          store.prefetch(std::span(keys, hits), bytes, config_.disk.prefetch_max_chunks - op.read.read_ahead);
     op.done += hits;
     if (hits < m && ask_remote(op, op.cursor + hits, n)) {
       op.cursor += hits;

@@ -128,13 +128,17 @@ void RequestHandler::on_event(Op& op, const StoreEvent& ev) noexcept {
   const bool leases = op.traits != nullptr && op.traits->lease != ipc::OpTraits::Lease::kNone;
   if (op.sqe.opcode == uint8_t(Opcode::kCommit)) {
     s.staging.free(ev.cookie);  // the copy has read the slot: it is the session's again
-    if (ev.status.ok()) ++op.done;
-    else if (op.first_error.ok()) op.first_error = Status(Code::kIo, "copying a chunk into the arena failed");
+    if (ev.status.ok())
+      ++op.done;
+    else if (op.first_error.ok())
+      op.first_error = Status(Code::kIo, "copying a chunk into the arena failed");
   } else if (leases && !ev.status.ok()) {
     op.read.stop_at = op.cursor;  // the promotion of the chunk at the cursor failed: a miss there
   } else if (op.sqe.opcode == uint8_t(Opcode::kGpuStore)) {
-    if (ev.status.ok()) ++op.done;
-    else if (op.first_error.ok()) op.first_error = Status(Code::kIo, "publishing a chunk stored from the GPU failed");
+    if (ev.status.ok())
+      ++op.done;
+    else if (op.first_error.ok())
+      op.first_error = Status(Code::kIo, "publishing a chunk stored from the GPU failed");
   } else if (op.sqe.opcode == uint8_t(Opcode::kEvict) && ev.status.ok()) {
     ++op.done;  // EVICT kHost: a demotion landed
   }

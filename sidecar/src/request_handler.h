@@ -44,39 +44,39 @@ struct SegmentWork;
 // What a request that reads chunks (LOOKUP, LOOKUP_EACH, PREFETCH, the leasing opcodes) has
 // learned so far, kept across its steps.
 struct ReadProgress {
-  uint32_t stop_at = UINT32_MAX;   // a record that must be treated as a miss (failed promotion)
-  uint32_t waited_at = UINT32_MAX; // the record a promotion was last awaited for
-  uint32_t read_ahead = 0;         // promotions this request started ahead of its records
-  bool remote_asked = false;       // the shared tier (T3) was asked about its local misses (once)
-  TierId promoted_from = TierId::kHost;   // the tier the awaited promotion came from
-  uint64_t per_tier[kTierCount] = {};     // hits (lookups) or records served (leases), by tier
+  uint32_t stop_at = UINT32_MAX;         // a record that must be treated as a miss (failed promotion)
+  uint32_t waited_at = UINT32_MAX;       // the record a promotion was last awaited for
+  uint32_t read_ahead = 0;               // promotions this request started ahead of its records
+  bool remote_asked = false;             // the shared tier (T3) was asked about its local misses (once)
+  TierId promoted_from = TierId::kHost;  // the tier the awaited promotion came from
+  uint64_t per_tier[kTierCount] = {};    // hits (lookups) or records served (leases), by tier
 };
 
 // A request being served.
 struct Op {
-  uint64_t token = 0;          // names it to the transfers it waits for (unique, never 0)
-  uint64_t started_ns = 0;     // when the loop popped it (latency histograms)
+  uint64_t token = 0;       // names it to the transfers it waits for (unique, never 0)
+  uint64_t started_ns = 0;  // when the loop popped it (latency histograms)
   Session* session = nullptr;
   ipc::Sqe sqe{};
   ipc::SqeShape shape{};
   const ipc::OpTraits* traits = nullptr;  // set with shape by the check
-  ipc::Cqe cqe{};              // the completion, written once the op ends
-  bool checked = false;        // the SQE passed check_sqe and the op's preconditions
-  bool queued = false;         // in the daemon's runnable queue (at most once)
-  uint32_t cursor = 0;         // input records done
-  uint32_t waiting = 0;        // transfers it waits for
-  bool wants_room = false;     // waiting for room in a full tier (RESERVE, LEASE, GPU_STORE)
+  ipc::Cqe cqe{};                         // the completion, written once the op ends
+  bool checked = false;                   // the SQE passed check_sqe and the op's preconditions
+  bool queued = false;                    // in the daemon's runnable queue (at most once)
+  uint32_t cursor = 0;                    // input records done
+  uint32_t waiting = 0;                   // transfers it waits for
+  bool wants_room = false;                // waiting for room in a full tier (RESERVE, LEASE, GPU_STORE)
   uint64_t room_deadline_ns = 0;
   const ModelInfo* model = nullptr;
-  Status first_error;          // kept to answer with once the op ends
-  uint64_t done = 0;           // records finished (committed, leased, evicted, ...)
-  uint64_t skipped = 0;        // records passed over (EVICT: leased or moving)
-  bool unknown_handle = false; // an id in COMMIT/ABORT/RELEASE was not this session's
-  bool finishing = false;      // past its records: settling what it took (also in slices)
-  size_t settled = 0;          // of op.taken / op.committed, from the back
+  Status first_error;           // kept to answer with once the op ends
+  uint64_t done = 0;            // records finished (committed, leased, evicted, ...)
+  uint64_t skipped = 0;         // records passed over (EVICT: leased or moving)
+  bool unknown_handle = false;  // an id in COMMIT/ABORT/RELEASE was not this session's
+  bool finishing = false;       // past its records: settling what it took (also in slices)
+  size_t settled = 0;           // of op.taken / op.committed, from the back
   ReadProgress read;
-  std::vector<uint64_t> taken; // handles this request created, for rollback and touch order
-  std::vector<kdn_key> committed;  // COMMIT: keys copied, settled tail first at the end
+  std::vector<uint64_t> taken;           // handles this request created, for rollback and touch order
+  std::vector<kdn_key> committed;        // COMMIT: keys copied, settled tail first at the end
   std::shared_ptr<gpu::GpuRequest> gpu;  // the GPU opcodes: what it holds meanwhile
 };
 
@@ -126,7 +126,9 @@ class RequestHandler {
   template <class... Ops>
   static constexpr std::array<Serve, ipc::kMaxOpcode + 1> dispatch_table(ipc::OpList<Ops...>) noexcept;
   template <class O>
-  Step serve_as(Op& op, uint64_t deadline_ns) { return serve(op, deadline_ns, O{}); }
+  Step serve_as(Op& op, uint64_t deadline_ns) {
+    return serve(op, deadline_ns, O{});
+  }
 
   // The frame (request_handler.cc).
   Step dispatch(Op& op, uint64_t deadline_ns);

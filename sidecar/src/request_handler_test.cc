@@ -1,8 +1,8 @@
 // The request handler against a real namespace (host arena tier, sealed memfd) and a session's
 // real shared memory, without the daemon's loop: each test plays the loop itself, so it can
 // stop a request half-way, deliver completions late, or end the session in the middle.
-#include "fault_tier.h"
 #include "request_handler.h"
+#include "fault_tier.h"
 #include "gpu/gpu_service.h"
 
 #include <kdn/common/clock.h>
@@ -11,11 +11,11 @@
 
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
-#include <new>
 #include <memory>
+#include <new>
 #include <vector>
 
 // Allocation failure through a seam: while `g_fail_after` is >= 0, the allocation that brings
@@ -71,7 +71,8 @@ class HandlerTest : public ::testing::Test {
     std::array<Tier*, kTierCount> tiers{};
     std::array<TierRules, kTierCount> rules{};
     tiers[tier_index(TierId::kHost)] = ns_.host.get();
-    rules[tier_index(TierId::kHost)] = TierRules{with_disk ? EvictAction::kDemote : EvictAction::kDrop, EvictionKind::kLru};
+    rules[tier_index(TierId::kHost)] =
+        TierRules{with_disk ? EvictAction::kDemote : EvictAction::kDrop, EvictionKind::kLru};
     if (with_disk) {
       auto disk = FaultTier::create(TierId::kDisk, 256 * kMiB, 4 * kMiB);
       ASSERT_TRUE(disk.ok());
@@ -453,12 +454,11 @@ TEST_F(HandlerTest, AnAllocationFailureEndsOneRequestAndRollsItBack) {
   const uint32_t m = register_model(*s);
   const uint64_t chunk = ModelInfo::from_desc(small_model())->chunk_bytes;
   store(*s, m, 0, 200, chunk);
-  EXPECT_TRUE(fail_each_allocation(
-      [&] { return keyed(*s, Opcode::kLease, m, 0, 200, sizeof(ipc::LeaseRecord)); },
-      [&] { return ns_.store->active_leases() == 0 && s->leases.empty(); }));
-  EXPECT_TRUE(fail_each_allocation(
-      [&] { return keyed(*s, Opcode::kReserve, m, 1000, 100, sizeof(ipc::ReserveRecord)); },
-      [&] { return ns_.store->open_reservations() == 0 && s->reservations.empty(); }));
+  EXPECT_TRUE(fail_each_allocation([&] { return keyed(*s, Opcode::kLease, m, 0, 200, sizeof(ipc::LeaseRecord)); },
+                                   [&] { return ns_.store->active_leases() == 0 && s->leases.empty(); }));
+  EXPECT_TRUE(
+      fail_each_allocation([&] { return keyed(*s, Opcode::kReserve, m, 1000, 100, sizeof(ipc::ReserveRecord)); },
+                           [&] { return ns_.store->open_reservations() == 0 && s->reservations.empty(); }));
 }
 
 TEST_F(HandlerTest, LeaseWaitsForAPromotionFromALowerTier) {
@@ -530,7 +530,8 @@ TEST_F(HandlerTest, LeaseOnlyTrafficCountsHitsAndMissesThatAddUp) {
   EXPECT_EQ(sum(ReadOp::kLeaseEach), 2u);
   EXPECT_EQ(k.miss_chunks[size_t(ReadOp::kLease)], 2u);
   EXPECT_EQ(k.miss_chunks[size_t(ReadOp::kLeaseEach)], 2u);
-  EXPECT_GT(k.hit_chunks[size_t(ReadOp::kLease)][tier_index(TierId::kDisk)], 0u) << "promoted chunks count for the disk tier";
+  EXPECT_GT(k.hit_chunks[size_t(ReadOp::kLease)][tier_index(TierId::kDisk)], 0u)
+      << "promoted chunks count for the disk tier";
   // (Chunks a read-ahead brought up before the request reached them count for the host tier,
   // as their lease records say.)
   EXPECT_LE(k.hit_chunks[size_t(ReadOp::kLease)][tier_index(TierId::kDisk)] +

@@ -19,8 +19,7 @@ namespace {
 // A chunk the session already leases: the same lease id again, its count grown.
 Result<uint64_t> lease_again(Session& s, uint64_t id, uint32_t max_lease_count) {
   LeaseHold& h = s.leases[id];
-  if (h.count >= max_lease_count)
-    return Status(Code::kLimit, "a chunk leased max_lease_count times by this session");
+  if (h.count >= max_lease_count) return Status(Code::kLimit, "a chunk leased max_lease_count times by this session");
   ++h.count;
   return id;
 }
@@ -120,8 +119,10 @@ std::optional<Step> RequestHandler::lease_records(Op& op, uint64_t deadline_ns, 
         switch (store.acquire(keys[filled], bytes, op.token, &e, now, &rd.promoted_from)) {
           case TieredStore::Acquired::kMiss:
             // Not on this node: the shared tier is asked about this key and the rest, once.
-            if (ask_remote(op, at, wanted)) wait = true;
-            else miss = true;
+            if (ask_remote(op, at, wanted))
+              wait = true;
+            else
+              miss = true;
             break;
           case TieredStore::Acquired::kNoRoomYet:
             if (room_wait_over(op, now, config_.room_wait_ms)) {
@@ -174,8 +175,9 @@ std::optional<Step> RequestHandler::lease_records(Op& op, uint64_t deadline_ns, 
       ++rd.per_tier[from];
       out[filled] = ipc::LeaseRecord{arena_ref(s, e), id, from, 0};
     }
-    Status wrote = daemon ? OkStatus()
-                          : s.shm.payload().copy_out_slice(op.sqe, first, std::span<const ipc::LeaseRecord>(out, filled));
+    Status wrote = daemon
+                       ? OkStatus()
+                       : s.shm.payload().copy_out_slice(op.sqe, first, std::span<const ipc::LeaseRecord>(out, filled));
     if (!wrote.ok()) {
       rollback(op);
       return finish(op, wrote);
@@ -186,11 +188,11 @@ std::optional<Step> RequestHandler::lease_records(Op& op, uint64_t deadline_ns, 
   }
   op.finishing = true;
   const uint64_t now = now_ns();
-  const bool touched =
-      daemon ? settle_backwards(op, op.gpu->leased, deadline_ns, [&](Entry* e) { store.touch(e, now); })
-             : settle_backwards(op, op.taken, deadline_ns, [&](uint64_t id) {
-                 if (auto h = s.leases.find(id); h != s.leases.end()) store.touch(h->second.entry, now);
-               });
+  const bool touched = daemon
+                           ? settle_backwards(op, op.gpu->leased, deadline_ns, [&](Entry* e) { store.touch(e, now); })
+                           : settle_backwards(op, op.taken, deadline_ns, [&](uint64_t id) {
+                               if (auto h = s.leases.find(id); h != s.leases.end()) store.touch(h->second.entry, now);
+                             });
   if (!touched) return Step::kMore;
   return std::nullopt;
 }
@@ -212,8 +214,10 @@ Step RequestHandler::answer_leases(Op& op, uint32_t wanted) {
   }
   note_leases(op, wanted);
   const uint32_t leased = uint32_t(op.taken.size());
-  if (op.traits->lease == Lease::kEach) ipc::LeaseEachOp::put({leased}, op.cqe);
-  else ipc::LeaseOp::put({leased}, op.cqe);
+  if (op.traits->lease == Lease::kEach)
+    ipc::LeaseEachOp::put({leased}, op.cqe);
+  else
+    ipc::LeaseOp::put({leased}, op.cqe);
   return finish(op, OkStatus());
 }
 

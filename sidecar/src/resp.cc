@@ -57,8 +57,8 @@ void append_command_head(std::string& out, std::span<const std::string_view> arg
 // ---- Reply ---------------------------------------------------------------------------------
 
 std::string_view Reply::text(const Node& n) const noexcept {
-  bool has_text = n.type == Type::kSimple || n.type == Type::kError ||
-                  (n.type == Type::kBulk && n.bulk == Node::Bulk::kKept);
+  bool has_text =
+      n.type == Type::kSimple || n.type == Type::kError || (n.type == Type::kBulk && n.bulk == Node::Bulk::kKept);
   if (!has_text) return {};
   uint64_t length = static_cast<uint64_t>(n.value);
   return std::string_view(text_).substr(n.offset, length);
@@ -90,9 +90,14 @@ ParseResult Parser::feed(std::span<const std::byte> in, BulkSink* sink) noexcept
         }
         break;
       }
-      case Phase::kBody: pos += take_body(rest); break;
-      case Phase::kBodyCrlf: pos += take_crlf(rest); break;
-      default: break;
+      case Phase::kBody:
+        pos += take_body(rest);
+        break;
+      case Phase::kBodyCrlf:
+        pos += take_crlf(rest);
+        break;
+      default:
+        break;
     }
   }
   if (phase_ == Phase::kError) return {pos, ParseState::kError};
@@ -144,7 +149,8 @@ void Parser::handle_line(std::string_view line, BulkSink* sink) noexcept {
     case '*':
       if (!parse_int(rest, &n)) return fail(Code::kProtocol, "RESP: bad array length");
       return begin_array(n);
-    default: return fail(Code::kProtocol, "RESP: unknown type byte");
+    default:
+      return fail(Code::kProtocol, "RESP: unknown type byte");
   }
 }
 

@@ -95,12 +95,12 @@ class Reply {
 };
 
 struct Limits {
-  uint32_t max_depth = 8;                  // arrays within arrays (CLUSTER SLOTS needs 3)
-  uint64_t max_array = 1u << 20;           // elements of one array
-  uint64_t max_bulk = 512ull << 20;        // bytes of one bulk string (Redis' proto-max-bulk-len)
-  uint32_t max_line = 64u << 10;           // a simple string, error or header line
-  uint64_t max_nodes = 1u << 22;           // values in one reply
-  uint64_t max_kept_bytes = 1ull << 30;    // bytes one reply keeps in its text
+  uint32_t max_depth = 8;                // arrays within arrays (CLUSTER SLOTS needs 3)
+  uint64_t max_array = 1u << 20;         // elements of one array
+  uint64_t max_bulk = 512ull << 20;      // bytes of one bulk string (Redis' proto-max-bulk-len)
+  uint32_t max_line = 64u << 10;         // a simple string, error or header line
+  uint64_t max_nodes = 1u << 22;         // values in one reply
+  uint64_t max_kept_bytes = 1ull << 30;  // bytes one reply keeps in its text
 };
 
 // Where a bulk string goes instead of the reply. With a head, the bulk is split: its first
@@ -141,7 +141,8 @@ class Parser {
   }
 
   // While a bulk bound for a sink's destination is being received: the rest of its current
-  // part, the head or the data (empty otherwise). The caller may fill a prefix of it itself and report with commit_direct().
+  // part, the head or the data (empty otherwise). The caller may fill a prefix of it itself and report with
+  // commit_direct().
   std::span<std::byte> direct_space() noexcept;
   void commit_direct(size_t n) noexcept;
   // The rest of the current reply's sink-bound bulks are discarded: the sink's destinations
@@ -178,13 +179,13 @@ class Parser {
   Limits limits_;
   Reply reply_;
   std::vector<Frame> stack_;
-  std::string line_;           // a header line split across feeds
+  std::string line_;  // a header line split across feeds
   Phase phase_ = Phase::kLine;
   Status error_;
   // The bulk being received.
   uint64_t remaining_ = 0;
-  std::byte* dest_ = nullptr;  // its sink destination, at the next byte to write
-  uint64_t part_left_ = 0;     // bytes left in dest_'s part (the head, or the data)
+  std::byte* dest_ = nullptr;        // its sink destination, at the next byte to write
+  uint64_t part_left_ = 0;           // bytes left in dest_'s part (the head, or the data)
   std::byte* after_head_ = nullptr;  // a split bulk's data, once its head is full
   bool discard_ = false;
   bool sink_dropped_ = false;

@@ -15,11 +15,21 @@ std::string describe(const Reply& r) {
   std::string s;
   for (const Node& n : r.nodes()) {
     switch (n.type) {
-      case Type::kSimple: s += "+" + std::string(r.text(n)); break;
-      case Type::kError: s += "-" + std::string(r.text(n)); break;
-      case Type::kInteger: s += ":" + std::to_string(n.value); break;
-      case Type::kNil: s += "nil"; break;
-      case Type::kArray: s += "*" + std::to_string(n.value) + "/" + std::to_string(n.end); break;
+      case Type::kSimple:
+        s += "+" + std::string(r.text(n));
+        break;
+      case Type::kError:
+        s += "-" + std::string(r.text(n));
+        break;
+      case Type::kInteger:
+        s += ":" + std::to_string(n.value);
+        break;
+      case Type::kNil:
+        s += "nil";
+        break;
+      case Type::kArray:
+        s += "*" + std::to_string(n.value) + "/" + std::to_string(n.end);
+        break;
       case Type::kBulk:
         s += "$" + std::to_string(n.value) + (n.bulk == Node::Bulk::kKept ? "=" + std::string(r.text(n)) : "#");
         break;
@@ -74,9 +84,17 @@ TEST(Resp, ParsesEveryType) {
   Status st;
   std::vector<std::string> r = parse_all(kStream, 0, &st);
   ASSERT_TRUE(st.ok()) << st.what();
-  std::vector<std::string> want = {
-      "+OK ", "-MOVED 3999 127.0.0.1:6381 ", ":1000 ", ":-42 ", "$5=hello ", "$0= ", "nil ", "nil ", "*0/1 ",
-      "*3/11 *3/8 :0 :5460 *3/8 $9=127.0.0.1 :30001 $4=abcd *1/10 *0/10 $2=\r\n ", "*2/5 $3=foo *2/5 :1 +x "};
+  std::vector<std::string> want = {"+OK ",
+                                   "-MOVED 3999 127.0.0.1:6381 ",
+                                   ":1000 ",
+                                   ":-42 ",
+                                   "$5=hello ",
+                                   "$0= ",
+                                   "nil ",
+                                   "nil ",
+                                   "*0/1 ",
+                                   "*3/11 *3/8 :0 :5460 *3/8 $9=127.0.0.1 :30001 $4=abcd *1/10 *0/10 $2=\r\n ",
+                                   "*2/5 $3=foo *2/5 :1 +x "};
   EXPECT_EQ(r, want);
 }
 
@@ -116,9 +134,9 @@ TEST(Resp, NavigatesArrays) {
 }
 
 TEST(Resp, RefusesMalformedInput) {
-  const char* bad[] = {"?x\r\n",          "+a\rb\r\n",      "+ok\n",        ":\r\n",   ":12a\r\n",
-                       ":99999999999999999999\r\n", "$-2\r\n", "$3\r\nabcX\r\n", "*-5\r\n", "$x\r\n",
-                       "\r\n",            "%1\r\n",         "$2\r\nab\n\r"};
+  const char* bad[] = {"?x\r\n",      "+a\rb\r\n",      "+ok\n",   ":\r\n",  ":12a\r\n", ":99999999999999999999\r\n",
+                       "$-2\r\n",     "$3\r\nabcX\r\n", "*-5\r\n", "$x\r\n", "\r\n",     "%1\r\n",
+                       "$2\r\nab\n\r"};
   for (const char* b : bad) {
     Status st;
     parse_all(b, 0, &st);
@@ -135,8 +153,9 @@ TEST(Resp, EnforcesLimits) {
   l.max_line = 8;
   l.max_nodes = 5;
   l.max_kept_bytes = 6;
-  const char* over[] = {"*1\r\n*1\r\n*1\r\n:1\r\n", "*4\r\n", "$5\r\n", "+123456789\r\n",
-                        "*2\r\n*2\r\n:1\r\n:1\r\n*2\r\n:1\r\n", "*2\r\n$4\r\nabcd\r\n$4\r\nefgh\r\n"};
+  const char* over[] = {
+      "*1\r\n*1\r\n*1\r\n:1\r\n",          "*4\r\n", "$5\r\n", "+123456789\r\n", "*2\r\n*2\r\n:1\r\n:1\r\n*2\r\n:1\r\n",
+      "*2\r\n$4\r\nabcd\r\n$4\r\nefgh\r\n"};
   for (const char* o : over) {
     Parser p(l);
     EXPECT_EQ(p.feed(o, nullptr).state, ParseState::kError) << o;

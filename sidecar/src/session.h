@@ -38,10 +38,10 @@ struct NamespaceCounters {
 
 struct Namespace {
   std::string name;
-  NamespaceConfig policy;          // who may open it, who is admin, its limits
-  std::string token;               // "" = none required
-  bool configured = false;         // declared in the configuration (never released)
-  uint32_t region_id = 0;          // its arena's region, and the generation of that memory
+  NamespaceConfig policy;   // who may open it, who is admin, its limits
+  std::string token;        // "" = none required
+  bool configured = false;  // declared in the configuration (never released)
+  uint32_t region_id = 0;   // its arena's region, and the generation of that memory
   uint32_t region_generation = 0;
   std::unique_ptr<HostArenaTier> host;  // T1: every namespace's; engines map its arena
   std::unique_ptr<TieredStore> store;
@@ -49,10 +49,10 @@ struct Namespace {
   // in the configuration), null where absent. Declared after the store, so they go first: T3's
   // destructor fails the probes in flight, whose answers the store owns.
   std::array<std::unique_ptr<Tier>, kTierCount> lower;
-  uint32_t sessions = 0;           // open sessions
-  uint32_t attached = 0;           // Session objects, closed ones whose copies are in flight too
-  uint64_t staging_bytes = 0;      // of its sessions
-  uint64_t empty_since_ns = 0;     // when its last session ended (client-created namespaces)
+  uint32_t sessions = 0;                   // open sessions
+  uint32_t attached = 0;                   // Session objects, closed ones whose copies are in flight too
+  uint64_t staging_bytes = 0;              // of its sessions
+  uint64_t empty_since_ns = 0;             // when its last session ended (client-created namespaces)
   std::atomic<uint64_t> prefault_left{0};  // arena bytes the Prefaulter has still to fault in
   NamespaceCounters counters;
 
@@ -88,11 +88,11 @@ struct Session {
   uint32_t staging_region = 0;  // region id of the staging area (generation 1)
   Namespace* ns = nullptr;
   bool admin = false;
-  bool node_admin = false;      // admin of every namespace: daemon-wide counters (access.h)
-  bool closed = false;          // the client is gone; kept only until its transfers land
-  bool ring_broken = false;     // the client corrupted its completion ring: to be closed
+  bool node_admin = false;   // admin of every namespace: daemon-wide counters (access.h)
+  bool closed = false;       // the client is gone; kept only until its transfers land
+  bool ring_broken = false;  // the client corrupted its completion ring: to be closed
   uint32_t pid = 0, uid = 0, gid = 0;
-  uint64_t next_handle = 1;     // lease and reservation ids; never reused within a session
+  uint64_t next_handle = 1;  // lease and reservation ids; never reused within a session
 
   std::unordered_map<uint64_t, LeaseHold> leases;          // lease id -> hold
   uint64_t leased_bytes = 0;                               // of the chunks in leases (max_lease_bytes)

@@ -43,7 +43,10 @@ void SlabAllocator::list_push(uint32_t& head, uint32_t s) {
 
 void SlabAllocator::list_remove(uint32_t& head, uint32_t s) {
   Slab& sl = slabs_[s];
-  if (sl.prev != kNone) slabs_[sl.prev].next = sl.next; else head = sl.next;
+  if (sl.prev != kNone)
+    slabs_[sl.prev].next = sl.next;
+  else
+    head = sl.next;
   if (sl.next != kNone) slabs_[sl.next].prev = sl.prev;
   sl.prev = sl.next = kNone;
 }
@@ -140,8 +143,10 @@ bool SlabAllocator::adopt_slab(uint16_t cls, uint32_t slab, std::span<const uint
   sl.free_slots.clear();
   sl.used = 0;
   for (uint32_t i = c.slots_per_slab; i-- > 0;) {  // descending: low slots are handed out first
-    if (taken[i]) ++sl.used;
-    else sl.free_slots.push_back(i);
+    if (taken[i])
+      ++sl.used;
+    else
+      sl.free_slots.push_back(i);
   }
   used_bytes_ += uint64_t{sl.used} * c.slot_bytes;
   if (!sl.free_slots.empty()) list_push(c.partial_head, slab);

@@ -51,7 +51,7 @@ class SlabAllocator {
   static constexpr uint32_t kNone = UINT32_MAX;
   struct Slab {
     uint16_t cls = 0;
-    bool in_use = false;     // belongs to a class (or is a continuation of a large span)
+    bool in_use = false;  // belongs to a class (or is a continuation of a large span)
     bool continuation = false;
     uint32_t used = 0;
     uint32_t prev = kNone, next = kNone;  // links in the class's partial list or the free list

@@ -62,9 +62,9 @@ class MetricsSink {
 
 // Where a chunk's copy lives in one tier. Opaque to everyone but the tier that made it.
 struct Placement {
-  uint64_t offset = 0;     // tier-specific address (arena offset, file slot, ...)
-  uint64_t bytes = 0;      // bytes allocated; 0 = no placement
-  uint16_t slot_class = 0; // the tier's size class (eviction queues are per class)
+  uint64_t offset = 0;      // tier-specific address (arena offset, file slot, ...)
+  uint64_t bytes = 0;       // bytes allocated; 0 = no placement
+  uint16_t slot_class = 0;  // the tier's size class (eviction queues are per class)
   bool valid() const noexcept { return bytes != 0; }
 };
 
@@ -98,7 +98,7 @@ struct Transfer {
   std::byte* host = nullptr;  // destination of a read, source of a write
   uint64_t bytes = 0;         // <= placement.bytes
   TransferId id = 0;
-  ChunkIdentity chunk;        // for writes
+  ChunkIdentity chunk;  // for writes
 };
 
 // A chunk a tier found at start (indexed_at_start), for the index to adopt.

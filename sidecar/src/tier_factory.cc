@@ -6,9 +6,9 @@
 
 #include <kdn/common/clock.h>
 
+#include <poll.h>
 #include <spdlog/fmt/ranges.h>
 #include <spdlog/spdlog.h>
-#include <poll.h>
 
 namespace kdn::sidecar {
 
@@ -38,10 +38,11 @@ Status open_disk_tier(const Config& cfg, Namespace& ns, TierSetup& setup) {
     return disk.status();
   }
   setup.recovered_in = TierId::kDisk;
-  spdlog::info("namespace '{}': disk tier ready: {} chunks ({} MiB) recovered from {} slot headers in {} slabs in "
-               "{:.3f} s ({} older copies, {} empty or invalid slots){}",
-               ns.name, report.chunks, report.bytes >> 20, report.headers_read, report.slabs_scanned, report.seconds,
-               report.stale, report.invalid, report.created ? "; new slab file(s) created" : "");
+  spdlog::info(
+      "namespace '{}': disk tier ready: {} chunks ({} MiB) recovered from {} slot headers in {} slabs in "
+      "{:.3f} s ({} older copies, {} empty or invalid slots){}",
+      ns.name, report.chunks, report.bytes >> 20, report.headers_read, report.slabs_scanned, report.seconds,
+      report.stale, report.invalid, report.created ? "; new slab file(s) created" : "");
   EvictionKind ev = EvictionKind::kLru;
   (void)parse_eviction_kind(cfg.disk.eviction, &ev);
   setup.tiers[tier_index(TierId::kDisk)] = disk->get();
@@ -105,7 +106,8 @@ Status open_remote_tier(const Config& cfg, Namespace& ns, TierSetup& setup) {
   if (!st.ok()) {
     const Status refresh = t.client().refresh_status();
     spdlog::error("namespace '{}': {} did not answer a lookup within tier.remote.timeout_ms = {}: {}{}{}", ns.name,
-                  where, rc.timeout_ms, st.what(), refresh.ok() ? "" : "; the slot map: ", refresh.ok() ? "" : refresh.what());
+                  where, rc.timeout_ms, st.what(),
+                  refresh.ok() ? "" : "; the slot map: ", refresh.ok() ? "" : refresh.what());
     return Status(Code::kUnavailable, "the remote tier is unreachable");
   }
   setup.tiers[tier_index(TierId::kRemote)] = remote->get();
@@ -116,9 +118,10 @@ Status open_remote_tier(const Config& cfg, Namespace& ns, TierSetup& setup) {
   if (rc.policy == "write_back" && !disk) setup.rules[tier_index(TierId::kHost)].on_evict = EvictAction::kDemote;
   setup.store.upload = rc.policy == "write_back" ? StoreOptions::Upload::kBack : StoreOptions::Upload::kThrough;
   ns.lower[tier_index(TierId::kRemote)] = std::move(*remote);
-  spdlog::info("namespace '{}': remote tier ready: {} ({} connection(s) per master, timeout {} ms, {}, codec {}), "
-               "answered in {:.1f} ms",
-               ns.name, where, rc.pool, rc.timeout_ms, rc.policy, ns.policy.remote_codec, (now_ns() - t0) / 1e6);
+  spdlog::info(
+      "namespace '{}': remote tier ready: {} ({} connection(s) per master, timeout {} ms, {}, codec {}), "
+      "answered in {:.1f} ms",
+      ns.name, where, rc.pool, rc.timeout_ms, rc.policy, ns.policy.remote_codec, (now_ns() - t0) / 1e6);
   return OkStatus();
 }
 

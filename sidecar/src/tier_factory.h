@@ -22,11 +22,11 @@ namespace kdn::sidecar {
 
 // What the store of a namespace is built from.
 struct TierSetup {
-  std::array<Tier*, kTierCount> tiers{};     // by TierId; the host's is the caller's
+  std::array<Tier*, kTierCount> tiers{};  // by TierId; the host's is the caller's
   std::array<TierRules, kTierCount> rules{};
   StoreOptions store;
-  TierId recovered_in = TierId::kHost;       // the tier `recovered` lies in
-  std::vector<RecoveredChunk> recovered;     // found at start, for the store to adopt
+  TierId recovered_in = TierId::kHost;    // the tier `recovered` lies in
+  std::vector<RecoveredChunk> recovered;  // found at start, for the store to adopt
 };
 
 // Opens the lower tiers the configuration gives `ns` into ns.lower (its host tier is open) and

@@ -43,7 +43,9 @@ class TierPolicy {
   // Where a copy evicted from `from` is written first, or none when it is dropped.
   std::optional<TierId> demotion_target(TierId from) const noexcept;
   // Whether tier t holds copies a lease can be promoted from (present and below the host).
-  bool promotes_from(TierId t) const noexcept { return tier(t) != nullptr && tier_index(t) > tier_index(TierId::kHost); }
+  bool promotes_from(TierId t) const noexcept {
+    return tier(t) != nullptr && tier_index(t) > tier_index(TierId::kHost);
+  }
 
  private:
   std::array<Tier*, kTierCount> tiers_;

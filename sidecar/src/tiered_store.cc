@@ -56,11 +56,16 @@ uint32_t TieredStore::probe(const kdn_key& key, uint64_t bytes) const noexcept {
 
 const char* read_op_name(ReadOp op) noexcept {
   switch (op) {
-    case ReadOp::kLookup: return "lookup";
-    case ReadOp::kLookupEach: return "lookup_each";
-    case ReadOp::kLease: return "lease";
-    case ReadOp::kLeaseEach: return "lease_each";
-    case ReadOp::kCount: break;
+    case ReadOp::kLookup:
+      return "lookup";
+    case ReadOp::kLookupEach:
+      return "lookup_each";
+    case ReadOp::kLease:
+      return "lease";
+    case ReadOp::kLeaseEach:
+      return "lease_each";
+    case ReadOp::kCount:
+      break;
   }
   return "?";
 }
@@ -94,8 +99,10 @@ void TieredStore::drop_copy(Entry* e, TierId t, bool discard) noexcept {
   policy_.eviction(t).on_remove(e);  // before the placement goes: queues are per slot class
   track_resident(t, e, -1);
   const Placement p = index_.drop_copy(e, t);
-  if (discard) policy_.tier(t)->discard(p);
-  else policy_.tier(t)->free(p);
+  if (discard)
+    policy_.tier(t)->discard(p);
+  else
+    policy_.tier(t)->free(p);
 }
 
 void TieredStore::erase_if_empty(Entry* e) noexcept {
@@ -131,7 +138,8 @@ Result<Placement> TieredStore::allocate_with_room(TierId t, uint64_t bytes) {
     if (p.ok() || p.status().code() != Code::kNoSpace) return p;
     const Evicted e = demotions_[tier_index(t)] >= options_.max_demotions ? Evicted::kNone : evict_one(t, *cls);
     if (e == Evicted::kFreed) continue;
-    if (e == Evicted::kDemoting || demotions_in_flight(t)) return Status(Code::kInProgress, "room comes when demotions land");
+    if (e == Evicted::kDemoting || demotions_in_flight(t))
+      return Status(Code::kInProgress, "room comes when demotions land");
     return Status(Code::kNoSpace, "tier full of leased, reserved or moving chunks");
   }
 }
@@ -200,7 +208,7 @@ bool TieredStore::start_copy_down(Entry* e, std::vector<uint64_t> waiters, uint6
   if (!p.ok()) return false;
   index_.begin_move(e, *to, *p);
   Record r{Kind::kCopyDown, e, e->generation, *to, kHost, *to, std::move(waiters), cookie};
-  Transfer t{Transfer::Direction::kWrite, *p, host()->address(e->placement[tier_index(kHost)]), e->bytes, 0,
+  Transfer t{Transfer::Direction::kWrite,          *p, host()->address(e->placement[tier_index(kHost)]), e->bytes, 0,
              ChunkIdentity{e->key, e->fingerprint}};
   if (start(r, t) == 0) {
     policy_.tier(*to)->free(index_.end_move(e, *to, false));
@@ -238,7 +246,7 @@ bool TieredStore::start_upload(Entry* e, bool for_eviction) {
   if (!p.ok()) return false;
   index_.begin_move(e, TierId::kRemote, *p);
   Record r{Kind::kUpload, e, e->generation, TierId::kRemote, kHost, TierId::kRemote, {}, uint64_t(for_eviction)};
-  Transfer t{Transfer::Direction::kWrite, *p, host()->address(e->placement[tier_index(kHost)]), e->bytes, 0,
+  Transfer t{Transfer::Direction::kWrite,          *p, host()->address(e->placement[tier_index(kHost)]), e->bytes, 0,
              ChunkIdentity{e->key, e->fingerprint}};
   if (start(r, t) == 0) {
     shared->free(index_.end_move(e, TierId::kRemote, false));
@@ -304,8 +312,8 @@ void TieredStore::apply_probe(ProbeState& p, const Status& status, std::vector<S
 
 // ---- reserve / commit / abort ------------------------------------------------------------------
 
-Result<TieredStore::Reserved> TieredStore::reserve(const kdn_key& key, const kdn_key& fingerprint,
-                                                   uint64_t bytes, uint64_t session, uint64_t now_ns) {
+Result<TieredStore::Reserved> TieredStore::reserve(const kdn_key& key, const kdn_key& fingerprint, uint64_t bytes,
+                                                   uint64_t session, uint64_t now_ns) {
   if (const Entry* e = index_.find(key)) {
     return Reserved{e->committed() ? ReserveOutcome::kAlreadyCached : ReserveOutcome::kInFlight, nullptr};
   }
@@ -361,8 +369,8 @@ void TieredStore::abort(Entry* e) noexcept {
 
 // ---- lease -------------------------------------------------------------------------------------
 
-TieredStore::Acquired TieredStore::acquire(const kdn_key& key, uint64_t bytes, uint64_t waiter,
-                                           Entry** out, uint64_t now_ns, TierId* from) {
+TieredStore::Acquired TieredStore::acquire(const kdn_key& key, uint64_t bytes, uint64_t waiter, Entry** out,
+                                           uint64_t now_ns, TierId* from) {
   Entry* e = index_.find(key);
   if (e == nullptr || !e->committed() || e->bytes != bytes) return Acquired::kMiss;
   if (e->in_tier(kHost)) {
@@ -462,8 +470,7 @@ uint64_t TieredStore::evict_all() noexcept {
       keys.push_back(e.key);
       return true;
     });
-  } catch (const std::bad_alloc&) {
-  }
+  } catch (const std::bad_alloc&) {}
   uint64_t n = 0;
   for (const kdn_key& k : keys) n += evict(k);
   return n;
@@ -478,8 +485,7 @@ std::pair<uint64_t, uint64_t> TieredStore::demote_all(uint64_t waiter) noexcept 
       if (e.committed() && e.in_tier(kHost) && e.leases == 0) hosted.push_back(&e);
       return true;
     });
-  } catch (const std::bad_alloc&) {
-  }
+  } catch (const std::bad_alloc&) {}
   uint64_t dropped = 0, demoting = 0;
   for (Entry* e : hosted) {
     if (!e->evictable_from(kHost)) continue;
@@ -536,8 +542,7 @@ uint64_t TieredStore::write_down(uint64_t limit) noexcept {
       if (e.committed() && e.in_tier(kHost) && !e.in_tier(*below) && e.moving == 0 && e.io == 0) todo.push_back(&e);
       return todo.size() < limit;
     });
-  } catch (const std::bad_alloc&) {
-  }
+  } catch (const std::bad_alloc&) {}
   uint64_t started = 0;
   for (Entry* e : todo) {
     try {
@@ -608,8 +613,7 @@ void TieredStore::apply(const Record& r, const Status& status, std::vector<Store
         if (options_.upload == StoreOptions::Upload::kThrough) {
           try {
             (void)start_upload(e, false);  // nobody waits for it: the network is not the COMMIT's
-          } catch (const std::bad_alloc&) {
-          }
+          } catch (const std::bad_alloc&) {}
         }
         // write_through: the COMMIT completes once the copy below landed too (its waiters move
         // to that transfer); if it cannot start, the chunk is committed in the host tier alone.
@@ -617,8 +621,7 @@ void TieredStore::apply(const Record& r, const Status& status, std::vector<Store
           bool moved = false;
           try {
             moved = start_copy_down(e, r.waiters, r.cookie);
-          } catch (const std::bad_alloc&) {
-          }
+          } catch (const std::bad_alloc&) {}
           if (moved) return;
         }
       } else {
@@ -644,8 +647,10 @@ void TieredStore::apply(const Record& r, const Status& status, std::vector<Store
           // A shared copy that is gone, damaged, of another model, or out of reach: this node
           // forgets it (a later probe finds it again) and leaves the value to the store and its
           // writer, who overwrites it with its next upload.
-          if (status.code() == Code::kCorrupt) ++counters_.corrupt_chunks;
-          else ++counters_.transfer_errors;
+          if (status.code() == Code::kCorrupt)
+            ++counters_.corrupt_chunks;
+          else
+            ++counters_.transfer_errors;
           if (e->in_tier(r.tier)) drop_copy(e, r.tier);
           erase_if_empty(e);
         } else if (status.code() == Code::kCorrupt) {
@@ -675,8 +680,7 @@ void TieredStore::apply(const Record& r, const Status& status, std::vector<Store
           bool uploading = false;
           try {
             uploading = start_upload(e, true);
-          } catch (const std::bad_alloc&) {
-          }
+          } catch (const std::bad_alloc&) {}
           if (uploading) {
             *room = true;
             break;

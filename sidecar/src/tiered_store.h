@@ -30,9 +30,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <utility>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace kdn::sidecar {
@@ -42,7 +42,7 @@ struct StoreEvent {
   uint64_t cookie = 0;  // given with it (a commit: the staging offset)
   kdn_key key{};
   Status status;
-  bool probe = false;   // a shared tier's probe ended (whatever it found is in the index now)
+  bool probe = false;  // a shared tier's probe ended (whatever it found is in the index now)
 };
 
 struct StoreOptions {
@@ -84,17 +84,17 @@ struct StoreCounters {
   uint64_t tier_bytes[kTierCount][2] = {};
   uint64_t stored_chunks = 0, stored_bytes = 0;
   uint64_t retrieved_chunks = 0, retrieved_bytes = 0;
-  uint64_t evicted_chunks = 0;    // copies that left a tier to make room
-  uint64_t dropped_chunks = 0;    // chunks that left the namespace (no copy kept anywhere)
+  uint64_t evicted_chunks = 0;  // copies that left a tier to make room
+  uint64_t dropped_chunks = 0;  // chunks that left the namespace (no copy kept anywhere)
   uint64_t demoted_chunks = 0, promoted_chunks = 0;
   uint64_t demoted_bytes = 0, promoted_bytes = 0;
   uint64_t promoted_from_chunks[kTierCount] = {}, promoted_from_bytes[kTierCount] = {};  // by source tier
-  uint64_t written_through_chunks = 0;   // copies written down at commit (write_through) or at stop
-  uint64_t failed_demotions = 0;         // of which the host copy was dropped (drop_on_failed_demotion)
-  uint64_t prefetched_chunks = 0;        // promotions started with nobody waiting (prefetch, read-ahead)
-  uint64_t recovered_chunks = 0;         // adopted from a persistent tier at start
-  uint64_t corrupt_chunks = 0;    // copies that failed their check: dropped, never served
-  uint64_t transfer_errors = 0;   // transfers a tier failed (the data stayed where it was)
+  uint64_t written_through_chunks = 0;  // copies written down at commit (write_through) or at stop
+  uint64_t failed_demotions = 0;        // of which the host copy was dropped (drop_on_failed_demotion)
+  uint64_t prefetched_chunks = 0;       // promotions started with nobody waiting (prefetch, read-ahead)
+  uint64_t recovered_chunks = 0;        // adopted from a persistent tier at start
+  uint64_t corrupt_chunks = 0;          // copies that failed their check: dropped, never served
+  uint64_t transfer_errors = 0;         // transfers a tier failed (the data stayed where it was)
   uint64_t aborted_chunks = 0;
   // Shared tier (T3): probes on local misses, the keys they asked about and the chunks they
   // found (adopted into the index); uploads that landed and that failed.
@@ -105,8 +105,7 @@ struct StoreCounters {
 
 class TieredStore {
  public:
-  explicit TieredStore(TierPolicy policy, StoreOptions options = {})
-      : policy_(std::move(policy)), options_(options) {}
+  explicit TieredStore(TierPolicy policy, StoreOptions options = {}) : policy_(std::move(policy)), options_(options) {}
   TieredStore(const TieredStore&) = delete;
   TieredStore& operator=(const TieredStore&) = delete;
 
@@ -133,8 +132,8 @@ class TieredStore {
     ReserveOutcome outcome;
     Entry* entry;  // set for kReserved
   };
-  Result<Reserved> reserve(const kdn_key& key, const kdn_key& fingerprint, uint64_t bytes,
-                           uint64_t session, uint64_t now_ns);
+  Result<Reserved> reserve(const kdn_key& key, const kdn_key& fingerprint, uint64_t bytes, uint64_t session,
+                           uint64_t now_ns);
   // Copies `bytes` staged at `src` into the reservation's host slot and publishes the chunk
   // when the copy lands (an event for `waiter`). `e` must be kReserved by its caller; if the
   // copy cannot start, the reservation is dropped (and `e` is gone). The
@@ -188,8 +187,8 @@ class TieredStore {
   // ---- persistence
   // A chunk a persistent tier found at start: committed, its only copy in tier t.
   // False (the placement is freed) when the key is already present.
-  bool adopt(const kdn_key& key, const kdn_key& fingerprint, uint64_t bytes, TierId t,
-             const Placement& placement, uint64_t now_ns) noexcept;
+  bool adopt(const kdn_key& key, const kdn_key& fingerprint, uint64_t bytes, TierId t, const Placement& placement,
+             uint64_t now_ns) noexcept;
   // Starts writing down, to the tier below the host, committed chunks that have no copy there
   // (shutdown: nothing committed is lost to a restart); at most `limit`. Returns how many.
   uint64_t write_down(uint64_t limit) noexcept;
@@ -222,9 +221,9 @@ class TieredStore {
     Kind kind;
     Entry* entry;
     uint64_t generation;
-    TierId tier;          // the tier that runs the transfer (the lower tier of a move)
-    TierId from;          // the tier the bytes come from
-    TierId to;            // the tier that gains the copy
+    TierId tier;  // the tier that runs the transfer (the lower tier of a move)
+    TierId from;  // the tier the bytes come from
+    TierId to;    // the tier that gains the copy
     std::vector<uint64_t> waiters;
     uint64_t cookie;
   };
@@ -254,8 +253,8 @@ class TieredStore {
   // lands (the upload counts as a demotion out of the host tier). False when it did not start.
   bool start_upload(Entry* e, bool for_eviction);
   // adopt()'s work, counting nothing.
-  bool adopt_copy(const kdn_key& key, const kdn_key& fingerprint, uint64_t bytes, TierId t,
-                  const Placement& placement, uint64_t now_ns) noexcept;
+  bool adopt_copy(const kdn_key& key, const kdn_key& fingerprint, uint64_t bytes, TierId t, const Placement& placement,
+                  uint64_t now_ns) noexcept;
   void apply_probe(ProbeState& p, const Status& status, std::vector<StoreEvent>& events);
   // kOk, kInProgress (no room yet) or another error (no promotion).
   Status start_promotion(Entry* e, TierId from, uint64_t waiter);
@@ -270,7 +269,7 @@ class TieredStore {
   StoreOptions options_;
   ChunkIndex index_;
   std::unordered_map<TransferId, Record> transfers_;
-  std::unordered_map<const Entry*, TransferId> promoting_;  // entry -> its promotion
+  std::unordered_map<const Entry*, TransferId> promoting_;              // entry -> its promotion
   std::unordered_map<TransferId, std::unique_ptr<ProbeState>> probes_;  // shared-tier probes in flight
   TransferId next_transfer_ = 1;
   StoreCounters counters_;

@@ -1,10 +1,10 @@
 // The index state machine and the moves between tiers, with the fault-injecting tier standing
 // in for a lower tier: demotion on eviction, promotion on lease, transfers that fail or
 // return damaged bytes, and chunks leased while they move.
+#include "tiered_store.h"
 #include "chunk_index.h"
 #include "fault_tier.h"
 #include "host_arena_tier.h"
-#include "tiered_store.h"
 
 #include <gtest/gtest.h>
 
@@ -76,8 +76,7 @@ TEST(ChunkIndex, FailedMoveReturnsItsPlacement) {
 // A host tier of `slots` 1 MiB chunks over a real sealed memfd, and optionally a fault tier.
 class TieredStoreTest : public ::testing::Test {
  protected:
-  void build(uint32_t slots, bool with_disk, EvictAction host_rule = EvictAction::kDemote,
-             uint32_t disk_slots = 16) {
+  void build(uint32_t slots, bool with_disk, EvictAction host_rule = EvictAction::kDemote, uint32_t disk_slots = 16) {
     ipc::SegmentOptions so;
     so.seal_writes = true;
     auto seg = ipc::SharedSegment::create("test-arena", slots * kChunk, so);

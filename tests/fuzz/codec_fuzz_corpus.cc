@@ -22,7 +22,8 @@ bool write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
 }
 
 bool encode_one(const ChunkGeometry& g, const CodecConfig& c, const std::string& path) {
-  std::vector<uint8_t> chunk(static_cast<size_t>(g.layers) * 2 * g.tokens * g.kv_heads * g.head_dim * dtype_size(g.dtype));
+  std::vector<uint8_t> chunk(static_cast<size_t>(g.layers) * 2 * g.tokens * g.kv_heads * g.head_dim *
+                             dtype_size(g.dtype));
   SyntheticKvParams p;
   p.seed = g.tokens * 131u + g.head_dim;
   if (!fill_synthetic_kv(chunk.data(), g, p).ok()) return false;
@@ -47,8 +48,8 @@ int main(int argc, char** argv) {
     uint32_t layers, heads, dim, tokens;
     DType dtype;
   };
-  const Shape shapes[] = {{1, 1, 32, 8, DType::kF16}, {2, 2, 32, 24, DType::kF16}, {1, 1, 64, 40, DType::kBF16},
-                          {1, 2, 7, 5, DType::kF32}};
+  const Shape shapes[] = {
+      {1, 1, 32, 8, DType::kF16}, {2, 2, 32, 24, DType::kF16}, {1, 1, 64, 40, DType::kBF16}, {1, 2, 7, 5, DType::kF32}};
   const CodecMode modes[] = {CodecMode::kRaw, CodecMode::kLossless, CodecMode::kInt8, CodecMode::kKivi4,
                              CodecMode::kKivi2};
   int written = 0;

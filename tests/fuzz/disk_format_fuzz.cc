@@ -108,9 +108,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::memcpy(block.data(), data + 1, std::min(size - 1, kBlock));
   const bool seal_it = (pick & 0x80) == 0;  // one input in two reaches the field checks
   switch (pick % 3) {
-    case 0: superblock(block.data(), seal_it); break;
-    case 1: slab_entry(block.data(), seal_it); break;
-    default: slot_header(block.data(), seal_it); break;
+    case 0:
+      superblock(block.data(), seal_it);
+      break;
+    case 1:
+      slab_entry(block.data(), seal_it);
+      break;
+    default:
+      slot_header(block.data(), seal_it);
+      break;
   }
   return 0;
 }

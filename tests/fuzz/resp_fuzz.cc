@@ -150,7 +150,7 @@ Transcript parse_split(std::string_view in, uint8_t seed, uint8_t mode) {
       t.replies.push_back(describe(p.reply(), &sink));
       p.next();
       sink.buffers.clear();
-    sink.heads.clear();
+      sink.heads.clear();
     }
     if (in.empty()) {
       t.end = p.idle() ? "idle" : "partial";

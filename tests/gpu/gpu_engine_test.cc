@@ -43,7 +43,12 @@ class EngineProcess {
  public:
   EngineProcess(const KdndProcess& d, std::vector<std::string> args, const std::string& tag)
       : out_(d.dir() + "/engine-" + tag + ".out"), err_(d.dir() + "/engine-" + tag + ".err") {
-    std::vector<std::string> argv = {kdn::testing::binary_beside_self("kdn-gpu-engine", KDN_GPU_ENGINE_PATH), "--socket", d.socket(), "--json", "--timeout-ms", "60000"};
+    std::vector<std::string> argv = {kdn::testing::binary_beside_self("kdn-gpu-engine", KDN_GPU_ENGINE_PATH),
+                                     "--socket",
+                                     d.socket(),
+                                     "--json",
+                                     "--timeout-ms",
+                                     "60000"};
     argv.insert(argv.end(), args.begin(), args.end());
     pid_ = fork();
     if (pid_ == 0) {
@@ -163,16 +168,16 @@ INSTANTIATE_TEST_SUITE_P(Allocations, GpuEngineKinds,
                          [](const auto& info) { return std::string(info.param.store) + "_to_" + info.param.retrieve; });
 
 TEST_F(GpuEngineTest, Llama3GeometryInOneProcess) {
-  const auto r = run_ok({"--mode", "both", "--model", "llama3-8b", "--tokens", "512", "--seed", "200", "--repeat", "3"},
-                        "llama3");
+  const auto r =
+      run_ok({"--mode", "both", "--model", "llama3-8b", "--tokens", "512", "--seed", "200", "--repeat", "3"}, "llama3");
   EXPECT_EQ(r.value("stored", 0u), 2u);
   EXPECT_EQ(r.value("rounds", 0u), 3u);
 }
 
 TEST_F(GpuEngineTest, StaleRegistrationIsRefused) {
   for (const char* alloc : {"ipc", "vmm"}) {
-    const auto r = run_ok({"--mode", "stale", "--alloc", alloc, "--model", "smollm2-135m", "--tokens", "512",
-                           "--seed", alloc[0] == 'i' ? "300" : "301"},
+    const auto r = run_ok({"--mode", "stale", "--alloc", alloc, "--model", "smollm2-135m", "--tokens", "512", "--seed",
+                           alloc[0] == 'i' ? "300" : "301"},
                           std::string("stale-") + alloc);
     EXPECT_NE(r.value("checks", std::string()).find("registered again"), std::string::npos) << r.dump();
   }
@@ -180,8 +185,9 @@ TEST_F(GpuEngineTest, StaleRegistrationIsRefused) {
 
 TEST_F(GpuEngineTest, EngineKilledMidRunThenANewEngineRegisters) {
   {
-    EngineProcess doomed(*kdnd_, {"--mode", "both", "--alloc", "ipc", "--model", "smollm2-135m", "--tokens", "2048",
-                                  "--seed", "400", "--repeat", "1000000"},
+    EngineProcess doomed(*kdnd_,
+                         {"--mode", "both", "--alloc", "ipc", "--model", "smollm2-135m", "--tokens", "2048", "--seed",
+                          "400", "--repeat", "1000000"},
                          "doomed");
     ASSERT_TRUE(doomed.wait_for_stderr("stored", 120s)) << doomed.describe();
     std::this_thread::sleep_for(500ms);  // mid-way through its retrieves
@@ -193,9 +199,9 @@ TEST_F(GpuEngineTest, EngineKilledMidRunThenANewEngineRegisters) {
   const auto start = std::chrono::steady_clock::now();
   run_ok({"--mode", "both", "--alloc", "vmm", "--model", "smollm2-135m", "--tokens", "1024", "--seed", "401"}, "after");
   EXPECT_LT(std::chrono::steady_clock::now() - start, 60s) << "restart was held up";
-  const auto r = run_ok({"--mode", "retrieve", "--alloc", "ipc", "--model", "smollm2-135m", "--tokens", "2048",
-                         "--seed", "400"},
-                        "dead-engines-chunks");
+  const auto r =
+      run_ok({"--mode", "retrieve", "--alloc", "ipc", "--model", "smollm2-135m", "--tokens", "2048", "--seed", "400"},
+             "dead-engines-chunks");
   EXPECT_EQ(r.value("loaded", 0u), 8u);
   ASSERT_TRUE(kdnd_->alive()) << kdnd_->log();
 }

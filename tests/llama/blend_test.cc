@@ -209,8 +209,8 @@ TEST_F(Blend, PoliciesRecomputeWhatTheySay) {
   for (const Generation* g : {&none, &boundary, &hkvd, &by_v, &by_kv}) {
     EXPECT_TRUE(g->stats.blend.used) << g->stats.cache_status.what();
     const BlendStats& b = g->stats.blend;
-    const double phases = b.lookup_s + b.segment_prefill_s + b.segment_store_s + b.place_s + b.retrieve_s +
-                          b.select_s + b.recompute_s;
+    const double phases =
+        b.lookup_s + b.segment_prefill_s + b.segment_store_s + b.place_s + b.retrieve_s + b.select_s + b.recompute_s;
     EXPECT_LE(phases, g->stats.ttft_s) << "the phases are parts of the TTFT";
     EXPECT_GT(phases, 0.5 * g->stats.ttft_s) << "the phases account for most of the TTFT";
     EXPECT_EQ(g->tokens.size(), size_t(kPredict));

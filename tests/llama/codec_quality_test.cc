@@ -6,11 +6,11 @@
 
 #include <kdn/llama/codec_quality.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <unistd.h>
 
 namespace kdn::llama {
 namespace {
@@ -19,8 +19,8 @@ using testing::kTestChunk;
 using testing::open_engine;
 using testing::read_document;
 
-constexpr uint32_t kContextChunks = 4;   // 512 tokens through the codec
-constexpr uint32_t kEvalTokens = 256;    // scored after them
+constexpr uint32_t kContextChunks = 4;  // 512 tokens through the codec
+constexpr uint32_t kEvalTokens = 256;   // scored after them
 
 class CodecQuality : public ::testing::Test {
  protected:
@@ -42,11 +42,12 @@ class CodecQuality : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status().what();
     if (!r.ok()) return {};
     const CodecQualityReport& q = r.value();
-    std::printf("codec %-8s%s recent %u ratio %.2fx  top1 %.4f  ppl %.4f -> %.4f (%+.3f%%)  rel_err %.4f  cos_min %.5f"
-                "  flip margin %.4f (typical %.4f)  one-ulp control: top1 %.4f ppl %+.3f%%\n",
-                kernels::codec_mode_name(mode), rotate ? " rotated" : "", recent_tokens, q.ratio_vs_fp16, q.top1_agreement, q.ppl_exact, q.ppl_codec,
-                q.ppl_delta_pct, q.rel_frobenius_error, q.cosine_min, q.flip_margin_median, q.margin_median,
-                q.floor_top1_agreement, q.floor_ppl_delta_pct);
+    std::printf(
+        "codec %-8s%s recent %u ratio %.2fx  top1 %.4f  ppl %.4f -> %.4f (%+.3f%%)  rel_err %.4f  cos_min %.5f"
+        "  flip margin %.4f (typical %.4f)  one-ulp control: top1 %.4f ppl %+.3f%%\n",
+        kernels::codec_mode_name(mode), rotate ? " rotated" : "", recent_tokens, q.ratio_vs_fp16, q.top1_agreement,
+        q.ppl_exact, q.ppl_codec, q.ppl_delta_pct, q.rel_frobenius_error, q.cosine_min, q.flip_margin_median,
+        q.margin_median, q.floor_top1_agreement, q.floor_ppl_delta_pct);
     const std::string m = std::string(kernels::codec_mode_name(mode)) + (rotate ? "_rotated" : "");
     RecordProperty(m + "_top1_agreement", std::to_string(q.top1_agreement));
     RecordProperty(m + "_ppl_delta_pct", std::to_string(q.ppl_delta_pct));
@@ -154,7 +155,8 @@ TEST(F16Weights, WrittenOnceNextToTheModelAndUsable) {
   ASSERT_NE(e, nullptr);
   ASSERT_TRUE(e->cache_support().ok());
   EXPECT_NE(std::memcmp(&e->identity().desc.engine_salt, &q4->identity().desc.engine_salt,
-                        sizeof q4->identity().desc.engine_salt), 0);
+                        sizeof q4->identity().desc.engine_salt),
+            0);
   Result<std::vector<int32_t>> p = e->chat_prompt(read_document(), "What is this?", 2 * kTestChunk);
   ASSERT_TRUE(p.ok());
   Result<Generation> g = e->generate(p.value(), 4, nullptr);
@@ -199,7 +201,8 @@ TEST(CodecCalibration, CalibratedWidthsBeatUniformOnAnotherPart) {
   for (uint8_t b : cal->k_bits) std::printf(" %u", b);
   std::printf("\ncalibration: V bits");
   for (uint8_t b : cal->v_bits) std::printf(" %u", b);
-  std::printf("\ncalibration: modelled KL %.5f uniform -> %.5f\n", cal->modelled_kl_uniform, cal->modelled_kl_allocated);
+  std::printf("\ncalibration: modelled KL %.5f uniform -> %.5f\n", cal->modelled_kl_uniform,
+              cal->modelled_kl_allocated);
 
   kernels::CodecConfig calibrated;
   calibrated.layer_k_bits = cal->k_bits.data();
@@ -214,9 +217,10 @@ TEST(CodecCalibration, CalibratedWidthsBeatUniformOnAnotherPart) {
       measure_codec_quality(e, spans, std::span(tokens).subspan(kEvalFrom + 4 * kTestChunk, 256), configs);
   ASSERT_TRUE(r.ok()) << r.status().what();
   const CodecQualityReport &uniform = r->at(0), &alloc = r->at(1);
-  std::printf("uniform kivi4: KL %.5f top1 %.4f ratio %.2f | calibrated: KL %.5f top1 %.4f ratio %.2f | control KL %.6f\n",
-              uniform.kl, uniform.top1_agreement, uniform.ratio_vs_fp16, alloc.kl, alloc.top1_agreement,
-              alloc.ratio_vs_fp16, alloc.floor_kl);
+  std::printf(
+      "uniform kivi4: KL %.5f top1 %.4f ratio %.2f | calibrated: KL %.5f top1 %.4f ratio %.2f | control KL %.6f\n",
+      uniform.kl, uniform.top1_agreement, uniform.ratio_vs_fp16, alloc.kl, alloc.top1_agreement, alloc.ratio_vs_fp16,
+      alloc.floor_kl);
   RecordProperty("uniform_kl", std::to_string(uniform.kl));
   RecordProperty("calibrated_kl", std::to_string(alloc.kl));
   EXPECT_GT(uniform.kl, 0.0);

@@ -7,10 +7,10 @@
 
 #include <kdn/llama/kdn_chunk_cache.h>
 
-#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdio>

@@ -130,8 +130,8 @@ TEST_F(OverlappedLoadTest, NonFiniteBytesFoundDuringThePrefillFallBackToAFullPre
   const KvGeometry& g = e->identity().geometry;
   // Layer 0's first K element (the copy's first tensor), and the last layer's last V element
   // of the last chunk (its last): the prefill has run layers on loaded bytes by then.
-  for (const auto& [chunk, offset] : {std::pair<uint32_t, uint64_t>{0, 0},
-                                      std::pair<uint32_t, uint64_t>{kChunks - 1, g.chunk_bytes() - 2}}) {
+  for (const auto& [chunk, offset] :
+       {std::pair<uint32_t, uint64_t>{0, 0}, std::pair<uint32_t, uint64_t>{kChunks - 1, g.chunk_bytes() - 2}}) {
     const Generation r = hit(*e, poison(chunk, offset));
     EXPECT_EQ(r.stats.cache_status.code(), Code::kCorrupt) << r.stats.cache_status.what();
     EXPECT_EQ(r.stats.tokens_reused, 0u);

@@ -81,10 +81,12 @@ TEST(StateBlob, CheckedCopyAtEveryDestinationAlignment) {
         bad[bad_at] = 0x00;
         bad[bad_at + 1] = 0x7c;  // +inf
         std::fill(dst.begin(), dst.end(), uint8_t{0x55});
-        ASSERT_FALSE(copy_finite(KvType::kF16, dst.data() + align, bad.data(), len)) << align << " " << len << " " << bad_at;
+        ASSERT_FALSE(copy_finite(KvType::kF16, dst.data() + align, bad.data(), len))
+            << align << " " << len << " " << bad_at;
         // Zeros in place of the copy, nothing outside it touched.
         EXPECT_TRUE(std::all_of(dst.begin() + static_cast<std::ptrdiff_t>(align),
-                                dst.begin() + static_cast<std::ptrdiff_t>(align + len), [](uint8_t b) { return b == 0; }))
+                                dst.begin() + static_cast<std::ptrdiff_t>(align + len),
+                                [](uint8_t b) { return b == 0; }))
             << align << " " << len << " " << bad_at;
         EXPECT_EQ(dst[align + len], 0x55) << align << " " << len << " " << bad_at;
         if (align > 0) {
@@ -167,15 +169,39 @@ TEST(StateBlob, ExactBytesOfAHandBuiltBlob) {
     auto u32 = [&](uint32_t v) { want.insert(want.end(), (uint8_t*)&v, (uint8_t*)&v + 4); };
     auto u64 = [&](uint64_t v) { want.insert(want.end(), (uint8_t*)&v, (uint8_t*)&v + 8); };
     auto f16 = [&](uint16_t v) { want.insert(want.end(), (uint8_t*)&v, (uint8_t*)&v + 2); };
-    u32(0xaf143cd8); u32(0); u32(1);           // magic, seq, n_stream
-    u32(2);                                     // cell_count
-    u32(7); u32(1); u32(0); u32(8); u32(1); u32(0);  // cells at positions 7, 8
-    u32(v_trans); u32(1);                       // v_trans, n_layer
-    u32(1); u64(4); f16(vals[0]); f16(vals[1]); f16(vals[2]); f16(vals[3]);
+    u32(0xaf143cd8);
+    u32(0);
+    u32(1);  // magic, seq, n_stream
+    u32(2);  // cell_count
+    u32(7);
+    u32(1);
+    u32(0);
+    u32(8);
+    u32(1);
+    u32(0);  // cells at positions 7, 8
+    u32(v_trans);
+    u32(1);  // v_trans, n_layer
+    u32(1);
+    u64(4);
+    f16(vals[0]);
+    f16(vals[1]);
+    f16(vals[2]);
+    f16(vals[3]);
     if (!v_trans) {
-      u32(1); u64(4); f16(vals[4]); f16(vals[5]); f16(vals[6]); f16(vals[7]);
+      u32(1);
+      u64(4);
+      f16(vals[4]);
+      f16(vals[5]);
+      f16(vals[6]);
+      f16(vals[7]);
     } else {  // element j of every cell, then element j + 1
-      u32(1); u32(2); u32(2); f16(vals[4]); f16(vals[6]); f16(vals[5]); f16(vals[7]);
+      u32(1);
+      u32(2);
+      u32(2);
+      f16(vals[4]);
+      f16(vals[6]);
+      f16(vals[5]);
+      f16(vals[7]);
     }
     EXPECT_EQ(build(g, {chunk}, 7), want) << "v_trans=" << v_trans;
   }
@@ -236,7 +262,12 @@ TEST(StateBlob, MismatchedHeadersAreRejected) {
   const std::vector<uint8_t> good = build(g, {random_chunk(g, 3)});
   ASSERT_TRUE(parse_seq_blob(g, good).ok());
   const size_t cells_end = 16 + 5 * 12;
-  struct Case { const char* what; size_t off; uint32_t value; Code code; };
+  struct Case {
+    const char* what;
+    size_t off;
+    uint32_t value;
+    Code code;
+  };
   const Case cases[] = {
       {"magic", 0, 0x12345678, Code::kCorrupt},
       {"n_stream", 8, 2, Code::kModelMismatch},

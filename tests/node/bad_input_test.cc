@@ -132,7 +132,12 @@ TEST(BadInput, RandomEntriesNeverHurtTheDaemon) {
     auto* w = reinterpret_cast<uint64_t*>(&q);
     for (size_t j = 0; j < sizeof q / 8; ++j) w[j] = rng();
     q.opcode = uint8_t(1 + rng() % 12);
-    if (rng() % 2) { q.in_off %= 1u << 20; q.in_len %= 4096; q.out_off %= 1u << 20; q.out_len %= 8192; }
+    if (rng() % 2) {
+      q.in_off %= 1u << 20;
+      q.in_len %= 4096;
+      q.out_off %= 1u << 20;
+      q.out_len %= 8192;
+    }
     if (rng() % 2) q.flags = 0;
     if (rng() % 2) q.model_id = 1;
     if (rng() % 2) q.arg[0] = 0;

@@ -10,8 +10,8 @@
 #include <kdn/common/clock.h>
 #include <kdn/common/model.h>
 
-#include <kdn/common/testing/require.h>
 #include <gtest/gtest.h>
+#include <kdn/common/testing/require.h>
 
 #include <fcntl.h>
 #include <linux/falloc.h>
@@ -107,7 +107,8 @@ TEST(Contract, CommittedChunksCannotBeChangedByAnyClient) {
   ASSERT_EQ(in_child([&] {
               Conn k(d, desc);
               return k.ok() && store_doc(k, 1, 4) == 4 ? 0 : 1;
-            }), 0);
+            }),
+            0);
   // The attacker: a session of the same namespace, holding the arena's descriptor.
   const int worked = in_child([&] {
     RawClient r(d, RawClientOptions{1 << 20, 1 << 20});
@@ -131,7 +132,8 @@ TEST(Contract, CommittedChunksCannotBeChangedByAnyClient) {
   EXPECT_EQ(in_child([&] {
               Conn k(d, desc);
               return verify_doc(k, 1, 4) == 4 ? 0 : 1;
-            }), 0);
+            }),
+            0);
   EXPECT_EQ(stats_of(d).corrupt_chunks, 0u);
 }
 
@@ -205,7 +207,8 @@ TEST(Contract, ASessionKdndClosedWritesNoChunk) {
   ASSERT_EQ(in_child([&] {
               Conn k(d, desc);
               return k.ok() && store_doc(k, 3, 4) == 4 ? 0 : 1;
-            }), 0);
+            }),
+            0);
   (void)!::write(to_child[1], "s", 1);
   EXPECT_TRUE(wait_byte(to_parent[0]));
   int st = 0;
@@ -213,9 +216,10 @@ TEST(Contract, ASessionKdndClosedWritesNoChunk) {
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "attacker status " << st;
   EXPECT_EQ(in_child([&] {
               Conn k(d, desc);
-              if (verify_doc(k, 2, 1) != 1) return 1;  // committed before the close
+              if (verify_doc(k, 2, 1) != 1) return 1;   // committed before the close
               return verify_doc(k, 3, 4) == 4 ? 0 : 2;  // stored after it
-            }), 0);
+            }),
+            0);
   for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) ::close(fd);
 }
 
@@ -258,29 +262,33 @@ int refusal(const KdndProcess& d, const char* ns, uint32_t flags = 0) {
 TEST_F(Tenants, ANamespaceOpensOnlyToItsUidsAndAdminComesFromConfiguration) {
   KdndProcess d({"--config", conf_});
   open_to_others(d);
-  EXPECT_EQ(as_uid(4101, [&] {
-              RawClient mine(d, RawClientOptions{1 << 20, 0, "team-a", "", ipc::kHelloFlagAdmin});
-              if (!mine.ok) return 1;
-              if (mine.admin()) return 2;  // asked for, not configured: not granted
-              ipc::Sqe q{};
-              q.opcode = uint8_t(Opcode::kList);
-              q.out_len = 4096;
-              if (mine.call(q) != KDN_ERR_PERMISSION) return 3;
-              if (refusal(d, "team-b") != KDN_ERR_PERMISSION) return 4;  // another tenant's
-              if (refusal(d, "default") != KDN_ERR_PERMISSION) return 5;
-              if (refusal(d, "typo") != KDN_ERR_NOT_FOUND) return 6;   // no namespace appears
-              if (refusal(d, "mine", ipc::kHelloFlagCreateNamespace) != KDN_ERR_PERMISSION) return 7;
-              return 0;
-            }), 0);
-  EXPECT_EQ(as_uid(4102, [&] {
-              RawClient admin(d, RawClientOptions{1 << 20, 0, "team-b", "", ipc::kHelloFlagAdmin});
-              if (!admin.ok || !admin.admin()) return 1;  // configured: granted
-              ipc::Sqe q{};
-              q.opcode = uint8_t(Opcode::kList);
-              q.out_off = 0;
-              q.out_len = 4096;
-              return admin.call(q) == KDN_OK ? 0 : 2;
-            }), 0);
+  EXPECT_EQ(as_uid(4101,
+                   [&] {
+                     RawClient mine(d, RawClientOptions{1 << 20, 0, "team-a", "", ipc::kHelloFlagAdmin});
+                     if (!mine.ok) return 1;
+                     if (mine.admin()) return 2;  // asked for, not configured: not granted
+                     ipc::Sqe q{};
+                     q.opcode = uint8_t(Opcode::kList);
+                     q.out_len = 4096;
+                     if (mine.call(q) != KDN_ERR_PERMISSION) return 3;
+                     if (refusal(d, "team-b") != KDN_ERR_PERMISSION) return 4;  // another tenant's
+                     if (refusal(d, "default") != KDN_ERR_PERMISSION) return 5;
+                     if (refusal(d, "typo") != KDN_ERR_NOT_FOUND) return 6;  // no namespace appears
+                     if (refusal(d, "mine", ipc::kHelloFlagCreateNamespace) != KDN_ERR_PERMISSION) return 7;
+                     return 0;
+                   }),
+            0);
+  EXPECT_EQ(as_uid(4102,
+                   [&] {
+                     RawClient admin(d, RawClientOptions{1 << 20, 0, "team-b", "", ipc::kHelloFlagAdmin});
+                     if (!admin.ok || !admin.admin()) return 1;  // configured: granted
+                     ipc::Sqe q{};
+                     q.opcode = uint8_t(Opcode::kList);
+                     q.out_off = 0;
+                     q.out_len = 4096;
+                     return admin.call(q) == KDN_OK ? 0 : 2;
+                   }),
+            0);
   const kdn_stats s = stats_of(d);  // root, the daemon's uid: admin by default
   EXPECT_EQ(s.daemon_namespaces, 3u) << "the refused names created nothing";
   EXPECT_GE(s.daemon_handshakes_refused, 4u) << "team-b, default, typo, mine";
@@ -345,8 +353,8 @@ TEST_F(Tenants, AUidAdmittedNowhereIsCutOffAtAccept) {
 }
 
 TEST_F(Tenants, SilentConnectionsOfOneUidDoNotLockOutOthers) {
-  KdndProcess d({"--config", conf_, "--set", "max_sessions=8", "--set", "handshake_timeout_ms=30000",
-                 "--set", "max_pending_handshakes_per_uid=16"});
+  KdndProcess d({"--config", conf_, "--set", "max_sessions=8", "--set", "handshake_timeout_ms=30000", "--set",
+                 "max_pending_handshakes_per_uid=16"});
   open_to_others(d);
   int to_parent[2], to_child[2];
   ASSERT_EQ(::pipe(to_parent), 0);
@@ -375,7 +383,11 @@ TEST_F(Tenants, SilentConnectionsOfOneUidDoNotLockOutOthers) {
   }
   char c;
   ASSERT_EQ(::read(to_parent[0], &c, 1), 1);
-  EXPECT_EQ(as_uid(4102, [&] { return RawClient(d, RawClientOptions{1 << 20, 0, "team-b"}).ok ? 0 : 1; }), 0)
+  EXPECT_EQ(as_uid(4102,
+                   [&] {
+                     return RawClient(d, RawClientOptions{1 << 20, 0, "team-b"}).ok ? 0 : 1;
+                   }),
+            0)
       << "another uid's engine connects while 16 silent connections wait";
   Conn engine(d, tiny_model());
   EXPECT_TRUE(engine.ok()) << engine.connect_status;
@@ -383,13 +395,15 @@ TEST_F(Tenants, SilentConnectionsOfOneUidDoNotLockOutOthers) {
   int st = 0;
   ::waitpid(flooder, &st, 0);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "16 should wait and 584 be refused; status " << st;
-  EXPECT_EQ(as_uid(4101, [&] {
-              for (int i = 0; i < 100; ++i) {  // once kdnd has seen the silent ones close
-                if (RawClient(d, RawClientOptions{1 << 20, 0, "team-a"}).ok) return 0;
-                std::this_thread::sleep_for(std::chrono::milliseconds(20));
-              }
-              return 1;
-            }), 0)
+  EXPECT_EQ(as_uid(4101,
+                   [&] {
+                     for (int i = 0; i < 100; ++i) {  // once kdnd has seen the silent ones close
+                       if (RawClient(d, RawClientOptions{1 << 20, 0, "team-a"}).ok) return 0;
+                       std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                     }
+                     return 1;
+                   }),
+            0)
       << "the silent connections closed: the uid's own engine gets in";
   for (int fd : {to_parent[0], to_parent[1], to_child[0], to_child[1]}) ::close(fd);
 }

@@ -41,7 +41,7 @@ struct TempDir {
 
 std::vector<std::string> disk_flags(const std::string& dir, const char* policy = "write_back",
                                     const char* bytes = "128M") {
-  return {"--set", "tier.disk.dirs=" + dir, "--set", std::string("tier.disk.bytes=") + bytes,
+  return {"--set", "tier.disk.dirs=" + dir,    "--set", std::string("tier.disk.bytes=") + bytes,
           "--set", "tier.disk.slab_bytes=16M", "--set", std::string("tier.disk.policy=") + policy};
 }
 
@@ -203,8 +203,10 @@ void restart_keeps_every_chunk(const char* policy, bool kill9) {
     ASSERT_TRUE(k.ok());
     for (uint32_t doc = 0; doc < kDocs; ++doc) ASSERT_EQ(store_doc(k, doc, kChunks), int(kChunks)) << doc;
   }
-  if (kill9) d.kill9();
-  else ASSERT_EQ(d.stop(), 0);
+  if (kill9)
+    d.kill9();
+  else
+    ASSERT_EQ(d.stop(), 0);
   ASSERT_TRUE(d.restart()) << d.log();
   // kdnd says how long recovery took (the benchmark reports it; here it is only shown).
   const std::string log = d.log();
@@ -344,8 +346,8 @@ TEST(Disk, ADirectoryThatCannotServeStopsKdndWithItsName) {
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT, 0600);
     ::dup2(fd, 2);
     ::dup2(fd, 1);
-    execl(kdn::testing::kdnd_binary(), kdn::testing::kdnd_binary(), "--socket", (sock_dir + "/s").c_str(), "--no-populate", "--host-arena-bytes",
-          "64M", "--set", ("tier.disk.dirs=" + missing).c_str(), nullptr);
+    execl(kdn::testing::kdnd_binary(), kdn::testing::kdnd_binary(), "--socket", (sock_dir + "/s").c_str(),
+          "--no-populate", "--host-arena-bytes", "64M", "--set", ("tier.disk.dirs=" + missing).c_str(), nullptr);
     _exit(127);
   }
   int st = 0;

@@ -255,13 +255,15 @@ void run_coded(const char* codec, kernels::CodecMode mode) {
   std::vector<uint16_t> want(cache.host.size(), 0);
   kernels::CodecConfig cfg;
   cfg.mode = mode;
-  std::vector<uint8_t> blob(kernels::kvc1_max_encoded_size(g, cfg)), scratch(kernels::kvc1_encode_scratch_bytes(g, cfg));
+  std::vector<uint8_t> blob(kernels::kvc1_max_encoded_size(g, cfg)),
+      scratch(kernels::kvc1_encode_scratch_bytes(g, cfg));
   std::vector<uint8_t> decoded(chunk_bytes);
   for (uint32_t i = 0; i < kChunks; ++i) {
     const void* chunk = kdn_lease_chunk_data(lease, i);
     size_t written = 0;
-    ASSERT_TRUE(kernels::kvc1_encode(g, fingerprint, chunk, cfg, blob.data(), blob.size(), &written,
-                                     scratch.data(), scratch.size()).ok());
+    ASSERT_TRUE(kernels::kvc1_encode(g, fingerprint, chunk, cfg, blob.data(), blob.size(), &written, scratch.data(),
+                                     scratch.size())
+                    .ok());
     ASSERT_TRUE(kernels::kvc1_decode(blob.data(), written, g, fingerprint, decoded.data(), decoded.size()).ok());
     if (mode == kernels::CodecMode::kLossless) {
       EXPECT_EQ(std::memcmp(decoded.data(), chunk, chunk_bytes), 0);
@@ -314,10 +316,9 @@ TEST(GpuEngine, StoreAndRetrieveThroughPinnedHostOnly) {
 }
 
 TEST(GpuEngine, StoreAndRetrieveThroughT0) {
-  run_store_and_retrieve({"--log-level", "info", "--set", "tier.gpu.enable=on", "--set", "tier.gpu.bytes=64M",
-                          "--set", "tier.gpu.staging_bytes=8M", "--set", "tier.gpu.slice_bytes=64K"});
+  run_store_and_retrieve({"--log-level", "info", "--set", "tier.gpu.enable=on", "--set", "tier.gpu.bytes=64M", "--set",
+                          "tier.gpu.staging_bytes=8M", "--set", "tier.gpu.slice_bytes=64K"});
 }
-
 
 // Segment retrieves on the device (GPU_SEGMENT_RETRIEVE, K re-rotated on kdnd's stream):
 // segments stored from the host, then loaded at `target` into device blocks by kdnd and into a
@@ -425,8 +426,8 @@ TEST(GpuEngine, SegmentsMovedOnTheDeviceMatchTheHostPath) {
 
 TEST(GpuEngine, SegmentsMovedThroughT0MatchTheHostPath) {
   const int64_t target[3] = {1000003, 41, 7};
-  run_segment_retrieve({"--log-level", "info", "--set", "tier.gpu.enable=on", "--set", "tier.gpu.bytes=64M",
-                        "--set", "tier.gpu.staging_bytes=8M", "--set", "tier.gpu.slice_bytes=64K"},
+  run_segment_retrieve({"--log-level", "info", "--set", "tier.gpu.enable=on", "--set", "tier.gpu.bytes=64M", "--set",
+                        "tier.gpu.staging_bytes=8M", "--set", "tier.gpu.slice_bytes=64K"},
                        target);
 }
 
@@ -500,8 +501,8 @@ void run_blend_select(const std::vector<std::string>& flags) {
   auto select = [&](uint32_t layer, uint32_t plane, double ratio, uint32_t capacity, std::vector<int32_t>* out) {
     out->assign(76, -7);
     uint32_t n = 0, compared = 0;
-    const int rc = kdn_gpu_blend_select(k.c, k.m, segs, 3, target, kv, &dst, layer, plane, ratio, out->data(),
-                                        capacity, &n, &compared);
+    const int rc = kdn_gpu_blend_select(k.c, k.m, segs, 3, target, kv, &dst, layer, plane, ratio, out->data(), capacity,
+                                        &n, &compared);
     if (rc == KDN_OK) {
       EXPECT_EQ(compared, 56u) << "40 + 16 loaded tokens";
       out->resize(n);
@@ -532,8 +533,8 @@ TEST(GpuEngine, BlendSelectionOnTheDeviceFindsTheChangedRows) {
 }
 
 TEST(GpuEngine, BlendSelectionReadsT0CopiesAlike) {
-  run_blend_select({"--log-level", "info", "--set", "tier.gpu.enable=on", "--set", "tier.gpu.bytes=64M",
-                    "--set", "tier.gpu.staging_bytes=8M"});
+  run_blend_select({"--log-level", "info", "--set", "tier.gpu.enable=on", "--set", "tier.gpu.bytes=64M", "--set",
+                    "tier.gpu.staging_bytes=8M"});
 }
 
 // GPU_CHECK: a retrieve's answer comes once its copies are queued, and its ticket names them;

@@ -16,9 +16,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
-#include <fstream>
 #include <sstream>
 #include <thread>
 
@@ -50,8 +50,16 @@ KdndProcess::KdndProcess(std::vector<std::string> extra, const std::string& tag,
   char tmpl[] = "/tmp/kdn-test-XXXXXX";
   dir_ = mkdtemp(tmpl);
   socket_ = dir_ + "/kdnd" + tag + ".sock";
-  std::vector<std::string> args = {binary ? binary : kdnd_binary(), "--socket", socket_, "--host-arena-bytes", "256M",
-                                   "--slab-bytes", "16M", "--log-level", "warn", "--no-populate"};
+  std::vector<std::string> args = {binary ? binary : kdnd_binary(),
+                                   "--socket",
+                                   socket_,
+                                   "--host-arena-bytes",
+                                   "256M",
+                                   "--slab-bytes",
+                                   "16M",
+                                   "--log-level",
+                                   "warn",
+                                   "--no-populate"};
   for (size_t i = 0; i < extra.size(); ++i) {
     if (extra[i] == "--token" && i + 1 < extra.size()) token_ = extra[i + 1];
     args.push_back(extra[i]);
@@ -285,19 +293,17 @@ kdn_stats stats_of(const KdndProcess& d, const char* ns) {
   return s;
 }
 
-kdn_model_desc tiny_model(uint32_t chunk_tokens) {
-  return shaped_desc(2, 2, 64, chunk_tokens, "test/tiny");
-}
+kdn_model_desc tiny_model(uint32_t chunk_tokens) { return shaped_desc(2, 2, 64, chunk_tokens, "test/tiny"); }
 
-kdn_model_desc smol_model() {
-  return preset_desc(*find_model_preset("smollm2-135m"), "HuggingFaceTB/SmolLM2-135M");
-}
+kdn_model_desc smol_model() { return preset_desc(*find_model_preset("smollm2-135m"), "HuggingFaceTB/SmolLM2-135M"); }
 
 std::vector<int32_t> doc_tokens(uint32_t doc, size_t n) {
   std::vector<int32_t> t(n);
   uint64_t x = 0x9E3779B97F4A7C15ull * (doc + 1);
   for (auto& v : t) {
-    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
     v = int32_t(x % 49152);
   }
   return t;

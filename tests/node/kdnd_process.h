@@ -25,8 +25,7 @@ class KdndProcess {
  public:
   // Starts kdnd (or `binary`, e.g. kdnd_test_binary()) with `extra` flags and waits until it
   // answers a ping (fails the test if not).
-  explicit KdndProcess(std::vector<std::string> extra = {}, const std::string& tag = "",
-                       const char* binary = nullptr);
+  explicit KdndProcess(std::vector<std::string> extra = {}, const std::string& tag = "", const char* binary = nullptr);
   ~KdndProcess();
 
   const std::string& socket() const { return socket_; }

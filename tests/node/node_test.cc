@@ -12,9 +12,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <thread>
-#include <cstring>
 #include <vector>
 
 namespace kdn::testing {
@@ -26,7 +26,8 @@ TEST(Node, CrossProcessReuse) {
   ASSERT_EQ(in_child([&] {
               Conn k(d, desc);
               return k.ok() && store_doc(k, 7, 4) == 4 ? 0 : 1;
-            }), 0);
+            }),
+            0);
   // A second engine process finds all four chunks and reads the first one's bytes.
   ASSERT_EQ(in_child([&] {
               Conn k(d, desc);
@@ -36,7 +37,8 @@ TEST(Node, CrossProcessReuse) {
               if (kdn_lookup(k.c, k.m, tok.data(), tok.size(), &r) != KDN_OK) return 2;
               if (r.hit_chunks != 4 || r.hit_tokens != 1024 || r.tier_chunks[1] != 4) return 3;
               return verify_doc(k, 7, 4) == 4 ? 0 : 4;
-            }), 0);
+            }),
+            0);
   // Precomputed keys give the same answer.
   {
     Conn k(d, desc);
@@ -127,7 +129,8 @@ TEST(Node, EvictionUnderPressureKeepsLeases) {
               for (uint32_t doc = 100; doc < 130; ++doc)
                 if (store_doc(k, doc, 4) != 4) return 1;
               return 0;
-            }), 0);
+            }),
+            0);
   kdn_stats s{};
   s.struct_size = sizeof s;
   ASSERT_EQ(kdn_get_stats(holder.c, &s), KDN_OK);
@@ -315,7 +318,8 @@ TEST(Node, CopyVariantsWithPagedLayout) {
                       if (out[l][base + slots_b[t] * kH * kD + e] != src[l][base + slots_a[t] * kH * kD + e]) return 2;
                     }
               return 0;
-            }), 0);
+            }),
+            0);
   (void)loaded;
   (void)ld;
 }

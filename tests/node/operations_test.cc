@@ -97,8 +97,7 @@ TEST_F(Operations, StartErrorsNameThePathAndTheCause) {
   ASSERT_EQ(::mkdir(open_dir.c_str(), 0700), 0);
   ASSERT_EQ(::chmod(open_dir.c_str(), 0777), 0);
   EXPECT_EQ(refused_start({"--socket", dir_ + "/k.sock", "--metrics-file", open_dir + "/kdn.prom"}), 1);
-  EXPECT_NE(read_file(log_).find("metrics directory " + open_dir + " is writable by every user"),
-            std::string::npos)
+  EXPECT_NE(read_file(log_).find("metrics directory " + open_dir + " is writable by every user"), std::string::npos)
       << read_file(log_);
   struct stat st;
   EXPECT_NE(::lstat((dir_ + "/k.sock").c_str(), &st), 0) << "refused before it listened";
@@ -177,7 +176,10 @@ std::string check_exposition(const std::string& text, std::map<std::string, std:
   auto bad = [&](const std::string& why) { problems += "line " + std::to_string(n) + ": " + why + ": " + line + "\n"; };
   while (std::getline(in, line)) {
     ++n;
-    if (line.empty()) { bad("empty line"); continue; }
+    if (line.empty()) {
+      bad("empty line");
+      continue;
+    }
     if (line.rfind("# HELP ", 0) == 0) {
       std::istringstream w(line.substr(7));
       std::string name;
@@ -192,14 +194,21 @@ std::string check_exposition(const std::string& text, std::map<std::string, std:
       w >> name >> type;
       if (name != help_of) bad("TYPE without a HELP just before it");
       if (type != "counter" && type != "gauge" && type != "histogram") bad("unknown type");
-      if (type == "counter" && (name.size() < 6 || name.substr(name.size() - 6) != "_total")) bad("counter not ending in _total");
+      if (type == "counter" && (name.size() < 6 || name.substr(name.size() - 6) != "_total"))
+        bad("counter not ending in _total");
       (*families)[name] = type;
       current = name;
       continue;
     }
-    if (line[0] == '#') { bad("stray comment"); continue; }
+    if (line[0] == '#') {
+      bad("stray comment");
+      continue;
+    }
     std::smatch m;
-    if (!std::regex_match(line, m, kSample)) { bad("not a sample"); continue; }
+    if (!std::regex_match(line, m, kSample)) {
+      bad("not a sample");
+      continue;
+    }
     const std::string name = m[1], labels = m[3], value = m[4];
     char* end = nullptr;
     const double v = std::strtod(value.c_str(), &end);
@@ -207,9 +216,14 @@ std::string check_exposition(const std::string& text, std::map<std::string, std:
     std::string rest = labels, le, others;
     while (!rest.empty()) {
       std::smatch lm;
-      if (!std::regex_search(rest, lm, kLabel) || lm.position(0) != 0) { bad("malformed labels"); break; }
-      if (lm[1] == "le") le = lm[2];
-      else others += std::string(lm[1]) + "=" + std::string(lm[2]) + ",";
+      if (!std::regex_search(rest, lm, kLabel) || lm.position(0) != 0) {
+        bad("malformed labels");
+        break;
+      }
+      if (lm[1] == "le")
+        le = lm[2];
+      else
+        others += std::string(lm[1]) + "=" + std::string(lm[2]) + ",";
       rest = rest.substr(size_t(lm.length(0)));
     }
     if (!series.insert(name + "{" + labels + "}").second) bad("series repeated");
@@ -321,7 +335,8 @@ TEST_F(Operations, TheMetricsEndpointServesValidExpositionWithTheMetricsFilesNam
 }
 
 TEST_F(Operations, TheMetricsEndpointRefusesOtherAddressesAndNamesABusyPort) {
-  EXPECT_EQ(refused_start({"--socket", dir_ + "/k.sock", "--set", "metrics_listen=0.0.0.0:9464"}), 2);  // a configuration error
+  EXPECT_EQ(refused_start({"--socket", dir_ + "/k.sock", "--set", "metrics_listen=0.0.0.0:9464"}),
+            2);  // a configuration error
   EXPECT_NE(read_file(log_).find("metrics_listen = '0.0.0.0:9464': only a loopback address"), std::string::npos)
       << read_file(log_);
   // A port another process listens on.
@@ -390,15 +405,21 @@ TEST_F(Operations, LeaseOnlyTrafficShowsHitsAndMissesThatAddUp) {
   ASSERT_EQ(kdnctl(d, "stats --prometheus", &out, dir_), 0) << out;
   std::map<std::string, std::string> families;
   EXPECT_EQ(check_exposition(out, &families), "") << out;
-  EXPECT_NE(out.find("kdn_hit_chunks_total{namespace=\"default\",op=\"lease\",tier=\"host\"} 4\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("kdn_hit_chunks_total{namespace=\"default\",op=\"lease\",tier=\"host\"} 4\n"), std::string::npos)
+      << out;
   EXPECT_NE(out.find("kdn_miss_chunks_total{namespace=\"default\",op=\"lease\"} 3\n"), std::string::npos) << out;
-  EXPECT_NE(out.find("kdn_hit_chunks_total{namespace=\"default\",op=\"lookup\",tier=\"host\"} 0\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("kdn_hit_chunks_total{namespace=\"default\",op=\"lookup\",tier=\"host\"} 0\n"), std::string::npos)
+      << out;
   EXPECT_NE(out.find("kdn_lease_hit_chunks_total{namespace=\"default\"} 4\n"), std::string::npos) << out;
   const uint64_t chunk = 2ull * 2 * 2 * 16 * 64 * 2;  // tiny_model(): layers x K|V x heads x tokens x dim x f16
-  EXPECT_NE(out.find("kdn_tier_bytes_total{namespace=\"default\",tier=\"host\",direction=\"in\"} " + std::to_string(4 * chunk) + "\n"),
-            std::string::npos) << out;
-  EXPECT_NE(out.find("kdn_tier_bytes_total{namespace=\"default\",tier=\"host\",direction=\"out\"} " + std::to_string(4 * chunk) + "\n"),
-            std::string::npos) << out;
+  EXPECT_NE(out.find("kdn_tier_bytes_total{namespace=\"default\",tier=\"host\",direction=\"in\"} " +
+                     std::to_string(4 * chunk) + "\n"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("kdn_tier_bytes_total{namespace=\"default\",tier=\"host\",direction=\"out\"} " +
+                     std::to_string(4 * chunk) + "\n"),
+            std::string::npos)
+      << out;
   EXPECT_EQ(families["kdn_hit_chunks_total"], "counter");
   EXPECT_EQ(families["kdn_tier_bytes_total"], "counter");
 }
@@ -422,8 +443,7 @@ TEST_F(Operations, StatsWatchPrintsRatesEveryInterval) {
   }
   watcher.join();
   ASSERT_EQ(rc, 0) << out;
-  for (int i = 1; i <= 4; ++i)
-    EXPECT_NE(out.find("refresh " + std::to_string(i) + ","), std::string::npos) << out;
+  for (int i = 1; i <= 4; ++i) EXPECT_NE(out.find("refresh " + std::to_string(i) + ","), std::string::npos) << out;
   EXPECT_EQ(out.find("refresh 5,"), std::string::npos) << out;
   // Some interval saw leases: a positive hits/s and bytes-out/s figure.
   static const std::regex kRate(R"(\nhit_chunks +(\d+) +([0-9.]+)\n)");
@@ -490,8 +510,10 @@ TEST_F(Operations, PingShowsTheBusyPollAndTheWakeUpRoundTrips) {
   std::string out;
   ASSERT_EQ(kdnctl(d, "ping -c 200 -w 3", &out, dir_), 0) << out;
   EXPECT_NE(out.find("kdnd is alive:"), std::string::npos) << out;
-  static const std::regex kBusy(R"(busy-poll round trip +p50 +[0-9.]+ us +p99 +[0-9.]+ us +max +[0-9.]+ us +\(199 pings: )");
-  static const std::regex kWake(R"(wake-up round trip +p50 +[0-9.]+ us +p99 +[0-9.]+ us +max +[0-9.]+ us +\(3 pings: )");
+  static const std::regex kBusy(
+      R"(busy-poll round trip +p50 +[0-9.]+ us +p99 +[0-9.]+ us +max +[0-9.]+ us +\(199 pings: )");
+  static const std::regex kWake(
+      R"(wake-up round trip +p50 +[0-9.]+ us +p99 +[0-9.]+ us +max +[0-9.]+ us +\(3 pings: )");
   EXPECT_TRUE(std::regex_search(out, kBusy)) << out;
   EXPECT_TRUE(std::regex_search(out, kWake)) << out;
   ASSERT_EQ(kdnctl(d, "ping -c 10 -w 0", &out, dir_), 0) << out;

@@ -193,9 +193,9 @@ const std::map<std::string, std::string> kCheckedElsewhere = {
 
 int status_code(const std::string& name) {
   static const std::map<std::string, int> codes = {
-      {"KDN_ERR_UNSUPPORTED", KDN_ERR_UNSUPPORTED},   {"KDN_ERR_PERMISSION", KDN_ERR_PERMISSION},
-      {"KDN_ERR_PROTOCOL", KDN_ERR_PROTOCOL},         {"KDN_ERR_INVALID_ARGUMENT", KDN_ERR_INVALID_ARGUMENT},
-      {"KDN_ERR_NOT_FOUND", KDN_ERR_NOT_FOUND},       {"KDN_ERR_LIMIT", KDN_ERR_LIMIT},
+      {"KDN_ERR_UNSUPPORTED", KDN_ERR_UNSUPPORTED}, {"KDN_ERR_PERMISSION", KDN_ERR_PERMISSION},
+      {"KDN_ERR_PROTOCOL", KDN_ERR_PROTOCOL},       {"KDN_ERR_INVALID_ARGUMENT", KDN_ERR_INVALID_ARGUMENT},
+      {"KDN_ERR_NOT_FOUND", KDN_ERR_NOT_FOUND},     {"KDN_ERR_LIMIT", KDN_ERR_LIMIT},
       {"KDN_ERR_NO_MEMORY", KDN_ERR_NO_MEMORY},
   };
   auto it = codes.find(name);
@@ -217,7 +217,8 @@ TEST(ProtocolErrors, EveryRowOfTheErrorTableIsWhatKdndAnswers) {
     if (kCheckedElsewhere.count(r.cause)) continue;
     auto p = all.find(r.cause);
     if (p == all.end()) {
-      ADD_FAILURE() << "docs/protocol.md lists the cause '" << r.cause << "' (" << r.status << "), which no probe shows";
+      ADD_FAILURE() << "docs/protocol.md lists the cause '" << r.cause << "' (" << r.status
+                    << "), which no probe shows";
       continue;
     }
     EXPECT_EQ(p->second(f), status_code(r.status)) << r.cause << " should be " << r.status;

@@ -29,8 +29,7 @@ struct RawClient {
   bool ok = false;
   Status refused;  // why the handshake failed, if it did
 
-  explicit RawClient(const KdndProcess& d, uint32_t payload = 1 << 20)
-      : RawClient(d, RawClientOptions{payload}) {}
+  explicit RawClient(const KdndProcess& d, uint32_t payload = 1 << 20) : RawClient(d, RawClientOptions{payload}) {}
   RawClient(const KdndProcess& d, const RawClientOptions& o) {
     auto fd = ipc::uds_connect(d.socket(), 2000);
     if (!fd.ok()) {

@@ -17,8 +17,8 @@
 namespace kdn::testing {
 namespace {
 
-constexpr uint32_t kT = 16;        // tiny_model's chunk tokens
-constexpr uint32_t kCells = 512;   // engine buffer rows
+constexpr uint32_t kT = 16;          // tiny_model's chunk tokens
+constexpr uint32_t kCells = 512;     // engine buffer rows
 constexpr uint32_t kWidth = 2 * 64;  // kv_heads * head_dim
 
 struct Conn {
@@ -145,7 +145,8 @@ TEST(Segments, StoredByOneProcessLoadedAtAnotherPositionByAnother) {
               // Again: every chunk is cached already.
               if (kdn_segment_store_from(k.c, k.m, &s, &e.layout, &stored) != KDN_OK || stored != 0) return 4;
               return 0;
-            }), 0);
+            }),
+            0);
   // Another process: the hit map, then a load at position 100 into cells 200 ...
   const EngineKv want = expected_load(src, 10, uint32_t(tokens.size()), desc, 100 - 5, 200);
   ASSERT_EQ(in_child([&] {
@@ -171,7 +172,8 @@ TEST(Segments, StoredByOneProcessLoadedAtAnotherPositionByAnother) {
               st.struct_size = sizeof st;
               if (kdn_get_stats(k.c, &st) != KDN_OK || st.active_leases != 0) return 9;  // all released
               return 0;
-            }), 0);
+            }),
+            0);
 }
 
 TEST(Segments, APartialHitLoadsTheLeadingChunksAndSaysSo) {

@@ -194,7 +194,8 @@ TEST(StagingStall, ABudgetBelowTheLargestSessionIsAConfigurationError) {
   EXPECT_EQ(exit_code_within(pid, 10000), 2);
   std::ifstream f(log);
   const std::string said((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  EXPECT_NE(said.find("max_staging_bytes_per_uid = \"1G\": smaller than max_staging_bytes = \"4G\""), std::string::npos) << said;
+  EXPECT_NE(said.find("max_staging_bytes_per_uid = \"1G\": smaller than max_staging_bytes = \"4G\""), std::string::npos)
+      << said;
   (void)!std::system(("rm -rf " + std::string(tmpl)).c_str());
 }
 

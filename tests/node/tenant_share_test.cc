@@ -40,8 +40,8 @@ int register_status(RawClient& c, uint8_t n) {
 
 TEST(TenantShares, OneUidsSessionsCannotFillTheModelTable) {
   if (::getuid() != 0) GTEST_SKIP() << "acting as another uid needs root";
-  KdndProcess d({"--set", "max_models_total=8", "--set", "max_models_per_uid=4", "--set",
-                 "namespace.default.allow_uids=4101"});
+  KdndProcess d(
+      {"--set", "max_models_total=8", "--set", "max_models_per_uid=4", "--set", "namespace.default.allow_uids=4101"});
   ::chmod(d.dir().c_str(), 0755);  // let uid 4101 reach the socket
   ::chmod(d.socket().c_str(), 0777);
   RawClient a(d), b(d);  // root's sessions: one tenant

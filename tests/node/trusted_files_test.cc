@@ -55,8 +55,8 @@ class TrustedFiles : public ::testing::Test {
   // Runs kdnd with `args` to its exit (it is expected to refuse to start); its exit code, or
   // -1 if it was still running after `ms`.
   int start(std::vector<std::string> args, int ms = 20000) {
-    args.insert(args.end(), {"--socket", dir_ + "/kdnd.sock", "--host-arena-bytes", "64M", "--slab-bytes", "16M",
-                             "--no-populate"});
+    args.insert(args.end(),
+                {"--socket", dir_ + "/kdnd.sock", "--host-arena-bytes", "64M", "--slab-bytes", "16M", "--no-populate"});
     return exit_code_within(spawn_kdnd(args, log_path()), ms);
   }
   // kdnd refused to start, said `sentence`, and left no socket behind.
@@ -158,9 +158,9 @@ TEST_F(TrustedFiles, SecretFilesAnotherUserCouldReplaceAreRefused) {
   std::ofstream(password) << "s3cret\n";
   ASSERT_EQ(::chmod(password.c_str(), 0600), 0);
   // The password is read before kdnd looks for the store, so no store needs to run here.
-  const std::vector<std::string> remote = {"--set", "tier.remote.seeds=127.0.0.1:1", "--set",
-                                           "tier.remote.mode=standalone", "--set",
-                                           "tier.remote.password_file=" + password};
+  const std::vector<std::string> remote = {"--set", "tier.remote.seeds=127.0.0.1:1",
+                                           "--set", "tier.remote.mode=standalone",
+                                           "--set", "tier.remote.password_file=" + password};
   expect_refused(remote, "tier.remote.password_file = \"" + password + "\": its directory " + open_dir +
                              " is writable by every user (mode 1777)");
 
@@ -207,8 +207,8 @@ TEST_F(TrustedFiles, EveryRefusedStartExitsNonZeroEvenWithTheMetricsEndpointUp) 
   ASSERT_EQ(::chmod(token.c_str(), 0644), 0);
   ASSERT_EQ(::chmod(disk_.c_str(), 0777), 0);
   const std::vector<std::vector<std::string>> refusals = {
-      {"--set", "namespace.team.token_file=" + token},         // readable by others
-      disk_flags(),                                            // a disk directory others can write
+      {"--set", "namespace.team.token_file=" + token},  // readable by others
+      disk_flags(),                                     // a disk directory others can write
       {"--set", "tier.remote.seeds=127.0.0.1:1", "--set", "tier.remote.mode=standalone"},  // no store there
   };
   for (const auto& bad : refusals) {
@@ -217,7 +217,8 @@ TEST_F(TrustedFiles, EveryRefusedStartExitsNonZeroEvenWithTheMetricsEndpointUp) 
       args.insert(args.end(), {"--set", "metrics_listen=127.0.0.1:" + std::to_string(port), "--log-level", "info"});
       ASSERT_EQ(start(args, 10000), 1) << "still running 10 s after a refused start\n" << log();
       EXPECT_NE(log().find("metrics at http://127.0.0.1:" + std::to_string(port)), std::string::npos)
-          << "the refusal came after the endpoint listened\n" << log();
+          << "the refusal came after the endpoint listened\n"
+          << log();
       EXPECT_NE(log().find("cannot start"), std::string::npos) << log();
       EXPECT_TRUE(can_listen_on(port)) << "the port is still held";
     }

@@ -2,8 +2,8 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <sched.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -121,7 +121,7 @@ bool RedisServers::start_server(std::vector<std::string> args, int port) {
   }
   s.pid = pid;
   servers_.push_back(s);
-  for (int i = 0; i < 250; ++i) {  // up to 5 s
+  for (int i = 0; i < 250; ++i) {          // up to 5 s
     std::string pong = cli(port, "PING");  // a server with a password answers NOAUTH
     if (pong.find("PONG") != std::string::npos || pong.find("NOAUTH") != std::string::npos) return true;
     if (waitpid(pid, nullptr, WNOHANG) == pid) {
@@ -140,8 +140,9 @@ std::unique_ptr<RedisServers> RedisServers::standalone(std::vector<std::string> 
   r->dir_ = tmpl;
   for (int attempt = 0; attempt < 3; ++attempt) {
     int port = pick_port();
-    std::vector<std::string> args = {"redis-server", "--port", std::to_string(port), "--bind", "127.0.0.1",
-                                     "--save", "", "--appendonly", "no", "--dir", r->dir_, "--daemonize", "no"};
+    std::vector<std::string> args = {
+        "redis-server", "--port", std::to_string(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        "--dir",        r->dir_,  "--daemonize",        "no"};
     for (std::string a : extra) {
       if (size_t at = a.find("{dir}"); at != std::string::npos) a.replace(at, 5, r->dir_);
       args.push_back(a);
@@ -171,14 +172,12 @@ std::unique_ptr<RedisServers> RedisServers::cluster(const ClusterOptions& o, std
     int port = pick_port();
     std::string p = std::to_string(port);
     std::vector<std::string> args = {"redis-server", "--port", p, "--bind", o.host, "--cluster-announce-ip", o.host,
-                                     "--cluster-enabled", "yes",
-                                     "--cluster-config-file", "nodes-" + p + ".conf", "--cluster-node-timeout", "1000",
-                                     "--cluster-replica-validity-factor", "0",
+                                     "--cluster-enabled", "yes", "--cluster-config-file", "nodes-" + p + ".conf",
+                                     "--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0",
                                      // Replicas keep up with tests that write hundreds of MiB at once.
                                      "--repl-backlog-size", "256mb", "--client-output-buffer-limit", "replica 0 0 0",
-                                     "--repl-diskless-sync-delay", "0",
-                                     "--save", "", "--appendonly", "no",
-                                     "--dir", r->dir_, "--daemonize", "no"};
+                                     "--repl-diskless-sync-delay", "0", "--save", "", "--appendonly", "no", "--dir",
+                                     r->dir_, "--daemonize", "no"};
     // Without a password, protected mode refuses every client that is not on loopback.
     if (o.host != "127.0.0.1") args.insert(args.end(), {"--protected-mode", "no"});
     args.insert(args.end(), o.extra.begin(), o.extra.end());
@@ -187,7 +186,8 @@ std::unique_ptr<RedisServers> RedisServers::cluster(const ClusterOptions& o, std
   }
   std::string out = run("timeout 60 redis-cli --cluster create" + nodes + " --cluster-replicas " +
                         std::to_string(o.replicas) + " --cluster-yes 2>&1");
-  if (out.find("All 16384 slots covered") == std::string::npos) return *why = "redis-cli --cluster create: " + out, nullptr;
+  if (out.find("All 16384 slots covered") == std::string::npos)
+    return *why = "redis-cli --cluster create: " + out, nullptr;
   if (!r->wait_cluster_ok(20)) return *why = "the cluster did not reach cluster_state:ok", nullptr;
   if (!r->wait_replicas_synced(20)) return *why = "a replica did not finish its first sync", nullptr;
   return r;

@@ -27,16 +27,16 @@ struct RedisServerProcess {
   pid_t pid = -1;
   std::string log;
   bool running() const { return pid > 0; }
-  void kill9();                 // SIGKILL and reap
-  void pause(bool stopped);     // SIGSTOP / SIGCONT
+  void kill9();              // SIGKILL and reap
+  void pause(bool stopped);  // SIGSTOP / SIGCONT
 };
 
 struct ClusterOptions {
   int masters = 3;
-  int replicas = 1;                   // per master
-  std::string host = "127.0.0.1";     // numeric address every server binds and announces
-  std::string netns;                  // a network namespace (ip netns) to run them in; "": ours
-  std::vector<std::string> extra;     // more redis-server arguments for every node
+  int replicas = 1;                // per master
+  std::string host = "127.0.0.1";  // numeric address every server binds and announces
+  std::string netns;               // a network namespace (ip netns) to run them in; "": ours
+  std::vector<std::string> extra;  // more redis-server arguments for every node
 };
 
 class RedisServers {

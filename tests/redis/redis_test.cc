@@ -3,12 +3,12 @@
 // replica each (multi-MiB values over every master, pipelined; MOVED from a stale map; ASK
 // during a slot migration; a master killed and its replica promoted). Skipped where Debian's
 // redis-server is not installed.
-#include "redis_conn.h"
 #include "cluster_suite.h"
+#include "redis_conn.h"
 #include "redis_servers.h"
 
-#include <kdn/common/testing/require.h>
 #include <gtest/gtest.h>
+#include <kdn/common/testing/require.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
@@ -93,7 +93,7 @@ struct Op {
   Status status;
   resp::Type type = resp::Type::kNil;
   resp::Node::Bulk bulk = resp::Node::Bulk::kKept;
-  std::string text;  // simple string, error, or kept bulk
+  std::string text;   // simple string, error, or kept bulk
   int64_t value = 0;  // an integer reply; a bulk's length
   RedisClock::time_point finished_at{};
   std::string dest;  // a sink's destination
@@ -163,11 +163,11 @@ RedisClusterOptions standalone_options(int port) {
   return o;
 }
 
-#define SKIP_WITHOUT_REDIS()                                          \
-  do {                                                                \
-    if (std::string why = testing::redis_missing(); !why.empty()) {   \
-      KDN_SKIP_OR_FAIL("REDIS", why);                                 \
-    }                                                                 \
+#define SKIP_WITHOUT_REDIS()                                        \
+  do {                                                              \
+    if (std::string why = testing::redis_missing(); !why.empty()) { \
+      KDN_SKIP_OR_FAIL("REDIS", why);                               \
+    }                                                               \
   } while (0)
 
 // ---- standalone ----------------------------------------------------------------------------
@@ -175,8 +175,8 @@ RedisClusterOptions standalone_options(int port) {
 TEST(RedisStandalone, AuthSetGetAndUnixSocket) {
   SKIP_WITHOUT_REDIS();
   std::string why;
-  auto server = RedisServers::standalone({"--requirepass", "s3cret", "--unixsocket", "{dir}/redis.sock",
-                                          "--unixsocketperm", "700"}, &why);
+  auto server = RedisServers::standalone(
+      {"--requirepass", "s3cret", "--unixsocket", "{dir}/redis.sock", "--unixsocketperm", "700"}, &why);
   ASSERT_TRUE(server) << why;
   int port = server->servers()[0].port;
   std::string value = value_for("auth-key", 3 * kMiB + 5);
@@ -396,7 +396,8 @@ TEST_F(RedisClusterTest, FollowsMovedFromAStaleMap) {
   get_all(keys, values);
   EXPECT_GT(client_->redirects(), 0u);
   // A refresh restores the whole map.
-  ASSERT_TRUE(loop_->run_until([&] { return client_->refreshes() > refreshes && client_->slot_map()->masters().size() == 3; }, 3s));
+  ASSERT_TRUE(loop_->run_until(
+      [&] { return client_->refreshes() > refreshes && client_->slot_map()->masters().size() == 3; }, 3s));
   for (const std::string& k : keys) EXPECT_EQ(owner_port(k), good.masters()[good.owner(key_slot(k))].port);
 }
 
@@ -416,8 +417,10 @@ TEST_F(RedisClusterTest, FollowsAskDuringASlotMigration) {
     return s.substr(0, s.find_first_of("\r\n"));
   };
   std::string source_id = id(source), target_id = id(target);
-  ASSERT_NE(servers_->cli(target, "CLUSTER SETSLOT " + std::to_string(slot) + " IMPORTING " + source_id).find("OK"), std::string::npos);
-  ASSERT_NE(servers_->cli(source, "CLUSTER SETSLOT " + std::to_string(slot) + " MIGRATING " + target_id).find("OK"), std::string::npos);
+  ASSERT_NE(servers_->cli(target, "CLUSTER SETSLOT " + std::to_string(slot) + " IMPORTING " + source_id).find("OK"),
+            std::string::npos);
+  ASSERT_NE(servers_->cli(source, "CLUSTER SETSLOT " + std::to_string(slot) + " MIGRATING " + target_id).find("OK"),
+            std::string::npos);
   // The key is not on the source, so the source answers ASK; the client asks the target.
   std::string value = value_for(key, 2 * kMiB);
   set_all({key}, {value});

@@ -10,16 +10,16 @@
 // that decodes to other bytes is a counted miss. Without a server: stale placements are
 // refused and an unreachable store fails reads within the deadline. Skipped where Debian's
 // redis-server is not installed.
+#include "remote_tier.h"
 #include "cluster_suite.h"
 #include "redis_servers.h"
-#include "remote_tier.h"
 
 #include <kdn/common/model_presets.h>
 #include <kdn/kernels/codec.h>
 #include <kdn/kernels/synthetic.h>
 
-#include <kdn/common/testing/require.h>
 #include <gtest/gtest.h>
+#include <kdn/common/testing/require.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <unistd.h>
@@ -104,8 +104,8 @@ class Driver {
     }
   }
   bool wait_all(const std::vector<TransferId>& ids, std::chrono::milliseconds limit) {
-    return run_until([&] { return std::all_of(ids.begin(), ids.end(), [&](TransferId id) { return done_.count(id) > 0; }); },
-                     limit);
+    return run_until(
+        [&] { return std::all_of(ids.begin(), ids.end(), [&](TransferId id) { return done_.count(id) > 0; }); }, limit);
   }
   const Done& done(TransferId id) const { return done_.at(id); }
   size_t completions() const { return done_.size(); }
@@ -284,7 +284,8 @@ class RawClient {
 };
 
 // A value as a writer of `fingerprint` would make it for `key`.
-std::vector<std::byte> make_value(const kdn_key& key, const kdn_key& fingerprint, const std::vector<std::byte>& payload) {
+std::vector<std::byte> make_value(const kdn_key& key, const kdn_key& fingerprint,
+                                  const std::vector<std::byte>& payload) {
   std::vector<std::byte> v(remote::kHeaderBytes + payload.size());
   remote::ValueHeader h;
   h.key = key;
@@ -335,7 +336,8 @@ remote::ValueHeader header_of(const std::vector<std::byte>& value) {
   remote::ValueHeader h;
   EXPECT_GE(value.size(), remote::kHeaderBytes);
   if (value.size() < remote::kHeaderBytes) return h;
-  Status st = remote::decode_header(std::span<const std::byte, remote::kHeaderBytes>(value.data(), remote::kHeaderBytes), &h);
+  Status st =
+      remote::decode_header(std::span<const std::byte, remote::kHeaderBytes>(value.data(), remote::kHeaderBytes), &h);
   EXPECT_TRUE(st.ok()) << st.what();
   return h;
 }
@@ -656,11 +658,13 @@ TEST_F(RemoteTierCluster, EveryCodecRoundTripsAndEveryReaderDecodesIt) {
       EXPECT_EQ(header_of(value).codec, codec);
       if (codec == RemoteCodec::kNone) continue;
       expected[i].bytes = reference_decode(value, m);
-      const double error = kernels::kvc1_quality(kernels::kvc1_geometry(m), chunks[i].bytes.data(),
-                                                 expected[i].bytes.data(), 1)
-                               .rel_frobenius_error;
-      if (codec == RemoteCodec::kLossless) EXPECT_TRUE(expected[i].bytes == chunks[i].bytes);
-      else EXPECT_LT(error, codec == RemoteCodec::kInt8 ? 0.02 : 0.15);
+      const double error =
+          kernels::kvc1_quality(kernels::kvc1_geometry(m), chunks[i].bytes.data(), expected[i].bytes.data(), 1)
+              .rel_frobenius_error;
+      if (codec == RemoteCodec::kLossless)
+        EXPECT_TRUE(expected[i].bytes == chunks[i].bytes);
+      else
+        EXPECT_LT(error, codec == RemoteCodec::kInt8 ? 0.02 : 0.15);
     }
     std::vector<Placement> at;
     for (const Chunk& c : chunks) at.push_back(c.placement);
@@ -679,7 +683,7 @@ TEST_F(RemoteTierCluster, EveryCodecRoundTripsAndEveryReaderDecodesIt) {
 
 TEST_F(RemoteTierCluster, ChunksGoRawWhenTheModelIsUnknownOrTheEncodersAreBusy) {
   const ModelInfo m = codec_model();
-  auto unknown = codec_tier(remote::RemoteCodec::kKivi4, nullptr);          // never told the model
+  auto unknown = codec_tier(remote::RemoteCodec::kKivi4, nullptr);                 // never told the model
   auto busy = codec_tier(remote::RemoteCodec::kLossless, &m, /*encode_queue=*/0);  // no encoder free
   ASSERT_TRUE(unknown && busy);
   uint64_t first = 800;
@@ -735,7 +739,8 @@ TEST_F(RemoteTierCluster, DamagedEncodingsAreCountedMisses) {
     std::vector<std::byte> v = values[3];
     const std::vector<std::byte> junk = chunk_bytes(3, v.size() - remote::kHeaderBytes);
     std::memcpy(v.data() + remote::kHeaderBytes, junk.data(), junk.size());
-    raw_->set(keys[3], reheader(v, [&](remote::ValueHeader& h) { h.payload_crc = remote::crc32c(junk.data(), junk.size()); }));
+    raw_->set(keys[3],
+              reheader(v, [&](remote::ValueHeader& h) { h.payload_crc = remote::crc32c(junk.data(), junk.size()); }));
   }
   // 4: longer than the chunk itself: refused from its length, never held in memory.
   raw_->set(keys[4], chunk_bytes(4, remote::kHeaderBytes + m.chunk_bytes + 4096));
@@ -904,7 +909,8 @@ TEST(RemoteTierFailover, KilledMasterFailsTransfersInFlightWithinTheDeadline) {
     EXPECT_TRUE(d.done(id).status.ok() || d.done(id).status.code() == Code::kIo) << d.done(id).status.what();
   }
   const size_t victims = size_t(std::count(on_victim.begin(), on_victim.end(), true));
-  std::printf("in flight at the kill: %zu of %zu reads failed (%zu on the dead master)\n", failed, chunks.size(), victims);
+  std::printf("in flight at the kill: %zu of %zu reads failed (%zu on the dead master)\n", failed, chunks.size(),
+              victims);
 
   // Afterwards, reads of the dead master's chunks fail within the deadline; the others give
   // their bytes or (once the cluster marks itself down) fail; no read hangs or lies.

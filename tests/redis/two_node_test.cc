@@ -13,8 +13,8 @@
 #include <kdn/kernels/codec.h>
 #include <kdn/kernels/synthetic.h>
 
-#include <kdn/common/testing/require.h>
 #include <gtest/gtest.h>
+#include <kdn/common/testing/require.h>
 
 #include <fcntl.h>
 #include <sys/wait.h>
@@ -35,8 +35,10 @@ using namespace std::chrono_literals;
 constexpr uint32_t kRemote = 3, kHost = 1;
 
 std::vector<std::string> remote_flags(int port, const char* policy = "write_through", const char* mode = "cluster") {
-  return {"--set", "tier.remote.seeds=127.0.0.1:" + std::to_string(port), "--set", std::string("tier.remote.mode=") + mode,
-          "--set", std::string("tier.remote.policy=") + policy, "--set", "tier.remote.timeout_ms=500",
+  return {"--set",       "tier.remote.seeds=127.0.0.1:" + std::to_string(port),
+          "--set",       std::string("tier.remote.mode=") + mode,
+          "--set",       std::string("tier.remote.policy=") + policy,
+          "--set",       "tier.remote.timeout_ms=500",
           "--log-level", "info"};
 }
 
@@ -87,7 +89,8 @@ std::pair<int, std::string> run_kdnd(std::vector<std::string> args) {
   char tmpl[] = "/tmp/kdn-t3-XXXXXX";
   const std::string dir = mkdtemp(tmpl);
   const std::string log = dir + "/log";
-  args.insert(args.begin(), {kdn::testing::kdnd_binary(), "--socket", dir + "/s", "--no-populate", "--host-arena-bytes", "64M"});
+  args.insert(args.begin(),
+              {kdn::testing::kdnd_binary(), "--socket", dir + "/s", "--no-populate", "--host-arena-bytes", "64M"});
   const pid_t pid = fork();
   if (pid == 0) {
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT, 0600);
@@ -170,7 +173,8 @@ TEST_F(TwoNodes, NodeBLeasesWhatNodeAPrefilledByteForByte) {
 
 TEST_F(TwoNodes, NamespacesNeverSeeEachOthersChunks) {
   auto flags = remote_flags(seed());
-  for (const char* ns : {"team-a", "team-b"}) flags.insert(flags.end(), {"--set", std::string("namespace.") + ns + ".max_bytes=64M"});
+  for (const char* ns : {"team-a", "team-b"})
+    flags.insert(flags.end(), {"--set", std::string("namespace.") + ns + ".max_bytes=64M"});
   KdndProcess a(flags, "a"), b(flags, "b");
   const auto desc = tiny_model(64);
   Conn ka(a, desc, "team-a"), kb_other(b, desc, "team-b"), kb_same(b, desc, "team-a");
@@ -245,8 +249,10 @@ TEST_F(TwoNodes, EveryCodecCrossesNodes) {
     // The stored value is the encoding: smaller than the chunk for every codec but none.
     const std::string len = servers_->cli(seed(), "-c STRLEN " + value_key(desc, 1, 0, c));
     const uint64_t stored = std::stoull(len.empty() ? "0" : len);
-    if (std::string(c) == "none") EXPECT_EQ(stored, orig[0].size() + 192);
-    else EXPECT_LT(stored, orig[0].size()) << len;
+    if (std::string(c) == "none")
+      EXPECT_EQ(stored, orig[0].size() + 192);
+    else
+      EXPECT_LT(stored, orig[0].size()) << len;
     kdn_lease* l = nullptr;
     ASSERT_EQ(kdn_retrieve_lease(kb.c, kb.m, tok.data(), tok.size(), 0, &l), KDN_OK);
     ASSERT_EQ(kdn_lease_chunks(l), 8u);
@@ -311,7 +317,8 @@ TEST(TwoNodesStandalone, AFullStoreLeavesChunksOnTheirNodeAndCommitsSucceed) {
   auto redis = RedisServers::standalone({"--maxmemory", "2mb", "--maxmemory-policy", "noeviction"}, &why);
   ASSERT_NE(redis, nullptr) << why;
   const int port = redis->servers()[0].port;
-  KdndProcess a(remote_flags(port, "write_through", "standalone"), "a"), b(remote_flags(port, "write_through", "standalone"), "b");
+  KdndProcess a(remote_flags(port, "write_through", "standalone"), "a"),
+      b(remote_flags(port, "write_through", "standalone"), "b");
   const auto desc = tiny_model(64);
   Conn ka(a, desc), kb(b, desc);
   ASSERT_TRUE(ka.ok() && kb.ok());
@@ -385,7 +392,8 @@ TEST(TwoNodesConfig, UnreachableSeedsAndAServerThatIsNoClusterStopKdndAtStart) {
   std::tie(rc, log) = run_kdnd({"--set", "tier.remote.seeds=redis.example:6379"});
   EXPECT_NE(rc, 0);
   EXPECT_NE(log.find("numeric address"), std::string::npos) << log;
-  std::tie(rc, log) = run_kdnd({"--set", "tier.remote.seeds=127.0.0.1:7000,127.0.0.1:7001", "--set", "tier.remote.mode=standalone"});
+  std::tie(rc, log) =
+      run_kdnd({"--set", "tier.remote.seeds=127.0.0.1:7000,127.0.0.1:7001", "--set", "tier.remote.mode=standalone"});
   EXPECT_NE(rc, 0);
   EXPECT_NE(log.find("exactly one server"), std::string::npos) << log;
   // The same standalone server in standalone mode: kdnd starts.

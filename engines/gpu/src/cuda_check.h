@@ -21,13 +21,13 @@ std::string driver_error_name(CUresult r);
 
 inline EngineStatus driver_status(CUresult r, const char* call) {
   if (r == CUDA_SUCCESS) return {};
-  return {r == CUDA_ERROR_OUT_OF_MEMORY ? KDN_ERR_NO_MEMORY : KDN_ERR_IO, std::string(call) + ": " + driver_error_name(r)};
+  return {r == CUDA_ERROR_OUT_OF_MEMORY ? KDN_ERR_NO_MEMORY : KDN_ERR_IO,
+          std::string(call) + ": " + driver_error_name(r)};
 }
 
 }  // namespace kdn::gpu_engine
 
-#define KDN_CUDA_TRY(call)                                                      \
-  do {                                                                          \
-    if (auto kdn_cuda_st = ::kdn::gpu_engine::cuda_status((call), #call); !kdn_cuda_st.ok()) \
-      return kdn_cuda_st;                                                       \
+#define KDN_CUDA_TRY(call)                                                                                       \
+  do {                                                                                                           \
+    if (auto kdn_cuda_st = ::kdn::gpu_engine::cuda_status((call), #call); !kdn_cuda_st.ok()) return kdn_cuda_st; \
   } while (0)

@@ -108,8 +108,9 @@ EngineStatus DeviceKv::allocate_vmm() {
   const DriverCalls& d = driver();
   if (!d.status.ok()) return d.status;
   int vmm = 0, fd_ok = 0;
-  if (auto st = driver_status(d.device_attribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device_),
-                              "cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)");
+  if (auto st =
+          driver_status(d.device_attribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device_),
+                        "cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)");
       !st.ok())
     return st;
   if (auto st = driver_status(

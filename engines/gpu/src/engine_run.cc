@@ -49,8 +49,8 @@ EngineStatus run_retrieve(EngineSession& s, const RunOptions& o, RunResult* r) {
     if (auto st = s.fill(o.seed, no_owners(s)); !st.ok()) return st;
     if (auto st = s.retrieve(p.tokens, *layout, 0, &r->loaded); !st.ok()) return st;
     if (r->loaded != p.chunks) {
-      return {KDN_ERR_NOT_FOUND, "kdn_gpu_retrieve loaded " + std::to_string(r->loaded) + " of " +
-                                     std::to_string(p.chunks) + " chunks"};
+      return {KDN_ERR_NOT_FOUND,
+              "kdn_gpu_retrieve loaded " + std::to_string(r->loaded) + " of " + std::to_string(p.chunks) + " chunks"};
     }
     uint64_t bad = 0;
     if (auto st = s.verify(o.seed, owners, &bad); !st.ok()) return st;

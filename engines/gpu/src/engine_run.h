@@ -12,7 +12,7 @@ namespace kdn::gpu_engine {
 struct RunOptions {
   uint64_t tokens = 1024;  // whole chunks
   uint64_t seed = 1;
-  uint32_t repeat = 1;     // retrieve + verify rounds
+  uint32_t repeat = 1;  // retrieve + verify rounds
 };
 
 struct RunResult {

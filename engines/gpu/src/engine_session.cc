@@ -208,9 +208,9 @@ EngineStatus EngineSession::retrieve(const std::vector<int32_t>& tokens, const E
   KDN_CUDA_TRY(cudaSetDevice(options_.device));
   // kdnd's copies run on its own streams: what we queued before (a fill) must be done first.
   if (auto st = wait(); !st.ok()) return st;
-  if (auto st = EngineStatus::from_kdn(kdn_gpu_retrieve(client_, model_, tokens.data(), tokens.size(), max_chunks,
-                                                        gpu_kv_, layout.get(), loaded),
-                                       "kdn_gpu_retrieve");
+  if (auto st = EngineStatus::from_kdn(
+          kdn_gpu_retrieve(client_, model_, tokens.data(), tokens.size(), max_chunks, gpu_kv_, layout.get(), loaded),
+          "kdn_gpu_retrieve");
       !st.ok())
     return st;
   KDN_CUDA_TRY(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), static_cast<cudaEvent_t>(done_event_), 0));

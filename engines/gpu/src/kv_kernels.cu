@@ -105,7 +105,7 @@ EngineStatus launch_fill(const PagedKvView& v, void* stream) {
   KDN_CUDA_TRY(cudaGetLastError());
   const uint64_t tail = kGuardBytes + v.shape.kv_bytes();
   guard_fill_kernel<<<grid_for(kGuardBytes + v.alloc_bytes - tail, kThreads), kThreads, 0, s>>>(v.alloc, tail,
-                                                                                             v.alloc_bytes);
+                                                                                                v.alloc_bytes);
   KDN_CUDA_TRY(cudaGetLastError());
   return {};
 }
@@ -125,7 +125,8 @@ EngineStatus launch_verify(const PagedKvView& v, unsigned long long* mismatches,
 }
 
 EngineStatus launch_read_all(const void* p, uint64_t bytes, unsigned long long* sink, void* stream) {
-  if (!p || !sink || bytes % 16) return {KDN_ERR_INVALID_ARGUMENT, "read_all: null pointer or bytes not a multiple of 16"};
+  if (!p || !sink || bytes % 16)
+    return {KDN_ERR_INVALID_ARGUMENT, "read_all: null pointer or bytes not a multiple of 16"};
   const uint64_t n = bytes / 16;
   int device = 0, sms = 0;
   KDN_CUDA_TRY(cudaGetDevice(&device));

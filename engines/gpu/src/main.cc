@@ -78,7 +78,8 @@ int main(int argc, char** argv) {
   CLI::App app{"kdn-gpu-engine: a paged KV cache on a GPU, registered with kdnd"};
   app.add_option("--mode", o.mode, "store | retrieve | both | stale")
       ->check(CLI::IsMember({"store", "retrieve", "both", "stale"}));
-  app.add_option("--alloc", o.alloc, "ipc (cudaMalloc) | vmm (cuMemCreate, POSIX fd)")->check(CLI::IsMember({"ipc", "vmm"}));
+  app.add_option("--alloc", o.alloc, "ipc (cudaMalloc) | vmm (cuMemCreate, POSIX fd)")
+      ->check(CLI::IsMember({"ipc", "vmm"}));
   app.add_option("--socket", o.session.socket_path, "kdnd's socket (default: libkdn's)");
   app.add_option("--namespace", o.session.name_space, "namespace (created if missing)");
   app.add_option("--model", o.session.model, "model preset")->check(CLI::IsMember({"llama3-8b", "smollm2-135m"}));

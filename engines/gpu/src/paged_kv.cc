@@ -43,15 +43,18 @@ BlockTables store_and_retrieve_tables(uint32_t num_blocks, uint32_t count, uint6
   // distinct, so neither of the two lands on its stored block afterwards.
   for (uint32_t i = 0; i < count; ++i) {
     if (t.retrieve[i] != t.store[i]) continue;
-    if (count >= 2) std::swap(t.retrieve[i], t.retrieve[(i + 1) % count]);
-    else t.retrieve[i] = (t.store[i] + 1) % int32_t(num_blocks);
+    if (count >= 2)
+      std::swap(t.retrieve[i], t.retrieve[(i + 1) % count]);
+    else
+      t.retrieve[i] = (t.store[i] + 1) % int32_t(num_blocks);
   }
   return t;
 }
 
 std::vector<int64_t> slot_mapping(const std::vector<int32_t>& table, uint64_t n_tokens, uint32_t block_size) {
   std::vector<int64_t> slots(n_tokens);
-  for (uint64_t t = 0; t < n_tokens; ++t) slots[t] = int64_t(table[t / block_size]) * block_size + int64_t(t % block_size);
+  for (uint64_t t = 0; t < n_tokens; ++t)
+    slots[t] = int64_t(table[t / block_size]) * block_size + int64_t(t % block_size);
   return slots;
 }
 
@@ -117,9 +120,12 @@ uint64_t count_mismatches_host(const uint16_t* kv, const PagedKvShape& shape, ui
 }
 
 bool parse_alloc_kind(std::string_view text, AllocKind* out) noexcept {
-  if (text == "ipc") *out = AllocKind::kIpc;
-  else if (text == "vmm") *out = AllocKind::kVmm;
-  else return false;
+  if (text == "ipc")
+    *out = AllocKind::kIpc;
+  else if (text == "vmm")
+    *out = AllocKind::kVmm;
+  else
+    return false;
   return true;
 }
 
@@ -136,8 +142,7 @@ void fill_canonical_chunk(uint16_t* dst, const PagedKvShape& shape, uint32_t chu
     for (uint32_t p = 0; p < 2; ++p)
       for (uint32_t t = 0; t < chunk_tokens; ++t)
         for (uint32_t h = 0; h < shape.kv_heads; ++h)
-          for (uint32_t d = 0; d < shape.head_dim; ++d)
-            *dst++ = kv_pattern(seed, l, p, first + t, h, d);
+          for (uint32_t d = 0; d < shape.head_dim; ++d) *dst++ = kv_pattern(seed, l, p, first + t, h, d);
 }
 
 }  // namespace kdn::gpu_engine

@@ -49,7 +49,8 @@ TEST(BlockTables, RetrieveNeverUsesTheStoredBlockOfAToken) {
         ASSERT_EQ(t.retrieve.size(), count);
         EXPECT_EQ(std::set<int32_t>(t.retrieve.begin(), t.retrieve.end()).size(), count);
         if (blocks < 2) continue;
-        for (uint32_t i = 0; i < count; ++i) EXPECT_NE(t.store[i], t.retrieve[i]) << blocks << " " << count << " " << seed;
+        for (uint32_t i = 0; i < count; ++i)
+          EXPECT_NE(t.store[i], t.retrieve[i]) << blocks << " " << count << " " << seed;
       }
     }
   }
@@ -144,8 +145,10 @@ TEST(Pattern, StoreThenRetrieveIntoOtherBlocksVerifies) {
   const PagedKvShape s = shape_for(desc, 40, 4);
   const BlockTables tables = store_and_retrieve_tables(s.num_blocks, uint32_t(tokens / s.block_size), seed);
   std::vector<uint16_t> store_cache(s.kv_bytes() / 2), engine_cache(s.kv_bytes() / 2);
-  EngineLayout from(s, reinterpret_cast<uint64_t>(store_cache.data()), slot_mapping(tables.store, tokens, 4), desc.dtype);
-  EngineLayout to(s, reinterpret_cast<uint64_t>(engine_cache.data()), slot_mapping(tables.retrieve, tokens, 4), desc.dtype);
+  EngineLayout from(s, reinterpret_cast<uint64_t>(store_cache.data()), slot_mapping(tables.store, tokens, 4),
+                    desc.dtype);
+  EngineLayout to(s, reinterpret_cast<uint64_t>(engine_cache.data()), slot_mapping(tables.retrieve, tokens, 4),
+                  desc.dtype);
   const auto store_owners = slot_owners(from.slots(), s.slots());
   const auto retrieve_owners = slot_owners(to.slots(), s.slots());
   const std::vector<int32_t> none(s.slots(), -1);

@@ -73,19 +73,26 @@ void remove_positions(llama_memory_t mem, std::span<const uint32_t> positions) {
 
 std::string_view blend_policy_name(BlendPolicy p) noexcept {
   switch (p) {
-    case BlendPolicy::kNone: return "none";
-    case BlendPolicy::kHkvd: return "hkvd";
-    case BlendPolicy::kBoundary: return "boundary";
-    case BlendPolicy::kAll: return "all";
+    case BlendPolicy::kNone:
+      return "none";
+    case BlendPolicy::kHkvd:
+      return "hkvd";
+    case BlendPolicy::kBoundary:
+      return "boundary";
+    case BlendPolicy::kAll:
+      return "all";
   }
   return "unknown";
 }
 
 std::string_view blend_deviation_name(BlendDeviation d) noexcept {
   switch (d) {
-    case BlendDeviation::kK: return "k";
-    case BlendDeviation::kV: return "v";
-    case BlendDeviation::kKV: return "kv";
+    case BlendDeviation::kK:
+      return "k";
+    case BlendDeviation::kV:
+      return "v";
+    case BlendDeviation::kKV:
+      return "kv";
   }
   return "unknown";
 }
@@ -239,9 +246,11 @@ Status Engine::check_loaded_finite(std::span<const int64_t> cells, uint32_t scra
       size_t j = i + 1;
       while (j < cells.size() && cells[j] == cells[j - 1] + 1) ++j;
       const uint64_t c0 = uint64_t(cells[i]), n = j - i;
-      if (!copy_finite(g.type, nullptr, k + c0 * row, n * row)) return Status(Code::kCorrupt, "a segment holds a non-finite value");
+      if (!copy_finite(g.type, nullptr, k + c0 * row, n * row))
+        return Status(Code::kCorrupt, "a segment holds a non-finite value");
       if (!g.v_trans) {
-        if (!copy_finite(g.type, nullptr, v + c0 * row, n * row)) return Status(Code::kCorrupt, "a segment holds a non-finite value");
+        if (!copy_finite(g.type, nullptr, v + c0 * row, n * row))
+          return Status(Code::kCorrupt, "a segment holds a non-finite value");
       } else {
         for (uint64_t ch = 0; ch < row / elem; ++ch)
           if (!copy_finite(g.type, nullptr, v + (ch * kv_cells_ + c0) * elem, n * elem))
@@ -254,7 +263,8 @@ Status Engine::check_loaded_finite(std::span<const int64_t> cells, uint32_t scra
 }
 
 Status Engine::blend_compute_segments(const RagPrompt& p, std::span<const SegmentRef> refs,
-                                      std::span<const size_t> missing, ChunkCache& store, RequestStats& stats) noexcept {
+                                      std::span<const size_t> missing, ChunkCache& store,
+                                      RequestStats& stats) noexcept {
   llama_memory_t mem = llama_get_memory(ctx_);
   const uint32_t b = static_cast<uint32_t>(p.head.size());
   llama_memory_seq_rm(mem, kScratch, -1, -1);
@@ -269,8 +279,10 @@ Status Engine::blend_compute_segments(const RagPrompt& p, std::span<const Segmen
     if (st.ok()) {
       const kdn_engine_layout src = cache_layout(cells_.data() + b, 0);
       Result<uint32_t> stored = store.store_segment(refs[i], src);
-      if (stored.ok()) stats.blend.chunks_stored += *stored;
-      else st = stored.status();
+      if (stored.ok())
+        stats.blend.chunks_stored += *stored;
+      else
+        st = stored.status();
     }
     stats.blend.segment_store_s += seconds_between(t1, now_ns());
     llama_memory_seq_rm(mem, kScratch, static_cast<llama_pos>(b), -1);
@@ -369,7 +381,8 @@ Result<std::vector<uint32_t>> Engine::blend_select(const RagPrompt& p, const Ble
   std::vector<uint32_t> sel;
   try {
     switch (o.policy) {
-      case BlendPolicy::kNone: break;
+      case BlendPolicy::kNone:
+        break;
       case BlendPolicy::kAll:
         sel.resize(end - b);
         std::iota(sel.begin(), sel.end(), b);
@@ -541,7 +554,8 @@ Result<Generation> Engine::generate_blend(const RagPrompt& prompt, uint32_t n_pr
   stats.tokens_reused = bs.used ? static_cast<uint32_t>(bs.tokens_loaded - bs.tokens_recomputed) : 0;
   stats.tokens_computed = static_cast<uint32_t>(tokens.size()) - stats.tokens_reused;
   stats.retrieve_s = bs.lookup_s + bs.retrieve_s;
-  stats.prefill_s = bs.used ? bs.segment_prefill_s + bs.place_s + bs.select_s + bs.recompute_s : seconds_between(t0, t1);
+  stats.prefill_s =
+      bs.used ? bs.segment_prefill_s + bs.place_s + bs.select_s + bs.recompute_s : seconds_between(t0, t1);
   gen.first_logits.assign(logits.begin(), logits.end());
   gen.tokens.push_back(token);
   KDN_RETURN_IF_ERROR(decode_greedy(gen.tokens, n_predict));

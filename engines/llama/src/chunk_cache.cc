@@ -12,8 +12,7 @@ namespace {
 
 class MemoryLease final : public ChunkLease {
  public:
-  explicit MemoryLease(std::vector<std::span<const uint8_t>> chunks) noexcept
-      : chunks_(std::move(chunks)) {}
+  explicit MemoryLease(std::vector<std::span<const uint8_t>> chunks) noexcept : chunks_(std::move(chunks)) {}
   uint32_t chunks() const noexcept override { return static_cast<uint32_t>(chunks_.size()); }
   std::span<const uint8_t> chunk(uint32_t i) const noexcept override {
     return i < chunks_.size() ? chunks_[i] : std::span<const uint8_t>();
@@ -54,7 +53,8 @@ class MemoryReservation final : public ChunkReservation {
 Status check_segment(const SegmentRef& s) {
   if (s.tokens.empty() || s.tokens.size() > kMaxSegmentTokens)
     return Status(Code::kInvalidArgument, "segment: 1 .. 2^24 tokens");
-  if (s.base_pos < 0 || s.base_pos > kMaxPosition) return Status(Code::kInvalidArgument, "segment: base_pos out of range");
+  if (s.base_pos < 0 || s.base_pos > kMaxPosition)
+    return Status(Code::kInvalidArgument, "segment: base_pos out of range");
   return OkStatus();
 }
 
@@ -101,8 +101,7 @@ Result<std::unique_ptr<ChunkLease>> MemoryChunkCache::retrieve(std::span<const i
 }
 
 Result<std::unique_ptr<ChunkReservation>> MemoryChunkCache::reserve(std::span<const int32_t> tokens,
-                                                                    uint32_t first_chunk,
-                                                                    uint32_t n_chunks) noexcept {
+                                                                    uint32_t first_chunk, uint32_t n_chunks) noexcept {
   if (uint64_t{first_chunk} + n_chunks > tokens.size() / model_.chunk_tokens)
     return Status(Code::kInvalidArgument, "reservation beyond the whole chunks of the tokens");
   std::vector<kdn_key> all = keys(tokens, first_chunk + n_chunks);

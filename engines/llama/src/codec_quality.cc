@@ -54,7 +54,8 @@ Status score(Engine& e, std::span<const std::span<const uint8_t>> chunks, std::s
       out.nll_sum -= logits[static_cast<size_t>(eval[i + 1])] - log_z;
       ++out.nll_count;
     }
-    const std::span<float> log_probs = reference ? std::span(scratch) : std::span(out.log_probs).subspan(i * vocab, vocab);
+    const std::span<float> log_probs =
+        reference ? std::span(scratch) : std::span(out.log_probs).subspan(i * vocab, vocab);
     for (size_t j = 0; j < vocab; ++j) log_probs[j] = static_cast<float>(logits[j] - log_z);
     if (reference) out.kl_sum += kl_divergence(std::span(reference->log_probs).subspan(i * vocab, vocab), log_probs);
   };
@@ -86,8 +87,8 @@ Status codec_round_trip(const Engine& e, std::span<const std::span<const uint8_t
     KDN_RETURN_IF_ERROR(kernels::kvc1_encode(geo, info->fingerprint, exact[c].data(), chunk_config, blob.data(), cap,
                                              &written, scratch.data(), scratch.size()));
     decoded[c].resize(exact[c].size());
-    KDN_RETURN_IF_ERROR(kernels::kvc1_decode(blob.data(), written, geo, info->fingerprint, decoded[c].data(),
-                                             decoded[c].size()));
+    KDN_RETURN_IF_ERROR(
+        kernels::kvc1_decode(blob.data(), written, geo, info->fingerprint, decoded[c].data(), decoded[c].size()));
     const kernels::CodecQuality q = kernels::kvc1_quality(geo, exact[c].data(), decoded[c].data(), written);
     report.rel_frobenius_error = std::max(report.rel_frobenius_error, q.rel_frobenius_error);
     report.cosine_min = std::min(report.cosine_min, q.cosine_min);
@@ -99,8 +100,7 @@ Status codec_round_trip(const Engine& e, std::span<const std::span<const uint8_t
 }
 
 // The one-ulp control: flips the lowest bit of a fixed pseudo-random half of the elements.
-std::vector<std::vector<uint8_t>> flip_last_bits(std::span<const std::span<const uint8_t>> exact,
-                                                 uint32_t elem_bytes) {
+std::vector<std::vector<uint8_t>> flip_last_bits(std::span<const std::span<const uint8_t>> exact, uint32_t elem_bytes) {
   std::vector<std::vector<uint8_t>> out(exact.size());
   uint64_t state = 0x9E3779B97F4A7C15ull;  // xorshift64: the same pattern on every machine
   for (size_t c = 0; c < exact.size(); ++c) {
@@ -128,7 +128,8 @@ std::vector<double> flip_margins(const Scores& reference, const Scores& run, siz
   for (size_t i = 0; i < reference.top1.size(); ++i) {
     if (reference.top1[i] == run.top1[i]) continue;
     const float* lp = reference.log_probs.data() + i * vocab;
-    out.push_back(std::exp(static_cast<double>(lp[reference.top1[i]])) - std::exp(static_cast<double>(lp[run.top1[i]])));
+    out.push_back(std::exp(static_cast<double>(lp[reference.top1[i]])) -
+                  std::exp(static_cast<double>(lp[run.top1[i]])));
   }
   return out;
 }
@@ -192,7 +193,8 @@ void splice_plane(std::span<const std::span<const uint8_t>> exact, const std::ve
   const size_t at = (size_t{layer} * 2 + plane) * plane_bytes;
   for (size_t c = 0; c < exact.size(); ++c) {
     out[c].assign(exact[c].begin(), exact[c].end());
-    std::copy_n(decoded[c].begin() + static_cast<ptrdiff_t>(at), plane_bytes, out[c].begin() + static_cast<ptrdiff_t>(at));
+    std::copy_n(decoded[c].begin() + static_cast<ptrdiff_t>(at), plane_bytes,
+                out[c].begin() + static_cast<ptrdiff_t>(at));
   }
 }
 
@@ -236,8 +238,7 @@ Result<std::vector<CodecQualityReport>> measure_codec_quality(Engine& engine,
   return reports;
 }
 
-Result<CodecQualityReport> measure_codec_quality(Engine& engine,
-                                                 std::span<const std::span<const uint8_t>> exact,
+Result<CodecQualityReport> measure_codec_quality(Engine& engine, std::span<const std::span<const uint8_t>> exact,
                                                  std::span<const int32_t> eval,
                                                  const kernels::CodecConfig& config) noexcept {
   Result<std::vector<CodecQualityReport>> r = measure_codec_quality(engine, exact, eval, std::span(&config, 1));

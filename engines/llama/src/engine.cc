@@ -92,10 +92,10 @@ Status Engine::init(const EngineOptions& opts) noexcept {
 
   llama_context_params cp = llama_context_default_params();
   cp.n_ctx = opts.n_ctx;
-  cp.n_batch = opts.chunk_tokens;   // one chunk per llama_decode, one ubatch per chunk
+  cp.n_batch = opts.chunk_tokens;  // one chunk per llama_decode, one ubatch per chunk
   cp.n_ubatch = opts.chunk_tokens;
-  cp.n_seq_max = kSeqMax;           // the request's sequence and the scratch
-  cp.kv_unified = true;             // so seq_cp to the scratch sequence copies no data
+  cp.n_seq_max = kSeqMax;  // the request's sequence and the scratch
+  cp.kv_unified = true;    // so seq_cp to the scratch sequence copies no data
   cp.flash_attn_type = opts.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
   cp.type_k = GGML_TYPE_F16;
   cp.type_v = GGML_TYPE_F16;
@@ -222,8 +222,7 @@ Status Engine::decode_one(int32_t token, uint32_t pos) noexcept {
   return OkStatus();
 }
 
-Status Engine::prefill(std::span<const int32_t> tokens, uint32_t first_pos,
-                       const LogitsSink& sink) noexcept {
+Status Engine::prefill(std::span<const int32_t> tokens, uint32_t first_pos, const LogitsSink& sink) noexcept {
   if (!sink) return prefill_seq(tokens, first_pos, kSeq, true);
   const uint32_t t = opts_.chunk_tokens;
   if (uint64_t{first_pos} + tokens.size() > llama_n_ctx(ctx_))
@@ -333,7 +332,7 @@ Status Engine::extract_chunks(uint32_t first, std::span<const std::span<uint8_t>
   llama_memory_seq_cp(mem, kSeq, kScratch, static_cast<llama_pos>(p0), static_cast<llama_pos>(p0 + cells));
   const size_t size = llama_state_seq_get_size(ctx_, kScratch);
   Status st = size == seq_blob_bytes(g, cells) ? size_blob(size)
-                                                : Status(Code::kInternal, "scratch sequence has an unexpected size");
+                                               : Status(Code::kInternal, "scratch sequence has an unexpected size");
   if (st.ok() && llama_state_seq_get_data(ctx_, blob_.data(), size, kScratch) != size)
     st = Status(Code::kInternal, "llama.cpp did not write the KV blob");
   llama_memory_seq_rm(mem, kScratch, -1, -1);

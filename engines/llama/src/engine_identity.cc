@@ -75,10 +75,18 @@ Result<KvGeometry> geometry_of(const llama_model* model, const EngineOptions& op
 // in llama.cpp channel order: GPT-J pairing, k_channel_order = 1.
 Status describe_rope(const llama_model* model, kdn_model_desc& d) {
   switch (llama_model_rope_type(model)) {
-    case LLAMA_ROPE_TYPE_NONE: d.rope_style = KDN_ROPE_NONE; break;
-    case LLAMA_ROPE_TYPE_NORM: d.rope_style = KDN_ROPE_GPTJ; d.k_channel_order = 1; break;
-    case LLAMA_ROPE_TYPE_NEOX: d.rope_style = KDN_ROPE_NEOX; break;
-    default: return Status(Code::kUnsupported, "multi-section RoPE models are not supported");
+    case LLAMA_ROPE_TYPE_NONE:
+      d.rope_style = KDN_ROPE_NONE;
+      break;
+    case LLAMA_ROPE_TYPE_NORM:
+      d.rope_style = KDN_ROPE_GPTJ;
+      d.k_channel_order = 1;
+      break;
+    case LLAMA_ROPE_TYPE_NEOX:
+      d.rope_style = KDN_ROPE_NEOX;
+      break;
+    default:
+      return Status(Code::kUnsupported, "multi-section RoPE models are not supported");
   }
   d.rotary_dim = meta_u32(model, "rope.dimension_count", d.head_dim);
   d.rope_theta = meta_f64(model, "rope.freq_base", 10000.0);
@@ -97,8 +105,7 @@ std::string engine_config(const KvGeometry& g) {
   s += ";cpu=" + std::string(llama_print_system_info());
   s += ";k=f16;v=f16;v_trans=" + std::to_string(g.v_trans);
   s += ";n_stream=" + std::to_string(g.n_stream);
-  s += ";layers=" + std::to_string(g.n_layer) + "x" + std::to_string(g.n_kv_heads) + "x" +
-       std::to_string(g.head_dim);
+  s += ";layers=" + std::to_string(g.n_layer) + "x" + std::to_string(g.n_kv_heads) + "x" + std::to_string(g.head_dim);
   return s;
 }
 

@@ -63,8 +63,8 @@ uint32_t Engine::load_cached_prefix(std::span<const int32_t> prompt, ChunkCache&
   return n * t;
 }
 
-void Engine::store_new_chunks(std::span<const int32_t> prompt, uint32_t first_chunk,
-                              ChunkCache& store, RequestStats& stats) noexcept {
+void Engine::store_new_chunks(std::span<const int32_t> prompt, uint32_t first_chunk, ChunkCache& store,
+                              RequestStats& stats) noexcept {
   const uint32_t total = static_cast<uint32_t>(prompt.size() / identity_.geometry.chunk_tokens);
   if (first_chunk >= total) return;
   const uint64_t t0 = now_ns();
@@ -96,8 +96,7 @@ void Engine::store_new_chunks(std::span<const int32_t> prompt, uint32_t first_ch
   stats.store_s = seconds_between(t0, now_ns());
 }
 
-Result<Generation> Engine::generate(std::span<const int32_t> prompt, uint32_t n_predict,
-                                    ChunkCache* store) noexcept {
+Result<Generation> Engine::generate(std::span<const int32_t> prompt, uint32_t n_predict, ChunkCache* store) noexcept {
   if (prompt.empty() || n_predict == 0) return Status(Code::kInvalidArgument, "empty prompt or nothing to predict");
   if (prompt.size() + n_predict > llama_n_ctx(ctx_))
     return Status(Code::kInvalidArgument, "prompt and answer do not fit in the context");

@@ -39,8 +39,8 @@ class EvalHooks {
   OverlappedLoad* overlap_ = nullptr;
   bool armed_ = false;
   int32_t layer_ = -1;
-  uint32_t writes_ = 0;   // cache writes of layer_ seen in the current graph
-  bool first_ = true;     // the next node asked about is the graph's first
+  uint32_t writes_ = 0;  // cache writes of layer_ seen in the current graph
+  bool first_ = true;    // the next node asked about is the graph's first
   uint32_t stops_ = 0;
 };
 

@@ -60,8 +60,7 @@ Status from_kdn(int rc, const char* what) noexcept {
 
 Result<std::unique_ptr<KdnChunkCache>> KdnChunkCache::connect(const kdn_model_desc& desc,
                                                               const std::string& socket_path,
-                                                              const std::string& name_space,
-                                                              bool create,
+                                                              const std::string& name_space, bool create,
                                                               const std::string& token) noexcept {
   kdn_connect_opts opts{};
   opts.struct_size = sizeof opts;
@@ -100,13 +99,12 @@ Result<std::unique_ptr<ChunkLease>> KdnChunkCache::retrieve(std::span<const int3
   return l;
 }
 
-Result<std::unique_ptr<ChunkReservation>> KdnChunkCache::reserve(std::span<const int32_t> tokens,
-                                                                 uint32_t first_chunk,
+Result<std::unique_ptr<ChunkReservation>> KdnChunkCache::reserve(std::span<const int32_t> tokens, uint32_t first_chunk,
                                                                  uint32_t n_chunks) noexcept {
   kdn_store* store = nullptr;
-  KDN_RETURN_IF_ERROR(from_kdn(kdn_store_reserve(client_, model_, tokens.data(), tokens.size(), first_chunk,
-                                                 n_chunks, &store),
-                               "kdn_store_reserve failed"));
+  KDN_RETURN_IF_ERROR(
+      from_kdn(kdn_store_reserve(client_, model_, tokens.data(), tokens.size(), first_chunk, n_chunks, &store),
+               "kdn_store_reserve failed"));
   std::unique_ptr<ChunkReservation> r(new (std::nothrow) KdnReservation(client_, store, kdn_model_chunk_bytes(model_)));
   if (!r) {
     (void)kdn_store_abort(client_, store);
@@ -142,10 +140,12 @@ Result<std::vector<SegmentHits>> KdnChunkCache::lookup_segments(std::span<const 
     const std::vector<kdn_segment> abi = to_abi(segs);
     std::vector<kdn_segment_hits> hits(abi.size());
     size_t chunks = 0;
-    for (const SegmentRef& s : segs) chunks += (s.tokens.size() + kdn_model_chunk_tokens(model_) - 1) / kdn_model_chunk_tokens(model_);
+    for (const SegmentRef& s : segs)
+      chunks += (s.tokens.size() + kdn_model_chunk_tokens(model_) - 1) / kdn_model_chunk_tokens(model_);
     std::vector<uint8_t> map(chunks);
-    KDN_RETURN_IF_ERROR(from_kdn(kdn_segment_lookup(client_, model_, abi.data(), abi.size(), hits.data(), map.data(), map.size()),
-                                 "kdn_segment_lookup failed"));
+    KDN_RETURN_IF_ERROR(
+        from_kdn(kdn_segment_lookup(client_, model_, abi.data(), abi.size(), hits.data(), map.data(), map.size()),
+                 "kdn_segment_lookup failed"));
     std::vector<SegmentHits> out(hits.size());
     for (size_t i = 0; i < hits.size(); ++i)
       out[i] = SegmentHits{hits[i].chunks, hits[i].cached_chunks, hits[i].leading_chunks, hits[i].cached_tokens};
@@ -158,7 +158,8 @@ Result<std::vector<SegmentHits>> KdnChunkCache::lookup_segments(std::span<const 
 Result<uint32_t> KdnChunkCache::store_segment(const SegmentRef& seg, const kdn_engine_layout& src) noexcept {
   const kdn_segment abi = to_abi({&seg, 1})[0];
   uint32_t stored = 0;
-  KDN_RETURN_IF_ERROR(from_kdn(kdn_segment_store_from(client_, model_, &abi, &src, &stored), "kdn_segment_store_from failed"));
+  KDN_RETURN_IF_ERROR(
+      from_kdn(kdn_segment_store_from(client_, model_, &abi, &src, &stored), "kdn_segment_store_from failed"));
   return stored;
 }
 
@@ -168,8 +169,9 @@ Status KdnChunkCache::retrieve_segments(std::span<const SegmentRef> segs, std::s
     return Status(Code::kInvalidArgument, "segment: one target and one count per segment");
   try {
     const std::vector<kdn_segment> abi = to_abi(segs);
-    return from_kdn(kdn_segment_retrieve_to(client_, model_, abi.data(), abi.size(), target.data(), &dst, loaded.data()),
-                    "kdn_segment_retrieve_to failed");
+    return from_kdn(
+        kdn_segment_retrieve_to(client_, model_, abi.data(), abi.size(), target.data(), &dst, loaded.data()),
+        "kdn_segment_retrieve_to failed");
   } catch (const std::bad_alloc&) {
     return Status(Code::kNoMemory, "segment retrieve");
   }

@@ -11,9 +11,7 @@
 namespace kdn::llama {
 namespace {
 
-llama_kv_cache* plain_cache(llama_context* ctx) {
-  return dynamic_cast<llama_kv_cache*>(llama_get_memory(ctx));
-}
+llama_kv_cache* plain_cache(llama_context* ctx) { return dynamic_cast<llama_kv_cache*>(llama_get_memory(ctx)); }
 
 bool host_f16(const ggml_tensor* t) {
   return t != nullptr && t->data != nullptr && t->type == GGML_TYPE_F16 && t->buffer != nullptr &&
@@ -45,7 +43,8 @@ Status kv_tensors(llama_context* ctx, uint32_t n_layer, KvTensors* out) noexcept
       ggml_tensor* view = kv->get_v(g, int32_t(l), kv->get_size(), si);
       ggml_tensor* v = view != nullptr && view->view_src != nullptr ? view->view_src : view;
       ggml_free(g);
-      if (!host_f16(k) || !host_f16(v)) return Status(Code::kUnsupported, "KV cache tensors are not f16 in host memory");
+      if (!host_f16(k) || !host_f16(v))
+        return Status(Code::kUnsupported, "KV cache tensors are not f16 in host memory");
       out->k[l] = static_cast<uint8_t*>(k->data);
       out->v[l] = static_cast<uint8_t*>(v->data);
     }

@@ -20,8 +20,9 @@ Status dump_kv_chunks(Engine& engine, uint32_t n_chunks, const std::string& dir)
   geo.kv_heads = g.n_kv_heads;
   geo.head_dim = g.head_dim;
   geo.tokens = g.chunk_tokens;
-  geo.dtype = g.type == KvType::kF32 ? kernels::DType::kF32
-              : g.type == KvType::kBF16 ? kernels::DType::kBF16 : kernels::DType::kF16;
+  geo.dtype = g.type == KvType::kF32    ? kernels::DType::kF32
+              : g.type == KvType::kBF16 ? kernels::DType::kBF16
+                                        : kernels::DType::kF16;
   std::vector<uint8_t> chunk(g.chunk_bytes());
   for (uint32_t c = 0; c < n_chunks; ++c) {
     std::span<uint8_t> out[1] = {chunk};

@@ -99,12 +99,14 @@ void add_flags(CLI::App& app, CliOptions& o) {
   app.add_option("--chunk-tokens", o.engine.chunk_tokens, "kdn chunk size and prefill batch")->capture_default_str();
   app.add_option("--threads", o.engine.n_threads, "compute threads (0: all)")->capture_default_str();
   app.add_flag("!--no-flash-attn", o.engine.flash_attn, "run without flash attention (V transposed)");
-  const std::map<std::string, kdn::llama::LoadOverlap> overlap = {
-      {"auto", kdn::llama::LoadOverlap::kAuto}, {"on", kdn::llama::LoadOverlap::kOn}, {"off", kdn::llama::LoadOverlap::kOff}};
+  const std::map<std::string, kdn::llama::LoadOverlap> overlap = {{"auto", kdn::llama::LoadOverlap::kAuto},
+                                                                  {"on", kdn::llama::LoadOverlap::kOn},
+                                                                  {"off", kdn::llama::LoadOverlap::kOff}};
   app.add_option_function<std::string>(
          "--load-overlap",
          [&o, overlap](const std::string& v) {
-           if (auto it = overlap.find(CLI::detail::to_lower(v)); it != overlap.end()) o.engine.load_overlap = it->second;
+           if (auto it = overlap.find(CLI::detail::to_lower(v)); it != overlap.end())
+             o.engine.load_overlap = it->second;
          },
          "copy a hit's KV beside the prefill, layer by layer: auto (when --threads leaves a core free), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}, CLI::ignore_case).description(""))
@@ -164,31 +166,33 @@ std::unique_ptr<kdn::llama::ChunkCache> open_store(const CliOptions& o, const kd
   return std::move(s.value());
 }
 
-void print_text(const kdn::llama::Engine& e, size_t prompt_tokens,
-                const std::string& cache_state, const kdn::llama::Generation& g, const std::string& answer) {
+void print_text(const kdn::llama::Engine& e, size_t prompt_tokens, const std::string& cache_state,
+                const kdn::llama::Generation& g, const std::string& answer) {
   const kdn::llama::RequestStats& s = g.stats;
   const kdn::llama::KvGeometry& geo = e.identity().geometry;
-  std::printf("model:   %s (%u layers, %u KV heads x %u, chunk %u tokens)\n", e.identity().desc.name,
-              geo.n_layer, geo.n_kv_heads, geo.head_dim, geo.chunk_tokens);
+  std::printf("model:   %s (%u layers, %u KV heads x %u, chunk %u tokens)\n", e.identity().desc.name, geo.n_layer,
+              geo.n_kv_heads, geo.head_dim, geo.chunk_tokens);
   std::printf("cache:   %s\n", cache_state.c_str());
   std::printf("prompt:  %zu tokens\n", prompt_tokens);
-  std::printf("ttft:    %.3f s (retrieve %.4f s, load %.4f s, prefill %.3f s)\n", s.ttft_s, s.retrieve_s,
-              s.load_s, s.prefill_s);
+  std::printf("ttft:    %.3f s (retrieve %.4f s, load %.4f s, prefill %.3f s)\n", s.ttft_s, s.retrieve_s, s.load_s,
+              s.prefill_s);
   if (e.overlaps_load() && s.chunks_loaded > 0)
-    std::printf("overlap: KV copied beside the prefill in %.4f s; the prefill waited %.4f s for it\n",
-                s.load_copy_s, s.load_wait_s);
-  std::printf("reused:  %u tokens (%u chunks, %.1f MB)\n", s.tokens_reused, s.chunks_loaded,
-              s.bytes_loaded / 1e6);
-  std::printf("computed: %u tokens; stored %u chunks (%.1f MB) in %.4f s\n", s.tokens_computed,
-              s.chunks_stored, s.bytes_stored / 1e6, s.store_s);
+    std::printf("overlap: KV copied beside the prefill in %.4f s; the prefill waited %.4f s for it\n", s.load_copy_s,
+                s.load_wait_s);
+  std::printf("reused:  %u tokens (%u chunks, %.1f MB)\n", s.tokens_reused, s.chunks_loaded, s.bytes_loaded / 1e6);
+  std::printf("computed: %u tokens; stored %u chunks (%.1f MB) in %.4f s\n", s.tokens_computed, s.chunks_stored,
+              s.bytes_stored / 1e6, s.store_s);
   if (s.blend.used || s.blend.segments > 0) {
     const kdn::llama::BlendStats& b = s.blend;
-    std::printf("blend:   %u documents: %u reused, %u computed and stored (%u chunks); %llu of their tokens "
-                "loaded, %llu recomputed\n", b.segments, b.segments_reused, b.segments_computed, b.chunks_stored,
-                static_cast<unsigned long long>(b.tokens_loaded), static_cast<unsigned long long>(b.tokens_recomputed));
-    std::printf("         lookup %.4f s, document prefill %.3f s, store %.4f s, place %.3f s, load %.4f s, "
-                "select %.4f s, recompute %.3f s\n", b.lookup_s, b.segment_prefill_s, b.segment_store_s, b.place_s,
-                b.retrieve_s, b.select_s, b.recompute_s);
+    std::printf(
+        "blend:   %u documents: %u reused, %u computed and stored (%u chunks); %llu of their tokens "
+        "loaded, %llu recomputed\n",
+        b.segments, b.segments_reused, b.segments_computed, b.chunks_stored,
+        static_cast<unsigned long long>(b.tokens_loaded), static_cast<unsigned long long>(b.tokens_recomputed));
+    std::printf(
+        "         lookup %.4f s, document prefill %.3f s, store %.4f s, place %.3f s, load %.4f s, "
+        "select %.4f s, recompute %.3f s\n",
+        b.lookup_s, b.segment_prefill_s, b.segment_store_s, b.place_s, b.retrieve_s, b.select_s, b.recompute_s);
   }
   if (!s.cache_status.ok()) std::printf("note:    cache not used: %s\n", s.cache_status.what());
   std::printf("answer:  %s\n", answer.c_str());
@@ -217,18 +221,28 @@ void print_json(const kdn::llama::Engine& e, size_t prompt_tokens, const std::st
                 const std::string& question) {
   const kdn::llama::RequestStats& s = g.stats;
   nlohmann::json j = {
-      {"question", question},               {"request_ttft_s", request_ttft_s},
-      {"model", e.identity().desc.name},    {"cache", cache_state},
-      {"prompt_tokens", prompt_tokens},     {"ttft_s", s.ttft_s},
-      {"retrieve_s", s.retrieve_s},         {"load_s", s.load_s},
-      {"load_overlapped", e.overlaps_load()}, {"load_copy_s", s.load_copy_s},
+      {"question", question},
+      {"request_ttft_s", request_ttft_s},
+      {"model", e.identity().desc.name},
+      {"cache", cache_state},
+      {"prompt_tokens", prompt_tokens},
+      {"ttft_s", s.ttft_s},
+      {"retrieve_s", s.retrieve_s},
+      {"load_s", s.load_s},
+      {"load_overlapped", e.overlaps_load()},
+      {"load_copy_s", s.load_copy_s},
       {"load_wait_s", s.load_wait_s},
-      {"prefill_s", s.prefill_s},           {"store_s", s.store_s},
-      {"tokens_reused", s.tokens_reused},   {"tokens_computed", s.tokens_computed},
-      {"chunks_loaded", s.chunks_loaded},   {"bytes_loaded", s.bytes_loaded},
-      {"chunks_stored", s.chunks_stored},   {"bytes_stored", s.bytes_stored},
+      {"prefill_s", s.prefill_s},
+      {"store_s", s.store_s},
+      {"tokens_reused", s.tokens_reused},
+      {"tokens_computed", s.tokens_computed},
+      {"chunks_loaded", s.chunks_loaded},
+      {"bytes_loaded", s.bytes_loaded},
+      {"chunks_stored", s.chunks_stored},
+      {"bytes_stored", s.bytes_stored},
       {"cache_status", s.cache_status.ok() ? "ok" : s.cache_status.what()},
-      {"answer_tokens", g.tokens},          {"answer", answer},
+      {"answer_tokens", g.tokens},
+      {"answer", answer},
   };
   if (s.blend.segments > 0) j["blend"] = blend_json(s.blend);
   std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());

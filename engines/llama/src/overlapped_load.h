@@ -75,7 +75,7 @@ class OverlappedLoad {
     const ggml_tensor* base = nullptr;  // the cache tensor
     int64_t layer = 0;                  // from its name (cache_k_l<N>), else its order of arrival
     uint32_t arrival = 0;
-    std::vector<uint32_t> copies;       // indices into copies_, in arrival order
+    std::vector<uint32_t> copies;  // indices into copies_, in arrival order
   };
 
   bool ask(ggml_tensor* t) noexcept;
@@ -88,7 +88,7 @@ class OverlappedLoad {
 
   KvType type_ = KvType::kF16;
   std::vector<KvCopy> copies_;
-  std::vector<Group> groups_;  // in copy order: by layer, K before V
+  std::vector<Group> groups_;                                   // in copy order: by layer, K before V
   std::vector<std::pair<const ggml_tensor*, int32_t>> lookup_;  // base -> group, sorted by base
   std::atomic<bool> pending_{false};
   std::atomic<bool> failed_{false};

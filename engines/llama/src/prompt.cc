@@ -27,7 +27,8 @@ std::string Engine::detokenize(std::span<const int32_t> tokens) const {
   const llama_vocab* vocab = llama_model_get_vocab(model_);
   std::string text(tokens.size() * 8 + 16, '\0');
   const auto n_tok = static_cast<int32_t>(tokens.size());
-  int32_t n = llama_detokenize(vocab, tokens.data(), n_tok, text.data(), static_cast<int32_t>(text.size()), true, false);
+  int32_t n =
+      llama_detokenize(vocab, tokens.data(), n_tok, text.data(), static_cast<int32_t>(text.size()), true, false);
   if (n < 0) {
     text.resize(static_cast<size_t>(-n));
     n = llama_detokenize(vocab, tokens.data(), n_tok, text.data(), static_cast<int32_t>(text.size()), true, false);

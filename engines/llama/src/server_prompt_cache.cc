@@ -68,7 +68,8 @@ void KdnPromptCache::attach(llama_context* ctx, const common_params& params, boo
   if (!opts_->enabled)
     support_ = Status(Code::kUnsupported, "turned off (--no-kdn)");
   else if (speculative)
-    support_ = Status(Code::kUnsupported, "a speculative decoder runs beside the model (its context would not get the KV)");
+    support_ =
+        Status(Code::kUnsupported, "a speculative decoder runs beside the model (its context would not get the KV)");
   else
     support_ = probe(ctx, params.model.path);
   if (!support_.ok()) {
@@ -149,7 +150,8 @@ bool KdnPromptCache::admits(const llama_tokens& prompt, bool lora) noexcept {
   }
   if (lora) {
     ++counters_.skipped_lora;
-    if (!logged_lora_) LOG_WRN("kdn: requests with a LoRA adapter enabled skip kdn: their KV is another model's (counted)\n");
+    if (!logged_lora_)
+      LOG_WRN("kdn: requests with a LoRA adapter enabled skip kdn: their KV is another model's (counted)\n");
     logged_lora_ = true;
     return false;
   }

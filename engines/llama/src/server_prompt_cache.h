@@ -47,7 +47,7 @@ struct PromptCacheOptions {
 
 // Why requests went without kdn, and what kdn did; logged when the server exits.
 struct PromptCacheCounters {
-  uint64_t loads = 0;           // requests that started from kdn's chunks
+  uint64_t loads = 0;  // requests that started from kdn's chunks
   uint64_t tokens_loaded = 0;
   uint64_t chunks_stored = 0;
   uint64_t skipped_media = 0;
@@ -65,8 +65,7 @@ class KdnPromptCache final : public server_prompt_hook {
   ~KdnPromptCache() override;
 
   void attach(llama_context* ctx, const common_params& params, bool speculative) override;
-  int32_t load(llama_context* ctx, llama_seq_id seq, const llama_tokens& prompt, int32_t n_past,
-               bool lora) override;
+  int32_t load(llama_context* ctx, llama_seq_id seq, const llama_tokens& prompt, int32_t n_past, bool lora) override;
   void store(llama_context* ctx, llama_seq_id seq, const llama_tokens& prompt, bool lora) override;
 
   const PromptCacheCounters& counters() const noexcept { return counters_; }
@@ -86,15 +85,15 @@ class KdnPromptCache final : public server_prompt_hook {
 
   const PromptCacheOptions* opts_;
   Status support_ = Status(Code::kUnsupported, "not attached");
-  EngineIdentity identity_{};      // fingerprint: kdn-llama's, for n_stream = 1
-  KvGeometry geometry_{};          // the context's own blob layout (its stream count)
+  EngineIdentity identity_{};  // fingerprint: kdn-llama's, for n_stream = 1
+  KvGeometry geometry_{};      // the context's own blob layout (its stream count)
   std::unique_ptr<ChunkCache> cache_;
   uint64_t last_connect_ns_ = 0;
   bool connected_once_ = false;
-  bool away_ = false;              // the last kdnd call failed with kUnavailable
+  bool away_ = false;  // the last kdnd call failed with kUnavailable
   bool logged_media_ = false, logged_lora_ = false, logged_server_ = false;
-  SeqBlobPieces pieces_;           // reused: a load's blob, as pieces
-  std::vector<uint8_t> blob_;      // reused: a store's sequence blob
+  SeqBlobPieces pieces_;       // reused: a load's blob, as pieces
+  std::vector<uint8_t> blob_;  // reused: a store's sequence blob
   PromptCacheCounters counters_;
 };
 

@@ -109,9 +109,12 @@ bool finite_scalar(uint8_t* dst, const uint8_t* src, uint64_t bytes, uint32_t ex
 
 uint32_t exp_mask_of(KvType type) noexcept {
   switch (type) {
-    case KvType::kF16: return 0x7c00;
-    case KvType::kBF16: return 0x7f80;
-    case KvType::kF32: return 0x7f800000u;
+    case KvType::kF16:
+      return 0x7c00;
+    case KvType::kBF16:
+      return 0x7f80;
+    case KvType::kF32:
+      return 0x7f800000u;
   }
   return 0;
 }
@@ -152,13 +155,15 @@ __attribute__((target("avx512bw"))) bool finite_avx512(uint8_t* dst, const uint8
     }
   }
   if (dst) _mm_sfence();
-  const bool ok = wide ? _mm512_cmpge_epu32_mask(_mm512_mask_max_epu32(m0, 0xffff, m0, m1), _mm512_set1_epi32(static_cast<int>(exp_mask))) == 0
-                       : _mm512_cmpge_epu16_mask(_mm512_mask_max_epu16(m0, ~__mmask32{0}, m0, m1), _mm512_set1_epi16(static_cast<short>(exp_mask))) == 0;
+  const bool ok = wide ? _mm512_cmpge_epu32_mask(_mm512_mask_max_epu32(m0, 0xffff, m0, m1),
+                                                 _mm512_set1_epi32(static_cast<int>(exp_mask))) == 0
+                       : _mm512_cmpge_epu16_mask(_mm512_mask_max_epu16(m0, ~__mmask32{0}, m0, m1),
+                                                 _mm512_set1_epi16(static_cast<short>(exp_mask))) == 0;
   return finite_scalar(dst ? dst + i : nullptr, src + i, bytes - i, exp_mask, wide) && ok && head_ok;
 }
 
-__attribute__((target("avx2"))) bool finite_avx2(uint8_t* dst, const uint8_t* src, uint64_t bytes,
-                                                 uint32_t exp_mask, bool wide) noexcept {
+__attribute__((target("avx2"))) bool finite_avx2(uint8_t* dst, const uint8_t* src, uint64_t bytes, uint32_t exp_mask,
+                                                 bool wide) noexcept {
   const uint64_t head = dst ? head_to_align(dst, bytes, 32, wide) : 0;
   const bool head_ok = head == 0 || finite_scalar(dst, src, head, exp_mask, wide);
   const __m256i abs = wide ? _mm256_set1_epi32(0x7fffffff) : _mm256_set1_epi16(0x7fff);
@@ -174,8 +179,8 @@ __attribute__((target("avx2"))) bool finite_avx2(uint8_t* dst, const uint8_t* sr
   }
   if (dst) _mm_sfence();
   // max >= exp_mask  <=>  max(max, exp_mask - 1) != exp_mask - 1
-  const __m256i lim = wide ? _mm256_set1_epi32(static_cast<int>(exp_mask - 1))
-                           : _mm256_set1_epi16(static_cast<short>(exp_mask - 1));
+  const __m256i lim =
+      wide ? _mm256_set1_epi32(static_cast<int>(exp_mask - 1)) : _mm256_set1_epi16(static_cast<short>(exp_mask - 1));
   __m256i x = m[0];
   for (int k = 1; k < 4; ++k) x = wide ? _mm256_max_epu32(x, m[k]) : _mm256_max_epu16(x, m[k]);
   x = wide ? _mm256_max_epu32(x, lim) : _mm256_max_epu16(x, lim);
@@ -209,9 +214,12 @@ bool check_finite(KvType type, uint8_t* dst, const uint8_t* src, uint64_t bytes)
   const bool wide = type == KvType::kF32;
 #if defined(__x86_64__)
   switch (simd_level()) {
-    case Simd::kAvx512: return finite_avx512(dst, src, bytes, mask, wide);
-    case Simd::kAvx2: return finite_avx2(dst, src, bytes, mask, wide);
-    case Simd::kNone: break;
+    case Simd::kAvx512:
+      return finite_avx512(dst, src, bytes, mask, wide);
+    case Simd::kAvx2:
+      return finite_avx2(dst, src, bytes, mask, wide);
+    case Simd::kNone:
+      break;
   }
 #endif
   return finite_scalar(dst, src, bytes, mask, wide);
@@ -224,8 +232,7 @@ bool all_finite(KvType type, const uint8_t* src, uint64_t bytes) noexcept {
 // dst[c * dst_stride + r] = src[r * src_stride + c] for r < rows, c < cols (element units).
 // Tiled so both sides stay in cache.
 template <class U>
-void transpose(U* dst, uint64_t dst_stride, const U* src, uint64_t src_stride, uint64_t rows,
-               uint64_t cols) noexcept {
+void transpose(U* dst, uint64_t dst_stride, const U* src, uint64_t src_stride, uint64_t rows, uint64_t cols) noexcept {
   constexpr uint64_t kTile = 32;
   for (uint64_t r0 = 0; r0 < rows; r0 += kTile) {
     const uint64_t r1 = std::min(rows, r0 + kTile);
@@ -237,14 +244,12 @@ void transpose(U* dst, uint64_t dst_stride, const U* src, uint64_t src_stride, u
   }
 }
 
-void transpose(uint32_t elem_bytes, void* dst, uint64_t dst_stride, const void* src,
-               uint64_t src_stride, uint64_t rows, uint64_t cols) noexcept {
+void transpose(uint32_t elem_bytes, void* dst, uint64_t dst_stride, const void* src, uint64_t src_stride, uint64_t rows,
+               uint64_t cols) noexcept {
   if (elem_bytes == 4)
-    transpose(static_cast<uint32_t*>(dst), dst_stride, static_cast<const uint32_t*>(src),
-              src_stride, rows, cols);
+    transpose(static_cast<uint32_t*>(dst), dst_stride, static_cast<const uint32_t*>(src), src_stride, rows, cols);
   else
-    transpose(static_cast<uint16_t*>(dst), dst_stride, static_cast<const uint16_t*>(src),
-              src_stride, rows, cols);
+    transpose(static_cast<uint16_t*>(dst), dst_stride, static_cast<const uint16_t*>(src), src_stride, rows, cols);
 }
 
 // Transposes the V plane of `layer` of every chunk into dst, the layer's transposed V
@@ -274,10 +279,8 @@ Status validate_geometry(const KvGeometry& g) noexcept {
   if (g.type != KvType::kF16 && g.type != KvType::kBF16 && g.type != KvType::kF32)
     return Status(Code::kUnsupported, "KV element type must be f16, bf16 or f32");
   if (g.n_layer == 0 || g.n_layer > kMaxLayers) return Status(Code::kInvalidArgument, "bad n_layer");
-  if (g.n_kv_heads == 0 || g.n_kv_heads > kMaxHeads)
-    return Status(Code::kInvalidArgument, "bad n_kv_heads");
-  if (g.head_dim == 0 || g.head_dim > kMaxHeadDim)
-    return Status(Code::kInvalidArgument, "bad head_dim");
+  if (g.n_kv_heads == 0 || g.n_kv_heads > kMaxHeads) return Status(Code::kInvalidArgument, "bad n_kv_heads");
+  if (g.head_dim == 0 || g.head_dim > kMaxHeadDim) return Status(Code::kInvalidArgument, "bad head_dim");
   if (g.n_stream == 0 || g.n_stream > 4096) return Status(Code::kInvalidArgument, "bad n_stream");
   if (g.chunk_tokens == 0 || g.chunk_tokens > kMaxChunkTokens)
     return Status(Code::kInvalidArgument, "bad chunk_tokens");
@@ -288,15 +291,14 @@ Status validate_geometry(const KvGeometry& g) noexcept {
 uint64_t seq_blob_bytes(const KvGeometry& g, uint64_t n_cells) noexcept {
   uint64_t bytes = 12 + 4 * uint64_t{g.n_stream};  // magic, seq_id, n_stream, cell counts
   if (n_cells == 0) return bytes;
-  bytes += n_cells * kCellMetaBytes + 8;           // cell metadata, v_trans, n_layer
+  bytes += n_cells * kCellMetaBytes + 8;  // cell metadata, v_trans, n_layer
   bytes += 2 * uint64_t{g.n_layer} * (kLayerHeaderBytes + n_cells * g.row_bytes());
   return bytes;
 }
 
 Status check_chunk(const KvGeometry& g, std::span<const uint8_t> chunk) noexcept {
   if (chunk.size() != g.chunk_bytes()) return Status(Code::kCorrupt, "chunk has the wrong size");
-  if (!all_finite(g.type, chunk.data(), chunk.size()))
-    return Status(Code::kCorrupt, "chunk holds a non-finite value");
+  if (!all_finite(g.type, chunk.data(), chunk.size())) return Status(Code::kCorrupt, "chunk holds a non-finite value");
   return OkStatus();
 }
 
@@ -319,8 +321,8 @@ void write_cells(PieceWriter& w, const KvGeometry& g, uint64_t n_cells, int32_t 
 
 // One layer's K (plane 0) or V (plane 1) section: its fields, then the plane of every chunk,
 // or (transposed V) the layer's slice of `transposed`, filled here.
-void write_plane(PieceWriter& w, const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks,
-                 uint32_t layer, int plane, uint8_t* transposed, uint64_t n_cells) noexcept {
+void write_plane(PieceWriter& w, const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks, uint32_t layer,
+                 int plane, uint8_t* transposed, uint64_t n_cells) noexcept {
   w.i32(static_cast<int32_t>(g.type));
   if (plane == 1 && g.v_trans) {
     w.u32(g.elem_bytes());
@@ -390,8 +392,8 @@ Status gather_pieces(KvType type, std::span<const BlobPiece> pieces, std::span<u
   return OkStatus();
 }
 
-Status build_seq_blob(const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks,
-                      int32_t first_pos, std::span<uint8_t> out) noexcept {
+Status build_seq_blob(const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks, int32_t first_pos,
+                      std::span<uint8_t> out) noexcept {
   SeqBlobPieces pieces;
   KDN_RETURN_IF_ERROR(pieces.describe(g, chunks, first_pos));
   if (out.size() != pieces.size()) return Status(Code::kInvalidArgument, "output is not exactly seq_blob_bytes long");

@@ -15,9 +15,9 @@ namespace kdn::ipc::testing {
 std::vector<std::byte> version_one_hello();
 
 struct RefusalSeen {
-  size_t bytes = 0;        // message size
+  size_t bytes = 0;  // message size
   size_t fds = 0;
-  int32_t status = 0;      // at offset 4
+  int32_t status = 0;        // at offset 4
   uint16_t proto_major = 0;  // at offset 8
 };
 // Reads the daemon's answer on `sock` the way a version-1 client reads its welcome's prefix.

@@ -67,17 +67,18 @@ TEST(ClientFd, AnotherUidsEngineIsRefusedWithTheCauseAndTheFix) {
   if (::getuid() != 0) GTEST_SKIP() << "acting as other uids needs root";
   Engine engine(4101);
   ASSERT_GE(engine.fd, 0);
-  EXPECT_EQ(as_uid(4102, [&] {
-              auto fd = take_client_fd(uint32_t(engine.pid), 4101, engine.fd);
-              if (fd.ok()) return 1;
-              if (fd.status().code() != Code::kPermission) return 2;
-              const std::string why = fd.status().what();
-              const bool named = why.find("another uid") != std::string::npos &&
-                                 why.find("CAP_SYS_PTRACE") != std::string::npos &&
-                                 why.find("Fix:") != std::string::npos;
-              if (!named) std::fprintf(stderr, "%s\n", why.c_str());
-              return named ? 0 : 3;
-            }),
+  EXPECT_EQ(as_uid(4102,
+                   [&] {
+                     auto fd = take_client_fd(uint32_t(engine.pid), 4101, engine.fd);
+                     if (fd.ok()) return 1;
+                     if (fd.status().code() != Code::kPermission) return 2;
+                     const std::string why = fd.status().what();
+                     const bool named = why.find("another uid") != std::string::npos &&
+                                        why.find("CAP_SYS_PTRACE") != std::string::npos &&
+                                        why.find("Fix:") != std::string::npos;
+                     if (!named) std::fprintf(stderr, "%s\n", why.c_str());
+                     return named ? 0 : 3;
+                   }),
             0)
       << "1: taken; 2: another code; 3: the message names no cause or fix";
 }
@@ -104,15 +105,16 @@ TEST(ClientFd, AnUndumpableEngineIsRefusedWithTheCause) {
   if (::getuid() != 0) GTEST_SKIP() << "acting as other uids needs root";
   Engine engine(4101, /*dumpable=*/false);
   ASSERT_GE(engine.fd, 0);
-  EXPECT_EQ(as_uid(4101, [&] {
-              auto fd = take_client_fd(uint32_t(engine.pid), 4101, engine.fd);
-              if (fd.ok()) return 1;
-              const char* why = fd.status().what();
-              return fd.status().code() == Code::kPermission &&
-                             (std::strstr(why, "undumpable") || std::strstr(why, "ptrace_scope"))
-                         ? 0
-                         : 2;
-            }),
+  EXPECT_EQ(as_uid(4101,
+                   [&] {
+                     auto fd = take_client_fd(uint32_t(engine.pid), 4101, engine.fd);
+                     if (fd.ok()) return 1;
+                     const char* why = fd.status().what();
+                     return fd.status().code() == Code::kPermission &&
+                                    (std::strstr(why, "undumpable") || std::strstr(why, "ptrace_scope"))
+                                ? 0
+                                : 2;
+                   }),
             0);
 }
 

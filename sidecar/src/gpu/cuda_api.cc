@@ -33,8 +33,7 @@ CompletionQueue::~CompletionQueue() {
 size_t CompletionQueue::drain(std::vector<Done>* out) noexcept {
   if (out == nullptr) return 0;
   uint64_t count = 0;
-  while (fd_ >= 0 && ::read(fd_, &count, sizeof count) < 0 && errno == EINTR) {
-  }
+  while (fd_ >= 0 && ::read(fd_, &count, sizeof count) < 0 && errno == EINTR) {}
   kdn::MutexLock lock(mu_);
   const size_t n = ready_.size();
   out->insert(out->end(), ready_.begin(), ready_.end());  // out of memory ends the process
@@ -49,8 +48,7 @@ void CompletionQueue::push(Done d) noexcept {
     ready_.push_back(d);  // out of memory ends the process
   }
   const uint64_t one = 1;
-  while (fd_ >= 0 && ::write(fd_, &one, sizeof one) < 0 && errno == EINTR) {
-  }
+  while (fd_ >= 0 && ::write(fd_, &one, sizeof one) < 0 && errno == EINTR) {}
 }
 
 #if KDN_GPU_WITH_CUDA
@@ -77,16 +75,21 @@ Status cuda_status(const char* call, cudaError_t err) noexcept {
   cudaGetLastError();  // the Status carries it now
   const char* what = error_message(call, cudaGetErrorName(err), cudaGetErrorString(err));
   switch (err) {
-    case cudaErrorMemoryAllocation: return Status(Code::kNoMemory, what);
+    case cudaErrorMemoryAllocation:
+      return Status(Code::kNoMemory, what);
     case cudaErrorNoDevice:
     case cudaErrorInsufficientDriver:
-    case cudaErrorDevicesUnavailable: return Status(Code::kUnavailable, what);
+    case cudaErrorDevicesUnavailable:
+      return Status(Code::kUnavailable, what);
     case cudaErrorNotSupported:
-    case cudaErrorNotPermitted: return Status(Code::kUnsupported, what);
+    case cudaErrorNotPermitted:
+      return Status(Code::kUnsupported, what);
     case cudaErrorInvalidValue:
     case cudaErrorInvalidDevice:
-    case cudaErrorInvalidResourceHandle: return Status(Code::kInvalidArgument, what);
-    default: return Status(Code::kInternal, what);
+    case cudaErrorInvalidResourceHandle:
+      return Status(Code::kInvalidArgument, what);
+    default:
+      return Status(Code::kInternal, what);
   }
 }
 
@@ -261,7 +264,8 @@ Result<void*> open_ipc_memory(int device, const IpcHandle& handle) noexcept {
   cudaIpcMemHandle_t h;
   std::memcpy(&h, handle.bytes, sizeof h);
   void* base = nullptr;
-  KDN_RETURN_IF_ERROR(cuda_status("cudaIpcOpenMemHandle", cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess)));
+  KDN_RETURN_IF_ERROR(
+      cuda_status("cudaIpcOpenMemHandle", cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess)));
   return base;
 }
 
@@ -273,10 +277,12 @@ void close_ipc_memory(int device, void* base) noexcept {
 Result<void*> stream_create(int device, bool low_priority) noexcept {
   KDN_RETURN_IF_ERROR(use_device(device));
   int least = 0, greatest = 0;  // numerically: least >= greatest
-  KDN_RETURN_IF_ERROR(cuda_status("cudaDeviceGetStreamPriorityRange", cudaDeviceGetStreamPriorityRange(&least, &greatest)));
+  KDN_RETURN_IF_ERROR(
+      cuda_status("cudaDeviceGetStreamPriorityRange", cudaDeviceGetStreamPriorityRange(&least, &greatest)));
   cudaStream_t s = nullptr;
-  KDN_RETURN_IF_ERROR(cuda_status("cudaStreamCreateWithPriority",
-                                  cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, low_priority ? least : greatest)));
+  KDN_RETURN_IF_ERROR(
+      cuda_status("cudaStreamCreateWithPriority",
+                  cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, low_priority ? least : greatest)));
   return static_cast<void*>(s);
 }
 

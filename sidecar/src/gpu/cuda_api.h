@@ -31,8 +31,8 @@ struct DeviceInfo {
   int pci_domain = 0, pci_bus = 0, pci_device = 0;
   uint64_t memory_bytes = 0;
   int sm_major = 0, sm_minor = 0;
-  bool vmm_supported = false;        // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
-  bool posix_fd_handles = false;     // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+  bool vmm_supported = false;     // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+  bool posix_fd_handles = false;  // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
 };
 
 // True when this build has CUDA and a driver with at least one device answers.

@@ -173,9 +173,9 @@ TEST(GpuApi, DevicesAreDescribedAndFoundByUuid) {
     auto found = device_by_uuid(d.uuid);
     ASSERT_TRUE(found.ok()) << found.status().what();
     EXPECT_EQ(*found, d.ordinal);
-    std::printf("device %d: %s sm_%d%d %llu MiB pci %04x:%02x:%02x vmm=%d posix_fd=%d\n", d.ordinal, d.name,
-                d.sm_major, d.sm_minor, static_cast<unsigned long long>(d.memory_bytes / kMiB), d.pci_domain,
-                d.pci_bus, d.pci_device, d.vmm_supported, d.posix_fd_handles);
+    std::printf("device %d: %s sm_%d%d %llu MiB pci %04x:%02x:%02x vmm=%d posix_fd=%d\n", d.ordinal, d.name, d.sm_major,
+                d.sm_minor, static_cast<unsigned long long>(d.memory_bytes / kMiB), d.pci_domain, d.pci_bus,
+                d.pci_device, d.vmm_supported, d.posix_fd_handles);
   }
   uint8_t nobody[16];
   std::memset(nobody, 0xff, sizeof nobody);

@@ -94,8 +94,8 @@ CUmemAllocationProp vmm_props(int device) noexcept {
 
 Status vmm_granularity(const DriverApi& d, int device, size_t* out) noexcept {
   const CUmemAllocationProp prop = vmm_props(device);
-  KDN_RETURN_IF_ERROR(driver_status("cuMemGetAllocationGranularity",
-                                    d.get_granularity(out, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)));
+  KDN_RETURN_IF_ERROR(
+      driver_status("cuMemGetAllocationGranularity", d.get_granularity(out, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)));
   if (*out == 0) return Status(Code::kInternal, "cuMemGetAllocationGranularity: zero granularity");
   return OkStatus();
 }
@@ -158,7 +158,8 @@ bool describe(int ordinal, DeviceInfo* info) noexcept {
   const DriverApi& d = driver();
   if (d.status.ok()) {
     info->vmm_supported = device_attribute(d, ordinal, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED);
-    info->posix_fd_handles = device_attribute(d, ordinal, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED);
+    info->posix_fd_handles =
+        device_attribute(d, ordinal, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED);
   }
   return true;
 }
@@ -174,16 +175,21 @@ Status driver_status(const char* call, CUresult err) noexcept {
   if (!d.status.ok() || d.get_error_name(err, &name) != CUDA_SUCCESS || name == nullptr) name = "unknown CUresult";
   const char* what = error_message(call, name, "driver API");
   switch (err) {
-    case CUDA_ERROR_OUT_OF_MEMORY: return Status(Code::kNoMemory, what);
+    case CUDA_ERROR_OUT_OF_MEMORY:
+      return Status(Code::kNoMemory, what);
     case CUDA_ERROR_NOT_SUPPORTED:
-    case CUDA_ERROR_NOT_PERMITTED: return Status(Code::kUnsupported, what);
+    case CUDA_ERROR_NOT_PERMITTED:
+      return Status(Code::kUnsupported, what);
     case CUDA_ERROR_INVALID_VALUE:
     case CUDA_ERROR_INVALID_HANDLE:
-    case CUDA_ERROR_INVALID_DEVICE: return Status(Code::kInvalidArgument, what);
+    case CUDA_ERROR_INVALID_DEVICE:
+      return Status(Code::kInvalidArgument, what);
     case CUDA_ERROR_NO_DEVICE:
     case CUDA_ERROR_NOT_INITIALIZED:
-    case CUDA_ERROR_DEINITIALIZED: return Status(Code::kUnavailable, what);
-    default: return Status(Code::kInternal, what);
+    case CUDA_ERROR_DEINITIALIZED:
+      return Status(Code::kUnavailable, what);
+    default:
+      return Status(Code::kInternal, what);
   }
 }
 
@@ -225,9 +231,9 @@ Result<void*> import_vmm_memory(int device, int fd, uint64_t bytes) noexcept {
     return Status(Code::kInvalidArgument, "import_vmm_memory: bytes is not a multiple of the allocation granularity");
   }
   CUmemGenericAllocationHandle h = 0;
-  KDN_RETURN_IF_ERROR(driver_status(
-      "cuMemImportFromShareableHandle",
-      d.import_handle(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)));
+  KDN_RETURN_IF_ERROR(driver_status("cuMemImportFromShareableHandle",
+                                    d.import_handle(&h, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)));
   CUdeviceptr va = 0;
   const Status st = map_read_write(d, device, h, bytes, granularity, &va);
   d.release(h);  // a mapping holds its own reference: unmapping frees the memory
@@ -286,7 +292,8 @@ Result<VmmAllocation> vmm_alloc_export(int device, uint64_t bytes) noexcept {
   Status st = map_read_write(d, device, h, a.bytes, granularity, &va);
   if (st.ok()) {
     a.base = reinterpret_cast<void*>(static_cast<uintptr_t>(va));
-    st = driver_status("cuMemExportToShareableHandle", d.export_handle(&a.fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    st = driver_status("cuMemExportToShareableHandle",
+                       d.export_handle(&a.fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
   }
   if (!st.ok()) {
     a.fd = -1;

@@ -21,8 +21,7 @@ uint32_t recompute_count_ppm(uint32_t candidates, uint32_t ratio_ppm) noexcept {
 }
 
 Result<BlendPlan> plan_blend(const kernels::ChunkGeometry& chunk, std::span<const int64_t> slots,
-                             std::span<const ipc::GpuSegmentChunkRecord> recs, const BlendQuery& q,
-                             uint64_t out_room) {
+                             std::span<const ipc::GpuSegmentChunkRecord> recs, const BlendQuery& q, uint64_t out_room) {
   if (q.check_layer >= chunk.layers)
     return Status(Code::kInvalidArgument, "GPU_BLEND_SELECT: check layer past the model's layers");
   if (q.plane != ipc::kGpuBlendPlaneK && q.plane != ipc::kGpuBlendPlaneV)
@@ -60,7 +59,8 @@ Result<BlendPlan> plan_blend(const kernels::ChunkGeometry& chunk, std::span<cons
     if (spans[i].first < spans[i - 1].second)
       return Status(Code::kInvalidArgument, "GPU_BLEND_SELECT: two compared chunks cover the same tokens");
   p.k = recompute_count_ppm(p.n_candidates, q.ratio_ppm);
-  if (p.k > out_room) return Status(Code::kLimit, "GPU_BLEND_SELECT: the output has room for fewer tokens than it selects");
+  if (p.k > out_room)
+    return Status(Code::kLimit, "GPU_BLEND_SELECT: the output has room for fewer tokens than it selects");
   return p;
 }
 

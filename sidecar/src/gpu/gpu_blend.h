@@ -31,16 +31,16 @@ struct BlendQuery {
 uint32_t recompute_count_ppm(uint32_t candidates, uint32_t ratio_ppm) noexcept;
 
 struct BlendPlan {
-  kernels::ChunkGeometry layer;        // one layer (K then V) of one chunk: what is compared
-  uint64_t layer_offset_bytes = 0;     // where the check layer starts in a canonical chunk
-  uint64_t layer_bytes = 0;            // its K and V planes
+  kernels::ChunkGeometry layer;     // one layer (K then V) of one chunk: what is compared
+  uint64_t layer_offset_bytes = 0;  // where the check layer starts in a canonical chunk
+  uint64_t layer_bytes = 0;         // its K and V planes
   uint32_t check_layer = 0;
   uint32_t plane = ipc::kGpuBlendPlaneK;
-  std::vector<int64_t> first_token;    // per compared chunk: its token 0 in the layout's slots
-  std::vector<uint8_t> candidates;     // per compared token: its slot is not -1
-  uint32_t n_tokens = 0;               // compared chunks * T
+  std::vector<int64_t> first_token;  // per compared chunk: its token 0 in the layout's slots
+  std::vector<uint8_t> candidates;   // per compared token: its slot is not -1
+  uint32_t n_tokens = 0;             // compared chunks * T
   uint32_t n_candidates = 0;
-  uint32_t k = 0;                      // tokens to select
+  uint32_t k = 0;  // tokens to select
 
   // The bounce area (device), from its start: the cached rows, the fresh rows, the deviations
   // (n_tokens floats), the count (8 bytes) and the selection (n_tokens int32), the top-k scratch.
@@ -57,8 +57,7 @@ struct BlendPlan {
 // layout; kLimit when the output has room for fewer than k indices or the tokens overflow 2^31.
 // The scratch offsets are filled by place_blend.
 Result<BlendPlan> plan_blend(const kernels::ChunkGeometry& chunk, std::span<const int64_t> slots,
-                             std::span<const ipc::GpuSegmentChunkRecord> recs, const BlendQuery& q,
-                             uint64_t out_room);
+                             std::span<const ipc::GpuSegmentChunkRecord> recs, const BlendQuery& q, uint64_t out_room);
 
 // Lays out the bounce area (top-k scratch of `topk_bytes`) and the metadata tail (after a RoPE
 // table of `table_bytes`). kLimit, naming tier.gpu.staging_bytes, when the bounce area is short.

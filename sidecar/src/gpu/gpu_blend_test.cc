@@ -47,7 +47,7 @@ TEST(GpuBlendPlan, RecomputeCountMatchesTheKernelsRule) {
   }
   EXPECT_EQ(recompute_count_ppm(56, 80357), 4u);  // floor(4.499...)
   EXPECT_EQ(recompute_count_ppm(56, 1000000), 56u);
-  EXPECT_EQ(recompute_count_ppm(3, 1), 1u);       // at least one
+  EXPECT_EQ(recompute_count_ppm(3, 1), 1u);  // at least one
   EXPECT_EQ(recompute_count_ppm(0, 500000), 0u);
 }
 
@@ -64,7 +64,8 @@ TEST(GpuBlendPlan, CandidatesAreTheRowsTheLayoutNames) {
   // Layer 2 of a canonical chunk starts after layers 0 and 1, K and V each.
   EXPECT_EQ(p->layer_offset_bytes, 2u * 2 * 16 * 2 * 8 * 2);
   EXPECT_EQ(p->layer_bytes, 2u * 16 * 2 * 8 * 2);
-  for (uint32_t j = 0; j < 32; ++j) EXPECT_EQ(p->candidates[j], j < 26 ? 1 : 0) << j;  // 16 rows of the first chunk, 10 of the second
+  for (uint32_t j = 0; j < 32; ++j)
+    EXPECT_EQ(p->candidates[j], j < 26 ? 1 : 0) << j;  // 16 rows of the first chunk, 10 of the second
   EXPECT_EQ((std::vector<int64_t>{0, 32}), p->first_token);
 }
 
@@ -99,7 +100,8 @@ TEST(GpuBlendPlan, ScratchIsLaidOutInsideTheBounceArea) {
   EXPECT_EQ(q.selected_off, q.count_off + 8);
   EXPECT_GE(q.topk_off, q.selected_off + q.n_tokens * 4);
   EXPECT_EQ(q.bounce_need, q.topk_off + 5000);
-  for (uint64_t off : {q.fresh_off, q.dev_off, q.count_off, q.topk_off, q.mask_off, q.result_off}) EXPECT_EQ(off % 256, 0u);
+  for (uint64_t off : {q.fresh_off, q.dev_off, q.count_off, q.topk_off, q.mask_off, q.result_off})
+    EXPECT_EQ(off % 256, 0u);
   EXPECT_GE(q.mask_off, 64u);
   EXPECT_GE(q.result_off, q.mask_off + q.n_tokens);
   EXPECT_EQ(q.tail_bytes, q.result_off + 8 + q.k * 4);
@@ -133,11 +135,11 @@ TEST(GpuBlendPlan, TheDevicesAnswerIsCheckedAndMappedToLayoutTokens) {
   auto good = blend_answer(*p, answer(2, {3, 20}).data());
   ASSERT_TRUE(good.ok()) << good.status().what();
   EXPECT_EQ(*good, (std::vector<int32_t>{4, 35}));
-  EXPECT_EQ(blend_answer(*p, answer(1, {3}).data()).status().code(), Code::kInternal);          // not k
-  EXPECT_EQ(blend_answer(*p, answer(2, {20, 3}).data()).status().code(), Code::kInternal);      // descending
-  EXPECT_EQ(blend_answer(*p, answer(2, {3, 3}).data()).status().code(), Code::kInternal);       // repeated
-  EXPECT_EQ(blend_answer(*p, answer(2, {3, 12}).data()).status().code(), Code::kInternal);      // row 12 of 10
-  EXPECT_EQ(blend_answer(*p, answer(2, {3, 32}).data()).status().code(), Code::kInternal);      // past the tokens
+  EXPECT_EQ(blend_answer(*p, answer(1, {3}).data()).status().code(), Code::kInternal);      // not k
+  EXPECT_EQ(blend_answer(*p, answer(2, {20, 3}).data()).status().code(), Code::kInternal);  // descending
+  EXPECT_EQ(blend_answer(*p, answer(2, {3, 3}).data()).status().code(), Code::kInternal);   // repeated
+  EXPECT_EQ(blend_answer(*p, answer(2, {3, 12}).data()).status().code(), Code::kInternal);  // row 12 of 10
+  EXPECT_EQ(blend_answer(*p, answer(2, {3, 32}).data()).status().code(), Code::kInternal);  // past the tokens
   EXPECT_EQ(blend_answer(*p, answer(2, {-1, 3}).data()).status().code(), Code::kInternal);
 }
 

@@ -46,14 +46,16 @@ bool inside(uint64_t base, i128 lo, i128 hi, uint32_t es, const RegisteredRange&
 
 }  // namespace
 
-Result<CheckedLayout> check_and_translate(const GpuLayout& layout, const kernels::ChunkGeometry& geo,
-                                          uint32_t chunks, const RegisteredRange& range) noexcept {
+Result<CheckedLayout> check_and_translate(const GpuLayout& layout, const kernels::ChunkGeometry& geo, uint32_t chunks,
+                                          const RegisteredRange& range) noexcept {
   const ipc::GpuLayoutRecord& r = layout.record;
   if (r.layers != geo.layers) return invalid("GPU layout: layers differs from the model's");
-  if (uint64_t(r.tokens) != uint64_t(chunks) * geo.tokens) return invalid("GPU layout: slot_mapping must cover every chunk's tokens");
+  if (uint64_t(r.tokens) != uint64_t(chunks) * geo.tokens)
+    return invalid("GPU layout: slot_mapping must cover every chunk's tokens");
   if (!kernels::dtype_valid(r.engine_dtype)) return invalid("GPU layout: unknown engine_dtype");
   if (r.block_size <= 0 || r.block_size > (int64_t(1) << 32)) return invalid("GPU layout: block_size out of range");
-  if (range.bytes == 0 || range.engine_base + range.bytes < range.engine_base) return invalid("GPU layout: empty registration");
+  if (range.bytes == 0 || range.engine_base + range.bytes < range.engine_base)
+    return invalid("GPU layout: empty registration");
   const bool split = r.flags & ipc::kGpuLayoutSplitV;
   try {
     CheckedLayout c;
@@ -103,7 +105,8 @@ Result<CheckedLayout> check_and_translate(const GpuLayout& layout, const kernels
         const std::vector<uint64_t>& bases = plane == 1 && split ? layout.v_bases : layout.k_bases;
         for (uint32_t l = 0; l < r.layers; ++l) {
           if (!inside(bases[l], lo, hi, es, range)) {
-            if (plane == 1 && split) return invalid("GPU layout: v_layer_base + v strides reach outside the registered range");
+            if (plane == 1 && split)
+              return invalid("GPU layout: v_layer_base + v strides reach outside the registered range");
             return invalid(plane == 1 ? "GPU layout: layer_base + stride_kv reaches outside the registered range"
                                       : "GPU layout: layer_base + strides reach outside the registered range");
           }
@@ -130,6 +133,5 @@ Result<CheckedLayout> check_and_translate(const GpuLayout& layout, const kernels
     return Status(Code::kNoMemory, "GPU layout: out of memory");
   }
 }
-
 
 }  // namespace kdn::sidecar::gpu

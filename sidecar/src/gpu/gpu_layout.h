@@ -39,13 +39,13 @@ struct CheckedLayout {
   kernels::EngineView view{};           // validated against the model's geometry
   std::vector<void*> k_bases, v_bases;  // kdnd's addresses
   std::vector<int64_t> slots;
-  int64_t max_slot = -1;                // highest slot the mapping names (-1: none)
+  int64_t max_slot = -1;  // highest slot the mapping names (-1: none)
 };
 
 // Checks `layout` for a request of `chunks` chunks of `geo` (tokens = chunk tokens) against
 // `range`. kInvalidArgument names the first field at fault.
-Result<CheckedLayout> check_and_translate(const GpuLayout& layout, const kernels::ChunkGeometry& geo,
-                                          uint32_t chunks, const RegisteredRange& range) noexcept;
+Result<CheckedLayout> check_and_translate(const GpuLayout& layout, const kernels::ChunkGeometry& geo, uint32_t chunks,
+                                          const RegisteredRange& range) noexcept;
 
 // Both directions of the wire form, for tests: libkdn's encoder and kdnd's decoder.
 using ipc::decode_gpu_layout;

@@ -12,10 +12,14 @@ Route route(const RouteInput& in) noexcept {
 
 const char* route_name(Route r) noexcept {
   switch (r) {
-    case Route::kT0Local: return "t0";
-    case Route::kT0Peer: return "t0_peer";
-    case Route::kHostToT0: return "host_to_t0";
-    case Route::kHostToStage: return "host_to_staging";
+    case Route::kT0Local:
+      return "t0";
+    case Route::kT0Peer:
+      return "t0_peer";
+    case Route::kHostToT0:
+      return "host_to_t0";
+    case Route::kHostToStage:
+      return "host_to_staging";
   }
   return "unknown";
 }

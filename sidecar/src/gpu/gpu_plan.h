@@ -20,10 +20,10 @@ namespace kdn::sidecar::gpu {
 //   kHostToStage through T1 into the device's bounce buffer (T0 off, or full of pinned slots)
 enum class Route : uint8_t { kT0Local, kT0Peer, kHostToT0, kHostToStage };
 struct RouteInput {
-  int t0_device = -1;     // device holding a T0 copy, -1: none
+  int t0_device = -1;  // device holding a T0 copy, -1: none
   int engine_device = 0;
-  bool peer_ok = false;   // can_access_peer(engine_device, t0_device)
-  bool t0_room = false;   // a T0 slot can be had on the engine's device
+  bool peer_ok = false;  // can_access_peer(engine_device, t0_device)
+  bool t0_room = false;  // a T0 slot can be had on the engine's device
 };
 Route route(const RouteInput& in) noexcept;
 const char* route_name(Route r) noexcept;

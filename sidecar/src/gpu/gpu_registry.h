@@ -31,19 +31,19 @@ struct Registration {
   uint32_t id = 0;
   uint32_t generation = 0;
   uint64_t session = 0;
-  uint32_t kind = 0;             // ipc::GpuMemoryKind
-  int device = -1;               // kdnd's ordinal
-  uint64_t engine_base = 0;      // engine address of the registered range
+  uint32_t kind = 0;         // ipc::GpuMemoryKind
+  int device = -1;           // kdnd's ordinal
+  uint64_t engine_base = 0;  // engine address of the registered range
   uint64_t bytes = 0;
-  uint64_t mapping_base = 0;     // kdnd's address of engine_base
-  void* allocation = nullptr;    // kdnd's mapping of the whole allocation (what the Closer closes)
+  uint64_t mapping_base = 0;   // kdnd's address of engine_base
+  void* allocation = nullptr;  // kdnd's mapping of the whole allocation (what the Closer closes)
   uint64_t allocation_bytes = 0;
   IpcHandle memory_handle;       // kIpc: the handle opened (the mapping cache's key)
   void* engine_event = nullptr;  // opened engine event (GPU_STORE waits for it)
   void* done_event = nullptr;    // kdnd's event, recorded after each GPU_RETRIEVE
   IpcHandle done_handle;
-  uint32_t in_flight = 0;        // copy batches that still touch the memory
-  bool retired = false;          // unregistered or its session ended: no request may name it
+  uint32_t in_flight = 0;  // copy batches that still touch the memory
+  bool retired = false;    // unregistered or its session ended: no request may name it
 };
 
 class GpuRegistry {

@@ -39,14 +39,14 @@ struct GpuRequest {
   ipc::GpuRegistrationRef ref;
   CheckedLayout layout;
   Phase phase = Phase::kCollect;
-  std::vector<Entry*> leased;     // retrieve: chunks leased for the copies, not yet handed on
-  std::vector<Entry*> reserved;   // store: reservations whose slots kdnd fills
-  std::vector<uint32_t> position; // store: each reservation's chunk index in the layout;
-                                  // segment retrieve: each lease's key index
+  std::vector<Entry*> leased;                              // retrieve: chunks leased for the copies, not yet handed on
+  std::vector<Entry*> reserved;                            // store: reservations whose slots kdnd fills
+  std::vector<uint32_t> position;                          // store: each reservation's chunk index in the layout;
+                                                           // segment retrieve: each lease's key index
   std::vector<ipc::GpuSegmentChunkRecord> segment_chunks;  // segment retrieve: one per key
-  std::vector<kdn_key> committed; // store: settled tail first at the end
-  uint32_t cached = 0;            // store: chunks already cached or being stored by another
-  ipc::GpuBlendSelectOp::Result blend;  // blend selection: what its answer reports
+  std::vector<kdn_key> committed;                          // store: settled tail first at the end
+  uint32_t cached = 0;                                     // store: chunks already cached or being stored by another
+  ipc::GpuBlendSelectOp::Result blend;                     // blend selection: what its answer reports
   bool gpu_failed = false;
 
   GpuRequest() = default;

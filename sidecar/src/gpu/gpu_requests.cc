@@ -27,7 +27,8 @@ Step RequestHandler::serve(Op& op, uint64_t, ipc::GpuRegisterOp) {
   if (!in.ok()) return finish(op, in.status());
   auto out = gpu_->register_memory(*op.session, rec);
   if (!out.ok()) return finish(op, out.status());
-  Status wrote = op.session->shm.payload().copy_out_records(op.sqe, std::span<const ipc::GpuRegisteredRecord>(&*out, 1));
+  Status wrote =
+      op.session->shm.payload().copy_out_records(op.sqe, std::span<const ipc::GpuRegisteredRecord>(&*out, 1));
   if (!wrote.ok()) {
     (void)gpu_->unregister(*op.session, {out->registration, out->generation});
     return finish(op, wrote);
@@ -62,7 +63,8 @@ Step RequestHandler::serve(Op& op, uint64_t, ipc::GpuInfoOp) {
       g.pci_domain = uint32_t(d.info.pci_domain);
       g.pci_bus = uint32_t(d.info.pci_bus);
       g.pci_device = uint32_t(d.info.pci_device);
-      g.flags = (d.info.vmm_supported ? ipc::kGpuDeviceVmm : 0) | (d.info.posix_fd_handles ? ipc::kGpuDevicePosixFd : 0);
+      g.flags =
+          (d.info.vmm_supported ? ipc::kGpuDeviceVmm : 0) | (d.info.posix_fd_handles ? ipc::kGpuDevicePosixFd : 0);
       recs.push_back(g);
     }
     Status wrote = op.session->shm.payload().copy_out_records(op.sqe, std::span<const ipc::GpuDeviceRecord>(recs));
@@ -160,7 +162,8 @@ Status RequestHandler::gpu_read_segment_chunks(Op& op, gpu::GpuRequest& req) {
   if (where.len != uint64_t(keys) * sizeof(ipc::GpuSegmentChunkRecord))
     return Status(Code::kInvalidArgument, "GPU_SEGMENT_RETRIEVE: one chunk record per key");
   req.segment_chunks.resize(keys);
-  KDN_RETURN_IF_ERROR(op.session->shm.payload().copy_in(where.off, std::as_writable_bytes(std::span(req.segment_chunks))));
+  KDN_RETURN_IF_ERROR(
+      op.session->shm.payload().copy_in(where.off, std::as_writable_bytes(std::span(req.segment_chunks))));
   return ipc::GpuSegmentRetrieveOp::check_chunks(req.segment_chunks, keys, op.model->chunk_tokens,
                                                  req.layout.slots.size());
 }
@@ -181,7 +184,7 @@ Status RequestHandler::gpu_segment_work(Op& op, gpu::SegmentWork& w) {
     w.chunks.push_back(g.leased[j]);
     w.recs.push_back(g.segment_chunks[g.position[j]]);
   }
-  std::vector<Entry*> keep = w.chunks;  // (may throw: nothing given back yet)
+  std::vector<Entry*> keep = w.chunks;          // (may throw: nothing given back yet)
   for (size_t j = 0; j < g.leased.size(); ++j)  // past a miss of its segment: not used
     if (!w.copied[g.position[j]]) s.ns->store->unpin(g.leased[j]);
   g.leased.swap(keep);  // what the request still holds until a batch takes it over
@@ -213,8 +216,8 @@ Step RequestHandler::gpu_queue_segment(Op& op) {
     return finish(op, OkStatus());
   }
   // The batch takes the leases over, whatever comes of it.
-  auto from_t0 = gpu_->retrieve(*s.ns, *w.reg, op.gpu->layout, kernels::chunk_geometry_of(*op.model), w.chunks,
-                                &w.placement);
+  auto from_t0 =
+      gpu_->retrieve(*s.ns, *w.reg, op.gpu->layout, kernels::chunk_geometry_of(*op.model), w.chunks, &w.placement);
   if (!from_t0.ok()) return finish(op, from_t0.status());
   ipc::GpuSegmentRetrieveOp::put({n, *from_t0, gpu_->last_ticket()}, op.cqe);
   return finish(op, OkStatus());
@@ -320,13 +323,15 @@ Step RequestHandler::serve(Op& op, uint64_t deadline_ns, ipc::GpuStoreOp) {
     if (!prepared.ok()) return finish(op, prepared);
   }
   switch (op.gpu->phase) {
-    case gpu::GpuRequest::Phase::kCollect: return gpu_collect(op, deadline_ns);
+    case gpu::GpuRequest::Phase::kCollect:
+      return gpu_collect(op, deadline_ns);
     case gpu::GpuRequest::Phase::kCopying:
       if (op.waiting > 0) return Step::kWait;
       op.gpu->phase = gpu::GpuRequest::Phase::kCommitting;
       [[fallthrough]];
     case gpu::GpuRequest::Phase::kCommitting:
-    case gpu::GpuRequest::Phase::kSettling: return gpu_commit(op, deadline_ns);
+    case gpu::GpuRequest::Phase::kSettling:
+      return gpu_commit(op, deadline_ns);
   }
   return finish(op, Status(Code::kInternal, "GPU_STORE in an unknown phase"));
 }
@@ -391,8 +396,8 @@ Step RequestHandler::gpu_collect(Op& op, uint64_t deadline_ns) {
     rollback(op);
     return finish(op, reg.status());
   }
-  Status queued = gpu_->store(*s.ns, **reg, g.layout, kernels::chunk_geometry_of(*op.model), g.reserved, g.position,
-                              op.token);
+  Status queued =
+      gpu_->store(*s.ns, **reg, g.layout, kernels::chunk_geometry_of(*op.model), g.reserved, g.position, op.token);
   if (!queued.ok()) {
     rollback(op);
     return finish(op, queued);
@@ -447,9 +452,11 @@ Step RequestHandler::serve(Op& op, uint64_t, ipc::GpuCheckOp) {
   if (!reg.ok()) return finish(op, reg.status());
   uint64_t wait_on = 0;
   switch (gpu_->check_tickets(**reg, a.first, a.last, &wait_on)) {
-    case gpu::GpuService::Tickets::kOk: return finish(op, OkStatus());
+    case gpu::GpuService::Tickets::kOk:
+      return finish(op, OkStatus());
     case gpu::GpuService::Tickets::kFailed:
-      return finish(op, Status(Code::kIo, "a GPU copy behind these tickets failed: the blocks hold bytes kdnd did not write"));
+      return finish(
+          op, Status(Code::kIo, "a GPU copy behind these tickets failed: the blocks hold bytes kdnd did not write"));
     case gpu::GpuService::Tickets::kTooOld:
       return finish(op, Status(Code::kNotFound, "tickets older than the GPU failures kdnd remembers"));
     case gpu::GpuService::Tickets::kInvalid:

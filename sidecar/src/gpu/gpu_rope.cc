@@ -7,8 +7,7 @@
 
 namespace kdn::sidecar::gpu {
 
-std::vector<uint8_t> leading_chunks(std::span<const ipc::GpuSegmentChunkRecord> recs,
-                                    std::span<const uint8_t> cached) {
+std::vector<uint8_t> leading_chunks(std::span<const ipc::GpuSegmentChunkRecord> recs, std::span<const uint8_t> cached) {
   std::vector<uint8_t> keep(recs.size(), 0);
   bool run = true;  // the segment of the current record has no miss yet
   for (size_t i = 0; i < recs.size(); ++i) {
@@ -49,7 +48,8 @@ Result<SegmentPlacement> place_segment_chunks(const kdn_model_desc& model,
   RopeRows rows = group_deltas(deltas);
   p.row = std::move(rows.row);
   if (rows.distinct.empty()) return p;
-  if (model.rope_style == KDN_ROPE_NONE) return Status(Code::kUnsupported, "segment: moving KV needs a model with RoPE");
+  if (model.rope_style == KDN_ROPE_NONE)
+    return Status(Code::kUnsupported, "segment: moving KV needs a model with RoPE");
   float inv[kMaxHeadDim / 2];
   kernels::SegmentRope rope;
   KDN_RETURN_IF_ERROR(kernels::segment_rope_from_desc(model, inv, kMaxHeadDim / 2, &rope));

@@ -21,8 +21,7 @@ namespace kdn::sidecar::gpu {
 // cached chunks before its first miss, as kdn_segment_retrieve_to does on the host. A record
 // without kGpuSegmentStart continues the segment of the record before it (the first record of a
 // request continues a segment whose earlier chunks the client already loaded whole).
-std::vector<uint8_t> leading_chunks(std::span<const ipc::GpuSegmentChunkRecord> recs,
-                                    std::span<const uint8_t> cached);
+std::vector<uint8_t> leading_chunks(std::span<const ipc::GpuSegmentChunkRecord> recs, std::span<const uint8_t> cached);
 
 // Where the chunks of one batch go and how their K moves: chunk i of the batch starts at
 // first_token[i] of the layout's slots and is rotated by row row[i] of `table` (-1: delta 0, a

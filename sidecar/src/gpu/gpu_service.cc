@@ -2,8 +2,8 @@
 #include "gpu_service_internal.h"
 
 #include "../session.h"
-#include "gpu_rope.h"
 #include "gpu/client_fd.h"
+#include "gpu_rope.h"
 
 #include <kdn/common/clock.h>
 #include <kdn/kernels/blend.h>
@@ -68,7 +68,8 @@ Result<std::unique_ptr<GpuService>> GpuService::create(const GpuTierConfig& cfg,
     s->off_reason_ = "no CUDA device answers (no driver, no device, or a build without CUDA)";
     s->off_status_ = "GPU tier off: " + s->off_reason_;
     if (cfg.enable == "on")
-      return Status(Code::kUnavailable, "tier.gpu.enable = on but no CUDA device answers (no driver, no device, or a build without CUDA)");
+      return Status(Code::kUnavailable,
+                    "tier.gpu.enable = on but no CUDA device answers (no driver, no device, or a build without CUDA)");
     return s;
   }
   Status st = s->start();
@@ -77,7 +78,8 @@ Result<std::unique_ptr<GpuService>> GpuService::create(const GpuTierConfig& cfg,
     s->off_status_ = "GPU tier off: " + s->off_reason_;
     s->devices_.clear();
     s->cq_.reset();
-    if (cfg.enable == "on") return Status(Code::kUnavailable, "tier.gpu.enable = on but setting up the GPU tier failed (see the log)");
+    if (cfg.enable == "on")
+      return Status(Code::kUnavailable, "tier.gpu.enable = on but setting up the GPU tier failed (see the log)");
     spdlog::warn("{}", s->off_reason_);
     return s;
   }
@@ -132,13 +134,16 @@ GpuService::~GpuService() {
   encoders_.reset();  // no job may outlive the arenas it reads
   for (auto& d : devices_)
     if (d->stream) (void)stream_sync(d->stream);  // nothing in flight may outlive what it reads
-  registry_.reset();  // closes every registration
+  registry_.reset();                              // closes every registration
   for (auto& d : devices_) {
     if (d->stream) stream_destroy(d->stream);
     if (d->t0.base) region_destroy(d->t0);
     if (d->scratch.base) region_destroy(d->scratch);
     if (d->host_meta_pinned) host_unregister(d->host_meta);
-    if (d->blobs) d->blobs->drop_all([](T0Blob& b) { if (b.pinned) host_unregister(b.blob.data()); });
+    if (d->blobs)
+      d->blobs->drop_all([](T0Blob& b) {
+        if (b.pinned) host_unregister(b.blob.data());
+      });
     std::free(d->host_meta);
   }
   for (std::byte* p : pinned_arenas_) host_unregister(p);
@@ -232,7 +237,8 @@ Result<ipc::GpuRegisteredRecord> GpuService::register_memory(const Session& s, c
   if (rec.kind != uint32_t(ipc::GpuMemoryKind::kIpc) && rec.kind != uint32_t(ipc::GpuMemoryKind::kVmmFd))
     return Status(Code::kInvalidArgument, "GPU_REGISTER: unknown memory kind");
   if (rec.bytes == 0 || rec.alloc_offset > rec.alloc_bytes || rec.bytes > rec.alloc_bytes - rec.alloc_offset)
-    return Status(Code::kInvalidArgument, "GPU_REGISTER: the range [alloc_offset, alloc_offset + bytes) leaves the allocation");
+    return Status(Code::kInvalidArgument,
+                  "GPU_REGISTER: the range [alloc_offset, alloc_offset + bytes) leaves the allocation");
   if (rec.engine_base + rec.bytes < rec.engine_base)
     return Status(Code::kInvalidArgument, "GPU_REGISTER: engine_base + bytes overflows");
   if (rec.kind == uint32_t(ipc::GpuMemoryKind::kVmmFd) && rec.vmm_fd < 0)
@@ -362,8 +368,8 @@ Status GpuService::copy_sliced(void* dst, const void* src, uint64_t bytes, void*
     return Status(Code::kNoMemory, "slicing a GPU copy: out of memory");
   }
   for (const Copy& c : slices)
-    KDN_RETURN_IF_ERROR(copy_async(reinterpret_cast<void*>(uintptr_t(c.dst)), reinterpret_cast<const void*>(uintptr_t(c.src)),
-                                   c.bytes, stream));
+    KDN_RETURN_IF_ERROR(copy_async(reinterpret_cast<void*>(uintptr_t(c.dst)),
+                                   reinterpret_cast<const void*>(uintptr_t(c.src)), c.bytes, stream));
   return OkStatus();
 }
 
@@ -428,7 +434,8 @@ Result<uint32_t> GpuService::retrieve(Namespace& ns, Registration& reg, const Ch
   auto batch = new_batch(ns, reg, chunks);
   batch->inject_failure = inject_failure();
   std::byte* tail_dev = nullptr;
-  auto view = segment ? stage_layout(d, layout, std::as_bytes(std::span(segment->table)), &tail_dev) : stage_layout(d, layout);
+  auto view =
+      segment ? stage_layout(d, layout, std::as_bytes(std::span(segment->table)), &tail_dev) : stage_layout(d, layout);
   const float* table_dev = reinterpret_cast<const float*>(tail_dev);
   if (!view.ok()) {
     unpin_all();
@@ -511,8 +518,9 @@ Result<uint32_t> GpuService::retrieve(Namespace& ns, Registration& reg, const Ch
   return from_t0;
 }
 
-Status GpuService::store(Namespace& ns, Registration& reg, const CheckedLayout& layout, const kernels::ChunkGeometry& geo,
-                         std::span<Entry* const> reserved, std::span<const uint32_t> chunk_pos, uint64_t op_token) {
+Status GpuService::store(Namespace& ns, Registration& reg, const CheckedLayout& layout,
+                         const kernels::ChunkGeometry& geo, std::span<Entry* const> reserved,
+                         std::span<const uint32_t> chunk_pos, uint64_t op_token) {
   if (!enabled_) return Status(Code::kUnsupported, off_status_.c_str());
   Device& d = *devices_[size_t(reg.device)];
   const uint64_t bytes = kernels::chunk_bytes(geo);
@@ -633,10 +641,9 @@ Result<uint32_t> GpuService::blend_select(Namespace& ns, Registration& reg, cons
     failed = kernels::kv_deviation(f, c, T, candidates + i * T, deviation + i * T, ex);
   }
   if (failed.ok()) {
-    failed = kernels::select_top_k(deviation, candidates, plan.n_tokens, plan.k,
-                                   reinterpret_cast<int32_t*>(scratch + plan.selected_off),
-                                   reinterpret_cast<uint32_t*>(scratch + plan.count_off), scratch + plan.topk_off,
-                                   plan.topk_bytes, ex);
+    failed = kernels::select_top_k(
+        deviation, candidates, plan.n_tokens, plan.k, reinterpret_cast<int32_t*>(scratch + plan.selected_off),
+        reinterpret_cast<uint32_t*>(scratch + plan.count_off), scratch + plan.topk_off, plan.topk_bytes, ex);
   }
   if (failed.ok())
     failed = copy_async(tail_host + plan.result_off, scratch + plan.count_off, 8 + uint64_t(plan.k) * 4, d.stream);
@@ -655,8 +662,7 @@ Result<uint32_t> GpuService::blend_select(Namespace& ns, Registration& reg, cons
   return from_t0;
 }
 
-Result<GpuService::Prefetched> GpuService::prefetch(Namespace& ns, Registration& reg,
-                                                    const kernels::ChunkGeometry& geo,
+Result<GpuService::Prefetched> GpuService::prefetch(Namespace& ns, Registration& reg, const kernels::ChunkGeometry& geo,
                                                     std::span<Entry* const> chunks) {
   auto unpin = [&](std::span<Entry* const> some) {
     for (Entry* e : some) ns.store->unpin(e);
@@ -744,8 +750,10 @@ void GpuService::land(Batch& b, bool failed) {
   for (auto& [dev, key] : b.t0_pins) devices_[size_t(dev)]->t0_index->unpin(key);
   for (auto& [dev, key] : b.t0_fresh) {
     T0Index& idx = *devices_[size_t(dev)]->t0_index;
-    if (failed) idx.erase(key);
-    else idx.publish(key);
+    if (failed)
+      idx.erase(key);
+    else
+      idx.publish(key);
   }
   for (Entry* e : b.leased) b.ns->store->unpin(e);
   if (failed) {

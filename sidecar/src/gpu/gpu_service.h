@@ -234,8 +234,8 @@ class GpuService {
   bool coded_failed(Batch& b, bool failed) noexcept;  // reads a batch's decode results
   void drop_faulty(Batch& b) noexcept;
 
-  uint8_t codec_id_ = 0;                 // tier.gpu.codec as a tier codec id; 0: T0 holds raw chunks
-  std::unique_ptr<Encoders> encoders_;   // first member destroyed in ~GpuService
+  uint8_t codec_id_ = 0;                // tier.gpu.codec as a tier codec id; 0: T0 holds raw chunks
+  std::unique_ptr<Encoders> encoders_;  // first member destroyed in ~GpuService
   uint64_t encodes_in_flight_ = 0;
   // Chunks waiting for an encoder while kMaxEncodesInFlight run (each keeps its namespace attached).
   struct EncodeLater {

@@ -25,7 +25,7 @@ namespace kdn::sidecar::gpu {
 namespace {
 
 constexpr uint32_t kEncodeThreads = 2;
-constexpr uint64_t kMaxEncodesInFlight = 256;  // chunks on the encoders' queue (each pins a host copy)
+constexpr uint64_t kMaxEncodesInFlight = 256;     // chunks on the encoders' queue (each pins a host copy)
 constexpr uint64_t kMaxEncodeBacklog = 1u << 16;  // chunks beyond this are not encoded (served from T1)
 
 }  // namespace
@@ -79,8 +79,10 @@ Result<uint32_t> GpuService::retrieve_coded(Namespace& ns, Registration& reg, co
       const T0Key key{ns.region_id, chunks[i]->key, chunks[i]->generation};
       std::optional<uint64_t> off;
       if (area.chunks > 0 && d.blobs->find(key)) off = d.t0_index->find(key);
-      if (off) hits.emplace_back(i, *off);
-      else misses.push_back(i);
+      if (off)
+        hits.emplace_back(i, *off);
+      else
+        misses.push_back(i);
     }
   } catch (const std::bad_alloc&) {
     unpin_all();
@@ -209,7 +211,8 @@ bool GpuService::coded_failed(Batch& b, bool failed) noexcept {
     if (!bad && !failed && c.host_words) {
       Status st = kernels::kvc1_cuda_result_of(c.host_words[g]);
       bad = !st.ok();
-      if (bad) spdlog::error("GPU tier: decoding {} T0 blob(s) on device {} failed: {}", end - begin, b.device, st.what());
+      if (bad)
+        spdlog::error("GPU tier: decoding {} T0 blob(s) on device {} failed: {}", end - begin, b.device, st.what());
     }
     if (bad) {
       corrupt = true;
@@ -228,7 +231,9 @@ bool GpuService::coded_failed(Batch& b, bool failed) noexcept {
 void GpuService::drop_faulty(Batch& b) noexcept {
   T0Index& idx = *devices_[size_t(b.device)]->t0_index;
   for (const T0Key& k : b.coded->faulty) {
-    if (!idx.erase(k)) spdlog::warn("GPU tier: a T0 blob that failed to decode is still read by another batch, which drops it if it fails too");
+    if (!idx.erase(k))
+      spdlog::warn(
+          "GPU tier: a T0 blob that failed to decode is still read by another batch, which drops it if it fails too");
   }
 }
 
@@ -247,7 +252,8 @@ void GpuService::t0_codec_stats(ipc::TierStatsRecord* r) const noexcept {
 
 void GpuService::encode_for_t0(Namespace& ns, int device, const kernels::ChunkGeometry& geo, Entry* e) {
   Device& d = *devices_[size_t(device)];
-  if (!encoders_ || !d.blobs || e->bytes != kernels::chunk_bytes(geo) || encode_stop_.load(std::memory_order_relaxed)) return;
+  if (!encoders_ || !d.blobs || e->bytes != kernels::chunk_bytes(geo) || encode_stop_.load(std::memory_order_relaxed))
+    return;
   const T0Key key{ns.region_id, e->key, e->generation};
   if (d.t0_index->contains(key) || d.blobs->encoding(key)) return;
   if (encodes_in_flight_ < kMaxEncodesInFlight) {
@@ -292,8 +298,10 @@ bool GpuService::post_encode(Namespace& ns, int device, const kernels::ChunkGeom
     T0EncodeJob* j = job.get();
     const std::atomic<bool>* stop = &encode_stop_;
     encoders_->post([pool, j, stop] {
-      if (stop->load(std::memory_order_relaxed)) j->status = Status(Code::kUnavailable, "kdnd is stopping");
-      else j->run();
+      if (stop->load(std::memory_order_relaxed))
+        j->status = Status(Code::kUnavailable, "kdnd is stopping");
+      else
+        j->run();
       // Page-locked here, off the loop: the H2D into T0 is then a DMA that never makes the loop
       // wait for the stream (a copy from pageable memory may). Unlocked when the blob goes.
       if (j->status.ok()) j->pinned = host_register(j->encoding.blob.data(), j->encoding.blob.size()).ok();
@@ -318,7 +326,8 @@ void GpuService::stop_encoding() noexcept {
 
 // Chunks that waited for an encoder: posted while encoders are free, if still the same chunk.
 void GpuService::drain_encode_backlog() {
-  while (!encode_backlog_.empty() && encodes_in_flight_ < kMaxEncodesInFlight && !encode_stop_.load(std::memory_order_relaxed)) {
+  while (!encode_backlog_.empty() && encodes_in_flight_ < kMaxEncodesInFlight &&
+         !encode_stop_.load(std::memory_order_relaxed)) {
     const EncodeLater w = encode_backlog_.front();
     encode_backlog_.pop_front();
     Entry* e = w.ns->store->index().find(w.key);
@@ -350,8 +359,8 @@ void GpuService::poll_encodes() {
     if (job->status.code() == Code::kUnavailable) continue;  // stop_encoding(): not encoded
     if (!job->status.ok()) {
       if (counters_.t0_encode_failed++ == 0)
-        spdlog::warn("GPU tier: a chunk could not enter T0 as {} ({}); such chunks are served from T1",
-                     cfg_.codec, job->status.what());
+        spdlog::warn("GPU tier: a chunk could not enter T0 as {} ({}); such chunks are served from T1", cfg_.codec,
+                     job->status.what());
       continue;
     }
     ++counters_.t0_encoded;

@@ -26,21 +26,21 @@ struct CodedBatch {
   int64_t faulty_group = -1;             // a group the decoder refused on the host (a corrupt host copy)
   std::vector<T0Key> faulty;             // keys of failed groups: dropped from T0 once unpinned
   bool fill = false;
-  bool fill_failed = false;              // the fill's copy could not be queued whole
+  bool fill_failed = false;  // the fill's copy could not be queued whole
 };
 
 struct GpuService::Device {
   DeviceInfo info;
   void* stream = nullptr;
-  DeviceRegion t0;                   // bytes 0: no T0 on this device
+  DeviceRegion t0;  // bytes 0: no T0 on this device
   std::unique_ptr<T0Index> t0_index;
-  DeviceRegion scratch;              // [0, bounce) bounce chunk, [bounce, end) device metadata
+  DeviceRegion scratch;  // [0, bounce) bounce chunk, [bounce, end) device metadata
   uint64_t bounce_bytes = 0;
-  std::byte* host_meta = nullptr;    // pinned; mirrors the device metadata area
+  std::byte* host_meta = nullptr;  // pinned; mirrors the device metadata area
   bool host_meta_pinned = false;
   std::unique_ptr<FifoRing> meta;
-  std::vector<uint8_t> peer_enabled; // by device: 0 unknown, 1 enabled, 2 refused
-  std::unique_ptr<T0BlobStore> blobs; // tier.gpu.codec: host copies of the blobs in T0
+  std::vector<uint8_t> peer_enabled;   // by device: 0 unknown, 1 enabled, 2 refused
+  std::unique_ptr<T0BlobStore> blobs;  // tier.gpu.codec: host copies of the blobs in T0
 };
 
 struct GpuService::Batch {
@@ -49,15 +49,15 @@ struct GpuService::Batch {
   Registration* reg = nullptr;
   Namespace* ns = nullptr;
   bool uses_meta = false;
-  std::vector<Entry*> leased;                    // retrieve: one lease each, released on landing
-  std::vector<std::pair<int, T0Key>> t0_pins;    // slots read by the batch
-  std::vector<std::pair<int, T0Key>> t0_fresh;   // slots written by the batch: published on success
-  uint64_t op_token = 0;                         // store: the request to wake
-  std::unique_ptr<CodedBatch> coded;             // tier.gpu.codec: decodes and T0 fills
-  std::unique_ptr<BlendPlan> blend;              // GPU_BLEND_SELECT: what the answer is checked against
-  const std::byte* blend_result = nullptr;       // its answer, in the batch's pinned metadata tail
-  std::vector<uint64_t> waiters;                 // GPU_CHECK requests woken when it lands
-  bool inject_failure = false;                   // KDN_TEST_GPU_FAIL_RETRIEVE: lands as failed
+  std::vector<Entry*> leased;                   // retrieve: one lease each, released on landing
+  std::vector<std::pair<int, T0Key>> t0_pins;   // slots read by the batch
+  std::vector<std::pair<int, T0Key>> t0_fresh;  // slots written by the batch: published on success
+  uint64_t op_token = 0;                        // store: the request to wake
+  std::unique_ptr<CodedBatch> coded;            // tier.gpu.codec: decodes and T0 fills
+  std::unique_ptr<BlendPlan> blend;             // GPU_BLEND_SELECT: what the answer is checked against
+  const std::byte* blend_result = nullptr;      // its answer, in the batch's pinned metadata tail
+  std::vector<uint64_t> waiters;                // GPU_CHECK requests woken when it lands
+  bool inject_failure = false;                  // KDN_TEST_GPU_FAIL_RETRIEVE: lands as failed
 };
 
 }  // namespace kdn::sidecar::gpu

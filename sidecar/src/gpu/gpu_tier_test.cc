@@ -275,8 +275,8 @@ TEST(GpuPlan, Routing) {
 TEST(GpuPlan, SlicesCoverEachCopyExactly) {
   std::vector<Copy> copies = {{1000, 5000, 10}, {20000, 90000, 25}, {0, 0, 0}, {7, 8, 8}};
   auto s = slice_copies(copies, 8);
-  std::vector<Copy> want = {{1000, 5000, 8}, {1008, 5008, 2}, {20000, 90000, 8}, {20008, 90008, 8},
-                            {20016, 90016, 8}, {20024, 90024, 1}, {0, 0, 0}, {7, 8, 8}};
+  std::vector<Copy> want = {{1000, 5000, 8},   {1008, 5008, 2},   {20000, 90000, 8}, {20008, 90008, 8},
+                            {20016, 90016, 8}, {20024, 90024, 1}, {0, 0, 0},         {7, 8, 8}};
   ASSERT_EQ(s.size(), want.size());
   for (size_t i = 0; i < s.size(); ++i) {
     EXPECT_EQ(s[i].dst, want[i].dst) << i;
@@ -307,7 +307,7 @@ TEST(GpuPlan, FifoRingHandsOutDisjointRangesAndWraps) {
   EXPECT_EQ(*b, 320u);
   EXPECT_EQ(*c, 640u);
   EXPECT_FALSE(ring.alloc(100)) << "64 bytes left";
-  ring.release_oldest();  // a
+  ring.release_oldest();     // a
   auto d = ring.alloc(300);  // does not fit at 960: wraps to 0
   ASSERT_TRUE(d);
   EXPECT_EQ(*d, 0u);

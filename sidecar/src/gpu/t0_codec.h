@@ -111,7 +111,7 @@ struct T0EncodeJob {
   // results
   ChunkEncoding encoding;  // on success, its blob buffer is no larger than the blob (rounded to 4 KiB)
   Status status;
-  bool pinned = false;     // the worker page-locked the blob (the GPU tier's, not run()'s)
+  bool pinned = false;  // the worker page-locked the blob (the GPU tier's, not run()'s)
 
   // Encodes the chunk, validates the blob as the CUDA decoder will read it, and moves it into a
   // buffer of its own size (the encoder's holds the codec's worst case). Any thread.

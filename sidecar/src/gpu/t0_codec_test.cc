@@ -39,7 +39,7 @@ TEST(T0Codec, DecodeAreaFitsOutputsAndScratchInTheBounceBuffer) {
   a = plan_decode_area((64ull << 20) + 4096, chunk, kMaxDecodeChunks, fake_scratch);
   EXPECT_EQ(a.chunks, 2u);
   a = plan_decode_area(1ull << 30, 1000, 32, fake_scratch);
-  EXPECT_EQ(a.chunks, 32u);  // capped
+  EXPECT_EQ(a.chunks, 32u);    // capped
   EXPECT_EQ(a.stride, 1024u);  // aligned
   EXPECT_EQ(a.scratch_offset % kDecodeAlign, 0u);
   EXPECT_EQ(plan_decode_area(chunk, chunk, 8, fake_scratch).chunks, 0u);  // the scratch does not fit

@@ -39,7 +39,6 @@ std::string parent_dir(const std::string& path);
 // Writes `text` to `path` whole: a temporary beside it, created with O_EXCL | O_NOFOLLOW and
 // `mode`, written, then renamed over `path`. `path`'s directory must pass check_private_dir,
 // or a user who can write it could redirect the temporary. Errors name the file and errno.
-Status write_file_atomically(const std::string& path, std::string_view text, mode_t mode,
-                             std::string* error);
+Status write_file_atomically(const std::string& path, std::string_view text, mode_t mode, std::string* error);
 
 }  // namespace kdn

@@ -15,14 +15,14 @@
 #include <span>
 
 // kdn_key is a C type in the global namespace, so its equality lives there too (ADL).
-inline bool operator==(const kdn_key& a, const kdn_key& b) noexcept {
-  return a.lo == b.lo && a.hi == b.hi;
-}
+inline bool operator==(const kdn_key& a, const kdn_key& b) noexcept { return a.lo == b.lo && a.hi == b.hi; }
 
 namespace kdn {
 
 struct KeyHash {
-  size_t operator()(const kdn_key& k) const noexcept { return static_cast<size_t>(k.lo ^ (k.hi * 0x9E3779B97F4A7C15ull)); }
+  size_t operator()(const kdn_key& k) const noexcept {
+    return static_cast<size_t>(k.lo ^ (k.hi * 0x9E3779B97F4A7C15ull));
+  }
 };
 
 constexpr uint32_t kDefaultChunkTokens = 256;
@@ -35,10 +35,10 @@ constexpr uint64_t kMaxChunkBytes = 1ull << 32;  // 4 GiB per chunk is far beyon
 uint32_t dtype_bytes(uint32_t dtype) noexcept;  // 0 for an unknown dtype
 
 struct ModelInfo {
-  kdn_model_desc desc;       // normalized: defaults filled in, name NUL-terminated
+  kdn_model_desc desc;  // normalized: defaults filled in, name NUL-terminated
   kdn_key fingerprint;
-  uint64_t chunk_bytes;      // L * 2 * T * H * D * elem
-  uint64_t plane_bytes;      // T * H * D * elem (one K or V plane of one layer)
+  uint64_t chunk_bytes;  // L * 2 * T * H * D * elem
+  uint64_t plane_bytes;  // T * H * D * elem (one K or V plane of one layer)
   uint32_t chunk_tokens;
 
   // Validates and normalizes a caller-supplied descriptor (untrusted: any bytes).
@@ -46,12 +46,10 @@ struct ModelInfo {
 };
 
 // Prefix keys of the whole chunks of `tokens`, at most keys.size(); returns how many.
-size_t prefix_keys(const ModelInfo& model, std::span<const int32_t> tokens,
-                   std::span<kdn_key> keys) noexcept;
+size_t prefix_keys(const ModelInfo& model, std::span<const int32_t> tokens, std::span<kdn_key> keys) noexcept;
 
 // One chaining step, exposed for tests: key of the chunk after `prev` (null for the first).
-kdn_key chain_key(const kdn_key* prev, const kdn_key& fingerprint,
-                  std::span<const int32_t> chunk_tokens) noexcept;
+kdn_key chain_key(const kdn_key* prev, const kdn_key& fingerprint, std::span<const int32_t> chunk_tokens) noexcept;
 
 // ---- segments (non-prefix reuse; docs/blend.md) ---------------------------------------------
 // A segment is a span of tokens whose KV was computed at positions base_pos, base_pos + 1, ...
@@ -75,7 +73,7 @@ kdn_key context_key(const ModelInfo& model, std::span<const int32_t> tokens) noe
 uint64_t segment_chunks(const ModelInfo& model, uint64_t n_tokens) noexcept;
 // The chunk keys of a segment, at most keys.size() of them; returns how many were written.
 // base_key is a context_key (or {0, 0} for none); base_pos must be in [0, kMaxPosition].
-size_t segment_keys(const ModelInfo& model, const kdn_key& base_key, int64_t base_pos,
-                    std::span<const int32_t> tokens, std::span<kdn_key> keys) noexcept;
+size_t segment_keys(const ModelInfo& model, const kdn_key& base_key, int64_t base_pos, std::span<const int32_t> tokens,
+                    std::span<kdn_key> keys) noexcept;
 
 }  // namespace kdn

@@ -17,8 +17,8 @@ struct ModelPreset {
   uint32_t kv_heads;
   uint32_t head_dim;
   double rope_theta;
-  uint32_t rope_scaling;          // kdn_rope_scaling
-  float rope_scaling_params[4];   // as kdn_model_desc::rope_scaling_params
+  uint32_t rope_scaling;         // kdn_rope_scaling
+  float rope_scaling_params[4];  // as kdn_model_desc::rope_scaling_params
 };
 
 // llama3-8b (Llama 3.1 8B: 32 layers, 8 KV heads of 128, llama3 RoPE scaling) and

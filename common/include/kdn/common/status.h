@@ -58,9 +58,7 @@ class [[nodiscard]] Status {
   constexpr int sys_errno() const noexcept { return errno_; }
 
  private:
-  static constexpr const char* code_name_constexpr(Code c) noexcept {
-    return c == Code::kOk ? "ok" : "error";
-  }
+  static constexpr const char* code_name_constexpr(Code c) noexcept { return c == Code::kOk ? "ok" : "error"; }
   Code code_ = Code::kOk;
   const char* what_ = nullptr;
   int errno_ = 0;
@@ -75,7 +73,7 @@ class [[nodiscard]] Result {
 
  public:
   Result(T value) noexcept : has_(true) { new (&storage_) T(std::move(value)); }  // NOLINT
-  Result(Status status) noexcept : status_(status) {}                            // NOLINT
+  Result(Status status) noexcept : status_(status) {}                             // NOLINT
   Result(Result&& o) noexcept : status_(o.status_), has_(o.has_) {
     if (has_) new (&storage_) T(std::move(*o.ptr()));
   }
@@ -116,8 +114,8 @@ class [[nodiscard]] Result {
 }  // namespace kdn
 
 // Returns the Status of `expr` from the enclosing function if it is not ok.
-#define KDN_RETURN_IF_ERROR(expr)          \
-  do {                                     \
-    ::kdn::Status kdn_st_ = (expr);        \
-    if (!kdn_st_.ok()) return kdn_st_;     \
+#define KDN_RETURN_IF_ERROR(expr)      \
+  do {                                 \
+    ::kdn::Status kdn_st_ = (expr);    \
+    if (!kdn_st_.ok()) return kdn_st_; \
   } while (0)

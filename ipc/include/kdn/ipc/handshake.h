@@ -53,9 +53,8 @@ Status parse_hello(std::span<const std::byte> bytes, HelloMsg* out) noexcept;
 
 // A successful welcome for `hello`, the session's layout, its regions (1..4; their fds
 // travel in this order) and its limits.
-WelcomeMsg make_welcome(const HelloMsg& hello, const SessionLayout& layout, uint64_t session_id,
-                        uint32_t granted_flags, std::span<const RegionRecord> regions,
-                        const SessionLimits& limits) noexcept;
+WelcomeMsg make_welcome(const HelloMsg& hello, const SessionLayout& layout, uint64_t session_id, uint32_t granted_flags,
+                        std::span<const RegionRecord> regions, const SessionLimits& limits) noexcept;
 // A refusal carrying `code` (< 0), in the layout every major understands.
 WelcomeRefusal make_refusal(Code code) noexcept;
 
@@ -63,8 +62,7 @@ WelcomeRefusal make_refusal(Code code) noexcept;
 // A refusal is returned as its own status (e.g. KDN_ERR_PERMISSION; KDN_ERR_VERSION when the
 // daemon speaks another major) with out->status and proto_major filled. KDN_ERR_PROTOCOL for
 // a malformed welcome or fds/status/size/regions that disagree.
-Status parse_welcome(std::span<const std::byte> bytes, size_t num_fds, const HelloMsg& hello,
-                     WelcomeMsg* out) noexcept;
+Status parse_welcome(std::span<const std::byte> bytes, size_t num_fds, const HelloMsg& hello, WelcomeMsg* out) noexcept;
 
 // Compares two NUL-terminated tokens of at most kTokenBytes in time independent of where
 // they differ (the daemon's token check).
@@ -78,7 +76,7 @@ struct ReceivedHello {
 
 // What the daemon knows of a hello it refused, for its log.
 struct HelloRefusalInfo {
-  PeerCredentials peer{};   // pid 0 if SO_PEERCRED failed
+  PeerCredentials peer{};     // pid 0 if SO_PEERCRED failed
   uint16_t client_major = 0;  // the proto_major the client sent (0 if unreadable)
 };
 
@@ -86,8 +84,7 @@ struct HelloRefusalInfo {
 // claimed pid is not the SO_PEERCRED pid; KDN_ERR_VERSION for another major (`why` says
 // which). The caller answers every error with server_send_refusal (where the socket still
 // works) and closes the socket.
-Result<ReceivedHello> server_receive_hello(int sock, uint32_t timeout_ms,
-                                           HelloRefusalInfo* why = nullptr) noexcept;
+Result<ReceivedHello> server_receive_hello(int sock, uint32_t timeout_ms, HelloRefusalInfo* why = nullptr) noexcept;
 // Daemon: sends a successful welcome with the session's fds (the caller keeps them): the
 // session segment, the doorbell, and one fd per region of welcome.regions.
 Status server_send_welcome(int sock, const WelcomeMsg& welcome, int session_fd, int doorbell_fd,

@@ -31,11 +31,11 @@ struct OpShape {
     kPerInput,   // room for one record per input record (LEASE: per min(input, arg0 max))
     kAtLeastOne  // room for at least one record (STATS, LIST)
   };
-  uint32_t in_record = 0;    // bytes per input record; 0 = no input allowed
-  bool in_single = false;    // input is exactly one record (REGISTER_MODEL)
-  uint32_t out_record = 0;   // bytes per output record
+  uint32_t in_record = 0;   // bytes per input record; 0 = no input allowed
+  bool in_single = false;   // input is exactly one record (REGISTER_MODEL)
+  uint32_t out_record = 0;  // bytes per output record
   Out out = Out::kNone;
-  bool admin = false;        // needs a session granted kHelloFlagAdmin
+  bool admin = false;  // needs a session granted kHelloFlagAdmin
 };
 
 // What serving an opcode needs beyond its payload, declared beside its shape: the daemon's
@@ -50,10 +50,10 @@ struct OpTraits {
     kSession,  // the leases are the client's (LeaseRecords out, RELEASE gives them back)
     kDaemon,   // kdnd holds them for its own copies and releases them when those land
   };
-  bool model = false;            // Sqe::model_id names a model the session registered
+  bool model = false;  // Sqe::model_id names a model the session registered
   Lease lease = Lease::kNone;
   Holder holder = Holder::kSession;
-  bool segment_records = false;  // arg1 names GpuSegmentChunkRecords, one per key
+  bool segment_records = false;      // arg1 names GpuSegmentChunkRecords, one per key
   bool settles_after_close = false;  // still finishes once its client is gone (copies it made)
 };
 
@@ -62,8 +62,12 @@ struct PingOp {
   static constexpr Opcode kOpcode = Opcode::kPing;
   static constexpr const char* kName = "PING";
   static constexpr OpShape kShape{};
-  struct Args { uint64_t cookie = 0; };
-  struct Result { uint64_t cookie = 0; };
+  struct Args {
+    uint64_t cookie = 0;
+  };
+  struct Result {
+    uint64_t cookie = 0;
+  };
   static void put(const Args& a, Sqe& q) noexcept { q.arg[0] = a.cookie; }
   static Args args(const Sqe& q) noexcept { return {q.arg[0]}; }
   static void put(const Result& r, Cqe& c) noexcept { c.res[0] = r.cookie; }
@@ -109,7 +113,9 @@ struct LookupOp {
   static constexpr OpShape kShape{sizeof(kdn_key)};
   static constexpr OpTraits kTraits{.model = true};
   using InRecord = kdn_key;
-  struct Args { uint32_t model_id = 0; };
+  struct Args {
+    uint32_t model_id = 0;
+  };
   struct Result {
     uint32_t hit_chunks = 0;
     uint32_t tier_chunks[kTierCount] = {};  // of the hits, how many have their fastest copy in tier t
@@ -188,15 +194,15 @@ struct ReserveOp {
 template <Opcode kOp>
 struct HandleOp {
   static constexpr Opcode kOpcode = kOp;
-  static constexpr const char* kName = kOp == Opcode::kCommit ? "COMMIT"
-                                       : kOp == Opcode::kAbort ? "ABORT"
-                                                               : "RELEASE";
+  static constexpr const char* kName = kOp == Opcode::kCommit ? "COMMIT" : kOp == Opcode::kAbort ? "ABORT" : "RELEASE";
   static constexpr OpShape kShape{sizeof(uint64_t)};
   // A COMMIT settles the chunks its copies published even when its client is gone.
   static constexpr OpTraits kTraits{.settles_after_close = kOp == Opcode::kCommit};
   using InRecord = uint64_t;
   struct Args {};
-  struct Result { uint32_t done = 0; };
+  struct Result {
+    uint32_t done = 0;
+  };
   static void put(const Args&, Sqe&) noexcept {}
   static Args args(const Sqe&) noexcept { return {}; }
   static void put(const Result& r, Cqe& c) noexcept { c.res[0] = r.done; }
@@ -225,7 +231,9 @@ struct LeaseOp {
     uint32_t model_id = 0;
     uint32_t max_chunks = 0;  // 0 = as many keys as sent
   };
-  struct Result { uint32_t leased = 0; };
+  struct Result {
+    uint32_t leased = 0;
+  };
   static void put(const Args& a, Sqe& q) noexcept {
     q.model_id = a.model_id;
     q.arg[0] = a.max_chunks;
@@ -251,7 +259,9 @@ struct StatsOp {
   static constexpr OpShape kShape{0, false, sizeof(uint64_t), OpShape::Out::kAtLeastOne};
   using OutRecord = uint64_t;
   struct Args {};
-  struct Result { uint32_t words = 0; };  // u64 words of the StatsRecord written
+  struct Result {
+    uint32_t words = 0;
+  };  // u64 words of the StatsRecord written
   static void put(const Args&, Sqe&) noexcept {}
   static Args args(const Sqe&) noexcept { return {}; }
   static void put(const Result& r, Cqe& c) noexcept {
@@ -302,7 +312,9 @@ struct EvictOp {
   static constexpr const char* kName = "EVICT";
   static constexpr OpShape kShape{sizeof(kdn_key), false, 0, OpShape::Out::kNone, true};
   using InRecord = kdn_key;
-  struct Args { EvictMode mode = EvictMode::kAll; };  // kAll takes no keys
+  struct Args {
+    EvictMode mode = EvictMode::kAll;
+  };  // kAll takes no keys
   struct Result {
     uint64_t evicted = 0;
     uint64_t skipped = 0;  // leased, or being written or moved
@@ -327,7 +339,9 @@ struct LookupEachOp {
   static constexpr OpTraits kTraits{.model = true};
   using InRecord = kdn_key;
   using OutRecord = uint8_t;
-  struct Args { uint32_t model_id = 0; };
+  struct Args {
+    uint32_t model_id = 0;
+  };
   struct Result {
     uint32_t hit_chunks = 0;                // keys with a copy somewhere
     uint32_t tier_chunks[kTierCount] = {};  // of those, how many have their fastest copy in tier t
@@ -350,7 +364,8 @@ struct LookupEachOp {
     }
     if (c.res[0] != hits) return Status(Code::kProtocol, "LOOKUP_EACH hit count does not match its records");
     for (uint32_t t = 0; t < kTierCount; ++t) {
-      if (c.res[1 + t] != per_tier[t]) return Status(Code::kProtocol, "LOOKUP_EACH tier counts do not match its records");
+      if (c.res[1 + t] != per_tier[t])
+        return Status(Code::kProtocol, "LOOKUP_EACH tier counts do not match its records");
       r.tier_chunks[t] = uint32_t(per_tier[t]);
     }
     r.hit_chunks = uint32_t(hits);
@@ -369,8 +384,12 @@ struct LeaseEachOp {
   static constexpr OpTraits kTraits{.model = true, .lease = OpTraits::Lease::kEach};
   using InRecord = kdn_key;
   using OutRecord = LeaseRecord;
-  struct Args { uint32_t model_id = 0; };
-  struct Result { uint32_t leased = 0; };  // records with a lease (nonzero lease_id)
+  struct Args {
+    uint32_t model_id = 0;
+  };
+  struct Result {
+    uint32_t leased = 0;
+  };  // records with a lease (nonzero lease_id)
   static void put(const Args& a, Sqe& q) noexcept { q.model_id = a.model_id; }
   static Args args(const Sqe& q) noexcept { return {q.model_id}; }
   static void put(const Result& r, Cqe& c) noexcept { c.res[0] = r.leased; }
@@ -391,7 +410,9 @@ struct PrefetchOp {
   static constexpr OpShape kShape{sizeof(kdn_key)};
   static constexpr OpTraits kTraits{.model = true};
   using InRecord = kdn_key;
-  struct Args { uint32_t model_id = 0; };
+  struct Args {
+    uint32_t model_id = 0;
+  };
   struct Result {
     uint32_t hit_chunks = 0;  // the cached prefix
     uint32_t started = 0;     // promotions started by this request
@@ -403,7 +424,8 @@ struct PrefetchOp {
     c.res[1] = r.started;
   }
   static kdn::Result<Result> result(const Cqe& c, uint32_t keys_sent) noexcept {
-    if (c.res[0] > keys_sent || c.res[1] > c.res[0]) return Status(Code::kProtocol, "PREFETCH answered impossible counts");
+    if (c.res[0] > keys_sent || c.res[1] > c.res[0])
+      return Status(Code::kProtocol, "PREFETCH answered impossible counts");
     return Result{uint32_t(c.res[0]), uint32_t(c.res[1])};
   }
 };
@@ -415,12 +437,15 @@ struct TierStatsOp {
   static constexpr OpShape kShape{0, false, sizeof(TierStatsRecord), OpShape::Out::kAtLeastOne};
   using OutRecord = TierStatsRecord;
   struct Args {};
-  struct Result { uint32_t written = 0; };
+  struct Result {
+    uint32_t written = 0;
+  };
   static void put(const Args&, Sqe&) noexcept {}
   static Args args(const Sqe&) noexcept { return {}; }
   static void put(const Result& r, Cqe& c) noexcept { c.res[0] = r.written; }
   static kdn::Result<Result> result(const Cqe& c, uint32_t room) noexcept {
-    if (c.res[0] > room || c.res[0] > kTierCount) return Status(Code::kProtocol, "TIER_STATS wrote more records than fit");
+    if (c.res[0] > room || c.res[0] > kTierCount)
+      return Status(Code::kProtocol, "TIER_STATS wrote more records than fit");
     return Result{uint32_t(c.res[0])};
   }
 };
@@ -491,7 +516,9 @@ struct GpuUnregisterOp {
   static constexpr Opcode kOpcode = Opcode::kGpuUnregister;
   static constexpr const char* kName = "GPU_UNREGISTER";
   static constexpr OpShape kShape{};
-  struct Args { GpuRegistrationRef reg; };
+  struct Args {
+    GpuRegistrationRef reg;
+  };
   struct Result {};
   static void put(const Args& a, Sqe& q) noexcept { q.arg[0] = a.reg.word(); }
   static Args args(const Sqe& q) noexcept { return {GpuRegistrationRef::of(q.arg[0])}; }
@@ -515,9 +542,8 @@ struct GpuRetrieveOp {
   static constexpr Opcode kOpcode = Opcode::kGpuRetrieve;
   static constexpr const char* kName = "GPU_RETRIEVE";
   static constexpr OpShape kShape{sizeof(kdn_key)};
-  static constexpr OpTraits kTraits{.model = true,
-                                    .lease = OpTraits::Lease::kPrefix,
-                                    .holder = OpTraits::Holder::kDaemon};
+  static constexpr OpTraits kTraits{
+      .model = true, .lease = OpTraits::Lease::kPrefix, .holder = OpTraits::Holder::kDaemon};
   using InRecord = kdn_key;
   struct Args {
     uint32_t model_id = 0;
@@ -526,9 +552,9 @@ struct GpuRetrieveOp {
     GpuLayoutRef layout;
   };
   struct Result {
-    uint32_t loaded = 0;      // leading chunks whose copies were queued
-    uint32_t from_t0 = 0;     // of those, served from a T0 copy
-    uint64_t ticket = 0;      // minor 5: names the copies for GPU_CHECK (0: none queued)
+    uint32_t loaded = 0;   // leading chunks whose copies were queued
+    uint32_t from_t0 = 0;  // of those, served from a T0 copy
+    uint64_t ticket = 0;   // minor 5: names the copies for GPU_CHECK (0: none queued)
   };
   static void put(const Args& a, Sqe& q) noexcept {
     q.model_id = a.model_id;
@@ -549,7 +575,8 @@ struct GpuRetrieveOp {
     c.res[2] = r.ticket;
   }
   static kdn::Result<Result> result(const Cqe& c, uint32_t wanted) noexcept {
-    if (c.res[0] > wanted || c.res[1] > c.res[0]) return Status(Code::kProtocol, "GPU_RETRIEVE answered impossible counts");
+    if (c.res[0] > wanted || c.res[1] > c.res[0])
+      return Status(Code::kProtocol, "GPU_RETRIEVE answered impossible counts");
     if (c.res[0] == 0 && c.res[2] != 0) return Status(Code::kProtocol, "GPU_RETRIEVE answered a ticket for no copy");
     return Result{uint32_t(c.res[0]), uint32_t(c.res[1]), c.res[2]};
   }
@@ -571,8 +598,8 @@ struct GpuStoreOp {
     GpuLayoutRef layout;
   };
   struct Result {
-    uint32_t stored = 0;      // chunks gathered and committed
-    uint32_t cached = 0;      // chunks already cached or being stored by someone else
+    uint32_t stored = 0;  // chunks gathered and committed
+    uint32_t cached = 0;  // chunks already cached or being stored by someone else
   };
   static void put(const Args& a, Sqe& q) noexcept {
     q.model_id = a.model_id;
@@ -602,10 +629,8 @@ struct GpuSegmentRetrieveOp {
   static constexpr Opcode kOpcode = Opcode::kGpuSegmentRetrieve;
   static constexpr const char* kName = "GPU_SEGMENT_RETRIEVE";
   static constexpr OpShape kShape{sizeof(kdn_key), false, 1, OpShape::Out::kPerInput};
-  static constexpr OpTraits kTraits{.model = true,
-                                    .lease = OpTraits::Lease::kEach,
-                                    .holder = OpTraits::Holder::kDaemon,
-                                    .segment_records = true};
+  static constexpr OpTraits kTraits{
+      .model = true, .lease = OpTraits::Lease::kEach, .holder = OpTraits::Holder::kDaemon, .segment_records = true};
   using InRecord = kdn_key;
   using OutRecord = uint8_t;
   struct Args {
@@ -644,7 +669,8 @@ struct GpuSegmentRetrieveOp {
       loaded += out[i] == kGpuSegmentLoaded;
     }
     if (loaded != c.res[0]) return Status(Code::kProtocol, "GPU_SEGMENT_RETRIEVE count does not match its bytes");
-    if (c.res[0] == 0 && c.res[2] != 0) return Status(Code::kProtocol, "GPU_SEGMENT_RETRIEVE answered a ticket for no copy");
+    if (c.res[0] == 0 && c.res[2] != 0)
+      return Status(Code::kProtocol, "GPU_SEGMENT_RETRIEVE answered a ticket for no copy");
     return Result{uint32_t(c.res[0]), uint32_t(c.res[1]), c.res[2]};
   }
   // The records' checks (kdnd's, on its copy): shape, known flags, deltas, and each chunk's
@@ -653,7 +679,8 @@ struct GpuSegmentRetrieveOp {
                              uint64_t layout_tokens) noexcept {
     if (recs.size() != keys) return Status(Code::kInvalidArgument, "GPU_SEGMENT_RETRIEVE: one chunk record per key");
     for (const GpuSegmentChunkRecord& r : recs) {
-      if ((r.flags & ~kGpuSegmentStart) != 0) return Status(Code::kInvalidArgument, "GPU_SEGMENT_RETRIEVE: unknown chunk flags");
+      if ((r.flags & ~kGpuSegmentStart) != 0)
+        return Status(Code::kInvalidArgument, "GPU_SEGMENT_RETRIEVE: unknown chunk flags");
       if (r.delta > KDN_MAX_POSITION || r.delta < -KDN_MAX_POSITION)
         return Status(Code::kInvalidArgument, "GPU_SEGMENT_RETRIEVE: position delta out of range");
       if (uint64_t(r.first_token) + chunk_tokens > layout_tokens)
@@ -678,20 +705,18 @@ struct GpuBlendSelectOp {
   static constexpr Opcode kOpcode = Opcode::kGpuBlendSelect;
   static constexpr const char* kName = "GPU_BLEND_SELECT";
   static constexpr OpShape kShape{sizeof(kdn_key), false, sizeof(int32_t), OpShape::Out::kAtLeastOne};
-  static constexpr OpTraits kTraits{.model = true,
-                                    .lease = OpTraits::Lease::kEach,
-                                    .holder = OpTraits::Holder::kDaemon,
-                                    .segment_records = true};
+  static constexpr OpTraits kTraits{
+      .model = true, .lease = OpTraits::Lease::kEach, .holder = OpTraits::Holder::kDaemon, .segment_records = true};
   using InRecord = kdn_key;
   using OutRecord = int32_t;
   struct Args {
     uint32_t model_id = 0;
     GpuRegistrationRef reg;
-    GpuLayoutRef chunks;        // GpuSegmentChunkRecords
+    GpuLayoutRef chunks;  // GpuSegmentChunkRecords
     GpuLayoutRef layout;
-    uint32_t check_layer = 0;   // arg3 bits 0..15
+    uint32_t check_layer = 0;          // arg3 bits 0..15
     uint32_t plane = kGpuBlendPlaneK;  // arg3 bits 16..17 (kGpuBlendPlaneK or kGpuBlendPlaneV)
-    uint32_t ratio_ppm = 0;     // arg3 bits 32..63: the recompute ratio in parts per million
+    uint32_t ratio_ppm = 0;            // arg3 bits 32..63: the recompute ratio in parts per million
   };
   struct Result {
     uint32_t selected = 0;    // indices written
@@ -719,7 +744,8 @@ struct GpuBlendSelectOp {
     const Args a = args(q);
     if ((q.arg[3] & 0xfffc0000ull) != 0)
       return Status(Code::kInvalidArgument, "GPU_BLEND_SELECT: unknown bits in arg3");
-    if (a.check_layer >= layers) return Status(Code::kInvalidArgument, "GPU_BLEND_SELECT: check layer past the model's layers");
+    if (a.check_layer >= layers)
+      return Status(Code::kInvalidArgument, "GPU_BLEND_SELECT: check layer past the model's layers");
     if (a.plane != kGpuBlendPlaneK && a.plane != kGpuBlendPlaneV)
       return Status(Code::kInvalidArgument, "GPU_BLEND_SELECT: plane is neither K nor V");
     if (a.ratio_ppm > kGpuBlendRatioOne) return Status(Code::kInvalidArgument, "GPU_BLEND_SELECT: ratio above 1");
@@ -735,7 +761,8 @@ struct GpuBlendSelectOp {
   // of the layout (< layout_tokens), strictly ascending.
   static kdn::Result<Result> result(const Cqe& c, const int32_t* out, uint32_t room, uint32_t keys_sent,
                                     uint64_t layout_tokens) noexcept {
-    if (c.res[0] > room || c.res[0] > c.res[1] || c.res[1] > layout_tokens || c.res[2] > keys_sent || c.res[3] > c.res[2])
+    if (c.res[0] > room || c.res[0] > c.res[1] || c.res[1] > layout_tokens || c.res[2] > keys_sent ||
+        c.res[3] > c.res[2])
       return Status(Code::kProtocol, "GPU_BLEND_SELECT answered impossible counts");
     for (uint64_t i = 0; i < c.res[0]; ++i) {
       if (out[i] < 0 || uint64_t(out[i]) >= layout_tokens || (i > 0 && out[i] <= out[i - 1]))
@@ -780,9 +807,8 @@ struct GpuPrefetchOp {
   static constexpr Opcode kOpcode = Opcode::kGpuPrefetch;
   static constexpr const char* kName = "GPU_PREFETCH";
   static constexpr OpShape kShape{sizeof(kdn_key)};
-  static constexpr OpTraits kTraits{.model = true,
-                                    .lease = OpTraits::Lease::kPrefix,
-                                    .holder = OpTraits::Holder::kDaemon};
+  static constexpr OpTraits kTraits{
+      .model = true, .lease = OpTraits::Lease::kPrefix, .holder = OpTraits::Holder::kDaemon};
   using InRecord = kdn_key;
   struct Args {
     uint32_t model_id = 0;
@@ -826,9 +852,9 @@ struct GpuInfoOp {
   using OutRecord = GpuDeviceRecord;
   struct Args {};
   struct Result {
-    uint32_t written = 0;   // records written
-    uint32_t devices = 0;   // devices kdnd sees (may exceed written)
-    uint32_t enabled = 0;   // 1: the GPU tier serves requests
+    uint32_t written = 0;        // records written
+    uint32_t devices = 0;        // devices kdnd sees (may exceed written)
+    uint32_t enabled = 0;        // 1: the GPU tier serves requests
     uint32_t registrations = 0;  // open registrations, all sessions
   };
   static void put(const Args&, Sqe&) noexcept {}
@@ -852,10 +878,10 @@ struct GpuInfoOp {
 // and its tests.
 template <class... Ops>
 struct OpList {};
-using AllOps = OpList<PingOp, RegisterModelOp, LookupOp, ReserveOp, CommitOp, AbortOp, LeaseOp, ReleaseOp, StatsOp,
-                      ListOp, EvictOp, LookupEachOp, LeaseEachOp, PrefetchOp, TierStatsOp, MetricsOp, GpuRegisterOp,
-                      GpuUnregisterOp, GpuRetrieveOp, GpuStoreOp, GpuInfoOp, GpuSegmentRetrieveOp, GpuBlendSelectOp,
-                      GpuCheckOp, GpuPrefetchOp>;
+using AllOps =
+    OpList<PingOp, RegisterModelOp, LookupOp, ReserveOp, CommitOp, AbortOp, LeaseOp, ReleaseOp, StatsOp, ListOp,
+           EvictOp, LookupEachOp, LeaseEachOp, PrefetchOp, TierStatsOp, MetricsOp, GpuRegisterOp, GpuUnregisterOp,
+           GpuRetrieveOp, GpuStoreOp, GpuInfoOp, GpuSegmentRetrieveOp, GpuBlendSelectOp, GpuCheckOp, GpuPrefetchOp>;
 
 template <class... Ops>
 constexpr uint8_t max_opcode(OpList<Ops...>) noexcept {
@@ -870,16 +896,20 @@ constexpr uint8_t kMaxOpcode = max_opcode(AllOps{});
 // An op's traits (none declared: it needs nothing beyond its payload).
 template <class O>
 constexpr OpTraits traits_of() noexcept {
-  if constexpr (requires { O::kTraits; }) return O::kTraits;
-  else return OpTraits{};
+  if constexpr (requires { O::kTraits; })
+    return O::kTraits;
+  else
+    return OpTraits{};
 }
 
 // Output records a request must have room for: one per input record, or what its `wanted`
 // says (LEASE with max_chunks).
 template <class O>
 constexpr uint32_t records_wanted(const Sqe& q, uint32_t in_records) noexcept {
-  if constexpr (requires { O::wanted(O::args(q), in_records); }) return O::wanted(O::args(q), in_records);
-  else return in_records;
+  if constexpr (requires { O::wanted(O::args(q), in_records); })
+    return O::wanted(O::args(q), in_records);
+  else
+    return in_records;
 }
 
 // The shape of `opcode`, or null for an unknown opcode (table built from AllOps).

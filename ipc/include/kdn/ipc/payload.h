@@ -27,9 +27,7 @@ constexpr bool payload_ref_ok(uint32_t off, uint32_t len, uint32_t area_bytes) n
   return off <= area_bytes && len <= area_bytes - off;
 }
 // The same for 64-bit ranges (arena offsets received by the client).
-constexpr bool range_ok(uint64_t off, uint64_t len, uint64_t size) noexcept {
-  return off <= size && len <= size - off;
-}
+constexpr bool range_ok(uint64_t off, uint64_t len, uint64_t size) noexcept { return off <= size && len <= size - off; }
 
 // A checked Sqe: its shape and record counts.
 struct SqeShape {
@@ -84,7 +82,8 @@ class PayloadArea {
   Status copy_in_slice(const Sqe& sqe, uint32_t first, std::span<T> dst) const noexcept {
     static_assert(std::is_trivially_copyable_v<T>);
     const uint64_t begin = uint64_t(first) * sizeof(T), bytes = dst.size_bytes();
-    if (begin > sqe.in_len || bytes > sqe.in_len - begin) return Status(Code::kProtocol, "input slice outside the input");
+    if (begin > sqe.in_len || bytes > sqe.in_len - begin)
+      return Status(Code::kProtocol, "input slice outside the input");
     return copy_in(sqe.in_off + uint32_t(begin), std::as_writable_bytes(dst));
   }
 

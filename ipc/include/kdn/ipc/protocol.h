@@ -29,10 +29,8 @@ namespace kdn::ipc {
 
 // Four ASCII bytes read as a little-endian u32, so the bytes on the wire spell the name.
 constexpr uint32_t fourcc(char a, char b, char c, char d) noexcept {
-  return static_cast<uint32_t>(static_cast<uint8_t>(a)) |
-         static_cast<uint32_t>(static_cast<uint8_t>(b)) << 8 |
-         static_cast<uint32_t>(static_cast<uint8_t>(c)) << 16 |
-         static_cast<uint32_t>(static_cast<uint8_t>(d)) << 24;
+  return static_cast<uint32_t>(static_cast<uint8_t>(a)) | static_cast<uint32_t>(static_cast<uint8_t>(b)) << 8 |
+         static_cast<uint32_t>(static_cast<uint8_t>(c)) << 16 | static_cast<uint32_t>(static_cast<uint8_t>(d)) << 24;
 }
 
 constexpr uint32_t kHelloMagic = fourcc('K', 'D', 'N', 'H');
@@ -56,8 +54,8 @@ constexpr uint32_t kMinPayloadBytes = 4u << 10;
 constexpr uint32_t kMaxPayloadBytes = 64u << 20;
 constexpr uint32_t kMaxKeysPerOp = 65536;  // records of any kind in one SQE's input or output
 constexpr uint64_t kMaxStagingBytes = 1ull << 40;
-constexpr size_t kNameSpaceBytes = 64;     // including the NUL
-constexpr size_t kTokenBytes = 64;         // including the NUL
+constexpr size_t kNameSpaceBytes = 64;  // including the NUL
+constexpr size_t kTokenBytes = 64;      // including the NUL
 constexpr size_t kPageBytes = 4096;
 
 // ---- handshake (SOCK_SEQPACKET, one message each way) ---------------------------------------
@@ -128,9 +126,9 @@ constexpr uint32_t kMaxWelcomeFds = kWelcomeFdFirstRegion + kMaxWelcomeRegions;
 // Daemon -> client. Sent as exactly sizeof(WelcomeMsg) bytes on success. Bytes 0..11
 // (magic, status, proto_major, proto_minor) have the version-1 layout.
 struct WelcomeMsg {
-  uint32_t magic;                  // kWelcomeMagic
-  int32_t status;                  // KDN_OK (refusals: WelcomeRefusal)
-  uint16_t proto_major;            // the daemon's version
+  uint32_t magic;        // kWelcomeMagic
+  int32_t status;        // KDN_OK (refusals: WelcomeRefusal)
+  uint16_t proto_major;  // the daemon's version
   uint16_t proto_minor;
   uint32_t flags;                  // kHelloFlag* granted (subset of those asked for)
   uint64_t session_id;             // nonzero, unique for the daemon's lifetime
@@ -140,9 +138,9 @@ struct WelcomeMsg {
   uint64_t sq_offset;              // == SessionLayout offsets (the client recomputes them)
   uint64_t cq_offset;
   uint64_t payload_offset;
-  uint32_t num_fds;                // kWelcomeFdFirstRegion + num_regions
-  uint32_t max_keys_per_op;        // kMaxKeysPerOp
-  uint32_t num_regions;            // 1..kMaxWelcomeRegions
+  uint32_t num_fds;          // kWelcomeFdFirstRegion + num_regions
+  uint32_t max_keys_per_op;  // kMaxKeysPerOp
+  uint32_t num_regions;      // 1..kMaxWelcomeRegions
   uint32_t reserved0;
   RegionRecord regions[kMaxWelcomeRegions];  // [num_regions, 4) zero
   SessionLimits limits;
@@ -186,7 +184,7 @@ struct SessionLayout {
 struct SessionHeader {
   // Written once by the daemon before the fd is sent; read-only afterwards. The client
   // checks them against the layout it computes itself.
-  uint32_t magic;            // kSessionMagic
+  uint32_t magic;  // kSessionMagic
   uint16_t proto_major;
   uint16_t proto_minor;
   uint32_t ring_entries;
@@ -214,8 +212,7 @@ static_assert(std::is_trivially_copyable_v<SessionHeader> && std::is_standard_la
 // Fills a zeroed session header (daemon side).
 void init_session_header(SessionHeader& header, const SessionLayout& layout, uint64_t session_id) noexcept;
 // Checks a mapped session header against the layout and id from the welcome (client side).
-Status check_session_header(const SessionHeader& header, const SessionLayout& layout,
-                            uint64_t session_id) noexcept;
+Status check_session_header(const SessionHeader& header, const SessionLayout& layout, uint64_t session_id) noexcept;
 
 // ---- ring entries ------------------------------------------------------------------------------
 // The opcodes. What each takes and returns is declared once, in ops.h.
@@ -231,19 +228,19 @@ enum class Opcode : uint8_t {
   kStats = 9,
   kList = 10,
   kEvict = 11,
-  kLookupEach = 12,  // minor 2: per-key presence (segment lookups)
-  kLeaseEach = 13,   // minor 2: per-key leases that do not stop at a miss (segment retrieves)
+  kLookupEach = 12,      // minor 2: per-key presence (segment lookups)
+  kLeaseEach = 13,       // minor 2: per-key leases that do not stop at a miss (segment retrieves)
   kGpuBlendSelect = 14,  // minor 5: the tokens a blend recomputes, chosen on the device (docs/blend.md)
   // 15 is reserved for blending.
-  kPrefetch = 16,    // minor 1
-  kTierStats = 17,   // minor 1
+  kPrefetch = 16,   // minor 1
+  kTierStats = 17,  // minor 1
   // 18..19 are reserved for the disk tier.
-  kMetrics = 20,     // minor 1
-  kGpuRegister = 21,    // minor 4: the GPU tier (docs/gpu.md)
-  kGpuUnregister = 22,  // minor 4
-  kGpuRetrieve = 23,    // minor 4
-  kGpuStore = 24,       // minor 4
-  kGpuInfo = 25,        // minor 4
+  kMetrics = 20,             // minor 1
+  kGpuRegister = 21,         // minor 4: the GPU tier (docs/gpu.md)
+  kGpuUnregister = 22,       // minor 4
+  kGpuRetrieve = 23,         // minor 4
+  kGpuStore = 24,            // minor 4
+  kGpuInfo = 25,             // minor 4
   kGpuSegmentRetrieve = 26,  // minor 4: segment chunks re-positioned on the device
   kGpuCheck = 27,            // minor 5: did the copies behind a retrieve's tickets land whole?
   kGpuPrefetch = 28,         // minor 5: a cached prefix brought into T0 ahead of its retrieve
@@ -262,9 +259,9 @@ struct Sqe {
   uint64_t user_data;  // echoed in the CQE, never interpreted
   uint32_t in_off;     // input bytes: payload[in_off, in_off + in_len)
   uint32_t in_len;
-  uint32_t out_off;    // output bytes: payload[out_off, out_off + out_len)
+  uint32_t out_off;  // output bytes: payload[out_off, out_off + out_len)
   uint32_t out_len;
-  uint64_t arg[4];     // per-opcode scalars
+  uint64_t arg[4];  // per-opcode scalars
 };
 static_assert(sizeof(Sqe) == 64 && alignof(Sqe) == 8 && std::is_trivially_copyable_v<Sqe>);
 static_assert(offsetof(Sqe, user_data) == 8 && offsetof(Sqe, in_off) == 16 && offsetof(Sqe, arg) == 32);
@@ -336,13 +333,13 @@ enum class ChunkState : uint8_t { kReserved = 1, kCommitted = 2, kMoving = 3, kW
 
 struct ListRecord {
   kdn_key key;
-  kdn_key fingerprint;   // the model's
-  uint32_t model_id;     // the daemon's id of that model while one is registered, else 0
-  uint8_t tier;          // ChunkTier of the fastest copy
-  uint8_t state;         // ChunkState
-  uint8_t tier_mask;     // bit t: a copy in tier t
+  kdn_key fingerprint;  // the model's
+  uint32_t model_id;    // the daemon's id of that model while one is registered, else 0
+  uint8_t tier;         // ChunkTier of the fastest copy
+  uint8_t state;        // ChunkState
+  uint8_t tier_mask;    // bit t: a copy in tier t
   uint8_t reserved0;
-  uint32_t leases;       // sessions holding a lease
+  uint32_t leases;  // sessions holding a lease
   uint32_t reserved1;
   uint64_t bytes;        // stored bytes (compressed size on a compressed tier)
   uint64_t last_access;  // daemon CLOCK_MONOTONIC ns
@@ -400,24 +397,24 @@ enum class EvictMode : uint64_t {
 // Device counters (reads..short_transfers) count operations on the device: a chunk write is
 // a payload and a header. New counters replace `reserved` words in later minors.
 struct TierStatsRecord {
-  uint32_t tier;                                 // ChunkTier
-  uint32_t present;                              // 1: the namespace has this tier
-  uint64_t capacity_bytes, used_bytes;           // the tier's own accounting (slots held)
-  uint64_t resident_chunks, resident_bytes;      // chunks with a copy here (canonical bytes)
-  uint64_t lookup_hit_chunks;                    // lookup hits whose fastest copy was here
-  uint64_t promoted_chunks, promoted_bytes;      // copies read from here into the host tier
-  uint64_t demoted_chunks, demoted_bytes;        // copies written here as the tier above evicted them
-  uint64_t written_through_chunks;               // copies written here at commit (write_through) or stop
+  uint32_t tier;                             // ChunkTier
+  uint32_t present;                          // 1: the namespace has this tier
+  uint64_t capacity_bytes, used_bytes;       // the tier's own accounting (slots held)
+  uint64_t resident_chunks, resident_bytes;  // chunks with a copy here (canonical bytes)
+  uint64_t lookup_hit_chunks;                // lookup hits whose fastest copy was here
+  uint64_t promoted_chunks, promoted_bytes;  // copies read from here into the host tier
+  uint64_t demoted_chunks, demoted_bytes;    // copies written here as the tier above evicted them
+  uint64_t written_through_chunks;           // copies written here at commit (write_through) or stop
   uint64_t reads, read_bytes, writes, write_bytes;
   uint64_t raw_bytes_written, stored_bytes_written;  // the codec's ratio is raw / stored
-  uint64_t reencoded_chunks, pending_reencode;   // re-encoded by the background pass / waiting for it
+  uint64_t reencoded_chunks, pending_reencode;       // re-encoded by the background pass / waiting for it
   uint64_t fault_io, fault_no_space, fault_eof, fault_crc, fault_decode;  // faults by kind
-  uint64_t retries, short_transfers;             // -EAGAIN resubmissions, short I/O continued
-  uint64_t recovered_chunks;                     // found on the device at start
-  uint64_t in_flight, queue_depth;               // transfers in flight; the device queue depth
-  uint64_t codec;                                // the disk codec (0 none, 1 lossless, 2 int8, 3 kivi4)
-  uint64_t flags;                                // kTierStats* bits
-  uint64_t lease_hit_chunks;                     // minor 3: chunks leased from here (served, or promoted from)
+  uint64_t retries, short_transfers;                                      // -EAGAIN resubmissions, short I/O continued
+  uint64_t recovered_chunks;                                              // found on the device at start
+  uint64_t in_flight, queue_depth;                                        // transfers in flight; the device queue depth
+  uint64_t codec;             // the disk codec (0 none, 1 lossless, 2 int8, 3 kivi4)
+  uint64_t flags;             // kTierStats* bits
+  uint64_t lease_hit_chunks;  // minor 3: chunks leased from here (served, or promoted from)
 };
 static_assert(sizeof(TierStatsRecord) == 256 && std::is_trivially_copyable_v<TierStatsRecord>);
 constexpr uint64_t kTierStatsFixedBuffers = 1u << 0;  // io_uring fixed buffers registered
@@ -426,20 +423,20 @@ constexpr uint64_t kTierStatsDegraded = 1u << 1;      // refusing writes after r
 static_assert(sizeof(kdn_key) == 16 && std::is_trivially_copyable_v<kdn_key>);
 
 // ---- minor 4: the GPU tier (docs/gpu.md) ----------------------------------------------------------
-constexpr uint32_t kGpuHandleBytes = 64;  // cudaIpcMemHandle_t, cudaIpcEventHandle_t
+constexpr uint32_t kGpuHandleBytes = 64;                       // cudaIpcMemHandle_t, cudaIpcEventHandle_t
 enum class GpuMemoryKind : uint32_t { kIpc = 1, kVmmFd = 2 };  // kdn_gpu_memory_kind
 
 // GPU_REGISTER's input: kdn_gpu_kv_desc on the wire. A VMM registration names the exported fd
 // by its number in the client process: kdnd takes its own copy with pidfd_getfd(2) from the
 // client's pid (the SO_PEERCRED pid the handshake verified), so no descriptor crosses the ring.
 struct GpuRegisterRecord {
-  uint32_t kind;                 // GpuMemoryKind
-  int32_t vmm_fd;                // kVmmFd: the client's fd number; else -1
+  uint32_t kind;   // GpuMemoryKind
+  int32_t vmm_fd;  // kVmmFd: the client's fd number; else -1
   uint8_t device_uuid[16];
-  uint64_t engine_base;          // the engine's address of the registered range's first byte
-  uint64_t bytes;                // the range's size
-  uint64_t alloc_offset;         // engine_base minus the base of the allocation the handle names
-  uint64_t alloc_bytes;          // that allocation's size
+  uint64_t engine_base;                   // the engine's address of the registered range's first byte
+  uint64_t bytes;                         // the range's size
+  uint64_t alloc_offset;                  // engine_base minus the base of the allocation the handle names
+  uint64_t alloc_bytes;                   // that allocation's size
   uint8_t ipc_handle[kGpuHandleBytes];    // kIpc: cudaIpcGetMemHandle of the allocation's base
   uint8_t engine_event[kGpuHandleBytes];  // cudaIpcGetEventHandle of the engine's event
 };
@@ -485,9 +482,9 @@ constexpr uint32_t kGpuMaxLayoutBytes = 16u << 20;
 // record) were cached.
 constexpr uint32_t kGpuSegmentStart = 1u << 0;
 struct GpuSegmentChunkRecord {
-  int64_t delta;          // target position - base position; |delta| <= KDN_MAX_POSITION
-  uint32_t first_token;   // first_token + chunk_tokens <= the layout's tokens
-  uint32_t flags;         // kGpuSegmentStart; other bits zero
+  int64_t delta;         // target position - base position; |delta| <= KDN_MAX_POSITION
+  uint32_t first_token;  // first_token + chunk_tokens <= the layout's tokens
+  uint32_t flags;        // kGpuSegmentStart; other bits zero
 };
 static_assert(sizeof(GpuSegmentChunkRecord) == 16 && offsetof(GpuSegmentChunkRecord, first_token) == 8 &&
               std::is_trivially_copyable_v<GpuSegmentChunkRecord>);
@@ -503,14 +500,14 @@ constexpr uint32_t kGpuBlendRatioOne = 1'000'000;  // recompute ratios travel in
 // GPU_INFO's output: one record per visible device, with the peer matrix as a row of bits.
 struct GpuDeviceRecord {
   uint32_t ordinal;
-  uint32_t sm;               // major * 10 + minor
-  char name[96];             // NUL-terminated
+  uint32_t sm;    // major * 10 + minor
+  char name[96];  // NUL-terminated
   uint8_t uuid[16];
   uint64_t memory_bytes;
-  uint64_t peer_mask;        // bit j: this device can read device j's memory (cudaDeviceCanAccessPeer)
+  uint64_t peer_mask;  // bit j: this device can read device j's memory (cudaDeviceCanAccessPeer)
   uint64_t t0_capacity_bytes, t0_used_bytes, t0_chunks;
   uint32_t pci_domain, pci_bus, pci_device;
-  uint32_t flags;            // kGpuDeviceVmm | kGpuDevicePosixFd
+  uint32_t flags;  // kGpuDeviceVmm | kGpuDevicePosixFd
   uint64_t reserved[2];
 };
 static_assert(sizeof(GpuDeviceRecord) == 192 && std::is_trivially_copyable_v<GpuDeviceRecord>);

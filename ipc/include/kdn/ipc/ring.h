@@ -74,11 +74,9 @@ constexpr uint64_t ring_region_bytes(uint32_t capacity, size_t entry_size) noexc
 
 namespace ring_detail {
 // Checks what attach() needs; shared by both ends.
-Status check_region(const void* region, uint64_t region_bytes, uint32_t capacity,
-                    size_t entry_size, size_t entry_align) noexcept;
-inline Status peer_broke_ring() noexcept {
-  return Status(Code::kProtocol, "ring peer published an impossible index");
-}
+Status check_region(const void* region, uint64_t region_bytes, uint32_t capacity, size_t entry_size,
+                    size_t entry_align) noexcept;
+inline Status peer_broke_ring() noexcept { return Status(Code::kProtocol, "ring peer published an impossible index"); }
 }  // namespace ring_detail
 
 template <class Entry>
@@ -94,8 +92,7 @@ class RingProducer {
   // tests cross the u32 wrap quickly). The memory must outlive the producer.
   static Result<RingProducer> attach(void* region, uint64_t region_bytes, uint32_t capacity,
                                      uint32_t start_index = 0) noexcept {
-    KDN_RETURN_IF_ERROR(ring_detail::check_region(region, region_bytes, capacity, sizeof(Entry),
-                                                  alignof(Entry)));
+    KDN_RETURN_IF_ERROR(ring_detail::check_region(region, region_bytes, capacity, sizeof(Entry), alignof(Entry)));
     RingProducer p;
     p.header_ = static_cast<RingHeader*>(region);
     p.entries_ = reinterpret_cast<std::byte*>(region) + sizeof(RingHeader);
@@ -179,8 +176,7 @@ class RingConsumer {
   // Attaches to a ring region; see RingProducer::attach.
   static Result<RingConsumer> attach(void* region, uint64_t region_bytes, uint32_t capacity,
                                      uint32_t start_index = 0) noexcept {
-    KDN_RETURN_IF_ERROR(ring_detail::check_region(region, region_bytes, capacity, sizeof(Entry),
-                                                  alignof(Entry)));
+    KDN_RETURN_IF_ERROR(ring_detail::check_region(region, region_bytes, capacity, sizeof(Entry), alignof(Entry)));
     RingConsumer c;
     c.header_ = static_cast<RingHeader*>(region);
     c.entries_ = reinterpret_cast<std::byte*>(region) + sizeof(RingHeader);

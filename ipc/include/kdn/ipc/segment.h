@@ -33,17 +33,17 @@
 namespace kdn::ipc {
 
 struct SegmentOptions {
-  bool huge_pages = false;     // try MFD_HUGETLB (2 MiB pages); falls back to normal pages
-  bool seal_size = true;       // F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL after sizing
-  bool seal_writes = false;    // + F_SEAL_FUTURE_WRITE after mapping: only this mapping writes
-  bool populate = false;       // MAP_POPULATE: fault every page in now
-  bool madvise_huge = false;   // MADV_HUGEPAGE (transparent huge pages) on normal pages
+  bool huge_pages = false;    // try MFD_HUGETLB (2 MiB pages); falls back to normal pages
+  bool seal_size = true;      // F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL after sizing
+  bool seal_writes = false;   // + F_SEAL_FUTURE_WRITE after mapping: only this mapping writes
+  bool populate = false;      // MAP_POPULATE: fault every page in now
+  bool madvise_huge = false;  // MADV_HUGEPAGE (transparent huge pages) on normal pages
 };
 
 struct MapOptions {
   bool populate = false;
   bool madvise_huge = false;
-  bool read_only = false;      // PROT_READ only
+  bool read_only = false;  // PROT_READ only
 };
 
 class SharedSegment {
@@ -57,14 +57,12 @@ class SharedSegment {
 
   // Creates a memfd named `name` (for /proc/<pid>/fd; need not be unique) of `bytes` bytes
   // (rounded up to the page size, huge page size with huge pages) and maps it read-write.
-  static Result<SharedSegment> create(const char* name, uint64_t bytes,
-                                      const SegmentOptions& options = {}) noexcept;
+  static Result<SharedSegment> create(const char* name, uint64_t bytes, const SegmentOptions& options = {}) noexcept;
 
   // Maps a received fd (ownership taken) whose peer announced `expected_bytes`. Errors:
   // KDN_ERR_PROTOCOL if fd is not a regular file/memfd or is shorter than expected_bytes,
   // KDN_ERR_IO / KDN_ERR_NO_MEMORY if mmap fails. Maps exactly expected_bytes.
-  static Result<SharedSegment> attach(UniqueFd fd, uint64_t expected_bytes,
-                                      const MapOptions& options = {}) noexcept;
+  static Result<SharedSegment> attach(UniqueFd fd, uint64_t expected_bytes, const MapOptions& options = {}) noexcept;
 
   std::byte* data() const noexcept { return base_; }
   uint64_t size() const noexcept { return bytes_; }

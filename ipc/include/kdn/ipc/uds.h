@@ -43,8 +43,7 @@ struct ListenOptions {
 // connect on it (a stale socket of a dead daemon); a live daemon -> KDN_ERR_BUSY. A path too
 // long for sockaddr_un -> KDN_ERR_INVALID_ARGUMENT. On failure `error`, if not null, gets a
 // sentence naming the path and the cause ("bind /run/kdn/kdnd.sock: Permission denied").
-Result<UniqueFd> uds_listen(const std::string& path, const ListenOptions& options = {},
-                            std::string* error = nullptr);
+Result<UniqueFd> uds_listen(const std::string& path, const ListenOptions& options = {}, std::string* error = nullptr);
 
 // Accepts one connection (close-on-exec, blocking). Returns an empty UniqueFd when none is
 // pending on a non-blocking listener.

@@ -44,21 +44,19 @@ struct MutableTokenRows {
 };
 
 // dev[j] for candidates; non-candidates get -1. candidates may be null (every token).
-Status kv_deviation(const TokenRows& fresh, const TokenRows& cached, uint32_t n_tokens,
-                    const uint8_t* candidates, float* deviation, const Executor& ex) noexcept;
+Status kv_deviation(const TokenRows& fresh, const TokenRows& cached, uint32_t n_tokens, const uint8_t* candidates,
+                    float* deviation, const Executor& ex) noexcept;
 
 // Scratch bytes select_top_k needs for n_tokens on this executor kind.
 Result<size_t> top_k_scratch_bytes(uint32_t n_tokens, const Executor& ex) noexcept;
 
 // The min(k, #candidates) best candidates by the tie rule, written to selected[] in ascending
 // token order; their count to *n_selected. selected needs room for min(k, n_tokens) entries.
-Status select_top_k(const float* deviation, const uint8_t* candidates, uint32_t n_tokens, uint32_t k,
-                    int32_t* selected, uint32_t* n_selected, void* scratch, size_t scratch_bytes,
-                    const Executor& ex) noexcept;
+Status select_top_k(const float* deviation, const uint8_t* candidates, uint32_t n_tokens, uint32_t k, int32_t* selected,
+                    uint32_t* n_selected, void* scratch, size_t scratch_bytes, const Executor& ex) noexcept;
 
 // mask[j] = 1 for selected tokens, 0 otherwise (host memory). Indices must be < n_tokens.
-Status selection_to_mask(const int32_t* selected, uint32_t n_selected, uint32_t n_tokens,
-                         uint8_t* mask) noexcept;
+Status selection_to_mask(const int32_t* selected, uint32_t n_selected, uint32_t n_tokens, uint8_t* mask) noexcept;
 
 // Recompute count for a ratio: ceil-free floor(n_candidates * ratio) as LMCache/CacheBlend do,
 // at least 1 when there is a candidate and ratio > 0.
@@ -67,8 +65,8 @@ uint32_t recompute_count(uint32_t n_candidates, double ratio) noexcept;
 // dst row selected[i] = fresh row i (converted to dst dtype), i < n_selected. Every index is
 // checked against n_dst_tokens first (kInvalidArgument, nothing written; CPU only — on CUDA an
 // out-of-range index is skipped).
-Status merge_rows(const TokenRows& fresh, const int32_t* selected, uint32_t n_selected,
-                  const MutableTokenRows& dst, uint32_t n_dst_tokens, const Executor& ex) noexcept;
+Status merge_rows(const TokenRows& fresh, const int32_t* selected, uint32_t n_selected, const MutableTokenRows& dst,
+                  uint32_t n_dst_tokens, const Executor& ex) noexcept;
 
 // ---- per-element bodies ---------------------------------------------------------------------
 

@@ -135,9 +135,8 @@ size_t kvc1_encode_scratch_bytes(const ChunkGeometry& g, const CodecConfig& cfg)
 // config, NaN/Inf in a quantized mode, scratch too small), kNoSpace (cap too small;
 // kvc1_max_encoded_size is always enough). The output is deterministic: the same input and
 // config give the same bytes on every machine.
-Status kvc1_encode(const ChunkGeometry& g, const kdn_key& fingerprint, const void* chunk,
-                   const CodecConfig& cfg, uint8_t* out, size_t cap, size_t* written, void* scratch,
-                   size_t scratch_bytes) noexcept;
+Status kvc1_encode(const ChunkGeometry& g, const kdn_key& fingerprint, const void* chunk, const CodecConfig& cfg,
+                   uint8_t* out, size_t cap, size_t* written, void* scratch, size_t scratch_bytes) noexcept;
 
 // What a blob's header says about it.
 struct Kvc1Info {
@@ -173,9 +172,8 @@ struct DecodeOptions {
 // except the rANS end state runs before the first byte is written; a stream that fails its
 // end state (only possible with CRCs off, or a CRC collision) leaves `out` partly written.
 // Nothing outside `out` is ever written.
-Status kvc1_decode(const uint8_t* blob, size_t len, const ChunkGeometry& expected,
-                   const kdn_key& fingerprint, void* out, size_t out_bytes,
-                   const DecodeOptions& opts = {}) noexcept;
+Status kvc1_decode(const uint8_t* blob, size_t len, const ChunkGeometry& expected, const kdn_key& fingerprint,
+                   void* out, size_t out_bytes, const DecodeOptions& opts = {}) noexcept;
 
 // Fused decode -> dequantize -> (K) RoPE delta -> scatter into an engine buffer: chunk token
 // t goes to the view's engine token t (slot from view.slot_mapping; slots < 0 are skipped;
@@ -185,9 +183,8 @@ Status kvc1_decode(const uint8_t* blob, size_t len, const ChunkGeometry& expecte
 // Kvc1Info::pos_base). The view is checked against `expected` (validate_view), every layer
 // base of the range must be non-null, and the rope table must fit head_dim. Same error
 // contract as kvc1_decode, with the engine buffer in the role of `out`.
-Status kvc1_decode_scatter(const uint8_t* blob, size_t len, const ChunkGeometry& expected,
-                           const kdn_key& fingerprint, const EngineView& dst,
-                           const RopeTable* rope, const DecodeOptions& opts = {}) noexcept;
+Status kvc1_decode_scatter(const uint8_t* blob, size_t len, const ChunkGeometry& expected, const kdn_key& fingerprint,
+                           const EngineView& dst, const RopeTable* rope, const DecodeOptions& opts = {}) noexcept;
 
 // Tensor-level quality of a decoded chunk against its original (both canonical, same
 // geometry), and the compression ratio for a blob of `encoded_bytes`.

@@ -25,34 +25,37 @@ KDN_HD_INLINE float chunk_scale(const EngineView& v, uint32_t plane, DType chunk
 }
 
 // Copies element `si` of `src` to element `di` of `dst`.
-KDN_HD_INLINE void copy_value(const void* src, int64_t si, DType st, float sscale, void* dst, int64_t di,
-                              DType dt, float dscale) {
+KDN_HD_INLINE void copy_value(const void* src, int64_t si, DType st, float sscale, void* dst, int64_t di, DType dt,
+                              float dscale) {
   if (st == dt) {
     switch (dtype_size(st)) {
-      case 1: static_cast<uint8_t*>(dst)[di] = static_cast<const uint8_t*>(src)[si]; return;
-      case 2: static_cast<uint16_t*>(dst)[di] = static_cast<const uint16_t*>(src)[si]; return;
-      default: static_cast<uint32_t*>(dst)[di] = static_cast<const uint32_t*>(src)[si]; return;
+      case 1:
+        static_cast<uint8_t*>(dst)[di] = static_cast<const uint8_t*>(src)[si];
+        return;
+      case 2:
+        static_cast<uint16_t*>(dst)[di] = static_cast<const uint16_t*>(src)[si];
+        return;
+      default:
+        static_cast<uint32_t*>(dst)[di] = static_cast<const uint32_t*>(src)[si];
+        return;
     }
   }
   store_f32(dst, di, dt, load_f32(src, si, st, sscale), dscale);
 }
 
 // Engine element offset of canonical (plane, head, d) at `slot` (from the layer base).
-KDN_HD_INLINE int64_t engine_element(const EngineView& v, uint32_t plane, int64_t slot, uint32_t head,
-                                     uint32_t d) {
+KDN_HD_INLINE int64_t engine_element(const EngineView& v, uint32_t plane, int64_t slot, uint32_t head, uint32_t d) {
   return engine_row_offset(v, plane, slot, head) +
          static_cast<int64_t>(engine_channel(v, plane, d)) * v.stride_dim[plane];
 }
 
 // scatter: chunk element -> engine element. Skips tokens whose slot is out of bounds.
-KDN_HD_INLINE void scatter_element(const void* chunk, const ChunkGeometry& g, const EngineView& v,
-                                   uint32_t layer, uint32_t plane, uint32_t token, uint32_t head,
-                                   uint32_t d) {
+KDN_HD_INLINE void scatter_element(const void* chunk, const ChunkGeometry& g, const EngineView& v, uint32_t layer,
+                                   uint32_t plane, uint32_t token, uint32_t head, uint32_t d) {
   const int64_t slot = token_slot(v, token);
   if (!slot_in_bounds(v, slot)) return;
   copy_value(chunk, chunk_offset(g, layer, plane, token, head, d), g.dtype, chunk_scale(v, plane, g.dtype),
-             engine_layer_base(v, plane, layer), engine_element(v, plane, slot, head, d), v.dtype,
-             v.scale[plane]);
+             engine_layer_base(v, plane, layer), engine_element(v, plane, slot, head, d), v.dtype, v.scale[plane]);
 }
 
 // gather: engine element -> chunk element. Tokens whose slot is out of bounds are left untouched.
@@ -60,9 +63,8 @@ KDN_HD_INLINE void gather_element(const EngineView& v, void* chunk, const ChunkG
                                   uint32_t plane, uint32_t token, uint32_t head, uint32_t d) {
   const int64_t slot = token_slot(v, token);
   if (!slot_in_bounds(v, slot)) return;
-  copy_value(engine_layer_base(v, plane, layer), engine_element(v, plane, slot, head, d), v.dtype,
-             v.scale[plane], chunk, chunk_offset(g, layer, plane, token, head, d), g.dtype,
-             chunk_scale(v, plane, g.dtype));
+  copy_value(engine_layer_base(v, plane, layer), engine_element(v, plane, slot, head, d), v.dtype, v.scale[plane],
+             chunk, chunk_offset(g, layer, plane, token, head, d), g.dtype, chunk_scale(v, plane, g.dtype));
 }
 
 // rope_scatter, rotated part: K pair i of (layer, token, head), rotated by the table's delta for

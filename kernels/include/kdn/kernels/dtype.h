@@ -32,9 +32,12 @@ KDN_HD_INLINE bool dtype_valid(uint32_t raw) { return raw >= 1 && raw <= 4; }
 KDN_HD_INLINE uint32_t dtype_size(DType t) {
   switch (t) {
     case DType::kF16:
-    case DType::kBF16: return 2;
-    case DType::kF32: return 4;
-    case DType::kFP8E4M3: return 1;
+    case DType::kBF16:
+      return 2;
+    case DType::kF32:
+      return 4;
+    case DType::kFP8E4M3:
+      return 1;
   }
   return 0;
 }
@@ -71,7 +74,7 @@ KDN_HD_INLINE uint16_t f32_to_f16(float f) {
   const uint32_t ax = x & 0x7fffffffu;
   if (ax > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
   if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520 (or inf)
-  if (ax >= 0x38800000u) {                                            // normal binary16
+  if (ax >= 0x38800000u) {                                              // normal binary16
     return static_cast<uint16_t>(sign | shift_round_even(ax - 0x38000000u, 13));
   }
   if (ax <= 0x33000000u) return static_cast<uint16_t>(sign);  // <= 2^-25 rounds to zero
@@ -114,7 +117,7 @@ KDN_HD_INLINE uint8_t f32_to_fp8e4m3(float f) {
     return static_cast<uint8_t>(sign | shift_round_even(ax - 0x3c000000u, 20));
   }
   if (ax <= 0x3a800000u) return static_cast<uint8_t>(sign);  // <= 2^-10 rounds to zero
-  const uint32_t exp = ax >> 23;                              // 117..120
+  const uint32_t exp = ax >> 23;                             // 117..120
   const uint32_t man = (ax & 0x7fffffu) | 0x800000u;
   return static_cast<uint8_t>(sign | shift_round_even(man, 141u - exp));
 }
@@ -124,10 +127,14 @@ KDN_HD_INLINE uint8_t f32_to_fp8e4m3(float f) {
 // Element `idx` of a buffer of dtype `t`, as f32. `scale` applies to fp8 only.
 KDN_HD_INLINE float load_f32(const void* base, int64_t idx, DType t, float scale) {
   switch (t) {
-    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(base)[idx]);
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(base)[idx]);
-    case DType::kF32: return static_cast<const float*>(base)[idx];
-    case DType::kFP8E4M3: return fmul_rn(fp8e4m3_to_f32(static_cast<const uint8_t*>(base)[idx]), scale);
+    case DType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(base)[idx]);
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(base)[idx]);
+    case DType::kF32:
+      return static_cast<const float*>(base)[idx];
+    case DType::kFP8E4M3:
+      return fmul_rn(fp8e4m3_to_f32(static_cast<const uint8_t*>(base)[idx]), scale);
   }
   return 0.0f;
 }
@@ -135,10 +142,18 @@ KDN_HD_INLINE float load_f32(const void* base, int64_t idx, DType t, float scale
 // Stores `v` into element `idx` with one rounding to dtype `t`. `scale` applies to fp8 only.
 KDN_HD_INLINE void store_f32(void* base, int64_t idx, DType t, float v, float scale) {
   switch (t) {
-    case DType::kF16: static_cast<uint16_t*>(base)[idx] = f32_to_f16(v); return;
-    case DType::kBF16: static_cast<uint16_t*>(base)[idx] = f32_to_bf16(v); return;
-    case DType::kF32: static_cast<float*>(base)[idx] = v; return;
-    case DType::kFP8E4M3: static_cast<uint8_t*>(base)[idx] = f32_to_fp8e4m3(fdiv_rn(v, scale)); return;
+    case DType::kF16:
+      static_cast<uint16_t*>(base)[idx] = f32_to_f16(v);
+      return;
+    case DType::kBF16:
+      static_cast<uint16_t*>(base)[idx] = f32_to_bf16(v);
+      return;
+    case DType::kF32:
+      static_cast<float*>(base)[idx] = v;
+      return;
+    case DType::kFP8E4M3:
+      static_cast<uint8_t*>(base)[idx] = f32_to_fp8e4m3(fdiv_rn(v, scale));
+      return;
   }
 }
 

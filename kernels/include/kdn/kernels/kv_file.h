@@ -34,8 +34,8 @@ Result<KvFileInfo> read_kv_file_info(const std::string& json_path) noexcept;
 Status read_kv_file(const KvFileInfo& info, void* buf, size_t cap) noexcept;
 
 // Writes STEM.kv and STEM.json for a canonical chunk.
-Status write_kv_file(const std::string& stem, const ChunkGeometry& geo, const void* chunk,
-                     const std::string& model, int64_t first_position) noexcept;
+Status write_kv_file(const std::string& stem, const ChunkGeometry& geo, const void* chunk, const std::string& model,
+                     int64_t first_position) noexcept;
 
 // Every valid chunk (STEM.json + STEM.kv) in `dir`, sorted by path. Invalid pairs are skipped
 // and counted in *skipped (may be null).

@@ -52,8 +52,8 @@ uint64_t chunk_bytes(const ChunkGeometry& g) noexcept;
 // The geometry of one full chunk of a registered model (tokens = chunk_tokens, dtype = model dtype).
 ChunkGeometry chunk_geometry_of(const ModelInfo& model) noexcept;
 
-KDN_HD_INLINE int64_t chunk_offset(const ChunkGeometry& g, uint32_t layer, uint32_t plane,
-                                   uint32_t token, uint32_t head, uint32_t dim) {
+KDN_HD_INLINE int64_t chunk_offset(const ChunkGeometry& g, uint32_t layer, uint32_t plane, uint32_t token,
+                                   uint32_t head, uint32_t dim) {
   const int64_t row = (static_cast<int64_t>(layer) * 2 + plane) * g.tokens + token;
   return (row * g.kv_heads + head) * static_cast<int64_t>(g.head_dim) + dim;
 }

@@ -38,8 +38,8 @@ Status scatter(const void* chunk, const ChunkGeometry& geo, const EngineView& ds
 
 // canonical chunk -> engine, rotating K by the table's deltas (V and channels >= rotary_dim are
 // copied as by scatter). table.rotary_dim must be even and <= head_dim.
-Status rope_scatter(const void* chunk, const ChunkGeometry& geo, const EngineView& dst,
-                    const RopeTable& table, const Executor& ex, LayerRange layers = {}) noexcept;
+Status rope_scatter(const void* chunk, const ChunkGeometry& geo, const EngineView& dst, const RopeTable& table,
+                    const Executor& ex, LayerRange layers = {}) noexcept;
 
 // Rotates the K plane of a canonical chunk in place (V untouched).
 Status rope_chunk(void* chunk, const ChunkGeometry& geo, const RopeTable& table, const Executor& ex,

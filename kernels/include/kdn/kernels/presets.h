@@ -31,8 +31,8 @@ enum class EngineLayoutKind : uint32_t {
 };
 
 inline constexpr EngineLayoutKind kAllEngineLayouts[] = {
-    EngineLayoutKind::kVllmFlashNhd,  EngineLayoutKind::kVllmFlashHnd,     EngineLayoutKind::kFlashinferNhd,
-    EngineLayoutKind::kFlashinferHnd, EngineLayoutKind::kSglangTokenPool, EngineLayoutKind::kLlamaCppRows,
+    EngineLayoutKind::kVllmFlashNhd,   EngineLayoutKind::kVllmFlashHnd,    EngineLayoutKind::kFlashinferNhd,
+    EngineLayoutKind::kFlashinferHnd,  EngineLayoutKind::kSglangTokenPool, EngineLayoutKind::kLlamaCppRows,
     EngineLayoutKind::kLlamaCppVTrans,
 };
 
@@ -53,7 +53,7 @@ int64_t engine_layer_elements(EngineLayoutKind kind, const PagedShape& shape) no
 
 // The view of `kind` over caller-owned buffers (slot mapping, first_token: set afterwards).
 // slot_limit is set to num_blocks * block_size.
-Status preset_view(EngineLayoutKind kind, const PagedShape& shape, void* const* layer_base,
-                   void* const* v_layer_base, bool permute_k, EngineView* out) noexcept;
+Status preset_view(EngineLayoutKind kind, const PagedShape& shape, void* const* layer_base, void* const* v_layer_base,
+                   bool permute_k, EngineView* out) noexcept;
 
 }  // namespace kdn::kernels

@@ -80,14 +80,13 @@ struct RopeTable {
 size_t rope_table_floats(uint32_t rows, uint32_t rotary_dim) noexcept;
 
 // Writes row r = cos, sin of deltas[r] * inv_freq[i] for r < n_deltas. |delta| <= 2^40.
-Status build_rope_table(const float* inv_freq, uint32_t rotary_dim, const int64_t* deltas,
-                        uint32_t n_deltas, float* out, size_t out_floats) noexcept;
+Status build_rope_table(const float* inv_freq, uint32_t rotary_dim, const int64_t* deltas, uint32_t n_deltas,
+                        float* out, size_t out_floats) noexcept;
 
 // ---- per-element bodies -----------------------------------------------------------------------
 
 // Channels (a, b) of rotary pair i in canonical order.
-KDN_HD_INLINE void rope_pair_channels(RopeStyle style, uint32_t rotary_dim, uint32_t i, uint32_t* a,
-                                      uint32_t* b) {
+KDN_HD_INLINE void rope_pair_channels(RopeStyle style, uint32_t rotary_dim, uint32_t i, uint32_t* a, uint32_t* b) {
   if (style == RopeStyle::kNeox) {
     *a = i;
     *b = i + rotary_dim / 2;

@@ -41,7 +41,7 @@ Status scatter_segment(std::span<const void* const> chunks, uint64_t n_tokens, c
 // Engine -> chunks of a segment of n_tokens tokens (chunks.size() == ceil(n_tokens / T)); a
 // partial last chunk's rows past n_tokens are zeroed. Chunks that are null are skipped (already
 // stored elsewhere).
-Status gather_segment(const EngineView& src, std::span<void* const> chunks, uint64_t n_tokens,
-                      const ChunkGeometry& geo, const Executor& ex) noexcept;
+Status gather_segment(const EngineView& src, std::span<void* const> chunks, uint64_t n_tokens, const ChunkGeometry& geo,
+                      const Executor& ex) noexcept;
 
 }  // namespace kdn::kernels

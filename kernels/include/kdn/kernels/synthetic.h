@@ -20,11 +20,11 @@ namespace kdn::kernels {
 
 struct SyntheticKvParams {
   uint64_t seed = 1;
-  float k_scale = 1.0f;             // typical |K| channel sigma
-  float v_scale = 0.5f;             // typical |V| magnitude
-  float outlier_fraction = 0.03f;   // fraction of K channels (per head) that are outliers
-  float outlier_gain = 20.0f;       // outlier sigma multiplier
-  float token_correlation = 0.9f;   // AR(1) coefficient along tokens, in [0, 1)
+  float k_scale = 1.0f;            // typical |K| channel sigma
+  float v_scale = 0.5f;            // typical |V| magnitude
+  float outlier_fraction = 0.03f;  // fraction of K channels (per head) that are outliers
+  float outlier_gain = 20.0f;      // outlier sigma multiplier
+  float token_correlation = 0.9f;  // AR(1) coefficient along tokens, in [0, 1)
 };
 
 // Fills a canonical chunk of geometry g (any dtype) at `chunk` (chunk_bytes(g) bytes).
@@ -35,8 +35,8 @@ class CounterRng {
  public:
   explicit CounterRng(uint64_t seed) noexcept : seed_(seed) {}
   uint64_t next_u64() noexcept;
-  double next_unit() noexcept;     // [0, 1)
-  double next_normal() noexcept;   // N(0, 1), Box-Muller
+  double next_unit() noexcept;               // [0, 1)
+  double next_normal() noexcept;             // N(0, 1), Box-Muller
   uint64_t next_below(uint64_t n) noexcept;  // [0, n), n > 0
 
  private:

@@ -31,11 +31,10 @@ inline bool component_required(const char* component) {
 
 }  // namespace kdn::testing
 
-#define KDN_SKIP_OR_FAIL(component, why)                                                         \
-  do {                                                                                           \
-    if (::kdn::testing::component_required(component)) {                                        \
-      FAIL() << "missing " << (component) << " (required under CI or KDN_REQUIRE_" << (component) \
-             << "=1): " << (why);                                                                \
-    }                                                                                            \
-    GTEST_SKIP() << (why);                                                                       \
+#define KDN_SKIP_OR_FAIL(component, why)                                                                               \
+  do {                                                                                                                 \
+    if (::kdn::testing::component_required(component)) {                                                               \
+      FAIL() << "missing " << (component) << " (required under CI or KDN_REQUIRE_" << (component) << "=1): " << (why); \
+    }                                                                                                                  \
+    GTEST_SKIP() << (why);                                                                                             \
   } while (0)

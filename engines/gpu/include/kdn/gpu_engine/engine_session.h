@@ -33,14 +33,14 @@
 namespace kdn::gpu_engine {
 
 struct SessionOptions {
-  std::string socket_path;         // "" = libkdn's default
-  std::string name_space;          // "" = default
-  std::string model = "llama3-8b"; // a preset of kdn/common/model_presets.h
+  std::string socket_path;          // "" = libkdn's default
+  std::string name_space;           // "" = default
+  std::string model = "llama3-8b";  // a preset of kdn/common/model_presets.h
   int device = 0;
   AllocKind alloc = AllocKind::kIpc;
-  uint64_t kv_bytes = 0;           // cache size; rounded down to whole blocks (at least one)
+  uint64_t kv_bytes = 0;  // cache size; rounded down to whole blocks (at least one)
   uint32_t block_size = 16;
-  uint32_t timeout_ms = 60000;     // connection default, and the bound of every device wait
+  uint32_t timeout_ms = 60000;  // connection default, and the bound of every device wait
 };
 
 class EngineSession {
@@ -90,14 +90,14 @@ class EngineSession {
   kdn_client* client_ = nullptr;
   kdn_model* model_ = nullptr;
   std::unique_ptr<DeviceKv> kv_;
-  void* stream_ = nullptr;       // cudaStream_t
-  void* engine_event_ = nullptr; // cudaEvent_t (interprocess, ours)
-  void* done_event_ = nullptr;   // cudaEvent_t (kdnd's, opened)
-  int32_t* owners_ = nullptr;    // device: shape().slots()
-  unsigned long long* counter_ = nullptr;  // device: one word for verify
-  int32_t* host_owners_ = nullptr;         // pinned staging of owners_
+  void* stream_ = nullptr;                      // cudaStream_t
+  void* engine_event_ = nullptr;                // cudaEvent_t (interprocess, ours)
+  void* done_event_ = nullptr;                  // cudaEvent_t (kdnd's, opened)
+  int32_t* owners_ = nullptr;                   // device: shape().slots()
+  unsigned long long* counter_ = nullptr;       // device: one word for verify
+  int32_t* host_owners_ = nullptr;              // pinned staging of owners_
   unsigned long long* host_counter_ = nullptr;  // pinned readback of counter_
-  void* upload_done_ = nullptr;            // cudaEvent_t: host_owners_ may be rewritten
+  void* upload_done_ = nullptr;                 // cudaEvent_t: host_owners_ may be rewritten
   kdn_gpu_kv* gpu_kv_ = nullptr;
 };
 

@@ -11,11 +11,11 @@
 namespace kdn::gpu_engine {
 
 struct PagedKvView {
-  uint8_t* alloc = nullptr;        // the allocation's first byte (device)
-  uint64_t alloc_bytes = 0;        // guard + kv + guard (and rounding)
-  PagedKvShape shape;              // the KV tensors start at alloc + kGuardBytes
+  uint8_t* alloc = nullptr;  // the allocation's first byte (device)
+  uint64_t alloc_bytes = 0;  // guard + kv + guard (and rounding)
+  PagedKvShape shape;        // the KV tensors start at alloc + kGuardBytes
   uint64_t seed = 0;
-  const int32_t* owners = nullptr; // device: shape.slots() entries, token of each slot or -1
+  const int32_t* owners = nullptr;  // device: shape.slots() entries, token of each slot or -1
 };
 
 // Writes expected_element(...) into every element and guard_byte(...) into both guards.

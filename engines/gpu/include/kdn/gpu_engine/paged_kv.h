@@ -87,8 +87,8 @@ KDN_HD_INLINE uint8_t guard_byte(uint64_t offset) { return uint8_t(mix64(offset 
 
 // What element (layer, plane, slot, head, dim) must hold when slot `slot` belongs to token
 // `owner` (or to no token: owner < 0).
-KDN_HD_INLINE uint16_t expected_element(uint64_t seed, int64_t owner, uint32_t layer, uint32_t plane,
-                                        uint64_t slot, uint32_t head, uint32_t dim) {
+KDN_HD_INLINE uint16_t expected_element(uint64_t seed, int64_t owner, uint32_t layer, uint32_t plane, uint64_t slot,
+                                        uint32_t head, uint32_t dim) {
   return owner >= 0 ? kv_pattern(seed, layer, plane, uint64_t(owner), head, dim)
                     : canary(seed, layer, plane, slot, head, dim);
 }

@@ -37,8 +37,8 @@ bool parse_blend_deviation(std::string_view name, BlendDeviation* out) noexcept;
 
 struct BlendOptions {
   BlendPolicy policy = BlendPolicy::kHkvd;
-  double recompute_ratio = 0.15;  // hkvd: share of segment tokens recomputed
-  uint32_t check_layer = 1;       // hkvd: the layer whose deviation ranks the tokens
+  double recompute_ratio = 0.15;                  // hkvd: share of segment tokens recomputed
+  uint32_t check_layer = 1;                       // hkvd: the layer whose deviation ranks the tokens
   BlendDeviation deviation = BlendDeviation::kK;  // hkvd: which rows the deviation compares
   uint32_t boundary_tokens = 16;  // boundary: tokens recomputed at the start of each segment after the first
 };
@@ -56,21 +56,21 @@ struct RagPrompt {
 
 // What a blended prefill did (RequestStats::blend).
 struct BlendStats {
-  bool used = false;                // the prompt was blended (false: it fell back, or was not asked to)
+  bool used = false;  // the prompt was blended (false: it fell back, or was not asked to)
   uint32_t segments = 0;
-  uint32_t segments_reused = 0;     // loaded from the cache
-  uint32_t segments_computed = 0;   // not cached whole: prefilled after the base context and stored
-  uint64_t tokens_loaded = 0;       // segment tokens whose KV came from the cache
-  uint64_t tokens_recomputed = 0;   // of those, recomputed by the policy
-  uint64_t tokens_checked = 0;      // tokens run through the check layers (hkvd)
+  uint32_t segments_reused = 0;    // loaded from the cache
+  uint32_t segments_computed = 0;  // not cached whole: prefilled after the base context and stored
+  uint64_t tokens_loaded = 0;      // segment tokens whose KV came from the cache
+  uint64_t tokens_recomputed = 0;  // of those, recomputed by the policy
+  uint64_t tokens_checked = 0;     // tokens run through the check layers (hkvd)
   uint32_t chunks_stored = 0;
-  double lookup_s = 0;              // segment lookup
-  double segment_prefill_s = 0;     // prefilling missing segments after the base context
-  double segment_store_s = 0;       // storing them
-  double place_s = 0;               // placing the prompt's cells (hkvd: the check pass)
-  double retrieve_s = 0;            // segments -> KV cache (lease, re-rotate, scatter, check)
-  double select_s = 0;              // deviation and top-k
-  double recompute_s = 0;           // the head, the selected tokens and the question through every layer
+  double lookup_s = 0;           // segment lookup
+  double segment_prefill_s = 0;  // prefilling missing segments after the base context
+  double segment_store_s = 0;    // storing them
+  double place_s = 0;            // placing the prompt's cells (hkvd: the check pass)
+  double retrieve_s = 0;         // segments -> KV cache (lease, re-rotate, scatter, check)
+  double select_s = 0;           // deviation and top-k
+  double recompute_s = 0;        // the head, the selected tokens and the question through every layer
 };
 
 }  // namespace kdn::llama

@@ -83,9 +83,8 @@ class ChunkCache {
                                                        uint32_t max_chunks) noexcept = 0;
   // Reserves slots for chunks [first_chunk, first_chunk + n_chunks) of `tokens`, at most
   // max_reserve_chunks() of them at once.
-  virtual Result<std::unique_ptr<ChunkReservation>> reserve(std::span<const int32_t> tokens,
-                                                             uint32_t first_chunk,
-                                                             uint32_t n_chunks) noexcept = 0;
+  virtual Result<std::unique_ptr<ChunkReservation>> reserve(std::span<const int32_t> tokens, uint32_t first_chunk,
+                                                            uint32_t n_chunks) noexcept = 0;
   // The most chunks one reservation may hold (kdnd: what the session's staging area holds).
   virtual uint32_t max_reserve_chunks() const noexcept { return UINT32_MAX; }
   // Starts bringing the cached prefix of `tokens` close (kdnd: from its disk tier into the
@@ -108,13 +107,10 @@ class MemoryNode {
 class MemoryChunkCache final : public ChunkCache {
  public:
   // `node` must outlive the store.
-  static Result<std::unique_ptr<MemoryChunkCache>> open(MemoryNode& node,
-                                                        const kdn_model_desc& desc) noexcept;
+  static Result<std::unique_ptr<MemoryChunkCache>> open(MemoryNode& node, const kdn_model_desc& desc) noexcept;
 
-  Result<std::unique_ptr<ChunkLease>> retrieve(std::span<const int32_t> tokens,
-                                               uint32_t max_chunks) noexcept override;
-  Result<std::unique_ptr<ChunkReservation>> reserve(std::span<const int32_t> tokens,
-                                                    uint32_t first_chunk,
+  Result<std::unique_ptr<ChunkLease>> retrieve(std::span<const int32_t> tokens, uint32_t max_chunks) noexcept override;
+  Result<std::unique_ptr<ChunkReservation>> reserve(std::span<const int32_t> tokens, uint32_t first_chunk,
                                                     uint32_t n_chunks) noexcept override;
 
   Result<std::vector<SegmentHits>> lookup_segments(std::span<const SegmentRef> segs) noexcept override;

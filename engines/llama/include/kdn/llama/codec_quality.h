@@ -48,9 +48,9 @@ struct CodecQualityReport {
   // margin_median is the exact run's p(top 1) - p(top 2) over every scored position, for scale.
   double flip_margin_median = 0;
   double margin_median = 0;
-  double floor_top1_agreement = 0; // the one-ulp control's agreement with the exact run
-  double floor_ppl_delta_pct = 0;  // and its perplexity delta
-  double floor_kl = 0;             // and its mean KL
+  double floor_top1_agreement = 0;  // the one-ulp control's agreement with the exact run
+  double floor_ppl_delta_pct = 0;   // and its perplexity delta
+  double floor_kl = 0;              // and its mean KL
 };
 
 // `tokens` must hold context_chunks * chunk_tokens + eval_tokens tokens (eval_tokens >= 2);
@@ -61,8 +61,7 @@ Result<CodecQualityReport> measure_codec_quality(Engine& engine, std::span<const
 
 // The same with the context's exact canonical chunks given (e.g. leased from kdnd): `eval`
 // are the tokens that follow them (at least 2).
-Result<CodecQualityReport> measure_codec_quality(Engine& engine,
-                                                 std::span<const std::span<const uint8_t>> exact,
+Result<CodecQualityReport> measure_codec_quality(Engine& engine, std::span<const std::span<const uint8_t>> exact,
                                                  std::span<const int32_t> eval,
                                                  const kernels::CodecConfig& config) noexcept;
 
@@ -94,13 +93,13 @@ struct CalibrationOptions {
 };
 
 struct CodecCalibration {
-  uint32_t probe_bits = 0;                   // the uniform width the sensitivities were measured at
-  std::vector<double> k_sensitivity;         // per layer: mean KL with only that layer's K quantized
-  std::vector<double> v_sensitivity;         // the same for V
-  std::vector<uint8_t> k_bits, v_bits;       // the allocation (CodecConfig::layer_k_bits/layer_v_bits)
-  double mean_bits = 0;                      // of the allocation
-  double modelled_kl_uniform = 0;            // sum of sensitivities (every plane at probe_bits)
-  double modelled_kl_allocated = 0;          // the allocation's modelled sum
+  uint32_t probe_bits = 0;              // the uniform width the sensitivities were measured at
+  std::vector<double> k_sensitivity;    // per layer: mean KL with only that layer's K quantized
+  std::vector<double> v_sensitivity;    // the same for V
+  std::vector<uint8_t> k_bits, v_bits;  // the allocation (CodecConfig::layer_k_bits/layer_v_bits)
+  double mean_bits = 0;                 // of the allocation
+  double modelled_kl_uniform = 0;       // sum of sensitivities (every plane at probe_bits)
+  double modelled_kl_allocated = 0;     // the allocation's modelled sum
   uint32_t context_tokens = 0;
   uint32_t eval_tokens = 0;
 };

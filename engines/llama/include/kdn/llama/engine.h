@@ -64,7 +64,7 @@ struct EngineOptions {
   int32_t n_threads = 0;        // 0: every hardware thread
   bool flash_attn = true;       // false: llama.cpp keeps V transposed (part of the fingerprint)
   LoadOverlap load_overlap = LoadOverlap::kAuto;
-  bool verbose = false;         // let llama.cpp log to stderr
+  bool verbose = false;                // let llama.cpp log to stderr
   uint32_t overlap_test_delay_us = 0;  // tests: the load worker sleeps this long per tensor
   // Called on the prefilling thread after every batch a prefill computes: tokens done and
   // tokens in that prefill (a long prompt's progress; empty: not called).
@@ -79,21 +79,21 @@ struct EngineIdentity {
 };
 
 struct RequestStats {
-  double ttft_s = 0;      // prompt tokens in -> first token chosen (retrieve + load + prefill)
-  double retrieve_s = 0;  // store lookup and lease
-  double load_s = 0;      // leased canonical chunks -> KV cache (with overlap: cells placed, copy started)
+  double ttft_s = 0;       // prompt tokens in -> first token chosen (retrieve + load + prefill)
+  double retrieve_s = 0;   // store lookup and lease
+  double load_s = 0;       // leased canonical chunks -> KV cache (with overlap: cells placed, copy started)
   double load_copy_s = 0;  // overlapped load: the worker's copy, beside the prefill
   double load_wait_s = 0;  // overlapped load: how long the prefill waited for it
-  double prefill_s = 0;   // computing the uncached tokens
-  double store_s = 0;     // extracting and storing new chunks (after the first token)
+  double prefill_s = 0;    // computing the uncached tokens
+  double store_s = 0;      // extracting and storing new chunks (after the first token)
   uint32_t tokens_reused = 0;
   uint32_t tokens_computed = 0;
   uint32_t chunks_loaded = 0;
   uint32_t chunks_stored = 0;
   uint64_t bytes_loaded = 0;
   uint64_t bytes_stored = 0;
-  Status cache_status;    // why the cache was not (fully) used; ok if it was or was not needed
-  BlendStats blend;       // generate_blend / prefill_blend
+  Status cache_status;  // why the cache was not (fully) used; ok if it was or was not needed
+  BlendStats blend;     // generate_blend / prefill_blend
 };
 
 struct Generation {
@@ -163,8 +163,7 @@ class Engine {
   // prefill the rest, choose n_predict tokens greedily, then store the prompt's new whole
   // chunks. Errors only for bad arguments or an engine failure; cache trouble is reported in
   // stats.cache_status.
-  Result<Generation> generate(std::span<const int32_t> prompt, uint32_t n_predict,
-                              ChunkCache* store) noexcept;
+  Result<Generation> generate(std::span<const int32_t> prompt, uint32_t n_predict, ChunkCache* store) noexcept;
 
   // ---- steps of generate(), for tests, benchmarks and --dump-kv --------------------------
   // Empties the KV cache, zeroing its buffers.
@@ -208,10 +207,10 @@ class Engine {
   // prefill() into any sequence; `logits_last`: compute the last token's logits.
   Status prefill_seq(std::span<const int32_t> tokens, uint32_t first_pos, int32_t seq, bool logits_last) noexcept;
   // ---- blend steps (blend.cc) ----
-  Status blend_compute_segments(const RagPrompt& p, std::span<const SegmentRef> refs,
-                                std::span<const size_t> missing, ChunkCache& store, RequestStats& stats) noexcept;
-  Status blend_load(const RagPrompt& p, std::span<const SegmentRef> refs, ChunkCache& store,
-                    const BlendOptions& o, RequestStats& stats) noexcept;
+  Status blend_compute_segments(const RagPrompt& p, std::span<const SegmentRef> refs, std::span<const size_t> missing,
+                                ChunkCache& store, RequestStats& stats) noexcept;
+  Status blend_load(const RagPrompt& p, std::span<const SegmentRef> refs, ChunkCache& store, const BlendOptions& o,
+                    RequestStats& stats) noexcept;
   Result<std::vector<uint32_t>> blend_select(const RagPrompt& p, const BlendOptions& o) noexcept;
   Status add_deviation(const RagPrompt& p, uint32_t layer, bool v, std::span<float> dev) noexcept;
   Status blend_finish(const RagPrompt& p, std::span<const uint32_t> selected) noexcept;
@@ -228,12 +227,12 @@ class Engine {
   llama_model* model_ = nullptr;
   llama_context* ctx_ = nullptr;
   int32_t last_logits_index_ = -1;
-  std::vector<uint8_t> blob_;  // reused across requests: the state blob of a store
-  SeqBlobPieces pieces_;       // reused across requests: the blob of a load, as pieces
+  std::vector<uint8_t> blob_;                // reused across requests: the state blob of a store
+  SeqBlobPieces pieces_;                     // reused across requests: the blob of a load, as pieces
   std::unique_ptr<OverlappedLoad> overlap_;  // null: loads copy synchronously
   std::unique_ptr<EvalHooks> hooks_;         // the context's eval callback
   Status blend_support_ = Status(Code::kUnsupported, "no KV cache support");
-  ModelInfo model_info_{};                   // identity_.desc validated: keys, chunk size
+  ModelInfo model_info_{};  // identity_.desc validated: keys, chunk size
   // Blend buffers, reused across requests: the cache tensors, the cell of each position, the
   // check layers' cached K and V (per layer and plane, one row per cell), deviations.
   std::vector<uint8_t*> kv_k_, kv_v_;

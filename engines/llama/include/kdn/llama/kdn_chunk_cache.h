@@ -27,19 +27,15 @@ class KdnChunkCache final : public ChunkCache {
   // "default") and registers the model. A kUnavailable status when kdnd is not running.
   // `create`: ask kdnd to create the namespace if it does not exist (KDN_CONNECT_CREATE_NAMESPACE;
   // kdnd decides whether this client may). `token`: the shared secret kdnd may require (empty: none).
-  static Result<std::unique_ptr<KdnChunkCache>> connect(const kdn_model_desc& desc,
-                                                        const std::string& socket_path,
-                                                        const std::string& name_space = "",
-                                                        bool create = false,
+  static Result<std::unique_ptr<KdnChunkCache>> connect(const kdn_model_desc& desc, const std::string& socket_path,
+                                                        const std::string& name_space = "", bool create = false,
                                                         const std::string& token = "") noexcept;
   ~KdnChunkCache() override;
   KdnChunkCache(const KdnChunkCache&) = delete;
   KdnChunkCache& operator=(const KdnChunkCache&) = delete;
 
-  Result<std::unique_ptr<ChunkLease>> retrieve(std::span<const int32_t> tokens,
-                                               uint32_t max_chunks) noexcept override;
-  Result<std::unique_ptr<ChunkReservation>> reserve(std::span<const int32_t> tokens,
-                                                    uint32_t first_chunk,
+  Result<std::unique_ptr<ChunkLease>> retrieve(std::span<const int32_t> tokens, uint32_t max_chunks) noexcept override;
+  Result<std::unique_ptr<ChunkReservation>> reserve(std::span<const int32_t> tokens, uint32_t first_chunk,
                                                     uint32_t n_chunks) noexcept override;
   uint32_t max_reserve_chunks() const noexcept override;
   // kdn_prefetch: promotions from kdnd's disk tier start, nothing waits.

@@ -40,12 +40,12 @@ enum class KvType : int32_t { kF32 = 0, kF16 = 1, kBF16 = 30 };
 
 // Geometry of one engine's KV cache: fixed for the life of an engine context.
 struct KvGeometry {
-  uint32_t n_layer = 0;       // layers with a KV cache
-  uint32_t n_kv_heads = 0;    // K and V heads (equal for the models we accept)
-  uint32_t head_dim = 0;      // K and V head dim (equal for the models we accept)
-  KvType type = KvType::kF16; // K and V element type
-  bool v_trans = false;       // V stored transposed (llama.cpp without flash attention)
-  uint32_t n_stream = 1;      // KV streams of the context (1 when kv_unified)
+  uint32_t n_layer = 0;        // layers with a KV cache
+  uint32_t n_kv_heads = 0;     // K and V heads (equal for the models we accept)
+  uint32_t head_dim = 0;       // K and V head dim (equal for the models we accept)
+  KvType type = KvType::kF16;  // K and V element type
+  bool v_trans = false;        // V stored transposed (llama.cpp without flash attention)
+  uint32_t n_stream = 1;       // KV streams of the context (1 when kv_unified)
   uint32_t chunk_tokens = 256;
 
   uint32_t elem_bytes() const noexcept { return type == KvType::kF32 ? 4 : 2; }
@@ -81,8 +81,7 @@ struct BlobPiece {
 // chunks are. Sizes and arguments are checked here, finiteness where the KV is copied.
 class SeqBlobPieces {
  public:
-  Status describe(const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks,
-                  int32_t first_pos) noexcept;
+  Status describe(const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks, int32_t first_pos) noexcept;
   // Allocates the buffers for `n_chunks` chunks of geometry g now (describe does it too), so
   // a later describe of at most that many allocates nothing.
   Status reserve(const KvGeometry& g, uint64_t n_chunks) noexcept;
@@ -103,8 +102,8 @@ Status gather_pieces(KvType type, std::span<const BlobPiece> pieces, std::span<u
 // Writes into `out` (exactly seq_blob_bytes(g, chunks.size() * chunk_tokens) bytes) the blob
 // SeqBlobPieces describes. Every chunk is checked (check_chunk) while it is copied; on error
 // `out` holds garbage and must not be given to llama.cpp.
-Status build_seq_blob(const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks,
-                      int32_t first_pos, std::span<uint8_t> out) noexcept;
+Status build_seq_blob(const KvGeometry& g, std::span<const std::span<const uint8_t>> chunks, int32_t first_pos,
+                      std::span<uint8_t> out) noexcept;
 
 // Whether every element of `bytes` bytes of `type` at src is finite, copying them to dst in
 // the same pass (at memory speed where the CPU has AVX2 or AVX-512). When one is not, dst's
@@ -114,9 +113,9 @@ bool copy_finite(KvType type, uint8_t* dst, const uint8_t* src, uint64_t bytes) 
 // A validated blob: pointers into its bytes, valid while the blob is.
 struct SeqBlobView {
   uint32_t n_cells = 0;
-  int32_t first_pos = 0;                  // cells hold positions first_pos .. first_pos+n_cells-1
-  std::vector<const uint8_t*> k_rows;     // per layer: n_cells rows of g.row_bytes()
-  std::vector<const uint8_t*> v_data;     // per layer: rows, or n_embd_v x n_cells if v_trans
+  int32_t first_pos = 0;               // cells hold positions first_pos .. first_pos+n_cells-1
+  std::vector<const uint8_t*> k_rows;  // per layer: n_cells rows of g.row_bytes()
+  std::vector<const uint8_t*> v_data;  // per layer: rows, or n_embd_v x n_cells if v_trans
 };
 
 // Parses and validates a blob produced by llama_state_seq_get_data for a context of geometry
