@@ -2,7 +2,7 @@
 // real shared memory, without the daemon's loop: each test plays the loop itself, so it can
 // stop a request half-way, deliver completions late, or end the session in the middle.
 #include "request_handler.h"
-#include "fault_tier.h"
+#include "tiers/fault_tier.h"
 #include "gpu/gpu_service.h"
 
 #include <kdn/common/clock.h>

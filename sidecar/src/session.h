@@ -11,7 +11,7 @@
 // Everything here is owned by the daemon's event loop thread.
 #pragma once
 
-#include "host_arena_tier.h"
+#include "tiers/host_arena_tier.h"
 #include "staging.h"
 #include "tier.h"
 #include "tiered_store.h"

@@ -1,7 +1,7 @@
 #include "tier_factory.h"
 
-#include "disk_tier.h"
-#include "eviction.h"
+#include "disk/disk_tier.h"
+#include "tiers/eviction.h"
 #include "remote_tier.h"
 
 #include <kdn/common/clock.h>

@@ -14,7 +14,7 @@
 // besides the eviction queues. Not thread-safe: the event loop owns it.
 #pragma once
 
-#include "eviction.h"
+#include "tiers/eviction.h"
 #include "tier.h"
 
 #include <array>

@@ -3,8 +3,8 @@
 // return damaged bytes, and chunks leased while they move.
 #include "tiered_store.h"
 #include "chunk_index.h"
-#include "fault_tier.h"
-#include "host_arena_tier.h"
+#include "tiers/fault_tier.h"
+#include "tiers/host_arena_tier.h"
 
 #include <gtest/gtest.h>
 

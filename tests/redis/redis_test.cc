@@ -1,4 +1,4 @@
-// The Redis client (sidecar/src/redis_conn.h) against real servers: a standalone redis-server
+// The Redis client (sidecar/src/remote/redis/redis_conn.h) against real servers: a standalone redis-server
 // (AUTH, Unix socket, a stopped server, a killed one) and a Redis Cluster of 3 masters with a
 // replica each (multi-MiB values over every master, pipelined; MOVED from a stale map; ASK
 // during a slot migration; a master killed and its replica promoted). Skipped where Debian's

@@ -1,4 +1,4 @@
-// RemoteTier (sidecar/src/remote_tier.h), T3, against real redis-server processes: chunks of
+// RemoteTier (sidecar/src/remote/remote_tier.h), T3, against real redis-server processes: chunks of
 // 64 KiB to 6 MiB written and read back byte for byte over every master of a 3+3 cluster and by
 // a second tier standing for another node; values damaged, replaced by another model's, moved
 // under another key, deleted or of another type are kCorrupt; probes find exactly the stored

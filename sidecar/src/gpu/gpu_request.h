@@ -13,7 +13,7 @@
 #include "gpu_registry.h"
 #include "gpu_rope.h"
 
-#include "../tiered_store.h"
+#include "tiered_store.h"
 
 #include <kdn/ipc/ops.h>
 

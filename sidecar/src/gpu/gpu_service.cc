@@ -1,7 +1,7 @@
 #include "gpu_service.h"
 #include "gpu_service_internal.h"
 
-#include "../session.h"
+#include "session.h"
 #include "gpu/client_fd.h"
 #include "gpu_rope.h"
 

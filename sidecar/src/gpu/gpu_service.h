@@ -24,9 +24,9 @@
 #include "t0_codec.h"
 #include "t0_index.h"
 
-#include "../worker_pool.h"
+#include "worker_pool.h"
 
-#include "../chunk_index.h"
+#include "chunk_index.h"
 
 #include <kdn/ipc/ops.h>
 #include <kdn/ipc/protocol.h>

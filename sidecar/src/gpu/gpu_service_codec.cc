@@ -11,7 +11,7 @@
 #include "gpu_service.h"
 #include "gpu_service_internal.h"
 
-#include "../session.h"
+#include "session.h"
 
 #include <kdn/kernels/codec_cuda.h>
 #include <kdn/kernels/ops.h>

@@ -12,8 +12,8 @@
 
 #include "t0_index.h"
 
-#include "../aligned_buffer.h"
-#include "../chunk_codec.h"
+#include "aligned_buffer.h"
+#include "chunk_codec.h"
 
 #include <kdn/common/status.h>
 #include <kdn/kernels/layout.h>

@@ -14,7 +14,7 @@
 // Pure C++; not thread-safe (the event loop owns it).
 #pragma once
 
-#include "../slab_allocator.h"
+#include "tiers/slab_allocator.h"
 
 #include <kdn/kdn.h>
 

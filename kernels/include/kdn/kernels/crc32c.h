@@ -1,5 +1,5 @@
 // CRC32C (Castagnoli), for components outside the codec that checksum bytes the same way KVC1
-// does: T2's slab files (sidecar/src/disk_format.h). Implemented in kernels/codec/crc32c.cc
+// does: T2's slab files (sidecar/src/base/disk_format.h). Implemented in kernels/codec/crc32c.cc
 // (target kdn_codec); see its private header for the parameters. Reentrant.
 #pragma once
 

@@ -1,4 +1,4 @@
-#include "host_arena_tier.h"
+#include "tiers/host_arena_tier.h"
 
 #include <kdn/common/mutex.h>
 #include <kdn/kernels/stream_copy.h>

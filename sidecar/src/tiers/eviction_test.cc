@@ -2,7 +2,7 @@
 // S3-FIFO victim order, per-size-class queues, victim_any, entries that are not evictable
 // (leased host copies, transfers in flight, copies already leaving, reservations) skipped
 // and re-queued, S3-FIFO's small/main/ghost queues, and parse_eviction_kind.
-#include "eviction.h"
+#include "tiers/eviction.h"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // streams, events, copies and completions. The driver's VMM calls live in cuda_driver.cc.
 // Without KDN_GPU_WITH_CUDA every call answers kUnsupported; CompletionQueue is plain eventfd
 // and mutex and works in both builds.
-#include "gpu/cuda_api.h"
+#include "cuda_api.h"
 
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -14,7 +14,7 @@
 #include <set>
 #include <string>
 
-#include "gpu/cuda_internal.h"
+#include "cuda_internal.h"
 #endif
 
 namespace kdn::sidecar::gpu {

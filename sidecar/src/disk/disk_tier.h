@@ -36,9 +36,9 @@
 
 #include "chunk_codec.h"
 #include "disk_format.h"
-#include "disk_io.h"
-#include "disk_ring.h"
-#include "slab_allocator.h"
+#include "disk/disk_io.h"
+#include "disk/disk_ring.h"
+#include "tiers/slab_allocator.h"
 #include "tier.h"
 
 #include <kdn/common/model.h>

@@ -6,11 +6,11 @@
 
 #include <cstring>
 
-#include "gpu/cuda_api.h"
-#include "gpu/cuda_api_testing.h"
+#include "cuda_api.h"
+#include "cuda_api_testing.h"
 
 #if KDN_GPU_WITH_CUDA
-#include "gpu/cuda_internal.h"
+#include "cuda_internal.h"
 #endif
 
 namespace kdn::sidecar::gpu {

@@ -1,4 +1,4 @@
-#include "disk_ring.h"
+#include "disk/disk_ring.h"
 
 #include <cerrno>
 #include <cstring>

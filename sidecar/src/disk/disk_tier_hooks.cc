@@ -1,6 +1,6 @@
 // What the daemon's loop asks of T2 through the Tier hooks (tier.h): background work moved on,
 // housekeeping, the write-down queue, and its own counters for TIER_STATS and the metrics page.
-#include "disk_tier.h"
+#include "disk/disk_tier.h"
 
 namespace kdn::sidecar {
 

@@ -3,7 +3,7 @@
 // build without CUDA, or without a device, each returns kUnsupported.
 #pragma once
 
-#include "gpu/cuda_api.h"
+#include "cuda_api.h"
 
 namespace kdn::sidecar::gpu::testing {
 

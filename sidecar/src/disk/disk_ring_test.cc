@@ -3,7 +3,7 @@
 // completion seen once, the end of the file, short transfers, retries and errors injected
 // through FaultyDiskIo, fixed buffers (whole, outside, across two pieces), O_DIRECT, fdatasync,
 // the eventfd wake-up and a destructor that lets requests in flight land.
-#include "disk_ring.h"
+#include "disk/disk_ring.h"
 
 #include <gtest/gtest.h>
 

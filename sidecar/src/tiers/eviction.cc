@@ -1,4 +1,4 @@
-#include "eviction.h"
+#include "tiers/eviction.h"
 
 namespace kdn::sidecar {
 

@@ -28,8 +28,8 @@
 #include <thread>
 #include <vector>
 
-#include "gpu/cuda_api.h"
-#include "gpu/cuda_api_testing.h"
+#include "cuda_api.h"
+#include "cuda_api_testing.h"
 
 extern char** environ;
 

@@ -3,7 +3,7 @@
 // and every fault the I/O seam (FaultyDiskIo) injects or a test does to the files themselves.
 // Nothing here may ever hand back a byte that differs from what was written (lossy codecs:
 // within their error bound), whatever the fault.
-#include "disk_tier_internal.h"
+#include "disk/disk_tier_internal.h"
 
 #include <kdn/common/clock.h>
 #include <kdn/common/model_presets.h>

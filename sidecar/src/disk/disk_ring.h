@@ -21,7 +21,7 @@
 // Thread safety: one thread (the event loop; at start-up and shutdown, the thread doing them).
 #pragma once
 
-#include "disk_io.h"
+#include "disk/disk_io.h"
 
 #include <kdn/common/status.h>
 

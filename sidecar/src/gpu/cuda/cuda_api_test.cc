@@ -2,7 +2,7 @@
 // region, host registration, copies, priorities and completions on a device; and, across two
 // processes, an engine's legacy IPC memory, VMM memory and interprocess event opened by kdnd.
 // Every device case skips without a device.
-#include "gpu/cuda_api.h"
+#include "cuda_api.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "aligned_buffer.h"
-#include "gpu/cuda_api_testing.h"
+#include "cuda_api_testing.h"
 
 namespace kdn::sidecar::gpu {
 namespace {

@@ -1,4 +1,4 @@
-#include "slab_allocator.h"
+#include "tiers/slab_allocator.h"
 
 #include <cassert>
 

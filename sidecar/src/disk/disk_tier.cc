@@ -1,5 +1,5 @@
 // DiskTier: space, transfers and background work. Files and recovery: disk_tier_open.cc.
-#include "disk_tier_internal.h"
+#include "disk/disk_tier_internal.h"
 
 #include <kdn/common/clock.h>
 

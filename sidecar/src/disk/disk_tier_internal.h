@@ -3,7 +3,7 @@
 #pragma once
 
 #include "aligned_buffer.h"
-#include "disk_tier.h"
+#include "disk/disk_tier.h"
 #include "worker_pool.h"
 
 #include <kdn/kernels/codec.h>

@@ -14,7 +14,7 @@
 // touch nothing but the bytes of the transfers they run and the completion queue.
 #pragma once
 
-#include "slab_allocator.h"
+#include "tiers/slab_allocator.h"
 #include "tier.h"
 
 #include <kdn/ipc/fd.h>

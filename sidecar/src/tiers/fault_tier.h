@@ -12,7 +12,7 @@
 // Thread safety: one thread (the test's, playing the event loop).
 #pragma once
 
-#include "slab_allocator.h"
+#include "tiers/slab_allocator.h"
 #include "tier.h"
 
 #include <kdn/ipc/fd.h>

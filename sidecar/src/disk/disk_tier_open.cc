@@ -1,5 +1,5 @@
 // DiskTier: opening, creating and recovering slab files (docs/disk-format.md, "Recovery").
-#include "disk_tier_internal.h"
+#include "disk/disk_tier_internal.h"
 
 #include <kdn/common/clock.h>
 #include <kdn/common/files.h>

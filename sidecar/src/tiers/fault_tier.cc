@@ -1,4 +1,4 @@
-#include "fault_tier.h"
+#include "tiers/fault_tier.h"
 
 #include <sys/eventfd.h>
 #include <unistd.h>

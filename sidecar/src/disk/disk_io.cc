@@ -1,4 +1,4 @@
-#include "disk_io.h"
+#include "disk/disk_io.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
