@@ -35,11 +35,11 @@
 #pragma once
 
 #include "chunk_codec.h"
-#include "disk_format.h"
 #include "disk/disk_io.h"
 #include "disk/disk_ring.h"
-#include "tiers/slab_allocator.h"
+#include "disk_format.h"
 #include "tier.h"
+#include "tiers/slab_allocator.h"
 
 #include <kdn/common/model.h>
 #include <kdn/ipc/fd.h>
@@ -162,9 +162,19 @@ class DiskTier final : public Tier {
 
  private:
   explicit DiskTier(const DiskTierOptions& options, DiskIo& io);
+  // ---- opening (disk_tier_open.cc): open, scan, recover
+  struct Found;
   Status open_devices(std::vector<RecoveredChunk>* recovered, RecoveryReport* report) noexcept;
+  Status open_device(uint32_t i, const disk::FileLayout& want, RecoveryReport* report) noexcept;
   Status open_device_dir(Device& d, const std::string& root) noexcept;
+  Status open_slab_file(Device& d, const disk::FileLayout& want, bool* create) noexcept;
   Status check_slab_file(const Device& d) noexcept;
+  Status create_slab_file(Device& d, const disk::FileLayout& want) noexcept;
+  Status load_slab_table(Device& d) noexcept;
+  Status scan_device(Device& d, RecoveryReport* report, std::vector<Found>* found, uint64_t* last_log) noexcept;
+  Status adopt_newest(const std::vector<Found>& found, std::vector<RecoveredChunk>* recovered,
+                      RecoveryReport* report) noexcept;
+  Status adopt(const Found& f, std::vector<RecoveredChunk>* recovered, RecoveryReport* report);
   Status register_buffers() noexcept;
 
   // ---- slots and space
