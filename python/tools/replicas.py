@@ -153,7 +153,7 @@ class Replica:
                 with self._cv:
                     self._lines.append(line[len(REPLY_PREFIX):])
                     self._cv.notify_all()
-            else:
+            elif not self._log.closed:  # a killed replica's last lines may come after stop()
                 self._log.write(line)
                 self._log.flush()
         with self._cv:

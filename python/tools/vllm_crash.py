@@ -41,14 +41,17 @@ def memory(pid: int | None) -> dict[str, int] | None:
     return out
 
 
-def shm_bytes(before: set[str]) -> dict[str, int]:
-    """What /dev/shm holds that it did not hold when the phase started."""
-    new = [p for p in SHM.iterdir() if p.name not in before]
-    total = 0
-    for p in new:
+def shm_bytes(before: set[str]) -> dict[str, Any]:
+    """What /dev/shm holds that it did not hold when the phase started (by kind: LMCache's
+    per-engine KV segments, torch's psm_ segments, ...; other users of the machine add theirs)."""
+    kinds: dict[str, int] = {}
+    for p in SHM.iterdir():
+        if p.name in before:
+            continue
+        kind = "lmcache_kv" if p.name.startswith("lmcache_kv_") else p.name.split("_")[0].split(".")[0]
         with contextlib.suppress(OSError):
-            total += p.stat().st_blocks * 512
-    return {"dev_shm_new_entries": len(new), "dev_shm_new_bytes": total}
+            kinds[kind] = kinds.get(kind, 0) + p.stat().st_blocks * 512
+    return {"dev_shm_new_bytes": sum(kinds.values()), "dev_shm_new_bytes_by_kind": kinds}
 
 
 def kill_engine(r: replicas.Replica) -> None:

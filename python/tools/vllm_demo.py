@@ -122,9 +122,12 @@ def main(argv: list[str]) -> int:
         print(f"\n  B's time to first token: {tb:.3f} s with kdn vs {tc:.3f} s without ({tc / tb:.1f}x faster)")
         print(f"  B's answer with kdn equals its answer without kdn, token for token: {tok_b == tok_c}")
         if lmcache_server.python():
-            tl, tok_l = lmcache_hit(pa, pb, work)
-            print(f"  B's time to first token with LMCache (its MP server, lmcache_driven): {tl:.3f} s "
-                  f"(kdn: {tb:.3f} s); LMCache's answer equals B's without kdn: {tok_l == tok_c}")
+            try:
+                tl, tok_l = lmcache_hit(pa, pb, work)
+                print(f"  B's time to first token with LMCache (its MP server, lmcache_driven): {tl:.3f} s "
+                      f"(kdn: {tb:.3f} s); LMCache's answer equals B's without kdn: {tok_l == tok_c}")
+            except Exception as e:  # noqa: BLE001 - the peer failing is reported, kdn's figures stand
+                print(f"  LMCache run failed: {type(e).__name__}: {str(e)[:500]}")
         else:
             print("  LMCache not run: no LMCache environment (KDN_LMCACHE_PYTHON; scripts/setup-lmcache.sh)")
         first = lambda text: text.strip().split("\n\n")[0]  # noqa: E731 - the answer's first paragraph

@@ -145,8 +145,7 @@ class LMCacheControl:
             self.server.proc.wait()
 
     def restart(self) -> None:
-        self.server.log_path += ".restarted"
-        self.server.start()
+        self.server.restart()
 
     def pid(self) -> int | None:
         return self.server.proc.pid if self.server.proc else None
@@ -178,7 +177,7 @@ class Throughput:
         self.reference: dict[tuple[int, int], list[int]] = {}
         # The crash phase asks again what the other phases asked (so each answer has its
         # connector-less reference), in another order.
-        again = list(reqs)
+        again = [q for p in ("open", "closed") if p in a.phases for q in self.phase_requests[p]] or list(reqs)
         random.Random(a.seed).shuffle(again)
         count = a.crash_requests or n
         self.crash_requests = [shared_docs.Request(i, q.document, q.question)
