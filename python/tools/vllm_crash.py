@@ -235,5 +235,6 @@ class CrashRun:
             lost += computed >= chunk_tokens  # a question is shorter than a chunk
             first.append({"index": r.request.index, "document": r.request.document, "computed_tokens": computed,
                           "engine": r.reply["engine"]})
-        return {"hits_lost_after_restart": lost, "first_requests_after_restart": first}
+        # None when no request qualified: nothing was measured, which is not the same as 0 lost.
+        return {"hits_lost_after_restart": lost if first else None, "first_requests_after_restart": first}
 
