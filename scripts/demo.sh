@@ -370,5 +370,8 @@ cmake --build "$build" --target kdn_python >/dev/null
 vllm_python=$(sed -n 's/^KDN_PYTHON:FILEPATH=//p' "$build/CMakeCache.txt")
 vllm_model=$(sed -n 's/^KDN_VLLM_MODEL:PATH=//p' "$build/CMakeCache.txt")
 [[ -x "$vllm_python" && -f "$vllm_model/config.json" ]] || vllm_skip "the build has no vLLM venv or model"
-KDN_PYTHON=$vllm_python KDN_VLLM_MODEL=$vllm_model KDN_BUILD_DIR=$build PYTHONPATH=$build/python \
+# LMCache beside kdn where its environment is set up (empty: the demo says it was not run).
+lmcache_python=$(sed -n 's/^KDN_LMCACHE_PYTHON:[A-Z]*=//p' "$build/CMakeCache.txt")
+KDN_LMCACHE_PYTHON=$lmcache_python \
+  KDN_PYTHON=$vllm_python KDN_VLLM_MODEL=$vllm_model KDN_BUILD_DIR=$build PYTHONPATH=$build/python \
   "$vllm_python" python/tools/vllm_demo.py "$doc" "$question_a" "$question_b" --tokens "$tokens"

@@ -90,6 +90,14 @@ class LMCacheServer:
             time.sleep(0.2)
         raise RuntimeError(f"LMCache server not ready within {timeout} s:\n{self.log()[-3000:]}")
 
+    def restart(self) -> None:
+        """Starts it again after it was killed, on the same ports and with a log of its own;
+        segments its engines made before stay this run's to clean."""
+        before = self._segments_before
+        self.log_path += ".restarted"
+        self.start()
+        self._segments_before = before
+
     def log(self) -> str:
         try:
             return Path(self.log_path).read_text(errors="replace")

@@ -52,20 +52,21 @@ class Kdnd:
         self.log_path = log or socket + ".log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "Kdnd":
+    def start(self, timeout: float = 30) -> "Kdnd":
+        """timeout: a disk tier's first start writes its slab files (a minute on a busy disk)."""
         Path(self.socket).parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([str(build_dir() / "bin" / self.binary), "--socket", self.socket,
                                           "--host-arena-bytes", self.arena, "--log-level", "warn", *self.extra],
                                          stdout=log, stderr=log, env=self.env)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"kdnd exited at start: {Path(self.log_path).read_text()[-2000:]}")
             if self.client_ok():
                 return self
             time.sleep(0.05)
-        raise RuntimeError("kdnd did not answer within 30 s")
+        raise RuntimeError(f"kdnd did not answer within {timeout:g} s")
 
     def client_ok(self) -> bool:
         r = subprocess.run([str(build_dir() / "bin" / "kdnctl"), "--socket", self.socket, "ping"],
@@ -152,7 +153,7 @@ class Replica:
                 with self._cv:
                     self._lines.append(line[len(REPLY_PREFIX):])
                     self._cv.notify_all()
-            else:
+            elif not self._log.closed:  # a killed replica's last lines may come after stop()
                 self._log.write(line)
                 self._log.flush()
         with self._cv:

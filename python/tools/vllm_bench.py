@@ -30,6 +30,9 @@ With --lmcache the run is kdn beside LMCache instead (vllm_side_by_side.py: ever
 in its own process, LMCache's MP server from its venv, KDN_LMCACHE_PYTHON):
 
     python vllm_bench.py --lmcache [--json] [--sizes 1024,2048,4096] [--reps 3] [--no-plain-engine]
+
+With --throughput: replicas serving a shared-document workload, no connector vs LMCache vs kdn
+(vllm_throughput.py; its own options, --help there).
 """
 
 from __future__ import annotations
@@ -73,6 +76,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-offload", action="store_true", help="skip vLLM's own offloading connector")
     p.add_argument("--require-bars", action="store_true", help="exit 3 when a bar fails")
     p.add_argument("--lmcache", action="store_true", help="kdn beside LMCache in one run (vllm_side_by_side.py)")
+    p.add_argument("--throughput-requests", type=int, default=0,
+                   help="with --lmcache: also serve this many shared-document requests per system on the same "
+                        "engines (the throughput bench's workload at its smallest)")
     p.add_argument("--no-plain-engine", action="store_true",
                    help="with --lmcache: the miss without a connector and vLLM's own prefix hit come from kdn's "
                         "engine B with kdn off for the request (one engine fewer to start)")
@@ -292,6 +298,10 @@ def print_table(report: dict[str, Any], sizes: list[int], cols: tuple[str, ...],
 
 
 def main(argv: list[str]) -> int:
+    if "--throughput" in argv:
+        import vllm_throughput
+
+        return vllm_throughput.main([x for x in argv if x != "--throughput"])
     a = parse_args(argv)
     try:
         replicas.model_dir()
@@ -313,11 +323,11 @@ def main(argv: list[str]) -> int:
         else:
             bench.run_offload()
 
-    return run_and_report(a, bench, work, steps, TABLE, 28, "engine logs")
+    return run_and_report(a, bench, work, steps, lambda r: print_table(r, a.sizes, TABLE, 28), "engine logs")
 
 
 def run_and_report(a: argparse.Namespace, bench: Any, work: str, steps: Callable[[], None],
-                   table: tuple[str, ...], width: int, kept: str) -> int:
+                   printer: Callable[[dict[str, Any]], None], kept: str) -> int:
     """Runs the steps, closes every process, prints the report; 1 when a step failed (the
     logs stay in `work`), 3 when --require-bars and a bar failed."""
     failed = False
@@ -333,7 +343,7 @@ def run_and_report(a: argparse.Namespace, bench: Any, work: str, steps: Callable
     if a.json:
         print(json.dumps(bench.report, indent=2))
     else:
-        print_table(bench.report, a.sizes, table, width)
+        printer(bench.report)
     if failed:
         print(f"kdn-bench vllm: {kept} kept in {work}", file=sys.stderr)
         return 1
@@ -355,7 +365,8 @@ def side_by_side(a: argparse.Namespace) -> int:
         bench.run_kdn((QUESTION_B, QUESTION_A, UNRELATED))
         bench.run_lmcache()
 
-    return run_and_report(a, bench, work, steps, vllm_side_by_side.TABLE, 24, "engine and server logs")
+    return run_and_report(a, bench, work, steps, lambda r: print_table(r, a.sizes, vllm_side_by_side.TABLE, 24),
+                          "engine and server logs")
 
 
 if __name__ == "__main__":

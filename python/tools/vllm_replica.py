@@ -13,6 +13,9 @@ Commands ({"op": ...}):
                 prompts are generated one request at a time unless "batch": true
     ttft        {"prompt": [ids], "repeat": 3, "reset_prefix_cache": bool, "kdn": "on"|"off"}
                                                   -> {"seconds": [...], "median": s, "token_ids"}
+    serve       {"prompt": [ids], "max_tokens", "kdn": "on"|"off"}
+                                                  -> {"ttft_s", "seconds", "token_ids", "cached_tokens"}
+                one request as a server answers it: TTFT is when its first token came out
     reset_prefix_cache                            -> {}
     stats                                         -> {"connector": {...}} (kdn.vllm counters)
     desc                                          -> the kdn model descriptor fields (with --kdn-socket)
@@ -85,6 +88,7 @@ class Replica:
     def __init__(self, a: argparse.Namespace) -> None:
         self.a = a
         self.llm = make_llm(a)
+        self.served = 0
 
     def _params(self, max_tokens: int, kdn_mode: str):
         from vllm import SamplingParams
@@ -124,6 +128,30 @@ class Replica:
             ids = list(out.outputs[0].token_ids)
         # cached_tokens: prompt tokens the engine did not compute (its prefix cache or a connector).
         return {"seconds": times, "median": statistics.median(times), "token_ids": ids, "cached_tokens": cached}
+
+    def op_serve(self, c: dict) -> dict:
+        from vllm.inputs import TokensPrompt
+
+        params = self._params(int(c.get("max_tokens", 16)), c.get("kdn", "on"))
+        engine = self.llm.llm_engine
+        self.served += 1
+        rid = f"serve-{self.served}"
+        t0 = time.perf_counter()
+        engine.add_request(rid, TokensPrompt(prompt_token_ids=c["prompt"]), params)
+        ttft, last = None, None
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.request_id != rid:
+                    continue
+                if ttft is None and out.outputs and out.outputs[0].token_ids:
+                    ttft = time.perf_counter() - t0
+                last = out
+        seconds = time.perf_counter() - t0
+        if last is None or not last.finished:
+            raise RuntimeError("the engine finished without answering the request")
+        # cached_tokens: prompt tokens not computed here (the engine's prefix cache or a connector).
+        return {"ttft_s": ttft if ttft is not None else seconds, "seconds": seconds,
+                "token_ids": list(last.outputs[0].token_ids), "cached_tokens": last.num_cached_tokens or 0}
 
     def op_reset_prefix_cache(self, c: dict) -> dict:
         return {"reset": bool(self.llm.reset_prefix_cache())}

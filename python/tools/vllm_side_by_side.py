@@ -123,6 +123,12 @@ class SideBySide:
         self.server = lmcache_server.LMCacheServer(os.path.join(work, "lmcache-server.log"),
                                                    lmcache_server.l1_gib(working_set), a.chunk_tokens)
         self.max_len = max(a.sizes) + a.question_tokens + a.check_tokens + 256
+        self.shared = None
+        if a.throughput_requests:  # the throughput bench's workload on these engines
+            import vllm_throughput
+
+            self.shared = vllm_throughput.smoke(a.throughput_requests, work, self.kdnd, self.server)
+            self.max_len = max(self.max_len, self.shared.max_len)
 
     def replica(self, name: str, *args: str) -> replicas.Replica:
         r = replicas.Replica(name, "--chunk-tokens", str(self.a.chunk_tokens), "--max-num-batched-tokens",
@@ -178,6 +184,12 @@ class SideBySide:
         for size in self.a.sizes:
             self.measure_none(plain or k_b, size)
             self.measure_kdn(k_a, k_b, size)
+        if self.shared:
+            self.shared.prepare(k_b)
+            for name in ("none", "kdn"):
+                for r in (k_a, k_b):
+                    r.send("reset_prefix_cache")
+                self.shared.run_system(name, [k_a, k_b], "off" if name == "none" else "on", self.shared.kdn_counters)
         self.stop_all()
         self.kdnd.stop()
 
@@ -241,6 +253,9 @@ class SideBySide:
             r.generate([self.unrelated], max_tokens=4)
         for size in self.a.sizes:
             self.measure_lmcache(l_a, l_b, size)
+        if self.shared:
+            self.shared.run_system("lmcache", [l_a, l_b], counters=self.shared.lmcache_counters)
+            self.report["throughput"] = {k: self.shared.report[k] for k in ("workload", "systems")}
         self.stop_all()
         self.server.stop()
 
