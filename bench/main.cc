@@ -91,8 +91,10 @@ const Subcommand kSubcommands[] = {
     {"llama", "llama.cpp prefill with and without kdn", kLlama, "this kdn-bench was built without KDN_BUILD_LLAMA=ON"},
     {"llama-server", "kdn-llama-server over HTTP: TTFT miss, kdn hit in another process, --cache-ram hit", kLlamaServer,
      "this kdn-bench was built without kdn-llama-server (KDN_BUILD_LLAMA=ON, KDN_LLAMA_SERVER=ON)"},
-    {"vllm", "vLLM replicas (real vLLM, CPU): TTFT miss, kdn hit, own prefix hit, offload", kVllm,
-     "this kdn-bench was built without the vLLM venv (scripts/setup-vllm.sh, then KDN_VLLM_DIR)"},
+    {"vllm",
+     "vLLM replicas (real vLLM, CPU): TTFT miss, kdn hit, own prefix hit, offload; --lmcache side by side, "
+     "--throughput the shared-document workload (none / LMCache / kdn, crashes)",
+     kVllm, "this kdn-bench was built without the vLLM venv (scripts/setup-vllm.sh, then KDN_VLLM_DIR)"},
     {"blend", "RAG prompts blended from cached documents vs full prefill and prefix caching", kBlend,
      "this kdn-bench was built without KDN_BUILD_LLAMA=ON"},
 };
