@@ -121,6 +121,10 @@ constexpr KeyDef kConfigKeys[] = {
      .help = "models registered by all sessions together", .min = 1},
     {.key = "max_models_per_uid", .field = &Config::max_models_per_uid, .default_text = "1024",
      .help = "distinct models one uid's sessions hold together", .min = 1},
+    {.key = "models_reserved_per_namespace", .field = &Config::models_reserved_per_namespace,
+     .default_text = "64",
+     .help = "model slots kept free for each namespace until it uses them (at most max_models_total / "
+             "namespaces); 0: none"},
     {.key = "staging_bytes", .field = &Config::staging_bytes, .default_text = "256M",
      .help = "not applied: a hello always names its staging size (libkdn asks 256M unless told); "
              "kept so existing files load, at most max_staging_bytes"},

@@ -73,7 +73,7 @@ Step RequestHandler::serve(Op& op, uint64_t, ipc::RegisterModelOp) {
     if (s.models.size() >= config_.max_models)
       return finish(op, Status(Code::kLimit, "this session registered max_models models"));
     s.models.reserve(s.models.size() + 1);  // may throw: before the table takes a reference
-    auto got = models_.acquire(*info, s.uid);
+    auto got = models_.acquire(*info, s.uid, s.ns->region_id);
     if (!got.ok()) return finish(op, got.status());
     id = *got;
     s.models.push_back(id);

@@ -183,7 +183,7 @@ void RequestHandler::drop_holdings(Session& s) noexcept {
   for (auto& [id, r] : s.reservations) s.ns->store->abort(r.entry);
   s.reservations.clear();
   s.reservation_order.clear();
-  for (uint32_t m : s.models) models_.release(m, s.uid);
+  for (uint32_t m : s.models) models_.release(m, s.uid, s.ns->region_id);
   s.models.clear();
   if (gpu_) gpu_->drop_session(s.id);  // closed once their copies land
 }

@@ -146,6 +146,8 @@ struct Config {
   uint32_t max_models = 64;                                // models one session registers
   uint32_t max_models_total = 4096;                        // models registered by all sessions together
   uint32_t max_models_per_uid = 1024;                      // distinct models one uid's sessions hold together
+  uint32_t models_reserved_per_namespace = 64;             // guaranteed to each namespace (capped by
+                                                           // max_models_total / namespaces)
   uint64_t staging_bytes = 256ull << 20;                   // staging area of a session that asks for the default
   uint64_t max_staging_bytes = 4ull << 30;                 // the most one session may ask for
   uint64_t max_staging_bytes_per_uid = 16ull << 30;        // one uid's sessions together
