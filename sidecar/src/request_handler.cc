@@ -3,6 +3,8 @@
 // family in request_data.cc, request_lease.cc, request_admin.cc and gpu/gpu_requests.cc.
 #include "request_handler.h"
 
+#include "admission.h"
+
 #include "gpu/gpu_request.h"
 #include "gpu/gpu_service.h"
 #include "request_slices.h"
@@ -149,9 +151,29 @@ void RequestHandler::on_event(Op& op, const StoreEvent& ev) noexcept {
 void RequestHandler::abort_reservation(Session& s, uint64_t id) noexcept {
   auto it = s.reservations.find(id);
   if (it == s.reservations.end()) return;
+  forget_reserved(s, it->second);
   s.ns->store->abort(it->second.entry);
   s.staging.free(it->second.staging_offset);
   s.reservations.erase(it);
+}
+
+void RequestHandler::forget_reserved(Session& s, const Reservation& r) noexcept {
+  const uint64_t bytes = r.entry->bytes;
+  s.reserved_bytes = bytes < s.reserved_bytes ? s.reserved_bytes - bytes : 0;
+}
+
+bool RequestHandler::take_room_for(Session& s, uint64_t bytes) noexcept {
+  Session* giver = writer_to_give_way(*s.ns, s, bytes);
+  if (giver == nullptr) return false;
+  while (!giver->reservation_order.empty()) {
+    const uint64_t id = giver->reservation_order.front();
+    giver->reservation_order.pop_front();
+    if (giver->reservations.count(id) == 0) continue;  // committed or aborted already
+    abort_reservation(*giver, id);
+    ++giver->ns->counters.yielded_reservations;
+    return true;
+  }
+  return false;
 }
 
 void RequestHandler::release_lease(Session& s, uint64_t id, uint32_t count) noexcept {
@@ -183,6 +205,8 @@ void RequestHandler::drop_holdings(Session& s) noexcept {
   for (auto& [id, r] : s.reservations) s.ns->store->abort(r.entry);
   s.reservations.clear();
   s.reservation_order.clear();
+  s.reserved_bytes = 0;
+  s.ns->writers.erase(&s);
   for (uint32_t m : s.models) models_.release(m, s.uid, s.ns->region_id);
   s.models.clear();
   if (gpu_) gpu_->drop_session(s.id);  // closed once their copies land

@@ -202,6 +202,11 @@ class RequestHandler {
   // Chunks promoted ahead of a request that met lower tiers.
   uint32_t read_ahead_limit(const TieredStore& store) const noexcept;
   void abort_reservation(Session& s, uint64_t id) noexcept;
+  // A reservation leaves s.reservations: its bytes no longer count as the session's.
+  void forget_reserved(Session& s, const Reservation& r) noexcept;
+  // Fair room-making (admission.h): another writer of s's namespace holding more reserved bytes
+  // gives up its oldest reservation; false if none should.
+  bool take_room_for(Session& s, uint64_t bytes) noexcept;
   void release_lease(Session& s, uint64_t id, uint32_t count) noexcept;
   void forget_leases_of_uid(uint32_t uid, uint64_t n) noexcept;
   ipc::SlotRef arena_ref(const Session& s, const Entry* e) const noexcept;
