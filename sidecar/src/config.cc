@@ -102,6 +102,9 @@ constexpr KeyDef kConfigKeys[] = {
     {.key = "max_leases_per_uid", .field = &Config::max_leases_per_uid, .default_text = "262144",
      .help = "distinct chunks one uid's sessions hold leased together (~100 bytes of kdnd's memory each)",
      .min = 1},
+    {.key = "max_leases_total", .field = &Config::max_leases_total, .default_text = "1048576",
+     .help = "(session, chunk) leases all sessions hold together: ~100 MiB of kdnd's memory at most",
+     .min = 1},
     {.key = "max_lease_bytes", .field = &Config::max_lease_bytes, .default_text = "8G",
      .help = "bytes of the distinct chunks one session holds leased; leased chunks cannot be evicted, so "
              "one session cannot pin a whole arena larger than this (a 64K-token llama3-8b prompt is 8G)",

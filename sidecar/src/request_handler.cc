@@ -32,6 +32,7 @@ ipc::SessionLimits RequestHandler::limits() const noexcept {
   l.max_in_flight = config_.max_in_flight;
   l.max_models = config_.max_models;
   l.reservation_timeout_ms = config_.reservation_timeout_ms;
+  l.max_lease_bytes = config_.max_lease_bytes;
   return l;
 }
 
@@ -190,10 +191,12 @@ void RequestHandler::release_lease(Session& s, uint64_t id, uint32_t count) noex
 }
 
 void RequestHandler::forget_leases_of_uid(uint32_t uid, uint64_t n) noexcept {
-  auto it = leases_per_uid_.find(uid);
-  if (it == leases_per_uid_.end()) return;
-  it->second = n < it->second ? it->second - n : 0;
-  if (it->second == 0) leases_per_uid_.erase(it);
+  auto it = pins_.per_uid.find(uid);
+  if (it == pins_.per_uid.end()) return;
+  const uint64_t gone = n < it->second ? n : it->second;
+  it->second -= gone;
+  pins_.total -= gone < pins_.total ? gone : pins_.total;
+  if (it->second == 0) pins_.per_uid.erase(it);
 }
 
 void RequestHandler::drop_holdings(Session& s) noexcept {

@@ -86,6 +86,12 @@ enum class Step : uint8_t {
   kWait,  // waits for transfers (on_event) or for room
 };
 
+// (session, chunk) leases held, per uid and in all.
+struct LeasePins {
+  std::unordered_map<uint32_t, uint64_t> per_uid;
+  uint64_t total = 0;
+};
+
 class RequestHandler {
  public:
   RequestHandler(ModelTable& models, DaemonCounters& counters, const Config& config);
@@ -218,9 +224,10 @@ class RequestHandler {
   gpu::GpuService* gpu_ = nullptr;
   std::string stall_lease_file_;
   uint32_t stall_lease_ms_ = 0;
-  // Chunks the sessions of each uid hold leased (max_leases_per_uid): each costs kdnd ~100
-  // bytes of bookkeeping, which one tenant's many sessions must not grow without bound.
-  std::unordered_map<uint32_t, uint64_t> leases_per_uid_;
+  // Chunks the sessions hold leased, by uid (max_leases_per_uid) and in all (max_leases_total):
+  // each costs kdnd ~100 bytes of bookkeeping, which no tenant's sessions, nor all of them
+  // together, may grow without bound.
+  LeasePins pins_;
 };
 
 }  // namespace kdn::sidecar

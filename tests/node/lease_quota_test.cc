@@ -1,14 +1,14 @@
 // Leases against a tenant's writers: leased chunks cannot be evicted, so a session that leased
 // its namespace's whole arena made every store there NO_SPACE for as long as it lived. A session
 // now leases at most max_lease_bytes; past it the lease is refused whole (KDN_ERR_LIMIT) and the
-// writers keep the rest of the arena. Reservations pin their slots too: a session that reserved
-// the whole arena (and re-reserved whatever expired) kept every other writer out; now the
-// writer holding the most reserved bytes gives up its oldest reservation to one holding fewer.
-// Runs the real kdnd binary.
+// writers keep the rest of the arena; the welcome tells the session its cap. Reservations pin their slots too: a
+// session that reserved the whole arena (and re-reserved whatever expired) kept every other writer out; now the writer
+// holding the most reserved bytes gives up its oldest reservation to one holding fewer. Runs the real kdnd binary.
 #include "kdnd_process.h"
 
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <vector>
 
 namespace kdn::testing {
@@ -34,6 +34,21 @@ TEST(LeaseQuota, ASessionCannotPinTheWholeArenaAgainstItsWriters) {
   Conn writer(d, tiny_model()), reader(d, tiny_model());
   ASSERT_TRUE(writer.ok() && reader.ok());
   ASSERT_EQ(kdn_model_chunk_bytes(writer.m), 16384u);
+  // The welcome says the cap, so a client can size its leases before a refusal tells it.
+  kdn_session_info info{};
+  info.struct_size = sizeof info;
+  ASSERT_EQ(kdn_get_session_info(reader.c, &info), KDN_OK);
+  EXPECT_EQ(info.max_lease_bytes, 16u << 20);
+  // A caller built before the field came passes the older size and gets the fields it knows.
+  struct {
+    kdn_session_info info;
+    uint64_t beyond;
+  } older{};
+  older.info.struct_size = offsetof(kdn_session_info, max_lease_bytes);
+  older.info.max_lease_bytes = older.beyond = 77;
+  ASSERT_EQ(kdn_get_session_info(reader.c, &older.info), KDN_OK);
+  EXPECT_EQ(older.info.max_leases, info.max_leases);
+  EXPECT_EQ(older.info.max_lease_bytes, 77u) << "past the caller's struct_size nothing is written";
   for (uint32_t doc = 0; doc < 32; ++doc) ASSERT_EQ(store_doc(writer, doc, kDocChunks), int(kDocChunks)) << doc;
   // The reader leases every document it can and keeps them.
   std::vector<kdn_lease*> held;

@@ -140,6 +140,7 @@ struct Config {
   uint32_t max_lease_count = 65535;                        // repeated leases of one chunk by one session
   uint64_t max_lease_bytes = 8ull << 30;                   // bytes of the distinct chunks one session holds leased
   uint32_t max_leases_per_uid = 262144;                    // distinct chunks one uid's sessions hold leased together
+  uint32_t max_leases_total = 1048576;                     // (session, chunk) leases all sessions hold together
   uint32_t max_reservations = 4096;                        // open reservations of one session
   uint32_t reservation_timeout_ms = 30000;                 // an uncommitted reservation is aborted after this
   uint32_t max_in_flight = 256;                            // requests of one session being served at once
