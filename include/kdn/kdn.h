@@ -53,9 +53,10 @@ extern "C" {
 #define KDN_ABI_VERSION 2u
 /* Calls added within ABI 2, by the minor that brought them: 1 kdn_prefetch; 2 the segment calls
  * (kdn_context_key, kdn_segment_*); 3 the GPU calls (kdn_gpu_*); 4 kdn_gpu_blend_select, kdn_gpu_check and
- * kdn_gpu_prefetch. kdn_abi_minor() returns the library's. A call that needs a newer kdnd than the one connected
- * returns KDN_ERR_UNSUPPORTED. */
-#define KDN_ABI_MINOR 4u
+ * kdn_gpu_prefetch; 5 kdn_session_info.max_lease_bytes (a caller built against an older header passes the
+ * older struct_size, and gets the fields it knows). kdn_abi_minor() returns the library's. A call that needs a newer
+ * kdnd than the one connected returns KDN_ERR_UNSUPPORTED. */
+#define KDN_ABI_MINOR 5u
 /* Version of the wire protocol between libkdn and kdnd (checked at handshake). */
 #define KDN_PROTOCOL_VERSION 2u
 
@@ -190,6 +191,8 @@ typedef struct kdn_session_info {
   uint32_t max_in_flight;          /* requests in flight */
   uint32_t max_models;             /* models registered */
   uint32_t reservation_timeout_ms; /* an uncommitted reservation is aborted after this */
+  uint64_t max_lease_bytes;        /* bytes of the distinct chunks leased at once (ABI minor 5; 0 when
+                                      the daemon does not say: one older than protocol minor 6) */
 } kdn_session_info;
 KDN_API int kdn_get_session_info(kdn_client* client, kdn_session_info* out);
 

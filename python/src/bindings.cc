@@ -164,6 +164,7 @@ nb::dict session_dict(const kdn_session_info& s) {
   d["max_in_flight"] = s.max_in_flight;
   d["max_models"] = s.max_models;
   d["reservation_timeout_ms"] = s.reservation_timeout_ms;
+  d["max_lease_bytes"] = s.max_lease_bytes;
   return d;
 }
 

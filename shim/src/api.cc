@@ -8,6 +8,7 @@
 #include <kdn/ipc/payload.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <new>
 
@@ -105,19 +106,25 @@ KDN_API int kdn_ping(kdn_client* client) {
 }
 
 KDN_API int kdn_get_session_info(kdn_client* client, kdn_session_info* out) {
-  if (!client || !client->c || !out || out->struct_size != sizeof(kdn_session_info)) return KDN_ERR_INVALID_ARGUMENT;
+  // Callers built before ABI minor 5 pass the struct without max_lease_bytes.
+  constexpr uint32_t kBeforeMinor5 = offsetof(kdn_session_info, max_lease_bytes);
+  if (!client || !client->c || !out) return KDN_ERR_INVALID_ARGUMENT;
+  const uint32_t size = out->struct_size;
+  if (size != sizeof(kdn_session_info) && size != kBeforeMinor5) return KDN_ERR_INVALID_ARGUMENT;
   const kdn::ipc::WelcomeMsg& w = client->c->welcome();
-  *out = kdn_session_info{};
-  out->struct_size = sizeof(kdn_session_info);
-  out->admin = (w.flags & kdn::ipc::kHelloFlagAdmin) != 0;
-  out->staging_bytes = client->c->staging_bytes();
-  out->arena_bytes = client->c->arena_bytes();
-  out->max_leases = w.limits.max_leases;
-  out->max_lease_count = w.limits.max_lease_count;
-  out->max_reservations = w.limits.max_reservations;
-  out->max_in_flight = w.limits.max_in_flight;
-  out->max_models = w.limits.max_models;
-  out->reservation_timeout_ms = w.limits.reservation_timeout_ms;
+  kdn_session_info info{};
+  info.struct_size = size;
+  info.admin = (w.flags & kdn::ipc::kHelloFlagAdmin) != 0;
+  info.staging_bytes = client->c->staging_bytes();
+  info.arena_bytes = client->c->arena_bytes();
+  info.max_leases = w.limits.max_leases;
+  info.max_lease_count = w.limits.max_lease_count;
+  info.max_reservations = w.limits.max_reservations;
+  info.max_in_flight = w.limits.max_in_flight;
+  info.max_models = w.limits.max_models;
+  info.reservation_timeout_ms = w.limits.reservation_timeout_ms;
+  info.max_lease_bytes = w.limits.max_lease_bytes;  // 0 from a kdnd before protocol minor 6
+  std::memcpy(out, &info, size);
   return KDN_OK;
 }
 

@@ -50,4 +50,13 @@ Status session_share_allows(const Config& cfg, const std::map<std::string, std::
   return OkStatus();
 }
 
+Session* writer_to_give_way(const Namespace& ns, const Session& s, uint64_t bytes) noexcept {
+  Session* heaviest = nullptr;
+  for (Session* w : ns.writers)
+    if (w != &s && (heaviest == nullptr || w->reserved_bytes > heaviest->reserved_bytes)) heaviest = w;
+  // Taking must leave `s` below the giver, or two writers would only trade one slot back and forth.
+  if (heaviest == nullptr || s.reserved_bytes + bytes >= heaviest->reserved_bytes) return nullptr;
+  return heaviest;
+}
+
 }  // namespace kdn::sidecar

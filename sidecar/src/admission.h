@@ -10,6 +10,12 @@
 //   sessions other namespaces have not used of their guarantee are not handed to a namespace
 //   already past its own.
 //
+// * Room in a full arena belongs to the writers evenly: when a reservation finds no room (every
+//   chunk in the arena leased or reserved), the session of the namespace holding the most
+//   reserved bytes gives up its oldest reservation, if it would still hold more than the
+//   session asking. A client that reserves the whole arena, or re-reserves whatever expires,
+//   can then keep out no other writer.
+//
 // Pure functions over the daemon's tables; the event loop owns them. Not thread-safe.
 #pragma once
 
@@ -40,5 +46,9 @@ uint32_t sessions_reserved(const Config& cfg, size_t namespaces);
 // of their guarantee unless `ns` is still within its own.
 Status session_share_allows(const Config& cfg, const std::map<std::string, std::unique_ptr<Namespace>>& namespaces,
                             const Namespace& ns, size_t active);
+
+// The writer of `ns` that should give up its oldest reservation so that `s` can reserve `bytes`
+// more (see above), or null when `s` would then hold as much as any other writer.
+Session* writer_to_give_way(const Namespace& ns, const Session& s, uint64_t bytes) noexcept;
 
 }  // namespace kdn::sidecar

@@ -52,5 +52,19 @@ TEST(SessionShare, TheGuaranteeShrinksToAnEvenSplit) {
   EXPECT_EQ(session_share_allows(cfg, m, *m.at("ns0"), 6).code(), Code::kLimit) << "max_sessions";
 }
 
+TEST(WriterShare, TheWriterHoldingTheMostGivesWayWhileItStillHoldsMore) {
+  Namespace ns;
+  Session a, b, c;
+  a.reserved_bytes = 10;
+  b.reserved_bytes = 4;
+  for (Session* s : {&a, &b, &c}) ns.writers.insert(s);
+  EXPECT_EQ(writer_to_give_way(ns, c, 1), &a) << "a newcomer takes from the largest";
+  EXPECT_EQ(writer_to_give_way(ns, b, 5), &a) << "4 + 5 stays below 10";
+  EXPECT_EQ(writer_to_give_way(ns, b, 6), nullptr) << "they would only swap places";
+  EXPECT_EQ(writer_to_give_way(ns, a, 1), nullptr) << "the largest takes from nobody";
+  ns.writers.erase(&a);
+  EXPECT_EQ(writer_to_give_way(ns, c, 1), &b) << "only sessions of the namespace count";
+}
+
 }  // namespace
 }  // namespace kdn::sidecar

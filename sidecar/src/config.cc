@@ -102,6 +102,9 @@ constexpr KeyDef kConfigKeys[] = {
     {.key = "max_leases_per_uid", .field = &Config::max_leases_per_uid, .default_text = "262144",
      .help = "distinct chunks one uid's sessions hold leased together (~100 bytes of kdnd's memory each)",
      .min = 1},
+    {.key = "max_leases_total", .field = &Config::max_leases_total, .default_text = "1048576",
+     .help = "(session, chunk) leases all sessions hold together: ~100 MiB of kdnd's memory at most",
+     .min = 1},
     {.key = "max_lease_bytes", .field = &Config::max_lease_bytes, .default_text = "8G",
      .help = "bytes of the distinct chunks one session holds leased; leased chunks cannot be evicted, so "
              "one session cannot pin a whole arena larger than this (a 64K-token llama3-8b prompt is 8G)",
@@ -121,6 +124,10 @@ constexpr KeyDef kConfigKeys[] = {
      .help = "models registered by all sessions together", .min = 1},
     {.key = "max_models_per_uid", .field = &Config::max_models_per_uid, .default_text = "1024",
      .help = "distinct models one uid's sessions hold together", .min = 1},
+    {.key = "models_reserved_per_namespace", .field = &Config::models_reserved_per_namespace,
+     .default_text = "64",
+     .help = "model slots kept free for each namespace until it uses them (at most max_models_total / "
+             "namespaces); 0: none"},
     {.key = "staging_bytes", .field = &Config::staging_bytes, .default_text = "256M",
      .help = "not applied: a hello always names its staging size (libkdn asks 256M unless told); "
              "kept so existing files load, at most max_staging_bytes"},

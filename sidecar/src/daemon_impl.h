@@ -106,7 +106,7 @@ class DaemonImpl {
   DaemonImpl(Config c, DaemonFaults faults)
       : cfg_(std::move(c)),
         faults_(faults),
-        models_(cfg_.max_models_total, cfg_.max_models_per_uid),
+        models_(cfg_.max_models_total, cfg_.max_models_per_uid, cfg_.models_reserved_per_namespace),
         handler_(models_, counters_, cfg_) {
     handler_.set_lease_stall(faults_.stall_lease_file, faults_.stall_lease_ms);
     handler_.set_metrics_renderer([this](const Session& s) { return metrics_page_for(s); });

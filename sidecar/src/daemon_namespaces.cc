@@ -61,6 +61,7 @@ Result<Namespace*> DaemonImpl::open_namespace(const std::string& name, const Nam
                (now_ns() - t0) / 1e6, configured ? "" : " (created by a client)");
   Namespace* raw = ns.get();
   namespaces_.emplace(name, std::move(ns));
+  models_.open_group(raw->region_id);  // owed its share of the model table from now on
   counters_.namespaces = namespaces_.size();
   return raw;
 }
@@ -104,6 +105,7 @@ void DaemonImpl::release_namespaces(uint64_t now) {
                  cfg_.namespace_grace_s, ns.store->index().size());
     unpoll_tiers_of(ns);
     if (gpu_) gpu_->unpin_arena(ns.host->arena().data());  // no GPU batch uses it: attached is 0
+    models_.close_group(ns.region_id);
     it = namespaces_.erase(it);
   }
   counters_.namespaces = namespaces_.size();

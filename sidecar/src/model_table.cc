@@ -2,39 +2,79 @@
 
 namespace kdn::sidecar {
 
-Result<uint32_t> ModelTable::acquire(const ModelInfo& m, uint32_t holder) {
+Result<uint32_t> ModelTable::acquire(const ModelInfo& m, uint32_t holder, uint32_t group) {
   auto known = by_fingerprint_.find(m.fingerprint);
-  if (holder == kNoHolder) {
-    if (known == by_fingerprint_.end()) return take_slot(m);
-    Slot& s = slots_[known->second];
-    ++s.refs;
-    return make_id(known->second, s.generation);
-  }
-  auto& mine = held_[holder];  // may throw: nothing has changed yet
-  const bool holds = known != by_fingerprint_.end() && mine.count(known->second) != 0;
-  if (!holds && mine.size() >= per_holder_) {
-    if (mine.empty()) held_.erase(holder);
-    return Status(Code::kLimit, "this uid's sessions hold max_models_per_uid models");
+  const bool is_known = known != by_fingerprint_.end();
+  if (holder != kNoHolder) {
+    auto mine = held_.find(holder);
+    const bool holds = is_known && mine != held_.end() && mine->second.count(known->second) != 0;
+    const size_t n = mine == held_.end() ? 0 : mine->second.size();
+    if (!holds && n >= per_holder_) return Status(Code::kLimit, "this uid's sessions hold max_models_per_uid models");
   }
   uint32_t slot = 0;
-  if (known != by_fingerprint_.end()) {
+  if (is_known) {
     slot = known->second;
     ++slots_[slot].refs;
   } else {
+    KDN_RETURN_IF_ERROR(group_may_take_slot(group));
     Result<uint32_t> taken = take_slot(m);
-    if (!taken.ok()) {
-      if (mine.empty()) held_.erase(holder);
-      return taken.status();
-    }
+    if (!taken.ok()) return taken.status();
     slot = (*taken & 0xFFFF) - 1;
   }
+  const uint32_t id = make_id(slot, slots_[slot].generation);
+  Status held = hold(held_, holder, slot);
+  if (held.ok()) {
+    held = hold(group_held_, group, slot);
+    if (!held.ok()) drop_hold(held_, holder, slot);
+  }
+  if (!held.ok()) {
+    release(id);
+    return held;
+  }
+  return id;
+}
+
+// One more reference of `who` to `slot` (none for kNoHolder).
+Status ModelTable::hold(Holds& holds, uint32_t who, uint32_t slot) {
+  if (who == kNoHolder) return OkStatus();
   try {
-    ++mine[slot];
+    ++holds[who][slot];
   } catch (const std::bad_alloc&) {
-    release(make_id(slot, slots_[slot].generation));
+    auto it = holds.find(who);
+    if (it != holds.end() && it->second.empty()) holds.erase(it);
     return Status(Code::kNoMemory, "model table");
   }
-  return make_id(slot, slots_[slot].generation);
+  return OkStatus();
+}
+
+void ModelTable::open_group(uint32_t group) { groups_.insert(group); }
+
+void ModelTable::close_group(uint32_t group) noexcept {
+  groups_.erase(group);
+  group_held_.erase(group);
+}
+
+uint32_t ModelTable::reserved_per_group() const noexcept {
+  if (groups_.empty()) return 0;
+  const uint32_t even = uint32_t(capacity_ / groups_.size());
+  return reserved_per_group_ < even ? reserved_per_group_ : even;
+}
+
+// Whether a new model of `group` may take a free slot (see the header): always within its own
+// guarantee; past it, only if the slots left still cover what the other open groups are owed.
+Status ModelTable::group_may_take_slot(uint32_t group) const {
+  const uint32_t reserved = reserved_per_group();
+  if (reserved == 0) return OkStatus();
+  if (groups_.count(group) != 0 && held_by_group(group) < reserved) return OkStatus();
+  uint64_t owed = 0;
+  for (uint32_t g : groups_) {
+    const uint32_t n = held_by_group(g);
+    if (g != group && n < reserved) owed += reserved - n;
+  }
+  if (uint64_t(live_) + 1 + owed > capacity_)
+    return Status(Code::kLimit,
+                  "the free model slots are other namespaces' guaranteed share (models_reserved_per_namespace)");
+  return OkStatus();
 }
 
 // A new slot for `m` with one reference.
@@ -59,18 +99,23 @@ Result<uint32_t> ModelTable::take_slot(const ModelInfo& m) {
   return make_id(slot, s.generation);
 }
 
-void ModelTable::drop_hold(uint32_t holder, uint32_t slot) noexcept {
-  auto it = held_.find(holder);
-  if (it == held_.end()) return;
+void ModelTable::drop_hold(Holds& holds, uint32_t who, uint32_t slot) noexcept {
+  auto it = holds.find(who);
+  if (it == holds.end()) return;
   auto ref = it->second.find(slot);
   if (ref == it->second.end()) return;
   if (--ref->second == 0) it->second.erase(ref);
-  if (it->second.empty()) held_.erase(it);
+  if (it->second.empty()) holds.erase(it);
 }
 
 uint32_t ModelTable::held_by(uint32_t holder) const noexcept {
   auto it = held_.find(holder);
   return it == held_.end() ? 0 : uint32_t(it->second.size());
+}
+
+uint32_t ModelTable::held_by_group(uint32_t group) const noexcept {
+  auto it = group_held_.find(group);
+  return it == group_held_.end() ? 0 : uint32_t(it->second.size());
 }
 
 const ModelTable::Slot* ModelTable::slot_of(uint32_t id) const noexcept {
@@ -80,11 +125,12 @@ const ModelTable::Slot* ModelTable::slot_of(uint32_t id) const noexcept {
   return s.refs > 0 && s.generation == generation ? &s : nullptr;
 }
 
-void ModelTable::release(uint32_t id, uint32_t holder) noexcept {
+void ModelTable::release(uint32_t id, uint32_t holder, uint32_t group) noexcept {
   const Slot* cs = slot_of(id);
   if (cs == nullptr) return;
   const uint32_t slot = (id & 0xFFFF) - 1;
-  if (holder != kNoHolder) drop_hold(holder, slot);
+  drop_hold(held_, holder, slot);
+  drop_hold(group_held_, group, slot);
   Slot& s = slots_[slot];
   if (--s.refs > 0) return;
   by_fingerprint_.erase(s.info.fingerprint);

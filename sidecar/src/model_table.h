@@ -9,6 +9,15 @@
 // hold at most `per_holder` distinct models (`max_models_per_uid`): one tenant's sessions can
 // then fill only their share of the table, not lock every other tenant's new model out.
 //
+// Each reference also has a group (the namespace of that session). Every open group is
+// guaranteed min(`reserved_per_group`, capacity / open groups) models
+// (`models_reserved_per_namespace`): a group past its own guarantee takes a new slot only if
+// the free slots left still cover what the other groups have not used of theirs, so the uids
+// of one namespace together cannot lock another namespace's new model out either. A model
+// two groups share counts in both (a free slot both of them could otherwise claim); once one
+// lets go, the other's guarantee may meet a table that is full, and gets KDN_ERR_LIMIT as
+// without shares.
+//
 // Not thread-safe: the event loop owns it.
 #pragma once
 
@@ -17,6 +26,7 @@
 
 #include <cstdint>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace kdn::sidecar {
@@ -25,16 +35,29 @@ class ModelTable {
  public:
   static constexpr uint32_t kMaxSlots = 1u << 16;
   static constexpr uint32_t kNoHolder = UINT32_MAX;  // a reference no share applies to
-  explicit ModelTable(uint32_t capacity, uint32_t per_holder = UINT32_MAX)
-      : capacity_(capacity < kMaxSlots ? capacity : kMaxSlots), per_holder_(per_holder) {}
+  explicit ModelTable(uint32_t capacity, uint32_t per_holder = UINT32_MAX, uint32_t reserved_per_group = 0)
+      : capacity_(capacity < kMaxSlots ? capacity : kMaxSlots),
+        per_holder_(per_holder),
+        reserved_per_group_(reserved_per_group) {}
 
-  // The id of `m`, registering it if new; one more reference of `holder` either way.
-  // KDN_ERR_LIMIT when the table is full or `holder` holds `per_holder` other models.
-  Result<uint32_t> acquire(const ModelInfo& m, uint32_t holder = kNoHolder);
-  // Drops one reference of a live id that `holder` acquired (a session that registered it ended).
-  void release(uint32_t id, uint32_t holder = kNoHolder) noexcept;
+  // A group (a namespace) is owed its guarantee from open_group to close_group, whether its
+  // sessions hold models or not. open_group may throw std::bad_alloc (the group is then not open).
+  void open_group(uint32_t group);
+  void close_group(uint32_t group) noexcept;
+
+  // The id of `m`, registering it if new; one more reference of `holder` and `group` either
+  // way. KDN_ERR_LIMIT when the table is full, `holder` holds `per_holder` other models, or a
+  // new model of `group` would take a slot other groups are still guaranteed.
+  Result<uint32_t> acquire(const ModelInfo& m, uint32_t holder = kNoHolder, uint32_t group = kNoHolder);
+  // Drops one reference of a live id that `holder` and `group` acquired (a session that
+  // registered it ended).
+  void release(uint32_t id, uint32_t holder = kNoHolder, uint32_t group = kNoHolder) noexcept;
   // Distinct models `holder` holds references to.
   uint32_t held_by(uint32_t holder) const noexcept;
+  // Distinct models the sessions of `group` hold references to.
+  uint32_t held_by_group(uint32_t group) const noexcept;
+  // The models each open group is guaranteed now.
+  uint32_t reserved_per_group() const noexcept;
   // The live model of `id`, or null for an unknown or stale id.
   const ModelInfo* get(uint32_t id) const noexcept;
   // The live id whose model has this fingerprint, or 0.
@@ -49,12 +72,18 @@ class ModelTable {
   };
   static uint32_t make_id(uint32_t slot, uint32_t generation) noexcept { return (slot + 1) | (generation << 16); }
   const Slot* slot_of(uint32_t id) const noexcept;
+  using Holds = std::unordered_map<uint32_t, std::unordered_map<uint32_t, uint32_t>>;  // who -> slot -> references
   Result<uint32_t> take_slot(const ModelInfo& m);
-  void drop_hold(uint32_t holder, uint32_t slot) noexcept;
+  Status group_may_take_slot(uint32_t group) const;
+  Status hold(Holds& holds, uint32_t who, uint32_t slot);
+  static void drop_hold(Holds& holds, uint32_t who, uint32_t slot) noexcept;
 
   uint32_t capacity_;
   uint32_t per_holder_;
-  std::unordered_map<uint32_t, std::unordered_map<uint32_t, uint32_t>> held_;  // holder -> slot -> references
+  uint32_t reserved_per_group_;
+  Holds held_;                           // by holder (uid)
+  Holds group_held_;                     // by group (namespace)
+  std::unordered_set<uint32_t> groups_;  // open groups
   uint32_t live_ = 0;
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_;                                     // slots with refs == 0

@@ -73,7 +73,7 @@ Step RequestHandler::serve(Op& op, uint64_t, ipc::RegisterModelOp) {
     if (s.models.size() >= config_.max_models)
       return finish(op, Status(Code::kLimit, "this session registered max_models models"));
     s.models.reserve(s.models.size() + 1);  // may throw: before the table takes a reference
-    auto got = models_.acquire(*info, s.uid);
+    auto got = models_.acquire(*info, s.uid, s.ns->region_id);
     if (!got.ok()) return finish(op, got.status());
     id = *got;
     s.models.push_back(id);
@@ -168,6 +168,7 @@ Step RequestHandler::serve(Op& op, uint64_t deadline_ns, ipc::ReserveOp) {
       return finish(op, Status(Code::kLimit, "the reserved chunks do not fit the staging area"));
   }
   op.wants_room = false;
+  s.ns->writers.insert(&s);  // may throw: before anything is taken
   kdn_key keys[kBatch];
   ipc::ReserveRecord out[kBatch];
   while (op.cursor < n) {
@@ -183,6 +184,11 @@ Step RequestHandler::serve(Op& op, uint64_t deadline_ns, ipc::ReserveOp) {
     Status stop;
     for (; filled < m; ++filled) {
       auto r = store.reserve(keys[filled], op.model->fingerprint, bytes, s.id, now);
+      // A full arena: a writer holding more reserved bytes gives way (a few times at most:
+      // a slot of another size class frees no room for this one).
+      for (int yields = 0; !r.ok() && r.status().code() == Code::kNoSpace && yields < 8 && take_room_for(s, bytes);
+           ++yields)
+        r = store.reserve(keys[filled], op.model->fingerprint, bytes, s.id, now);
       if (!r.ok()) {
         stop = r.status();
         break;
@@ -203,6 +209,7 @@ Step RequestHandler::serve(Op& op, uint64_t deadline_ns, ipc::ReserveOp) {
           s.reservation_order.push_back(id);  // an id here without a reservation is skipped
           s.reservations.emplace(id,
                                  Reservation{r->entry, *off, now + uint64_t(config_.reservation_timeout_ms) * 1000000});
+          s.reserved_bytes += bytes;
         }
       } catch (...) {
         if (off) s.staging.free(*off);
@@ -275,6 +282,7 @@ Step RequestHandler::serve(Op& op, uint64_t deadline_ns, ipc::CommitOp) {
         continue;
       }
       const Reservation r = it->second;
+      forget_reserved(s, r);
       s.reservations.erase(it);
       Status st = store.commit(r.entry, s.staging.at(r.staging_offset), op.token, r.staging_offset);
       if (!st.ok()) {

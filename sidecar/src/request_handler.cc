@@ -3,6 +3,8 @@
 // family in request_data.cc, request_lease.cc, request_admin.cc and gpu/gpu_requests.cc.
 #include "request_handler.h"
 
+#include "admission.h"
+
 #include "gpu/gpu_request.h"
 #include "gpu/gpu_service.h"
 #include "request_slices.h"
@@ -30,6 +32,7 @@ ipc::SessionLimits RequestHandler::limits() const noexcept {
   l.max_in_flight = config_.max_in_flight;
   l.max_models = config_.max_models;
   l.reservation_timeout_ms = config_.reservation_timeout_ms;
+  l.max_lease_bytes = config_.max_lease_bytes;
   return l;
 }
 
@@ -149,9 +152,29 @@ void RequestHandler::on_event(Op& op, const StoreEvent& ev) noexcept {
 void RequestHandler::abort_reservation(Session& s, uint64_t id) noexcept {
   auto it = s.reservations.find(id);
   if (it == s.reservations.end()) return;
+  forget_reserved(s, it->second);
   s.ns->store->abort(it->second.entry);
   s.staging.free(it->second.staging_offset);
   s.reservations.erase(it);
+}
+
+void RequestHandler::forget_reserved(Session& s, const Reservation& r) noexcept {
+  const uint64_t bytes = r.entry->bytes;
+  s.reserved_bytes = bytes < s.reserved_bytes ? s.reserved_bytes - bytes : 0;
+}
+
+bool RequestHandler::take_room_for(Session& s, uint64_t bytes) noexcept {
+  Session* giver = writer_to_give_way(*s.ns, s, bytes);
+  if (giver == nullptr) return false;
+  while (!giver->reservation_order.empty()) {
+    const uint64_t id = giver->reservation_order.front();
+    giver->reservation_order.pop_front();
+    if (giver->reservations.count(id) == 0) continue;  // committed or aborted already
+    abort_reservation(*giver, id);
+    ++giver->ns->counters.yielded_reservations;
+    return true;
+  }
+  return false;
 }
 
 void RequestHandler::release_lease(Session& s, uint64_t id, uint32_t count) noexcept {
@@ -168,10 +191,12 @@ void RequestHandler::release_lease(Session& s, uint64_t id, uint32_t count) noex
 }
 
 void RequestHandler::forget_leases_of_uid(uint32_t uid, uint64_t n) noexcept {
-  auto it = leases_per_uid_.find(uid);
-  if (it == leases_per_uid_.end()) return;
-  it->second = n < it->second ? it->second - n : 0;
-  if (it->second == 0) leases_per_uid_.erase(it);
+  auto it = pins_.per_uid.find(uid);
+  if (it == pins_.per_uid.end()) return;
+  const uint64_t gone = n < it->second ? n : it->second;
+  it->second -= gone;
+  pins_.total -= gone < pins_.total ? gone : pins_.total;
+  if (it->second == 0) pins_.per_uid.erase(it);
 }
 
 void RequestHandler::drop_holdings(Session& s) noexcept {
@@ -183,7 +208,9 @@ void RequestHandler::drop_holdings(Session& s) noexcept {
   for (auto& [id, r] : s.reservations) s.ns->store->abort(r.entry);
   s.reservations.clear();
   s.reservation_order.clear();
-  for (uint32_t m : s.models) models_.release(m, s.uid);
+  s.reserved_bytes = 0;
+  s.ns->writers.erase(&s);
+  for (uint32_t m : s.models) models_.release(m, s.uid, s.ns->region_id);
   s.models.clear();
   if (gpu_) gpu_->drop_session(s.id);  // closed once their copies land
 }

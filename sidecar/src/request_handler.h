@@ -86,6 +86,12 @@ enum class Step : uint8_t {
   kWait,  // waits for transfers (on_event) or for room
 };
 
+// (session, chunk) leases held, per uid and in all.
+struct LeasePins {
+  std::unordered_map<uint32_t, uint64_t> per_uid;
+  uint64_t total = 0;
+};
+
 class RequestHandler {
  public:
   RequestHandler(ModelTable& models, DaemonCounters& counters, const Config& config);
@@ -202,6 +208,11 @@ class RequestHandler {
   // Chunks promoted ahead of a request that met lower tiers.
   uint32_t read_ahead_limit(const TieredStore& store) const noexcept;
   void abort_reservation(Session& s, uint64_t id) noexcept;
+  // A reservation leaves s.reservations: its bytes no longer count as the session's.
+  void forget_reserved(Session& s, const Reservation& r) noexcept;
+  // Fair room-making (admission.h): another writer of s's namespace holding more reserved bytes
+  // gives up its oldest reservation; false if none should.
+  bool take_room_for(Session& s, uint64_t bytes) noexcept;
   void release_lease(Session& s, uint64_t id, uint32_t count) noexcept;
   void forget_leases_of_uid(uint32_t uid, uint64_t n) noexcept;
   ipc::SlotRef arena_ref(const Session& s, const Entry* e) const noexcept;
@@ -213,9 +224,10 @@ class RequestHandler {
   gpu::GpuService* gpu_ = nullptr;
   std::string stall_lease_file_;
   uint32_t stall_lease_ms_ = 0;
-  // Chunks the sessions of each uid hold leased (max_leases_per_uid): each costs kdnd ~100
-  // bytes of bookkeeping, which one tenant's many sessions must not grow without bound.
-  std::unordered_map<uint32_t, uint64_t> leases_per_uid_;
+  // Chunks the sessions hold leased, by uid (max_leases_per_uid) and in all (max_leases_total):
+  // each costs kdnd ~100 bytes of bookkeeping, which no tenant's sessions, nor all of them
+  // together, may grow without bound.
+  LeasePins pins_;
 };
 
 }  // namespace kdn::sidecar

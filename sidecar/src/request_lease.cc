@@ -28,15 +28,19 @@ Result<uint64_t> lease_again(Session& s, uint64_t id, uint32_t max_lease_count) 
 // max_lease_bytes (the pin is given back either way on failure). Leased chunks cannot be
 // evicted: the byte cap keeps one session from pinning its namespace's arena whole.
 Result<uint64_t> hold_for_session(Session& s, TieredStore& store, Entry* e, uint64_t bytes, const Config& cfg,
-                                  std::unordered_map<uint32_t, uint64_t>& per_uid) {
-  const auto of_uid = per_uid.find(s.uid);
+                                  LeasePins& pins) {
+  const auto of_uid = pins.per_uid.find(s.uid);
   if (s.leases.size() >= cfg.max_leases) {  // a new chunk past the limit: none of it
     store.unpin(e);
     return Status(Code::kLimit, "more leased chunks than max_leases");
   }
-  if (of_uid != per_uid.end() && of_uid->second >= cfg.max_leases_per_uid) {
+  if (of_uid != pins.per_uid.end() && of_uid->second >= cfg.max_leases_per_uid) {
     store.unpin(e);
     return Status(Code::kLimit, "this uid's sessions hold max_leases_per_uid leased chunks");
+  }
+  if (pins.total >= cfg.max_leases_total) {
+    store.unpin(e);
+    return Status(Code::kLimit, "kdnd's sessions hold max_leases_total leased chunks");
   }
   if (s.leased_bytes + bytes > cfg.max_lease_bytes) {
     store.unpin(e);
@@ -46,7 +50,8 @@ Result<uint64_t> hold_for_session(Session& s, TieredStore& store, Entry* e, uint
   try {
     s.leases.emplace(id, LeaseHold{e, 1, bytes});
     s.lease_ids.emplace(e, id);
-    ++per_uid[s.uid];  // last: nothing after it throws
+    ++pins.per_uid[s.uid];  // last: nothing after it throws
+    ++pins.total;
     s.leased_bytes += bytes;
   } catch (...) {
     s.leases.erase(id);
@@ -153,7 +158,7 @@ std::optional<Step> RequestHandler::lease_records(Op& op, uint64_t deadline_ns, 
               hold_for_daemon(*op.gpu, store, e, op.traits->segment_records, at);
               break;
             }
-            auto held_now = hold_for_session(s, store, e, bytes, config_, leases_per_uid_);
+            auto held_now = hold_for_session(s, store, e, bytes, config_, pins_);
             if (!held_now.ok()) {
               rollback(op);
               return finish(op, held_now.status());

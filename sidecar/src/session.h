@@ -28,12 +28,14 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace kdn::sidecar {
 
 struct NamespaceCounters {
   uint64_t protocol_errors = 0, limit_errors = 0, expired_reservations = 0;
+  uint64_t yielded_reservations = 0;  // given up to a writer holding fewer reserved bytes
 };
 
 struct Namespace {
@@ -55,6 +57,9 @@ struct Namespace {
   uint64_t empty_since_ns = 0;             // when its last session ended (client-created namespaces)
   std::atomic<uint64_t> prefault_left{0};  // arena bytes the Prefaulter has still to fault in
   NamespaceCounters counters;
+  // Sessions that may hold open reservations here (the request handler keeps it; a session is
+  // in it from its first RESERVE until it ends): the writers fair room-making chooses among.
+  std::unordered_set<struct Session*> writers;
 
   // The namespace's tier `t` (the host's or one below it), or null.
   Tier* tier(TierId t) const noexcept { return t == TierId::kHost ? host.get() : lower[tier_index(t)].get(); }
@@ -100,6 +105,7 @@ struct Session {
   std::unordered_map<const Entry*, uint64_t> lease_ids;    // entry -> its lease id
   std::unordered_map<uint64_t, Reservation> reservations;  // reservation id -> slot
   std::deque<uint64_t> reservation_order;                  // ids, oldest first (for expiry)
+  uint64_t reserved_bytes = 0;                             // of the chunks in reservations
   std::vector<uint32_t> models;                            // model ids registered (bounded)
 
   uint32_t ops_in_flight = 0;      // requests started and not completed

@@ -194,7 +194,7 @@ TEST(GpuApi, BlendSelectArgumentsAreCaughtInLibkdn) {
   EXPECT_EQ(call(k.c, &seg, &target, &l, 0, KDN_BLEND_PLANE_V, std::nan(""), sel, 40, &n), KDN_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(call(k.c, &seg, &target, &l, 0, KDN_BLEND_PLANE_K, 0.15, nullptr, 40, &n), KDN_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(call(k.c, &seg, &target, &l, 0, KDN_BLEND_PLANE_K, 0.15, sel, 40, nullptr), KDN_ERR_INVALID_ARGUMENT);
-  EXPECT_EQ(kdn_abi_minor(), 4u);
+  EXPECT_GE(kdn_abi_minor(), 4u);  // the GPU blend and check calls came with minor 4
   EXPECT_EQ(kdn_gpu_check(k.c, nullptr), KDN_ERR_INVALID_ARGUMENT);
   uint32_t cached = 9, queued = 9;
   EXPECT_EQ(kdn_gpu_prefetch(k.c, k.m, one.toks.data(), one.toks.size(), nullptr, &cached, &queued),

@@ -1,11 +1,14 @@
 // Leases against a tenant's writers: leased chunks cannot be evicted, so a session that leased
 // its namespace's whole arena made every store there NO_SPACE for as long as it lived. A session
 // now leases at most max_lease_bytes; past it the lease is refused whole (KDN_ERR_LIMIT) and the
-// writers keep the rest of the arena. Runs the real kdnd binary.
+// writers keep the rest of the arena; the welcome tells the session its cap. Reservations pin their slots too: a
+// session that reserved the whole arena (and re-reserved whatever expired) kept every other writer out; now the writer
+// holding the most reserved bytes gives up its oldest reservation to one holding fewer. Runs the real kdnd binary.
 #include "kdnd_process.h"
 
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <vector>
 
 namespace kdn::testing {
@@ -31,6 +34,21 @@ TEST(LeaseQuota, ASessionCannotPinTheWholeArenaAgainstItsWriters) {
   Conn writer(d, tiny_model()), reader(d, tiny_model());
   ASSERT_TRUE(writer.ok() && reader.ok());
   ASSERT_EQ(kdn_model_chunk_bytes(writer.m), 16384u);
+  // The welcome says the cap, so a client can size its leases before a refusal tells it.
+  kdn_session_info info{};
+  info.struct_size = sizeof info;
+  ASSERT_EQ(kdn_get_session_info(reader.c, &info), KDN_OK);
+  EXPECT_EQ(info.max_lease_bytes, 16u << 20);
+  // A caller built before the field came passes the older size and gets the fields it knows.
+  struct {
+    kdn_session_info info;
+    uint64_t beyond;
+  } older{};
+  older.info.struct_size = offsetof(kdn_session_info, max_lease_bytes);
+  older.info.max_lease_bytes = older.beyond = 77;
+  ASSERT_EQ(kdn_get_session_info(reader.c, &older.info), KDN_OK);
+  EXPECT_EQ(older.info.max_leases, info.max_leases);
+  EXPECT_EQ(older.info.max_lease_bytes, 77u) << "past the caller's struct_size nothing is written";
   for (uint32_t doc = 0; doc < 32; ++doc) ASSERT_EQ(store_doc(writer, doc, kDocChunks), int(kDocChunks)) << doc;
   // The reader leases every document it can and keeps them.
   std::vector<kdn_lease*> held;
@@ -48,6 +66,34 @@ TEST(LeaseQuota, ASessionCannotPinTheWholeArenaAgainstItsWriters) {
   }
   // Released, the reader may lease again.
   EXPECT_EQ(verify_doc(reader, 131, kDocChunks), int(kDocChunks));
+}
+
+TEST(LeaseQuota, AWriterHoldingTheArenaInReservationsGivesWay) {
+  // A 16 MiB arena: 1024 chunks of 16 KiB. The hog reserves documents until the arena is full
+  // and commits nothing; the writer's 16 documents still go in.
+  KdndProcess d({"--set", "tier.host.bytes=16M"});
+  Conn hog(d, tiny_model()), writer(d, tiny_model());
+  ASSERT_TRUE(hog.ok() && writer.ok());
+  const size_t doc_tokens_n = size_t(kDocChunks) * kdn_model_chunk_tokens(hog.m);
+  std::vector<kdn_store*> held;
+  int refused = KDN_OK;
+  for (uint32_t doc = 1000; doc < 1100 && refused == KDN_OK; ++doc) {
+    auto tok = doc_tokens(doc, doc_tokens_n);
+    kdn_store* st = nullptr;
+    refused = kdn_store_reserve(hog.c, hog.m, tok.data(), tok.size(), 0, kDocChunks, &st);
+    if (refused == KDN_OK) held.push_back(st);
+  }
+  EXPECT_EQ(refused, KDN_ERR_NO_SPACE) << "the hog filled the arena";
+  ASSERT_GE(held.size(), 8u);
+  int served = 0;
+  for (uint32_t doc = 0; doc < 16; ++doc) served += store_doc(writer, doc, kDocChunks) == int(kDocChunks);
+  EXPECT_EQ(served, 16) << "stores the writer got through, of 16";
+  EXPECT_EQ(verify_doc(writer, 15, kDocChunks), int(kDocChunks));
+  // The hog's oldest reservations went to the writer: committing them says their handles are
+  // gone; its newest are still its own.
+  EXPECT_EQ(kdn_store_commit(hog.c, held.front()), KDN_ERR_NOT_FOUND);
+  EXPECT_EQ(kdn_store_abort(hog.c, held.back()), KDN_OK);
+  for (size_t i = 1; i + 1 < held.size(); ++i) (void)kdn_store_abort(hog.c, held[i]);
 }
 
 }  // namespace

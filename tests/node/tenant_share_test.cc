@@ -1,8 +1,9 @@
 // Daemon-wide tables seen by a tenant who wants to lock the others out: one uid's sessions may
 // hold only their share of the model table (max_models_per_uid), so another tenant's new model
-// still finds room; one namespace's sessions leave every other namespace its guaranteed
-// sessions (sessions_reserved_per_namespace); and a full pending-handshake table makes room
-// for a uid that holds fewer of it. Runs the real kdnd binary; acting as another uid needs root.
+// still finds room, and one namespace's uids together leave every other namespace its
+// guaranteed models (models_reserved_per_namespace); one namespace's sessions leave every
+// other namespace its guaranteed sessions (sessions_reserved_per_namespace); and a full pending-handshake table makes
+// room for a uid that holds fewer of it. Runs the real kdnd binary; acting as another uid needs root.
 #include "kdnd_process.h"
 #include "raw_client.h"
 
@@ -71,6 +72,33 @@ TEST(TenantShares, OneUidsSessionsCannotFillTheModelTable) {
     if (!freed) usleep(20000);
   }
   EXPECT_TRUE(freed);
+}
+
+TEST(TenantShares, OneNamespaceCannotFillTheModelTable) {
+  // Two namespaces and 8 model slots, 4 guaranteed to each: the tenants of "default" (root's
+  // sessions, each uid under its own max_models_per_uid) take their 4 and what nobody is owed
+  // (none here), and uid 4101's new models in "other" still find their 4 slots.
+  if (::getuid() != 0) GTEST_SKIP() << "acting as another uid needs root";
+  KdndProcess d({"--set", "max_models_total=8", "--set", "max_models_per_uid=8", "--set",
+                 "models_reserved_per_namespace=4", "--set", "namespace.other.allow_uids=4101"});
+  ::chmod(d.dir().c_str(), 0755);
+  ::chmod(d.socket().c_str(), 0777);
+  RawClient a(d), b(d);
+  ASSERT_TRUE(a.ok && b.ok);
+  int taken = 0;
+  for (uint8_t n = 1; n <= 8 && register_status(n % 2 ? a : b, n) == KDN_OK; ++n) ++taken;
+  EXPECT_EQ(taken, 4) << "default's guarantee; the other 4 are other's";
+  EXPECT_EQ(register_status(a, 9), KDN_ERR_LIMIT);
+  EXPECT_EQ(register_status(b, 1), KDN_OK) << "a model the namespace holds takes no new slot";
+  EXPECT_EQ(in_child([&] {
+              if (::setgid(4101) != 0 || ::setuid(4101) != 0) return 99;
+              RawClient other(d, RawClientOptions{1 << 20, 0, "other"});
+              if (!other.ok) return 1;
+              for (uint8_t n = 11; n <= 14; ++n)
+                if (register_status(other, n) != KDN_OK) return 10 + n;
+              return register_status(other, 15) == KDN_ERR_LIMIT ? 0 : 2;  // the table is full now
+            }),
+            0);
 }
 
 // Opens sessions in `ns` until kdnd refuses one; returns them (the refusal's code in *why).

@@ -45,7 +45,7 @@ constexpr uint16_t kProtocolMajor = KDN_PROTOCOL_VERSION;
 // (22), GPU_RETRIEVE (23), GPU_STORE (24), GPU_INFO (25) and their records (docs/gpu.md).
 // Minor 5: GPU_BLEND_SELECT (14), the blend's selection run by kdnd on the device; GPU_CHECK (27)
 // and the tickets GPU_RETRIEVE and GPU_SEGMENT_RETRIEVE answer in res2; GPU_PREFETCH (28).
-constexpr uint16_t kProtocolMinor = 5;
+constexpr uint16_t kProtocolMinor = 6;
 
 // ---- limits ------------------------------------------------------------------------------
 constexpr uint32_t kMinRingEntries = 16;
@@ -111,7 +111,7 @@ struct SessionLimits {
   uint32_t max_in_flight;           // requests being served at once
   uint32_t max_models;              // models registered
   uint32_t reservation_timeout_ms;  // an uncommitted reservation is aborted after this
-  uint32_t reserved[2];
+  uint64_t max_lease_bytes;         // minor 6: bytes of the distinct chunks leased at once (0: not said)
 };
 static_assert(sizeof(SessionLimits) == 32 && std::is_trivially_copyable_v<SessionLimits>);
 

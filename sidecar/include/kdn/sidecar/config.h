@@ -140,12 +140,15 @@ struct Config {
   uint32_t max_lease_count = 65535;                        // repeated leases of one chunk by one session
   uint64_t max_lease_bytes = 8ull << 30;                   // bytes of the distinct chunks one session holds leased
   uint32_t max_leases_per_uid = 262144;                    // distinct chunks one uid's sessions hold leased together
+  uint32_t max_leases_total = 1048576;                     // (session, chunk) leases all sessions hold together
   uint32_t max_reservations = 4096;                        // open reservations of one session
   uint32_t reservation_timeout_ms = 30000;                 // an uncommitted reservation is aborted after this
   uint32_t max_in_flight = 256;                            // requests of one session being served at once
   uint32_t max_models = 64;                                // models one session registers
   uint32_t max_models_total = 4096;                        // models registered by all sessions together
   uint32_t max_models_per_uid = 1024;                      // distinct models one uid's sessions hold together
+  uint32_t models_reserved_per_namespace = 64;             // guaranteed to each namespace (capped by
+                                                           // max_models_total / namespaces)
   uint64_t staging_bytes = 256ull << 20;                   // staging area of a session that asks for the default
   uint64_t max_staging_bytes = 4ull << 30;                 // the most one session may ask for
   uint64_t max_staging_bytes_per_uid = 16ull << 30;        // one uid's sessions together
