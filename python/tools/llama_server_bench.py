@@ -137,6 +137,9 @@ def bars(sizes):
 
 
 def main():
+    if "--throughput" in sys.argv[1:]:  # the two-server throughput benchmark, its own options
+        import llama_server_throughput
+        return llama_server_throughput.main([x for x in sys.argv[1:] if x != "--throughput"])
     p = argparse.ArgumentParser(prog="kdn-bench llama-server", description=__doc__.split("\n")[0])
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--sizes", default="1024,4096,6144", help="document tokens, comma-separated")
@@ -145,6 +148,8 @@ def main():
     p.add_argument("--max-tokens", type=int, default=16, help="greedy tokens per answer")
     p.add_argument("--keep-logs", action="store_true", help="keep the servers' and kdnd's logs")
     p.add_argument("--require-bars", action="store_true", help="exit 3 when a bar is not met")
+    p.add_argument("--throughput", action="store_true",
+                   help="instead: the throughput benchmark (two servers, concurrent clients; its own --help)")
     a = p.parse_args()
     try:
         sizes = [int(x) for x in a.sizes.split(",")]
