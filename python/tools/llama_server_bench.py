@@ -17,6 +17,9 @@ tokens_identical: B's greedy answer to A's question (its first request) equals A
 Every server runs one slot, --threads threads and batches of one chunk (256 tokens), so a
 hit's suffix is computed in the batches a miss uses.
 
+With --throughput, the two-server throughput benchmark instead (llama_server_throughput.py,
+its own options).
+
 Environment: KDN_KDND, KDN_LLAMA_SERVER, KDN_LLAMA_MODEL (kdn-bench sets them).
 Exit: 0 measured, 1 a measurement failed, 2 usage, 3 a bar failed under --require-bars.
 """

@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -165,6 +166,8 @@ def parse(argv):
 
 def main(argv=None):
     a = parse(sys.argv[1:] if argv is None else argv)
+    # SIGTERM unwinds like an exception, so the servers and kdnd are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     for var in ("KDN_KDND", "KDN_LLAMA_SERVER", "KDN_LLAMA_MODEL"):
         if not os.path.exists(os.environ.get(var, "")):
             print(f"kdn-bench llama-server: {var} is not set to an existing file", file=sys.stderr)
@@ -180,7 +183,10 @@ def main(argv=None):
     modes, prompts = {}, {}
     try:
         for mode in a.mode_list:
-            modes[mode] = {loop: measure(work, mode, loop, a, workload, log, prompts) for loop in a.loop_list}
+            modes[mode] = {}
+            for loop in a.loop_list:
+                modes[mode][loop] = measure(work, mode, loop, a, workload, log, prompts)
+                log(f"{mode}, {loop} loop: {json.dumps(modes[mode][loop])}")
     except Exception as e:  # a server or kdnd that failed: say so, keep the logs
         log(f"measurement failed: {e}; logs in {work}")
         return 1

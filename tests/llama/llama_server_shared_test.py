@@ -202,8 +202,8 @@ class SharedServersTest(unittest.TestCase):
 
     def test_throughput_smoke(self):
         """The throughput driver on the shared-document workload (one document of 300 tokens,
-        three requests, one client): every request answered, the later ones from the chunks
-        the first stored."""
+        three requests, one client): every request answered and summarized, the later ones
+        reusing the document the first one prefilled."""
         w = shared_docs.Workload(shared_docs.WorkloadSpec(documents=1, min_tokens=300, max_tokens=300, seed=3))
         requests = w.requests(3)
         prompts = llama_server_throughput.Prompts(self.server, w, requests)
@@ -212,7 +212,7 @@ class SharedServersTest(unittest.TestCase):
         self.assertEqual((r["completed"], r["failed"]), (3, 0), r["errors"])
         self.assertGreater(r["requests_per_s"], 0)
         self.assertLessEqual(r["ttft_p50_s"], r["ttft_p99_s"])
-        # 1 miss of 300+ tokens, then 2 hits of at least one chunk each.
+        # 1 miss of 300+ tokens, then 2 hits of at least one chunk each (the slot's or kdn's).
         self.assertGreaterEqual(r["cached_tokens_per_request"], 2 * CHUNK / 3)
         self.assertLess(r["prefill_tokens_per_request"], 300)
 
