@@ -89,8 +89,10 @@ const Subcommand kSubcommands[] = {
     {"kernels", "copy, RoPE, codec and blend kernels (CPU; CUDA where a GPU is present)", kKernels,
      "this kdn-bench was built without the kernels (target kdn_kernels)"},
     {"llama", "llama.cpp prefill with and without kdn", kLlama, "this kdn-bench was built without KDN_BUILD_LLAMA=ON"},
-    {"llama-server", "kdn-llama-server over HTTP: TTFT miss, kdn hit in another process, --cache-ram hit", kLlamaServer,
-     "this kdn-bench was built without kdn-llama-server (KDN_BUILD_LLAMA=ON, KDN_LLAMA_SERVER=ON)"},
+    {"llama-server",
+     "kdn-llama-server over HTTP: TTFT miss, kdn hit in another process, --cache-ram hit; --throughput: two "
+     "servers, concurrent clients",
+     kLlamaServer, "this kdn-bench was built without kdn-llama-server (KDN_BUILD_LLAMA=ON, KDN_LLAMA_SERVER=ON)"},
     {"vllm",
      "vLLM replicas (real vLLM, CPU): TTFT miss, kdn hit, own prefix hit, offload; --lmcache side by side, "
      "--throughput the shared-document workload (none / LMCache / kdn, crashes)",

@@ -17,6 +17,9 @@ tokens_identical: B's greedy answer to A's question (its first request) equals A
 Every server runs one slot, --threads threads and batches of one chunk (256 tokens), so a
 hit's suffix is computed in the batches a miss uses.
 
+With --throughput, the two-server throughput benchmark instead (llama_server_throughput.py,
+its own options).
+
 Environment: KDN_KDND, KDN_LLAMA_SERVER, KDN_LLAMA_MODEL (kdn-bench sets them).
 Exit: 0 measured, 1 a measurement failed, 2 usage, 3 a bar failed under --require-bars.
 """
@@ -137,6 +140,9 @@ def bars(sizes):
 
 
 def main():
+    if "--throughput" in sys.argv[1:]:  # the two-server throughput benchmark, its own options
+        import llama_server_throughput
+        return llama_server_throughput.main([x for x in sys.argv[1:] if x != "--throughput"])
     p = argparse.ArgumentParser(prog="kdn-bench llama-server", description=__doc__.split("\n")[0])
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--sizes", default="1024,4096,6144", help="document tokens, comma-separated")
@@ -145,6 +151,8 @@ def main():
     p.add_argument("--max-tokens", type=int, default=16, help="greedy tokens per answer")
     p.add_argument("--keep-logs", action="store_true", help="keep the servers' and kdnd's logs")
     p.add_argument("--require-bars", action="store_true", help="exit 3 when a bar is not met")
+    p.add_argument("--throughput", action="store_true",
+                   help="instead: the throughput benchmark (two servers, concurrent clients; its own --help)")
     a = p.parse_args()
     try:
         sizes = [int(x) for x in a.sizes.split(",")]

@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
 import urllib.request
 
 CHUNK = 256  # kdn's chunk tokens (the server's)
@@ -70,14 +69,14 @@ class Server:
     """One kdn-llama-server process on a loopback port: one slot unless told otherwise, one
     thread, batches of one chunk (so a hit's suffix is computed in the batches a miss uses)."""
 
-    def __init__(self, workdir, name, kdnd_sock, slots=1, kdn=True, ctx=2048, threads=1, extra=()):
+    def __init__(self, workdir, name, kdnd_sock, slots=1, kdn=True, ctx=2048, threads=1, extra=(), kv_unified=True):
         self.port = free_port()
         self.log = os.path.join(workdir, f"{name}.log")
         self.args = [os.environ["KDN_LLAMA_SERVER"], "-m", os.environ["KDN_LLAMA_MODEL"], "--host", "127.0.0.1", "--port", str(self.port), "-np", str(slots),
                      "-c", str(ctx * slots), "-b", str(CHUNK), "-ub", str(CHUNK), "-t", str(threads),
                      "--kdn-socket", kdnd_sock, *extra]
-        if slots > 1:
-            self.args.append("--kv-unified")
+        if slots > 1:  # one KV buffer for every slot, or one stream per slot
+            self.args.append("--kv-unified" if kv_unified else "--no-kv-unified")
         if not kdn:
             self.args.append("--no-kdn")
         self.proc = None
@@ -92,7 +91,7 @@ class Server:
             try:
                 if request(self.port, "/health", timeout=5).get("status") == "ok":
                     return self
-            except (urllib.error.URLError, ConnectionError, json.JSONDecodeError):
+            except (OSError, json.JSONDecodeError):  # refused, reset or slow (a loaded machine)
                 pass
             time.sleep(0.2)
         raise RuntimeError(f"server did not come up; see {self.log}")
@@ -145,6 +144,18 @@ class Server:
                     text += delta
                 timings = ev.get("timings", timings)
         return text, timings, events
+
+    def complete(self, tokens, max_tokens=8, **extra):
+        """/completion on a prompt given as token ids, greedy: the answer's token ids and the
+        timings."""
+        body = dict({"prompt": tokens, "n_predict": max_tokens, "temperature": 0, "return_tokens": True,
+                     "cache_prompt": True}, **extra)
+        r = request(self.port, "/completion", body)
+        return r["tokens"], r["timings"]
+
+    def tokenize(self, text, add_special=False, parse_special=False):
+        return request(self.port, "/tokenize", {"content": text, "add_special": add_special,
+                                                "parse_special": parse_special})["tokens"]
 
     def prompt_tokens(self, doc, question):
         tmpl = request(self.port, "/apply-template", {"messages": [{"role": "user", "content": doc + "\n\n" + question}]})

@@ -23,8 +23,11 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "tools"))
 from llama_server_procs import CHUNK, Kdnd, Server  # noqa: E402
+from llama_server_shared_test import SharedServersTest, shared_chunk_tokens  # noqa: E402,F401 (run here too)
 
 KDND = os.environ.get("KDN_KDND", "")
+KDNCTL = os.environ.get("KDN_KDNCTL", "")
+CLI = os.environ.get("KDN_LLAMA_CLI", "")
 SERVER = os.environ.get("KDN_LLAMA_SERVER", "")
 MODEL = os.environ.get("KDN_LLAMA_MODEL", "")
 DOC = os.environ.get("KDN_LLAMA_DOC", "")
@@ -34,19 +37,10 @@ DOC_CHARS = 2600
 
 def missing():
     for name, path in (("KDN_KDND", KDND), ("KDN_LLAMA_SERVER", SERVER), ("KDN_LLAMA_MODEL", MODEL),
-                       ("KDN_LLAMA_DOC", DOC)):
+                       ("KDN_LLAMA_DOC", DOC), ("KDN_KDNCTL", KDNCTL), ("KDN_LLAMA_CLI", CLI)):
         if not path or not os.path.exists(path):
             return f"{name} not set or missing ({path!r})"
     return None
-
-
-def shared_chunks_tokens(server, doc, q1, q2):
-    """Tokens of the whole chunks two questions' prompts share (the document's whole chunks)."""
-    a, b = server.prompt_tokens(doc, q1), server.prompt_tokens(doc, q2)
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n // CHUNK * CHUNK
 
 
 Q1 = "Summarize the text above in one sentence."
@@ -87,7 +81,7 @@ class LlamaServerTest(unittest.TestCase):
         kdnd = Kdnd(self.dir, disk=os.path.join(self.dir, "disk")).start()
         try:
             with Server(self.dir, "a", kdnd.sock) as a:
-                expected = shared_chunks_tokens(a, doc, Q1, Q2)
+                expected = shared_chunk_tokens(a, doc, Q1, Q2)
                 self.assertGreaterEqual(expected, 2 * CHUNK)
                 _, t = a.chat(doc, Q1)
                 self.assertEqual(t["cache_n"], 0)
@@ -129,7 +123,7 @@ class LlamaServerTest(unittest.TestCase):
                 time.sleep(1.2)  # the server retries at most once a second
                 _, t = s.chat(self.docs[1], Q2)  # stores the document's chunks
                 with Server(self.dir, "p", kdnd.sock) as p:
-                    expected = shared_chunks_tokens(p, self.docs[1], Q1, Q3)
+                    expected = shared_chunk_tokens(p, self.docs[1], Q1, Q3)
                     _, t = p.chat(self.docs[1], Q3)
                     self.assertGreaterEqual(t["cache_n"], expected)
 
@@ -144,7 +138,7 @@ class LlamaServerTest(unittest.TestCase):
                 time.sleep(0.5)
                 s.chat(self.docs[3], Q1)  # libkdn reconnects; the document is stored
                 with Server(self.dir, "q", kdnd.sock) as q:
-                    expected = shared_chunks_tokens(q, self.docs[3], Q1, Q3)
+                    expected = shared_chunk_tokens(q, self.docs[3], Q1, Q3)
                     _, t = q.chat(self.docs[3], Q3)
                     self.assertGreaterEqual(t["cache_n"], expected)
                 self.assertIn("kdnd went away", s.log_text())
@@ -158,7 +152,7 @@ class LlamaServerTest(unittest.TestCase):
         try:
             with Server(self.dir, "a", kdnd.sock) as a:
                 a.chat(doc, Q1)
-                expected = shared_chunks_tokens(a, doc, Q1, Q2)
+                expected = shared_chunk_tokens(a, doc, Q1, Q2)
             with Server(self.dir, "two", kdnd.sock, slots=2) as s:
                 results = {}
 

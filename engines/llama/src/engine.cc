@@ -163,36 +163,11 @@ Status Engine::size_blob(uint64_t bytes) noexcept {
   return OkStatus();
 }
 
-// Checks, on one real token, that this llama.cpp build writes exactly the blob format
-// state_blob.h converts, and that restoring that blob through our piece reader gives back the
-// same blob. If either fails (another state version, a cell extension, another layer layout,
-// another reader interface), the engine runs without a cache rather than risk a bad load.
+// One real token decoded, then kv_restore.h's check: without it the engine runs uncached.
 Status Engine::probe_state_format() noexcept {
   reset();
   KDN_RETURN_IF_ERROR(decode_one(0, 0));
-  const KvGeometry& g = identity_.geometry;
-  const size_t size = llama_state_seq_get_size(ctx_, kSeq);
-  Status st;
-  std::vector<uint8_t> blob, again;
-  if (size != seq_blob_bytes(g, 1)) {
-    st = Status(Code::kUnsupported, "llama.cpp state blob size differs from the known format");
-  } else {
-    blob.resize(size);
-    again.resize(size);
-    if (llama_state_seq_get_data(ctx_, blob.data(), size, kSeq) != size)
-      st = Status(Code::kUnsupported, "llama.cpp did not write its state blob");
-    else if (Result<SeqBlobView> v = parse_seq_blob(g, blob); !v.ok())
-      st = v.status();
-  }
-  if (st.ok()) {
-    // The whole blob as one piece: fields are read as fields, KV ranges checked as KV.
-    const BlobPiece whole{blob.data(), blob.size(), true};
-    reset();
-    st = restore_seq_pieces(ctx_, kSeq, g.type, {&whole, 1});
-    if (st.ok() && (llama_state_seq_get_size(ctx_, kSeq) != size ||
-                    llama_state_seq_get_data(ctx_, again.data(), size, kSeq) != size || again != blob))
-      st = Status(Code::kUnsupported, "restoring through the piece reader changes the KV state");
-  }
+  const Status st = check_state_round_trip(ctx_, kSeq, identity_.geometry);
   reset();
   return st;
 }

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <stdexcept>
 
 namespace kdn::llama {
@@ -123,6 +124,30 @@ Status restore_seq_pieces(llama_context* ctx, int32_t seq, KvType type, std::spa
     if (deferred != nullptr) deferred->resize(deferred_before);
     return Status(Code::kCorrupt, "llama.cpp did not read the whole KV blob");
   }
+  return OkStatus();
+}
+
+Status check_state_round_trip(llama_context* ctx, int32_t seq, const KvGeometry& g) noexcept {
+  const size_t size = llama_state_seq_get_size(ctx, seq);
+  if (size != seq_blob_bytes(g, 1))
+    return Status(Code::kUnsupported, "llama.cpp state blob size differs from the known format");
+  std::vector<uint8_t> blob, again;
+  try {
+    blob.resize(size);
+    again.resize(size);
+  } catch (const std::bad_alloc&) {
+    return Status(Code::kNoMemory, "no memory for the probe blob");
+  }
+  if (llama_state_seq_get_data(ctx, blob.data(), size, seq) != size)
+    return Status(Code::kUnsupported, "llama.cpp did not write its state blob");
+  if (Result<SeqBlobView> v = parse_seq_blob(g, blob); !v.ok()) return v.status();
+  // The whole blob as one piece: fields are read as fields, KV ranges checked as KV.
+  llama_memory_seq_rm(llama_get_memory(ctx), seq, -1, -1);
+  const BlobPiece whole{blob.data(), blob.size(), true};
+  KDN_RETURN_IF_ERROR(restore_seq_pieces(ctx, seq, g.type, {&whole, 1}));
+  if (llama_state_seq_get_size(ctx, seq) != size || llama_state_seq_get_data(ctx, again.data(), size, seq) != size ||
+      again != blob)
+    return Status(Code::kUnsupported, "restoring through the piece reader changes the KV state");
   return OkStatus();
 }
 

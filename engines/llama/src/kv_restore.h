@@ -35,4 +35,12 @@ struct KvCopy {
 Status restore_seq_pieces(llama_context* ctx, int32_t seq, KvType type, std::span<const BlobPiece> pieces,
                           std::vector<KvCopy>* deferred = nullptr) noexcept;
 
+// The start-up probe of kdn-llama's engine and of kdn-llama-server: sequence `seq` of ctx holds
+// exactly one decoded token. Checks that llama.cpp writes exactly the blob state_blob.h converts
+// for `g` (its n_stream included) and that restoring it through restore_seq_pieces gives back
+// the same blob; anything else (another state version, a quantized KV type, a cell extension,
+// another reader interface) is kUnsupported, and kdn stays off rather than risk a bad load.
+// The sequence holds the restored token afterwards.
+Status check_state_round_trip(llama_context* ctx, int32_t seq, const KvGeometry& g) noexcept;
+
 }  // namespace kdn::llama

@@ -83,9 +83,9 @@ void KdnPromptCache::attach(llama_context* ctx, const common_params& params, boo
 }
 
 // Checks, on one real token, that this context writes exactly the blob state_blob.h converts
-// and that restoring it through kdn's piece reader gives the same blob back; anything else
-// (another state version, a quantized KV type, a cell extension, another reader interface)
-// keeps kdn off rather than risk a bad load. The context is emptied again afterwards.
+// and restores it bit for bit (kv_restore.h's check_state_round_trip, as kdn-llama's engine
+// does); anything else keeps kdn off rather than risk a bad load. The context is emptied again
+// afterwards.
 Status KdnPromptCache::probe(llama_context* ctx, const std::string& model_path) noexcept {
   const llama_model* model = llama_get_model(ctx);
   if (llama_model_n_swa(model) > 0) return Status(Code::kUnsupported, "the model uses sliding-window attention");
@@ -100,37 +100,33 @@ Status KdnPromptCache::probe(llama_context* ctx, const std::string& model_path) 
   Result<EngineIdentity> id = make_identity(model, eo);
   if (!id.ok()) return id.status();
   KDN_RETURN_IF_ERROR(decode_probe_token(ctx));
+  // The blob's header says how this context lays out V and how many streams it has; the
+  // fingerprint follows the V layout, the conversion both.
   Status st;
+  std::vector<uint8_t> blob;
   try {
-    std::vector<uint8_t> blob(llama_state_seq_get_size(ctx, 0)), again(blob.size());
-    if (llama_state_seq_get_data(ctx, blob.data(), blob.size(), 0) != blob.size())
-      st = Status(Code::kUnsupported, "llama.cpp did not write its state blob");
-    // magic, seq_id, n_stream, stream 0's cell count, one cell {pos, n_seq_id, seq_id}, v_trans
-    const bool v_trans = read_u32(blob, 28) != 0;
-    if (st.ok() && v_trans) {
-      eo.flash_attn = false;
-      id = make_identity(model, eo);
-      if (!id.ok()) st = id.status();
-    }
-    KvGeometry g = id.ok() ? id->geometry : KvGeometry{};
-    g.n_stream = read_u32(blob, 8);
-    if (st.ok() && (g.n_stream == 0 || blob.size() != seq_blob_bytes(g, 1)))
-      st = Status(Code::kUnsupported, "llama.cpp state blob size differs from the known format");
-    if (st.ok()) st = parse_seq_blob(g, blob).status();
-    if (st.ok()) {
-      llama_memory_seq_rm(mem, 0, -1, -1);
-      const BlobPiece whole{blob.data(), blob.size(), true};
-      st = restore_seq_pieces(ctx, 0, g.type, {&whole, 1});
-      if (st.ok() && (llama_state_seq_get_size(ctx, 0) != blob.size() ||
-                      llama_state_seq_get_data(ctx, again.data(), again.size(), 0) != again.size() || again != blob))
-        st = Status(Code::kUnsupported, "restoring through the piece reader changes the KV state");
-    }
-    if (st.ok()) {
-      identity_ = std::move(id.value());
-      geometry_ = g;
-    }
+    blob.resize(llama_state_seq_get_size(ctx, 0));
   } catch (const std::bad_alloc&) {
     st = Status(Code::kNoMemory, "no memory for the probe blob");
+  }
+  if (st.ok() && llama_state_seq_get_data(ctx, blob.data(), blob.size(), 0) != blob.size())
+    st = Status(Code::kUnsupported, "llama.cpp did not write its state blob");
+  // magic, seq_id, n_stream, stream 0's cell count, one cell {pos, n_seq_id, seq_id}, v_trans
+  KvGeometry g{};
+  if (st.ok() && read_u32(blob, 28) != 0) {
+    eo.flash_attn = false;
+    id = make_identity(model, eo);
+  }
+  if (st.ok() && !id.ok()) st = id.status();
+  if (st.ok()) {
+    g = id->geometry;
+    g.n_stream = read_u32(blob, 8);
+    st = g.n_stream == 0 ? Status(Code::kUnsupported, "llama.cpp state blob has no stream")
+                         : check_state_round_trip(ctx, 0, g);
+  }
+  if (st.ok()) {
+    identity_ = std::move(id.value());
+    geometry_ = g;
   }
   llama_memory_clear(mem, true);
   return st;
