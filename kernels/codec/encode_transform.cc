@@ -70,10 +70,19 @@ void coordinate_moments(const ChunkGeometry& g, const Plane& pl, TransformScratc
   for (size_t i = 0; i < n; ++i) {
     if (t1 <= t0) {  // every row exact: the coordinates are never used
       ts.mean[i] = ts.stdev[i] = 0;
+      ts.lo[i] = ts.hi[i] = 0;
       continue;
     }
     double s = 0, s2 = 0;
-    for (uint32_t t = t0; t < t1; ++t) s += ts.coords[size_t{t} * n + i];
+    float lo = INFINITY, hi = -INFINITY;
+    for (uint32_t t = t0; t < t1; ++t) {
+      const float y = ts.coords[size_t{t} * n + i];
+      s += y;
+      lo = std::min(lo, y);
+      hi = std::max(hi, y);
+    }
+    ts.lo[i] = lo;
+    ts.hi[i] = hi;
     const double mean = s / (t1 - t0);
     for (uint32_t t = t0; t < t1; ++t) {
       const double e = ts.coords[size_t{t} * n + i] - mean;
@@ -103,19 +112,55 @@ void store_value(uint8_t* p, uint64_t i, uint8_t sd, uint32_t bits) {
   }
 }
 
-// S and Z of every coordinate into params (S at `s`, Z after the n S values); false if one
-// does not fit the scale dtype. S = step(w) * stdev centres 2^w levels on the mean.
+// Levels from Z to hi at step S, as a width (at most 9: more than the format holds).
+uint32_t width_for(float lo_z, float hi, float s) {
+  const double levels = std::floor((static_cast<double>(hi) - lo_z) / s + 0.5) + 1;
+  uint32_t w = 1;
+  while (w < 9 && levels > static_cast<double>(1u << w)) ++w;
+  return w;
+}
+
+// S and Z of coordinate i with resolution width w > 0, and the width stored: the step is
+// Max's for w at the chunk's stdev, the levels start at the chunk's minimum and go up to its
+// maximum, so nothing is clamped (rare extremes of K set the largest attention scores) and the
+// extra levels cost the entropy coder little; above 8 bits the step widens to fit 256 levels.
+bool coordinate_scale(size_t i, uint32_t w, uint8_t sd, TransformScratch& ts, uint32_t* s_bits, uint32_t* z_bits) {
+  GroupScale gs;
+  if (!group_scale_body(ts.lo[i], ts.lo[i], 8, sd, &gs)) return false;  // Z: the minimum rounded down
+  float sv = 0;
+  *s_bits = to_scale(static_cast<float>(gaussian_step(w) * ts.stdev[i]), sd, &sv);
+  *z_bits = gs.z_bits;
+  uint32_t coded = sv > 0 ? width_for(gs.z, ts.hi[i], sv) : 1;
+  if (coded > 8) {
+    if (!group_scale_body(ts.lo[i], ts.hi[i], 8, sd, &gs)) return false;
+    *s_bits = gs.s_bits;
+    sv = gs.s;
+    coded = 8;
+  }
+  ts.scale[i] = sv;
+  ts.zero[i] = gs.z;
+  ts.coded[i] = static_cast<uint8_t>(coded);
+  return std::isfinite(sv);
+}
+
+// S and Z of every coordinate into params (S at `s`, Z after the n S values) and the stored
+// widths into ts.coded; false if a value does not fit the scale dtype. A coordinate of width
+// 0 decodes as its chunk mean (S = 0, Z = mean).
 bool write_scales(const uint8_t* w, size_t n, uint8_t sd, TransformScratch& ts, uint8_t* s) {
   for (size_t i = 0; i < n; ++i) {
-    float sv = 0, zv = 0;
-    const uint32_t sb = w[i] ? to_scale(static_cast<float>(gaussian_step(w[i]) * ts.stdev[i]), sd, &sv) : 0;
-    const double z = ts.mean[i] - 0.5 * ((1u << w[i]) - 1) * sv;
-    const uint32_t zb = to_scale(static_cast<float>(z), sd, &zv);
-    if (!std::isfinite(sv) || !std::isfinite(zv)) return false;
+    uint32_t sb = 0, zb = 0;
+    if (w[i] == 0) {
+      float zv = 0;
+      zb = to_scale(static_cast<float>(ts.mean[i]), sd, &zv);
+      if (!std::isfinite(zv)) return false;
+      ts.scale[i] = 0;
+      ts.zero[i] = zv;
+      ts.coded[i] = 0;
+    } else if (!coordinate_scale(i, w[i], sd, ts, &sb, &zb)) {
+      return false;
+    }
     store_value(s, i, sd, sb);
     store_value(s, n + i, sd, zb);
-    ts.scale[i] = sv;
-    ts.zero[i] = zv;
   }
   return true;
 }
@@ -145,8 +190,8 @@ Status write_params(const Source& src, Plane& pl, const EncodePlan& plan, Transf
     const uint64_t bytes = tc_params_bytes(hdr, pl);
     if (!out.reserve(bytes)) return no_space();
     std::memset(out.data + at, 0, bytes);
-    std::memcpy(out.data + at, ts.widths, n);
     if (!write_scales(ts.widths, n, sd, ts, out.data + at + tc_scale_offset(hdr))) continue;
+    std::memcpy(out.data + at, ts.coded, n);
     if (exact_rows(pl) && !write_exact(src, pl, ts.row, out.data + at + tc_exact_offset(hdr, pl)))
       return Status(Code::kInvalidArgument, "NaN or Inf in a chunk to quantize");
     pl.params_bytes = static_cast<uint32_t>(bytes);
@@ -163,7 +208,7 @@ uint32_t band_symbols(const ChunkGeometry& g, const Plane& pl, uint32_t width, T
   const size_t n = size_t{g.kv_heads} * g.head_dim;
   uint32_t cols = 0;
   for (size_t i = 0; i < n; ++i)
-    if (ts.widths[i] == width) ts.columns[cols++] = static_cast<uint32_t>(i);
+    if (ts.coded[i] == width) ts.columns[cols++] = static_cast<uint32_t>(i);
   const uint32_t qmax = (1u << width) - 1;
   for (uint32_t t = 0; t < coded_tokens(plane_header(g), pl); ++t) {
     uint8_t* row = sc.symbols + size_t{t} * cols;
@@ -182,7 +227,7 @@ uint32_t band_symbols(const ChunkGeometry& g, const Plane& pl, uint32_t width, T
 
 Status write_bands(const ChunkGeometry& g, const Plane& pl, const EncodePlan& plan, TransformScratch& ts,
                    EncodeScratch& sc, OutBuf& out, uint32_t* n_segments) {
-  const uint32_t present = widths_present(ts.widths, uint64_t{g.kv_heads} * g.head_dim);
+  const uint32_t present = widths_present(ts.coded, uint64_t{g.kv_heads} * g.head_dim);
   const uint32_t n_seg = static_cast<uint32_t>(__builtin_popcount(present));
   const size_t payload = out.pos;
   if (!out.zeros(size_t{n_seg} * kSegmentDirEntryBytes)) return no_space();
@@ -224,7 +269,7 @@ size_t transform_scratch_bytes(const ChunkGeometry& g, uint32_t block_tokens) no
   band.head_dim = g.kv_heads * g.head_dim;
   const size_t n = band.head_dim, d = g.head_dim;
   return 64 + align64(4 * size_t{g.tokens} * n) + align64(4 * d * d) + align64(4 * d) + 4 * align64(8 * n) +
-         align64(n) + align64(4 * n) + encode_scratch_bytes(band, block_tokens);
+         2 * align64(4 * n) + 2 * align64(n) + align64(4 * n) + encode_scratch_bytes(band, block_tokens);
 }
 
 bool carve_transform_scratch(void* scratch, size_t bytes, const ChunkGeometry& g, uint32_t block_tokens,
@@ -244,7 +289,10 @@ bool carve_transform_scratch(void* scratch, size_t bytes, const ChunkGeometry& g
   ts->stdev = reinterpret_cast<double*>(take(8 * n));
   ts->scale = reinterpret_cast<float*>(take(8 * n));
   ts->zero = reinterpret_cast<float*>(take(8 * n));
+  ts->lo = reinterpret_cast<float*>(take(4 * n));
+  ts->hi = reinterpret_cast<float*>(take(4 * n));
   ts->widths = take(n);
+  ts->coded = take(n);
   ts->columns = reinterpret_cast<uint32_t*>(take(4 * n));
   ChunkGeometry band = g;
   band.head_dim = static_cast<uint32_t>(n);
@@ -257,9 +305,7 @@ Status write_transform_plane(const ChunkGeometry& g, const void* chunk, uint32_t
   const Kvc1Calibration& cal = *plan.calibration;
   const uint64_t n = uint64_t{g.kv_heads} * g.head_dim;
   allot_widths(cal, layer, plane, plan.transform_bits, ts.mean, ts.widths);  // mean: scratch for the variances
-  uint8_t bits = 0;
-  for (uint64_t i = 0; i < n; ++i) bits = std::max(bits, ts.widths[i]);
-  spec = PlaneSpec{kCodecTransform, bits, 0, kTransformNone, plan.exact_tokens, plan.exact_tail_tokens};
+  spec = PlaneSpec{kCodecTransform, 8, 0, kTransformNone, plan.exact_tokens, plan.exact_tail_tokens};
   Plane pl = spec_plane(spec, 0);
   const Source src{chunk, g, layer, plane};
   if (!transform_rows(src, pl, cal, ts)) return Status(Code::kInvalidArgument, "NaN or Inf in a chunk to quantize");
@@ -267,6 +313,9 @@ Status write_transform_plane(const ChunkGeometry& g, const void* chunk, uint32_t
   const size_t at = out.pos;
   if (!out.zeros(kPlaneHeaderBytes)) return no_space();
   KDN_RETURN_IF_ERROR(write_params(src, pl, plan, ts, out));
+  uint8_t bits = 0;
+  for (uint64_t i = 0; i < n; ++i) bits = std::max(bits, ts.coded[i]);
+  spec.bits = bits;
   if (!out.pad16()) return no_space();
   const size_t payload = out.pos;
   uint32_t n_seg = 0;

@@ -20,7 +20,10 @@ struct TransformScratch {
   double* stdev;      // kv_heads x head_dim
   float* scale;       // kv_heads x head_dim: stored S widened to f32
   float* zero;        // kv_heads x head_dim: stored Z
-  uint8_t* widths;    // kv_heads x head_dim
+  float* lo;          // kv_heads x head_dim: smallest value of each coordinate
+  float* hi;          // kv_heads x head_dim: largest
+  uint8_t* widths;    // kv_heads x head_dim: allotted (the step's resolution)
+  uint8_t* coded;     // kv_heads x head_dim: stored (levels enough for the chunk's range)
   uint32_t* columns;  // kv_heads x head_dim: one band's coordinates
 };
 
