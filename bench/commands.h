@@ -23,6 +23,7 @@ int run_kernels_bench(int argc, char** argv);
 int run_llama_bench(int argc, char** argv);
 int run_vllm_bench(int argc, char** argv);  // execs python/tools/vllm_bench.py
 int run_blend_bench(int argc, char** argv);
+int run_codec_curve_bench(int argc, char** argv);   // the transform codec's ratio / quality curve
 int run_llama_server_bench(int argc, char** argv);  // execs python/tools/llama_server_bench.py
 // kdn-bench remote's end-to-end figures, with llama.cpp (builds with KDN_BENCH_HAVE_LLAMA):
 // node A's engine prefills a `size`-token prompt through the kdnd at socket_a, node B's engine

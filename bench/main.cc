@@ -48,9 +48,11 @@ constexpr int (*kKernels)(int, char**) = nullptr;
 #if KDN_BENCH_HAVE_LLAMA
 constexpr auto kLlama = &run_llama_bench;
 constexpr auto kBlend = &run_blend_bench;
+constexpr auto kCodecCurve = &run_codec_curve_bench;
 #else
 constexpr int (*kLlama)(int, char**) = nullptr;
 constexpr int (*kBlend)(int, char**) = nullptr;
+constexpr int (*kCodecCurve)(int, char**) = nullptr;
 #endif
 #if KDN_BENCH_HAVE_LLAMA_SERVER
 constexpr auto kLlamaServer = &run_llama_server_bench;
@@ -98,6 +100,8 @@ const Subcommand kSubcommands[] = {
      "--throughput the shared-document workload (none / LMCache / kdn, crashes)",
      kVllm, "this kdn-bench was built without the vLLM venv (scripts/setup-vllm.sh, then KDN_VLLM_DIR)"},
     {"blend", "RAG prompts blended from cached documents vs full prefill and prefix caching", kBlend,
+     "this kdn-bench was built without KDN_BUILD_LLAMA=ON"},
+    {"codec-curve", "transform codec's ratio / top-1 curve beside kivi4 and kivi2 (SmolLM2 f16)", kCodecCurve,
      "this kdn-bench was built without KDN_BUILD_LLAMA=ON"},
 };
 

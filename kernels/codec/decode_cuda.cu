@@ -69,6 +69,7 @@ Status open_batch(const Kvc1CudaBatch& batch, const ChunkGeometry& expected, con
     Header h;
     KDN_RETURN_IF_ERROR(
         open_for_decode(batch.host_blobs[i], batch.blob_bytes[i], expected, fingerprint, opts, &h, layers));
+    KDN_RETURN_IF_ERROR(refuse_calibrated(h));
     if (full) KDN_RETURN_IF_ERROR(validate_layers(batch.host_blobs[i], h, *layers, opts));
   }
   return OkStatus();

@@ -62,6 +62,14 @@ void run_tasks(uint32_t n, int threads, FirstError& err, Task&& task) {
 Status open_for_decode(const uint8_t* blob, size_t len, const ChunkGeometry& expected, const kdn_key& fingerprint,
                        const DecodeOptions& opts, Header* h, LayerRange* layers) noexcept;
 
+// kUnsupported for a blob that names a calibration: its transform planes decode only in
+// kvc1_decode for now (docs/codec.md §10.6 plans the fused and GPU paths).
+inline Status refuse_calibrated(const Header& h) noexcept {
+  if (h.calibration_id.lo || h.calibration_id.hi)
+    return Status(Code::kUnsupported, "KVC1 transform-coded blobs decode with kvc1_decode only");
+  return OkStatus();
+}
+
 // validate_layer over the range (in parallel when opts allow).
 Status validate_layers(const uint8_t* blob, const Header& h, const LayerRange& layers,
                        const DecodeOptions& opts) noexcept;

@@ -1,5 +1,6 @@
 // KVC1 CPU decoder: segment readers, the canonical-chunk sink, kvc1_decode and kvc1_inspect.
 #include "decode_run.h"
+#include "decode_transform.h"
 
 #include <cstring>
 
@@ -214,6 +215,8 @@ const char* codec_mode_name(CodecMode mode) noexcept {
       return "kivi4";
     case CodecMode::kKivi2:
       return "kivi2";
+    case CodecMode::kTransform:
+      return "transform";
   }
   return "unknown";
 }
@@ -258,6 +261,7 @@ Status kvc1_inspect(const uint8_t* blob, size_t len, Kvc1Info* out) noexcept {
   out->block_tokens = h.block_tokens;
   out->pos_base = h.pos_base;
   out->chunk_key = h.chunk_key;
+  out->calibration_id = h.calibration_id;
   return OkStatus();
 }
 
@@ -270,6 +274,7 @@ Status kvc1_decode(const uint8_t* blob, size_t len, const ChunkGeometry& expecte
   const uint64_t need = uint64_t{expected.layers} * 2 * expected.tokens * expected.kv_heads * expected.head_dim *
                         dtype_size(expected.dtype);
   if (!out || out_bytes < need) return Status(Code::kInvalidArgument, "output buffer smaller than the chunk");
+  KDN_RETURN_IF_ERROR(match_calibration(h, fingerprint, opts));
   KDN_RETURN_IF_ERROR(validate_layers(blob, h, layers, opts));
   const uint32_t per_layer = 2 * h.kv_heads;
   FirstError err;
@@ -279,6 +284,12 @@ Status kvc1_decode(const uint8_t* blob, size_t len, const ChunkGeometry& expecte
     const uint32_t head = i % h.kv_heads;
     Plane planes[2];
     if (uint32_t e = locate_planes(blob, h, layer, planes)) return parse_status(e);
+    if (planes[plane].codec == kCodecTransform) {  // one task decodes the whole plane
+      if (head != 0) return OkStatus();
+      uint8_t* base =
+          static_cast<uint8_t*>(out) + chunk_offset(expected, layer, plane, 0, 0, 0) * dtype_size(expected.dtype);
+      return decode_transform_plane(blob, h, planes[plane], *opts.calibration, layer, plane, base);
+    }
     CanonicalSink sink{static_cast<uint8_t*>(out), expected, layer, plane, head};
     return decode_head(blob, h, planes[plane], head, sink);
   });

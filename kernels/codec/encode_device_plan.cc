@@ -23,7 +23,7 @@ Status plan_device_encode(const ChunkGeometry& g, const kdn_key& fingerprint, co
                           uint8_t* base, EncodeJob* job, DevicePlaneSpec* specs, uint64_t* bytes) noexcept {
   EncodePlan plan;
   KDN_RETURN_IF_ERROR(make_encode_plan(g, cfg, &plan));
-  if (plan.mode == CodecMode::kRaw || plan.mode == CodecMode::kLossless)
+  if (plan.mode == CodecMode::kRaw || plan.mode == CodecMode::kLossless || plan.mode == CodecMode::kTransform)
     return Status(Code::kUnsupported, "the device encoder runs the quantized modes only");
   if (n == 0) return Status(Code::kInvalidArgument, "empty batch");
   EncodeJob j{};

@@ -2,6 +2,8 @@
 #include "encoder.h"
 
 #include "crc32c.h"
+#include "encode_transform.h"
+#include "transform_format.h"
 
 #include <algorithm>
 #include <bit>
@@ -12,6 +14,28 @@ namespace kvc1 {
 namespace {
 
 bool quantized(CodecMode m) { return m == CodecMode::kInt8 || m == CodecMode::kKivi4 || m == CodecMode::kKivi2; }
+
+// Modes whose planes keep exact sink and recent rows.
+bool lossy(CodecMode m) { return quantized(m) || m == CodecMode::kTransform; }
+
+constexpr double kDefaultTransformBits = 2.0;
+
+// The transform mode's own settings: a calibration of this geometry, a usable mean width.
+Status plan_transform(const ChunkGeometry& g, const CodecConfig& cfg, EncodePlan& p) {
+  const Kvc1Calibration* c = cfg.calibration;
+  if (!c || !c->data) return Status(Code::kInvalidArgument, "the transform mode needs a calibration");
+  if (c->layers != g.layers || c->kv_heads != g.kv_heads || c->head_dim != g.head_dim)
+    return Status(Code::kInvalidArgument, "the calibration is for another geometry");
+  if (uint64_t{g.kv_heads} * g.head_dim > kMaxHeadDim)
+    return Status(Code::kUnsupported, "the transform mode needs kv_heads * head_dim <= 4096");
+  if (cfg.k_bits || cfg.v_bits || cfg.layer_k_bits || cfg.layer_v_bits || cfg.rotate)
+    return Status(Code::kInvalidArgument, "the transform mode takes transform_mean_bits, not bit widths or rotate");
+  const double bits = cfg.transform_mean_bits ? cfg.transform_mean_bits : kDefaultTransformBits;
+  if (!(bits > 0.0 && bits <= 8.0)) return Status(Code::kInvalidArgument, "transform_mean_bits must be in (0, 8]");
+  p.calibration = c;
+  p.transform_bits = bits;
+  return OkStatus();
+}
 
 bool bits_ok(uint8_t b) { return b >= 1 && b <= 8; }
 
@@ -33,10 +57,11 @@ void write_header(const ChunkGeometry& g, const kdn_key& fp, const CodecConfig& 
   std::memset(p, 0, kHeaderBytes);
   std::memcpy(p, "KDNKVC1", 8);
   out.st16(kHfVersionMajor, kVersionMajor);
-  out.st16(kHfVersionMinor, plan.exact_tail_tokens ? kVersionMinorExactTail
-                            : plan.exact_tokens    ? kVersionMinorExact
-                            : plan.rotate          ? kVersionMinorTransform
-                                                   : kVersionMinor);
+  out.st16(kHfVersionMinor, plan.calibration         ? kVersionMinorCalibrated
+                            : plan.exact_tail_tokens ? kVersionMinorExactTail
+                            : plan.exact_tokens      ? kVersionMinorExact
+                            : plan.rotate            ? kVersionMinorTransform
+                                                     : kVersionMinor);
   out.st32(kHfHeaderBytes, kHeaderBytes);
   out.st64(kHfTotalBytes, total);
   out.st64(kHfFingerprint, fp.lo);
@@ -54,6 +79,10 @@ void write_header(const ChunkGeometry& g, const kdn_key& fp, const CodecConfig& 
   out.st64(kHfDirOff, kHeaderBytes);
   out.st32(kHfDirBytes, g.layers * kLayerEntryBytes);
   out.st32(kHfDirCrc, dir_crc);
+  if (plan.calibration) {
+    out.st64(kHfCalibrationId, plan.calibration->id.lo);
+    out.st64(kHfCalibrationId + 8, plan.calibration->id.hi);
+  }
   out.st32(kHfHeaderCrc, crc32c(p, kHeaderCrcOffset));
 }
 
@@ -83,11 +112,16 @@ Status check_codec_geometry(const ChunkGeometry& g) noexcept {
 
 Status make_encode_plan(const ChunkGeometry& g, const CodecConfig& cfg, EncodePlan* out) noexcept {
   KDN_RETURN_IF_ERROR(check_codec_geometry(g));
-  if (static_cast<uint8_t>(cfg.mode) > static_cast<uint8_t>(CodecMode::kKivi2))
+  if (static_cast<uint8_t>(cfg.mode) > static_cast<uint8_t>(CodecMode::kTransform))
     return Status(Code::kInvalidArgument, "unknown codec mode");
   EncodePlan& p = *out;
+  p = EncodePlan{};
   p.mode = cfg.mode;
   const bool q = quantized(cfg.mode);
+  if (cfg.mode == CodecMode::kTransform) {
+    if (g.dtype == DType::kFP8E4M3) return Status(Code::kUnsupported, "fp8 chunks can only be stored raw");
+    KDN_RETURN_IF_ERROR(plan_transform(g, cfg, p));
+  }
   if (g.dtype == DType::kFP8E4M3 && cfg.mode != CodecMode::kRaw)
     return Status(Code::kUnsupported, "fp8 chunks can only be stored raw");
   if (!q && (cfg.k_bits || cfg.v_bits || cfg.layer_k_bits || cfg.layer_v_bits))
@@ -113,15 +147,17 @@ Status make_encode_plan(const ChunkGeometry& g, const CodecConfig& cfg, EncodePl
   if (p.rotate && !q) return Status(Code::kInvalidArgument, "rotate applies to quantized modes only");
   if (p.rotate && !std::has_single_bit(g.head_dim))
     return Status(Code::kInvalidArgument, "rotate needs a power-of-two head_dim");
-  p.exact_tokens = q && cfg.pos_base == 0 ? (cfg.sink_tokens < g.tokens ? cfg.sink_tokens : g.tokens) : 0;
+  p.exact_tokens = lossy(cfg.mode) && cfg.pos_base == 0 ? (cfg.sink_tokens < g.tokens ? cfg.sink_tokens : g.tokens) : 0;
   // The sinks come first when a chunk has both; at least one token row stays coded.
   const uint32_t rest = std::min(g.tokens - p.exact_tokens, g.tokens - 1);
-  p.exact_tail_tokens = q && cfg.ends_context ? std::min(cfg.recent_tokens, rest) : 0;
+  p.exact_tail_tokens = lossy(cfg.mode) && cfg.ends_context ? std::min(cfg.recent_tokens, rest) : 0;
   return OkStatus();
 }
 
 PlaneSpec plane_spec(const EncodePlan& plan, const ChunkGeometry& g, uint32_t layer, uint32_t plane) noexcept {
   switch (plan.mode) {
+    case CodecMode::kTransform:  // the width is the plane's largest, known once allotted
+      return {kCodecTransform, 8, 0, kTransformNone, plan.exact_tokens, plan.exact_tail_tokens};
     case CodecMode::kRaw:
       return {kCodecRaw, 0, 0};
     case CodecMode::kLossless:
@@ -165,6 +201,12 @@ Plane spec_plane(const PlaneSpec& spec, uint8_t scale_dtype) noexcept {
 
 uint64_t plane_max_bytes(const ChunkGeometry& g, const PlaneSpec& spec) noexcept {
   const uint64_t elems = uint64_t{g.tokens} * g.kv_heads * g.head_dim;
+  if (spec.codec == kCodecTransform) {  // f32 scales, and at most 8 packed band segments of 8-bit codes
+    const uint64_t exact = uint64_t{spec.exact_tokens} + spec.exact_tail_tokens;
+    const uint64_t params =
+        align16(elems / g.tokens) + 8 * (elems / g.tokens) + 16 + exact * g.kv_heads * g.head_dim * dtype_size(g.dtype);
+    return kPlaneHeaderBytes + align16(params) + 8 * 8 + 8 * (kSegmentHeaderBytes + 32) + elems;
+  }
   if (spec.codec == kCodecRaw) return kPlaneHeaderBytes + elems * dtype_size(g.dtype);
   uint64_t params = 0;
   uint64_t segments = g.kv_heads;
@@ -195,6 +237,7 @@ size_t kvc1_max_encoded_size(const ChunkGeometry& g, const CodecConfig& cfg) noe
 size_t kvc1_encode_scratch_bytes(const ChunkGeometry& g, const CodecConfig& cfg) noexcept {
   kvc1::EncodePlan plan;
   if (!kvc1::make_encode_plan(g, cfg, &plan).ok()) return 0;
+  if (plan.mode == CodecMode::kTransform) return kvc1::transform_scratch_bytes(g, plan.block_tokens);
   return kvc1::encode_scratch_bytes(g, plan.block_tokens);
 }
 
@@ -205,7 +248,12 @@ Status kvc1_encode(const ChunkGeometry& g, const kdn_key& fingerprint, const voi
   EncodePlan plan;
   KDN_RETURN_IF_ERROR(make_encode_plan(g, cfg, &plan));
   EncodeScratch sc;
-  if (!carve_scratch(scratch, scratch_bytes, g, plan.block_tokens, &sc))
+  TransformScratch ts{};
+  const bool transform = plan.mode == CodecMode::kTransform;
+  if (transform && !(plan.calibration->fingerprint == fingerprint))
+    return Status(Code::kInvalidArgument, "the calibration belongs to another model");
+  if (transform ? !carve_transform_scratch(scratch, scratch_bytes, g, plan.block_tokens, &ts, &sc)
+                : !carve_scratch(scratch, scratch_bytes, g, plan.block_tokens, &sc))
     return Status(Code::kInvalidArgument, "encode scratch too small (see kvc1_encode_scratch_bytes)");
   OutBuf ob{out, cap, 0};
   if (!ob.zeros(kHeaderBytes + size_t{g.layers} * kLayerEntryBytes) || !ob.pad16())
@@ -213,7 +261,9 @@ Status kvc1_encode(const ChunkGeometry& g, const kdn_key& fingerprint, const voi
   for (uint32_t l = 0; l < g.layers; ++l) {
     const size_t rec = ob.pos;
     PlaneSpec spec[2] = {plane_spec(plan, g, l, 0), plane_spec(plan, g, l, 1)};
-    for (uint32_t p = 0; p < 2; ++p) KDN_RETURN_IF_ERROR(write_plane(g, chunk, l, p, spec[p], plan, sc, ob));
+    for (uint32_t p = 0; p < 2; ++p)
+      KDN_RETURN_IF_ERROR(transform ? write_transform_plane(g, chunk, l, p, spec[p], plan, ts, sc, ob)
+                                    : write_plane(g, chunk, l, p, spec[p], plan, sc, ob));
     write_layer_entry(ob, l, rec, ob.pos - rec, spec);
   }
   write_header(g, fingerprint, cfg, plan, ob, ob.pos, crc32c(out + kHeaderBytes, size_t{g.layers} * kLayerEntryBytes));

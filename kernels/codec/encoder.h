@@ -27,6 +27,8 @@ struct EncodePlan {
   uint32_t exact_tail_tokens;  // and trailing ones (recent tokens of a chunk that ends its context)
   const uint8_t* layer_bits[2];
   bool entropy, token_delta, f32_scales, rotate;
+  const Kvc1Calibration* calibration;  // transform mode
+  double transform_bits;               // transform mode: mean code width per coordinate
 };
 Status make_encode_plan(const ChunkGeometry& g, const CodecConfig& cfg, EncodePlan* out) noexcept;
 

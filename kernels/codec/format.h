@@ -30,6 +30,9 @@ constexpr uint16_t kVersionMinor = 0;
 constexpr uint16_t kVersionMinorTransform = 1;
 constexpr uint16_t kVersionMinorExact = 2;
 constexpr uint16_t kVersionMinorExactTail = 3;
+// Minor 4 adds transform-coded planes (kCodecTransform) and the calibration id in header bytes
+// 104..119 that names the calibration object they were coded with (docs/codec.md §10).
+constexpr uint16_t kVersionMinorCalibrated = 4;
 constexpr uint32_t kHeaderBytes = 128;
 constexpr uint32_t kHeaderCrcOffset = 124;
 constexpr uint32_t kLayerEntryBytes = 32;
@@ -45,6 +48,7 @@ enum : uint8_t {
   kCodecBytePlanes = 1,   // lossless: exponent rebased per channel, bytes split into planes
   kCodecUintChannel = 2,  // asymmetric uint, per (head, token group, channel): K in kivi modes
   kCodecUintToken = 3,    // asymmetric uint, per (token, head, channel group): V, and int8
+  kCodecTransform = 4,    // calibrated decorrelating transform, per-coordinate widths, band segments
 };
 
 // Plane transforms (PlaneRecord byte 3), applied to each (token, head) row before quantizing.
@@ -95,6 +99,7 @@ struct Header {
   int64_t pos_base;
   uint64_t dir_off;
   uint32_t dir_bytes, dir_crc, header_crc;
+  kdn_key calibration_id;  // minor >= 4: the calibration object transform planes need; else zero
 };
 
 // Field offsets inside the 128-byte header.
@@ -119,6 +124,8 @@ enum HeaderField : uint32_t {
   kHfDirBytes = 96,
   kHfDirCrc = 100,
   kHfReserved = 104,
+  kHfCalibrationId = 104,  // minor >= 4 (16 bytes); bytes 120..123 stay reserved
+  kHfReserved2 = 120,
   kHfHeaderCrc = 124,
 };
 
@@ -153,11 +160,17 @@ KDN_HD_INLINE uint32_t parse_header(const uint8_t* p, uint64_t len, Header* h) {
   h->dir_bytes = ld32(p + kHfDirBytes);
   h->dir_crc = ld32(p + kHfDirCrc);
   h->header_crc = ld32(p + kHfHeaderCrc);
+  h->calibration_id = kdn_key{ld64(p + kHfCalibrationId), ld64(p + kHfCalibrationId + 8)};
+  if (h->version_minor < kVersionMinorCalibrated && (h->calibration_id.lo || h->calibration_id.hi))
+    return kParseCorrupt;
   if (h->header_bytes != kHeaderBytes || h->total_bytes != len) return kParseCorrupt;
   if (h->flags != 0) return kParseCorrupt;  // no flag is defined in version 1
   if (h->tokens == 0 || h->tokens > 65536 || h->layers == 0 || h->layers > 1024) return kParseCorrupt;
   if (h->kv_heads == 0 || h->kv_heads > 1024 || h->head_dim == 0 || h->head_dim > 4096) return kParseCorrupt;
-  if (h->dtype < KDN_DTYPE_F16 || h->dtype > KDN_DTYPE_FP8_E4M3 || h->mode > 4) return kParseCorrupt;
+  if (h->dtype < KDN_DTYPE_F16 || h->dtype > KDN_DTYPE_FP8_E4M3 || h->mode > 5) return kParseCorrupt;
+  // Mode 5 (transform) exists from minor 4 on, and names its calibration.
+  if (h->mode == 5 && (h->version_minor < kVersionMinorCalibrated || !(h->calibration_id.lo || h->calibration_id.hi)))
+    return kParseCorrupt;
   if (h->block_tokens == 0) return kParseCorrupt;
   if (h->dir_off != kHeaderBytes || h->dir_bytes != h->layers * kLayerEntryBytes) return kParseCorrupt;
   if (h->dir_off + h->dir_bytes > len) return kParseTruncated;
@@ -224,12 +237,11 @@ KDN_HD_INLINE uint32_t parse_plane(const uint8_t* blob, uint64_t off, uint64_t l
   pl->payload_off = pl->params_off + align16(pl->params_bytes);
   pl->end = pl->payload_off + pl->payload_bytes;
   if (pl->end > limit) return kParseTruncated;
-  if (pl->codec > kCodecUintToken) return kParseCorrupt;
+  if (pl->codec > kCodecTransform) return kParseCorrupt;
   // Only per-token quantized rows are transformed (the transform mixes a row's channels).
   if (pl->transform > kTransformHadamard || (pl->transform && pl->codec != kCodecUintToken)) return kParseCorrupt;
   // Only quantized planes have rows that could be anything but exact.
-  if ((pl->exact_tokens || pl->exact_tail_tokens) && pl->codec != kCodecUintChannel && pl->codec != kCodecUintToken)
-    return kParseCorrupt;
+  if ((pl->exact_tokens || pl->exact_tail_tokens) && pl->codec < kCodecUintChannel) return kParseCorrupt;
   return kParseOk;
 }
 

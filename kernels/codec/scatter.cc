@@ -77,6 +77,7 @@ Status kvc1_decode_scatter(const uint8_t* blob, size_t len, const ChunkGeometry&
   kvc1::Header h;
   LayerRange layers;
   KDN_RETURN_IF_ERROR(open_for_decode(blob, len, expected, fingerprint, opts, &h, &layers));
+  KDN_RETURN_IF_ERROR(refuse_calibrated(h));
   KDN_RETURN_IF_ERROR(check_destination(dst, expected, layers, rope));
   KDN_RETURN_IF_ERROR(validate_layers(blob, h, layers, opts));
   const uint32_t per_layer = 2 * h.kv_heads;

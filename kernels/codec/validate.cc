@@ -191,7 +191,8 @@ Status open_blob(const uint8_t* blob, uint64_t len, bool verify_crc, Header* h) 
     if (crc32c(blob, kHeaderCrcOffset) != h->header_crc) return corrupt("KVC1 header CRC mismatch");
     if (crc32c(blob + h->dir_off, h->dir_bytes) != h->dir_crc) return corrupt("KVC1 layer directory CRC mismatch");
   }
-  for (uint32_t i = kHfReserved; i < kHfHeaderCrc; ++i)
+  // parse_header checked the calibration id's bytes (zero before minor 4).
+  for (uint32_t i = kHfReserved2; i < kHfHeaderCrc; ++i)
     if (blob[i] != 0) return corrupt("KVC1 reserved header bytes are not zero");
   uint64_t expect = align16(h->dir_off + h->dir_bytes);
   for (uint32_t l = 0; l < h->layers; ++l) {
@@ -220,11 +221,25 @@ Status validate_layer(const uint8_t* blob, const Header& h, uint32_t layer, bool
   if (uint32_t err = locate_planes(blob, h, layer, out)) return parse_status(err);
   for (int p = 0; p < 2; ++p) {
     const Plane& pl = out[p];
+    if (pl.codec == kCodecTransform) {
+      KDN_RETURN_IF_ERROR(check_transform_plane(blob, h, pl));
+      continue;
+    }
     if (pl.n_segments != expected_segments(h, pl.codec)) return corrupt("KVC1 plane has the wrong segment count");
     KDN_RETURN_IF_ERROR(check_plane_params(blob, h, pl));
     KDN_RETURN_IF_ERROR(check_segments(blob, h, pl));
   }
   return OkStatus();
+}
+
+Status validate_segment_placement(const uint8_t* blob, const Plane& pl) noexcept {
+  return check_segment_placement(blob, pl);
+}
+
+Status validate_rans_segment(const uint8_t* blob, const Segment& sg) noexcept { return check_rans_segment(blob, sg); }
+
+Status validate_exact_values(const uint8_t* e, uint64_t elems, uint32_t dtype) noexcept {
+  return check_exact_values(e, elems, dtype);
 }
 
 }  // namespace kdn::kernels::kvc1

@@ -29,4 +29,14 @@ Status match_expected(const Header& h, const ChunkGeometry& g, const kdn_key& fi
 // are the K and V planes.
 Status validate_layer(const uint8_t* blob, const Header& h, uint32_t layer, bool verify_crc, Plane out[2]) noexcept;
 
+// Pieces of validate_layer that transform planes share: canonical segment placement, a rANS
+// segment's table and blocks, and finite exact rows.
+Status validate_segment_placement(const uint8_t* blob, const Plane& pl) noexcept;
+Status validate_rans_segment(const uint8_t* blob, const Segment& sg) noexcept;
+Status validate_exact_values(const uint8_t* e, uint64_t elems, uint32_t dtype) noexcept;
+
+// validate_layer's checks of a kCodecTransform plane (validate_transform.cc): header fields,
+// widths, scales, exact rows and band segments.
+Status check_transform_plane(const uint8_t* blob, const Header& h, const Plane& pl) noexcept;
+
 }  // namespace kdn::kernels::kvc1

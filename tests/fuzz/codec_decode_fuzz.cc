@@ -3,9 +3,13 @@
 // streams behind the CRCs) and kvc1_decode_scatter. The expected geometry is taken from the
 // input's own header, so geometry mismatches do not stop the exploration early. The decoder
 // must answer every input with a status; the sanitizers (address, undefined) catch the rest.
+// A blob that names a calibration is decoded with the identity calibration of its geometry (the
+// one the seed corpus codes its transform blobs with), so the transform planes are reached.
+#include "calibration_test_util.h"
 #include "format.h"
 
 #include <kdn/kernels/codec.h>
+#include <kdn/kernels/codec_transform.h>
 #include <kdn/kernels/presets.h>
 
 #include <cstddef>
@@ -56,6 +60,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (bytes > kMaxOutputBytes) return 0;
   std::vector<uint8_t> out(static_cast<size_t>(bytes));
   DecodeOptions o;
+  std::vector<uint8_t> cal_bytes;
+  Kvc1Calibration cal;
+  const uint64_t cal_floats =
+      uint64_t{g.layers} * 2 * g.kv_heads * (2ull * g.head_dim + uint64_t{g.head_dim} * g.head_dim);
+  if ((h.calibration_id.lo || h.calibration_id.hi) && cal_floats * 4 <= kMaxOutputBytes) {
+    cal_bytes = testing::identity_calibration(g.layers, g.kv_heads, g.head_dim, h.fingerprint);
+    if (kvc1_calibration_open(cal_bytes.data(), cal_bytes.size(), &cal).ok()) o.calibration = &cal;
+  }
   for (bool crc : {false, true}) {
     o.verify_crc = crc;
     (void)kvc1_decode(data, size, g, h.fingerprint, out.data(), out.size(), o);

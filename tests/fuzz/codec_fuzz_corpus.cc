@@ -1,8 +1,12 @@
 // Writes the seed corpus of the KVC1 decoder fuzzer: valid blobs of small chunks in every mode
 // and dtype, with and without entropy coding and the token-delta predictor, with rotated rows, and
-// with exact sink and recent rows.
+// with exact sink and recent rows, and transform-coded blobs made with the identity calibration
+// the fuzzer builds for their geometry.
 //   codec_fuzz_corpus DIR
+#include "calibration_test_util.h"
+
 #include <kdn/kernels/codec.h>
+#include <kdn/kernels/codec_transform.h>
 #include <kdn/kernels/synthetic.h>
 
 #include <bit>
@@ -83,6 +87,27 @@ int main(int argc, char** argv) {
         }
         ++written;
       }
+    }
+    const std::vector<uint8_t> cal_bytes = testing::identity_calibration(s.layers, s.heads, s.dim, {0x1234, 0x5678});
+    Kvc1Calibration cal;
+    if (!kvc1_calibration_open(cal_bytes.data(), cal_bytes.size(), &cal).ok()) return 1;
+    for (int variant = 0; variant < 3; ++variant) {
+      CodecConfig c;
+      c.mode = CodecMode::kTransform;
+      c.calibration = &cal;
+      c.transform_mean_bits = 1.0 + variant;
+      c.entropy = variant != 1;
+      c.ends_context = variant == 2;
+      c.recent_tokens = 3;
+      c.block_tokens = 16;
+      const std::string path = dir + "/transform-" + std::to_string(s.layers) + "x" + std::to_string(s.heads) + "x" +
+                               std::to_string(s.dim) + "x" + std::to_string(s.tokens) + "-" + std::to_string(variant) +
+                               ".kvc1";
+      if (!encode_one(g, c, path)) {
+        std::fprintf(stderr, "failed to write %s\n", path.c_str());
+        return 1;
+      }
+      ++written;
     }
   }
   std::printf("wrote %d seed blobs to %s\n", written, dir.c_str());

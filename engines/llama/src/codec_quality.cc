@@ -87,8 +87,10 @@ Status codec_round_trip(const Engine& e, std::span<const std::span<const uint8_t
     KDN_RETURN_IF_ERROR(kernels::kvc1_encode(geo, info->fingerprint, exact[c].data(), chunk_config, blob.data(), cap,
                                              &written, scratch.data(), scratch.size()));
     decoded[c].resize(exact[c].size());
+    kernels::DecodeOptions opts;
+    opts.calibration = config.calibration;  // the transform mode's; null otherwise
     KDN_RETURN_IF_ERROR(
-        kernels::kvc1_decode(blob.data(), written, geo, info->fingerprint, decoded[c].data(), decoded[c].size()));
+        kernels::kvc1_decode(blob.data(), written, geo, info->fingerprint, decoded[c].data(), decoded[c].size(), opts));
     const kernels::CodecQuality q = kernels::kvc1_quality(geo, exact[c].data(), decoded[c].data(), written);
     report.rel_frobenius_error = std::max(report.rel_frobenius_error, q.rel_frobenius_error);
     report.cosine_min = std::min(report.cosine_min, q.cosine_min);

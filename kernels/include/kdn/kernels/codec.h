@@ -48,9 +48,14 @@ enum class CodecMode : uint8_t {
   kInt8 = 2,
   kKivi4 = 3,
   kKivi2 = 4,
+  // Transform coding (codec_transform.h): a calibrated per-(layer, plane, head) decorrelating
+  // basis, widths allotted by each coordinate's variance, rANS. Needs a Kvc1Calibration.
+  kTransform = 5,
 };
 
-// Name of a mode ("raw", "lossless", "int8", "kivi4", "kivi2"); "unknown" otherwise.
+struct Kvc1Calibration;  // codec_transform.h
+
+// Name of a mode ("raw", "lossless", "int8", "kivi4", "kivi2", "transform"); "unknown" otherwise.
 const char* codec_mode_name(CodecMode mode) noexcept;
 
 // Code width of a quantized mode (int8 8, kivi4 4, kivi2 2); 0 for raw and lossless.
@@ -119,6 +124,11 @@ struct CodecConfig {
   int64_t pos_base = 0;
   // Optional chunk key recorded in the header (zero when the index holds it).
   kdn_key chunk_key{};
+  // Transform mode: the calibration to code with (read, not kept; its id goes into the blob),
+  // and the mean code width per element before entropy coding (0: 2 bits), spent per
+  // (layer, plane) on the coordinates with the most variance.
+  const Kvc1Calibration* calibration = nullptr;
+  double transform_mean_bits = 0;
 };
 
 constexpr uint32_t kDefaultKGroupTokens = 128;
@@ -149,6 +159,7 @@ struct Kvc1Info {
   uint32_t block_tokens = 0;
   int64_t pos_base = 0;
   kdn_key chunk_key{};
+  kdn_key calibration_id{};  // zero unless the blob needs a calibration object (transform mode)
 };
 
 // Validates the header and the layer directory (magic, version, lengths, CRCs) and
@@ -165,6 +176,10 @@ struct DecodeOptions {
   // Check CRC32C of header, directory and layer records. Only fuzzers turn this off, to
   // reach the structural checks behind it; those always run.
   bool verify_crc = true;
+  // Blobs whose header names a calibration (Kvc1Info::calibration_id) decode only with that
+  // calibration: without it, or with another one, decoding fails with kNotFound (the chunk
+  // is unreadable here, a miss). With verify_crc off the id is not compared (fuzzing).
+  const Kvc1Calibration* calibration = nullptr;
 };
 
 // Decodes `blob` into the canonical chunk `out` (out_bytes >= chunk_bytes(expected)).
