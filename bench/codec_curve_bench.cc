@@ -7,6 +7,7 @@
 // the exact KV, mean KL of the next-token distributions, perplexity, compression ratio).
 // Reported per config: the ratio, pooled top-1 with its 95% Wilson interval over positions and
 // a percentile-bootstrap interval over prompts, and the KL per prompt.
+#include "documents.h"
 #include "stats.h"
 
 #include <kdn/kernels/codec.h>
@@ -41,22 +42,7 @@ struct CurveOptions {
   bool json = false;
 };
 
-std::string license_texts() {
-  std::vector<std::string> paths;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/usr/share/common-licenses", ec))
-    if (e.is_regular_file() && !e.is_symlink()) paths.push_back(e.path().string());
-  std::sort(paths.begin(), paths.end());
-  std::string text;
-  for (const std::string& p : paths) {
-    std::ifstream in(p, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    if (!text.empty()) text += "\n\n";
-    text += ss.str();
-  }
-  return text;
-}
+std::string license_texts() { return kdn::bench::read_documents(kdn::bench::default_documents()); }
 
 // The exact canonical chunks of tokens[0, chunks * chunk_tokens), prefilled from position 0.
 kdn::Result<std::vector<std::vector<uint8_t>>> exact_chunks(Engine& e, std::span<const int32_t> tokens,

@@ -35,6 +35,7 @@
 // Every figure comes from this run; the miss prefill is the baseline the speedup divides.
 #include "admin_client.h"
 #include "commands.h"
+#include "documents.h"
 #include "kdnd_process.h"
 #include "process.h"
 #include "report.h"
@@ -63,7 +64,9 @@
 namespace {
 
 using Json = nlohmann::json;
+using kdn::bench::default_documents;
 using kdn::bench::median;
+using kdn::bench::read_documents;
 using kdn::llama::Engine;
 
 struct Options {
@@ -108,28 +111,6 @@ struct Calibration {
   std::vector<uint8_t> k_bits, v_bits;
   Json report;
 };
-
-// Every license text Debian installs (base-files): a long real document on any machine.
-std::vector<std::string> default_documents() {
-  std::vector<std::string> out;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/usr/share/common-licenses", ec))
-    if (e.is_regular_file() && !e.is_symlink()) out.push_back(e.path().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-std::string read_documents(const std::vector<std::string>& paths) {
-  std::string text;
-  for (const std::string& p : paths) {
-    std::ifstream in(p, std::ios::binary);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    if (!text.empty()) text += "\n\n";
-    text += ss.str();
-  }
-  return text;
-}
 
 int32_t argmax(std::span<const float> l) {
   return static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
