@@ -2,12 +2,12 @@
 // and for every cause a row lists it sends a request showing that cause and expects the row's
 // status. A cause the document adds without a probe here fails the test, so the table and kdnd
 // cannot drift apart unnoticed. Runs the real kdnd binary.
+#include "doc_table.h"
 #include "kdnd_process.h"
 #include "raw_client.h"
 
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -22,44 +22,26 @@ struct Row {
   std::string status;  // e.g. KDN_ERR_PROTOCOL
 };
 
-std::string trim(const std::string& s) {
-  const auto a = s.find_first_not_of(" `");
-  const auto b = s.find_last_not_of(" `");
-  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
-}
-
 // The "| cause | status |" table of section 8, one Row per comma-separated cause.
 std::vector<Row> error_table() {
-  std::ifstream f(std::string(KDN_SOURCE_DIR) + "/docs/protocol.md");
-  std::string line;
-  bool in_section = false, in_table = false;
   std::vector<Row> rows;
-  while (std::getline(f, line)) {
-    if (line.rfind("## ", 0) == 0) in_section = line.find("Errors") != std::string::npos;
-    if (!in_section) continue;
-    const std::string t = trim(line);
-    if (t.rfind("| cause | status |", 0) == 0) {
-      in_table = true;
-      continue;
-    }
-    if (!in_table) continue;
-    if (t.empty() || t[0] != '|') break;
-    if (t.rfind("|---", 0) == 0) continue;
-    const auto mid = t.rfind('|', t.size() - 2);
-    const std::string causes = t.substr(1, mid - 1), status = trim(t.substr(mid + 1, t.size() - mid - 2));
+  for (const auto& cells :
+       doc_table(std::string(KDN_SOURCE_DIR) + "/docs/protocol.md", "## 8. Errors", "| cause | status |")) {
+    if (cells.empty()) continue;
+    const std::string status = doc_cell(cells.back(), " `");
     // Commas inside parentheses belong to one cause.
     int depth = 0;
     std::string cur;
-    for (char c : causes) {
+    for (char c : cells.front()) {
       depth += c == '(' ? 1 : c == ')' ? -1 : 0;
       if (c == ',' && depth == 0) {
-        rows.push_back({trim(cur), status});
+        rows.push_back({doc_cell(cur, " `"), status});
         cur.clear();
       } else {
         cur += c;
       }
     }
-    rows.push_back({trim(cur), status});
+    rows.push_back({doc_cell(cur, " `"), status});
   }
   return rows;
 }
