@@ -14,6 +14,8 @@
 #include "engine_layout.h"
 #include "gpu_bindings.h"
 
+#include <kdn/common/model.h>
+
 #include <algorithm>
 #include <cstring>
 #include <span>
@@ -34,17 +36,9 @@ std::span<const int32_t> span_of(const Tokens& a) { return {a.data(), a.shape(0)
 std::span<const int64_t> span_of(const Slots& a) { return {a.data(), a.shape(0)}; }
 
 uint32_t elem_bytes_of(uint32_t dtype) {
-  switch (dtype) {
-    case KDN_DTYPE_F16:
-    case KDN_DTYPE_BF16:
-      return 2;
-    case KDN_DTYPE_F32:
-      return 4;
-    case KDN_DTYPE_FP8_E4M3:
-      return 1;
-    default:
-      throw Error(KDN_ERR_UNSUPPORTED, "kdn holds no KV of this dtype");
-  }
+  const uint32_t bytes = dtype_bytes(dtype);
+  if (bytes == 0) throw Error(KDN_ERR_UNSUPPORTED, "kdn holds no KV of this dtype");
+  return bytes;
 }
 
 PagedLayout make_layout(uint32_t dtype, std::vector<uint64_t> bases, uint64_t num_blocks, int64_t block_size,
