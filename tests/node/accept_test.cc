@@ -6,6 +6,7 @@
 #include "raw_client.h"
 
 #include <gtest/gtest.h>
+#include <kdn/common/testing/require.h>
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -95,7 +96,7 @@ int refusals_read(const KdndProcess& d, int n, int expected) {
 }
 
 TEST(Accept, AClientThatSendsItsHelloFirstReadsThePermissionRefusal) {
-  if (::getuid() != 0) GTEST_SKIP() << "acting as another uid needs root";
+  if (::getuid() != 0) KDN_SKIP_OR_FAIL("ROOT", "acting as another uid needs root");
   KdndProcess d;
   ::chmod(d.dir().c_str(), 0755);
   ::chmod(d.socket().c_str(), 0777);

@@ -7,6 +7,7 @@
 #include "raw_client.h"
 
 #include <gtest/gtest.h>
+#include <kdn/common/testing/require.h>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -38,7 +39,7 @@ uint64_t daemon_sessions(RawClient& c) {
 }
 
 TEST(AdminScope, ANamespaceAdminSeesOnlyWhatItAdministers) {
-  if (::getuid() != 0) GTEST_SKIP() << "acting as another uid needs root";
+  if (::getuid() != 0) KDN_SKIP_OR_FAIL("ROOT", "acting as another uid needs root");
   KdndProcess d({"--set", "namespace.a.allow_uids=4101", "--set", "namespace.a.admin_uids=4101", "--set",
                  "namespace.a.max_bytes=32M", "--set", "namespace.b.max_bytes=32M"});
   ::chmod(d.dir().c_str(), 0755);

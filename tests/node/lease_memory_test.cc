@@ -5,6 +5,7 @@
 #include "kdnd_process.h"
 
 #include <gtest/gtest.h>
+#include <kdn/common/testing/require.h>
 
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -65,7 +66,7 @@ TEST(LeaseMemory, OneUidsSessionsHoldAtMostMaxLeasesPerUid) {
 
 TEST(LeaseMemory, AllSessionsTogetherHoldAtMostMaxLeasesTotal) {
   // Three uids, each well under its own cap of 1000 pins; 1000 pins in all.
-  if (::getuid() != 0) GTEST_SKIP() << "acting as other uids needs root";
+  if (::getuid() != 0) KDN_SKIP_OR_FAIL("ROOT", "acting as other uids needs root");
   KdndProcess d({"--set", "max_leases_per_uid=1000", "--set", "max_leases_total=1000", "--set",
                  "namespace.default.allow_uids=4101,4102"});
   ::chmod(d.dir().c_str(), 0755);

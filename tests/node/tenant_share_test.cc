@@ -8,6 +8,7 @@
 #include "raw_client.h"
 
 #include <gtest/gtest.h>
+#include <kdn/common/testing/require.h>
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -40,7 +41,7 @@ int register_status(RawClient& c, uint8_t n) {
 }
 
 TEST(TenantShares, OneUidsSessionsCannotFillTheModelTable) {
-  if (::getuid() != 0) GTEST_SKIP() << "acting as another uid needs root";
+  if (::getuid() != 0) KDN_SKIP_OR_FAIL("ROOT", "acting as another uid needs root");
   KdndProcess d(
       {"--set", "max_models_total=8", "--set", "max_models_per_uid=4", "--set", "namespace.default.allow_uids=4101"});
   ::chmod(d.dir().c_str(), 0755);  // let uid 4101 reach the socket
@@ -78,7 +79,7 @@ TEST(TenantShares, OneNamespaceCannotFillTheModelTable) {
   // Two namespaces and 8 model slots, 4 guaranteed to each: the tenants of "default" (root's
   // sessions, each uid under its own max_models_per_uid) take their 4 and what nobody is owed
   // (none here), and uid 4101's new models in "other" still find their 4 slots.
-  if (::getuid() != 0) GTEST_SKIP() << "acting as another uid needs root";
+  if (::getuid() != 0) KDN_SKIP_OR_FAIL("ROOT", "acting as another uid needs root");
   KdndProcess d({"--set", "max_models_total=8", "--set", "max_models_per_uid=8", "--set",
                  "models_reserved_per_namespace=4", "--set", "namespace.other.allow_uids=4101"});
   ::chmod(d.dir().c_str(), 0755);
@@ -154,7 +155,7 @@ int what_kdnd_said(int fd, int ms) {
 }
 
 TEST(TenantShares, AFullPendingTableMakesRoomForAUidHoldingLess) {
-  if (::getuid() != 0) GTEST_SKIP() << "acting as another uid needs root";
+  if (::getuid() != 0) KDN_SKIP_OR_FAIL("ROOT", "acting as another uid needs root");
   KdndProcess d({"--set", "max_pending_handshakes=4", "--set", "max_pending_handshakes_per_uid=8", "--set",
                  "handshake_timeout_ms=30000", "--set", "namespace.default.allow_uids=4101"});
   ::chmod(d.dir().c_str(), 0755);

@@ -6,6 +6,7 @@
 #include "kdnd_process.h"
 
 #include <gtest/gtest.h>
+#include <kdn/common/testing/require.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -110,7 +111,7 @@ TEST_F(TrustedFiles, ANamespaceDirectoryOthersCanWriteIsRefused) {
   ASSERT_EQ(::chmod(ns_dir.c_str(), 0777), 0);
   expect_refused(disk_flags(), "disk directory " + ns_dir + " is writable by every user (mode 0777)");
   EXPECT_FALSE(exists(slab_));
-  if (::geteuid() != 0) GTEST_SKIP() << "giving the directory to another user needs root";
+  if (::geteuid() != 0) KDN_SKIP_OR_FAIL("ROOT", "giving the directory to another user needs root");
   ASSERT_EQ(::chmod(ns_dir.c_str(), 0700), 0);
   ASSERT_EQ(::chown(ns_dir.c_str(), kOtherUid, kOtherUid), 0);
   expect_refused(disk_flags(), "disk directory " + ns_dir + " belongs to uid 65534");
@@ -175,7 +176,7 @@ TEST_F(TrustedFiles, SecretFilesAnotherUserCouldReplaceAreRefused) {
   ASSERT_EQ(::chmod(real.c_str(), 0620), 0);
   expect_refused({"--set", "namespace.team.token_file=" + real},
                  "namespace.team.token_file = \"" + real + "\": the file is writable by its group");
-  if (::geteuid() != 0) GTEST_SKIP() << "giving the file to another user needs root";
+  if (::geteuid() != 0) KDN_SKIP_OR_FAIL("ROOT", "giving the file to another user needs root");
   ASSERT_EQ(::chmod(real.c_str(), 0600), 0);
   ASSERT_EQ(::chown(real.c_str(), kOtherUid, kOtherUid), 0);
   expect_refused({"--set", "namespace.team.token_file=" + real},

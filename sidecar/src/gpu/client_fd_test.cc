@@ -3,6 +3,7 @@
 #include "gpu/client_fd.h"
 
 #include <gtest/gtest.h>
+#include <kdn/common/testing/require.h>
 
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -64,7 +65,7 @@ int as_uid(uint32_t uid, const std::function<int()>& take) {
 }
 
 TEST(ClientFd, AnotherUidsEngineIsRefusedWithTheCauseAndTheFix) {
-  if (::getuid() != 0) GTEST_SKIP() << "acting as other uids needs root";
+  if (::getuid() != 0) KDN_SKIP_OR_FAIL("ROOT", "acting as other uids needs root");
   Engine engine(4101);
   ASSERT_GE(engine.fd, 0);
   EXPECT_EQ(as_uid(4102,
@@ -84,7 +85,7 @@ TEST(ClientFd, AnotherUidsEngineIsRefusedWithTheCauseAndTheFix) {
 }
 
 TEST(ClientFd, TheEnginesOwnUidOrCapSysPtraceTakesIt) {
-  if (::getuid() != 0) GTEST_SKIP() << "acting as other uids needs root";
+  if (::getuid() != 0) KDN_SKIP_OR_FAIL("ROOT", "acting as other uids needs root");
   Engine engine(4101);
   ASSERT_GE(engine.fd, 0);
   auto ours = take_client_fd(uint32_t(engine.pid), 4101, engine.fd);  // root: CAP_SYS_PTRACE
@@ -102,7 +103,7 @@ TEST(ClientFd, TheEnginesOwnUidOrCapSysPtraceTakesIt) {
 }
 
 TEST(ClientFd, AnUndumpableEngineIsRefusedWithTheCause) {
-  if (::getuid() != 0) GTEST_SKIP() << "acting as other uids needs root";
+  if (::getuid() != 0) KDN_SKIP_OR_FAIL("ROOT", "acting as other uids needs root");
   Engine engine(4101, /*dumpable=*/false);
   ASSERT_GE(engine.fd, 0);
   EXPECT_EQ(as_uid(4101,
