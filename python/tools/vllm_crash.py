@@ -7,7 +7,9 @@ A request whose engine died under it goes to another live engine (as a router re
 counts as retried. Reported per system: completions per --bucket seconds (throughput over
 time), wrong answers against the connector-less reference, the cache process's memory and the
 /dev/shm bytes this run added after each engine kill, and the hits lost after the server's
-restart (requests after it that computed a document stored before it).
+restart (requests after it that computed a document stored before it). Each replacement engine,
+once started, is first asked the most recently answered request before it joins the pool: its
+own cache is empty, so what it did not compute came from the cache server.
 """
 
 from __future__ import annotations
@@ -122,6 +124,8 @@ class CrashRun:
         self.t0 = 0.0
         self.server_restart_s: float | None = None
         self.restarts: list[threading.Thread] = []
+        self.answered: list[shared_docs.Request] = []  # in the order they were answered
+        self.probes: list[dict[str, Any]] = []
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -133,6 +137,8 @@ class CrashRun:
                 reply = r.send("serve", timeout=self.a.request_timeout, prompt=self.prompt(req),
                                max_tokens=self.a.answer_tokens, kdn=self.kdn_mode)
                 self.pool.give(r)
+                with self.lock:
+                    self.answered.append(req)
                 return {**reply, "engine": r.name, "attempts": attempt + 1, "sent_s": self.now()}
             except Exception:
                 if r.proc is not None and r.proc.poll() is None:
@@ -177,9 +183,29 @@ class CrashRun:
             self.events.append({"event": "engine_restart_failed", "engine": name, "error": str(e)[:300]})
             return
         self.all.append(r)
+        self.probe(r)
         self.pool.join(r)
         self.events.append({"event": "engine_restarted", "engine": name, "at_s": round(self.now(), 2),
                             "start_s": r.start_seconds})
+
+    def probe(self, r: replicas.Replica) -> None:
+        """A request aimed at a freshly restarted engine, for a document already answered."""
+        with self.lock:
+            req = self.answered[-1] if self.answered else None
+        if req is None:
+            return
+        sent = self.now()
+        try:
+            reply = r.send("serve", timeout=self.a.request_timeout, prompt=self.prompt(req),
+                           max_tokens=self.a.answer_tokens, kdn=self.kdn_mode)
+        except Exception as e:  # noqa: BLE001 - recorded; the engine still joins the pool
+            self.probes.append({"engine": r.name, "index": req.index, "error": str(e)[:300]})
+            return
+        prompt_tokens = len(self.prompt(req))
+        self.probes.append({"engine": r.name, "index": req.index, "document": req.document,
+                            "question": req.question, "sent_s": round(sent, 2), "ttft_s": round(reply["ttft_s"], 4),
+                            "prompt_tokens": prompt_tokens, "computed_tokens": prompt_tokens - reply["cached_tokens"],
+                            "token_ids": reply["token_ids"]})
 
     def kill_server(self) -> None:
         before = memory(self.server.pid())
@@ -214,8 +240,12 @@ class CrashRun:
                 buckets[int(r.finished_s // bucket)] = buckets.get(int(r.finished_s // bucket), 0) + 1
         span = max((r.finished_s for r in results), default=0.0)
         series = [buckets.get(i, 0) / bucket for i in range(int(span // bucket) + 1)]
+        probes = [p for p in self.probes if "error" not in p]
         return {"events": self.events, "retried_requests": self.retried, "bucket_s": bucket,
-                "requests_per_s_over_time": series, **self.hits_after_restart(results, chunk_tokens)}
+                "requests_per_s_over_time": series, **self.hits_after_restart(results, chunk_tokens),
+                "restarted_engine_probes": self.probes,
+                # None when no replacement was probed: nothing was measured.
+                "restarted_engine_hits": sum(p["computed_tokens"] < chunk_tokens for p in probes) if probes else None}
 
     def hits_after_restart(self, results: list[shared_docs.Result], chunk_tokens: int) -> dict[str, Any]:
         """Requests sent after the server came back whose document was answered before it was

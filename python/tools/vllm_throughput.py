@@ -291,6 +291,12 @@ class Throughput:
         results = run.run(self.crash_requests, self.crash_arrivals)
         out = self.phase_summary(name, results)
         out.update(run.summary(results, self.a.chunk_tokens))
+        for probe in out["restarted_engine_probes"]:
+            key = (probe.get("document"), probe.get("question"))
+            if key in self.reference:
+                probe["tokens_match_reference"] = probe.pop("token_ids") == self.reference[key]
+                out["wrong_answers"] = (out["wrong_answers"] or 0) + (not probe["tokens_match_reference"])
+            probe.pop("token_ids", None)
         self.report["systems"][name]["crash"] = out
 
     def phase_summary(self, name: str, results: list[shared_docs.Result]) -> dict[str, Any]:
