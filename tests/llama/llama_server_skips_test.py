@@ -1,7 +1,7 @@
-"""Requests kdn must not serve, with real model files: a sliding-window model (gemma2) and a
-recurrent one (mamba) run with kdn off for the server, and a server with a multimodal projector
-(a llama model with a CLIP/LLaVA mmproj) skips kdn for prompts with an image while its text
-prompts still load and store chunks. In each case the skip is counted (the exit summary),
+"""Requests kdn must not serve, with real model files: a sliding-window model (gemma2), a
+recurrent one (mamba) and a hybrid one (jamba) run with kdn off for the server, and a server
+with a multimodal projector (a llama model with a CLIP/LLaVA mmproj) skips kdn for prompts with
+an image while its text prompts still load and store chunks. In each case the skip is counted (the exit summary),
 logged once, reaches kdnd not at all, and changes no greedy token against the same server with
 --no-kdn. The model files are tiny ones tests/llama/tiny_models.py writes at start (about a
 second), with the tokenizer of the test's real model. Run by llama_server_test.py (one ctest),
@@ -50,6 +50,7 @@ class SkipsTest(unittest.TestCase):
         cls.models = {"llama": tiny_models.write_llama(p("llama.gguf"), tok),
                       "gemma2": tiny_models.write_gemma2(p("gemma2.gguf"), tok),
                       "mamba": tiny_models.write_mamba(p("mamba.gguf"), tok),
+                      "jamba": tiny_models.write_jamba(p("jamba.gguf"), tok),
                       "mmproj": tiny_models.write_mmproj(p("mmproj.gguf"))}
         cls.kdnd = Kdnd(cls.dir).start()
 
@@ -68,11 +69,12 @@ class SkipsTest(unittest.TestCase):
         return Server(self.dir, name + ("" if kdn else "-off"), self.kdnd.sock, kdn=kdn, model=self.models[model],
                       extra=extra)
 
-    def test_sliding_window_and_recurrent_models_run_without_kdn(self):
+    def test_sliding_window_recurrent_and_hybrid_models_run_without_kdn(self):
         """kdn is off for the whole server (logged once at start), every request is answered and
         counted as server-wide, kdnd sees nothing, and the answers equal --no-kdn's."""
         for model, why in (("gemma2", "the model uses sliding-window attention"),
-                           ("mamba", "the model keeps recurrent state")):
+                           ("mamba", "the model keeps recurrent state"),
+                           ("jamba", "the model keeps recurrent state")):
             with self.subTest(model):
                 before = self.stats()
                 answers = {}

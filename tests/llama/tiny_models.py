@@ -1,7 +1,7 @@
 """Tiny llama.cpp model files, written with the standard library in well under a second, for the
 tests of what kdn-llama-server must not serve: a sliding-window model (gemma2 architecture), a
-recurrent one (mamba), a plain one (llama) and a multimodal projector for it (clip, the LLaVA
-"mlp" type). Their weights are pseudo-random from a fixed seed, so their answers are gibberish
+recurrent one (mamba), a hybrid one (jamba), a plain one (llama) and a multimodal projector for
+it (clip, the LLaVA "mlp" type). Their weights are pseudo-random from a fixed seed, so their answers are gibberish
 but the same on every run; what the tests check is which requests kdn serves and that skipping
 changes no token. Each model borrows the tokenizer (and chat template) of a real model file, so
 llama-server tokenizes and renders chats as it does for that model."""
@@ -193,26 +193,56 @@ def write_gemma2(path, tokenizer, n_layer=2, window=64):
     return g.write(path)
 
 
+def _ssm_keys(g, arch, d_state, d_conv, dt_rank):
+    g.put(U32, f"{arch}.ssm.conv_kernel", d_conv)
+    g.put(U32, f"{arch}.ssm.inner_size", 2 * N_EMBD)  # the only expansion llama.cpp supports
+    g.put(U32, f"{arch}.ssm.state_size", d_state)
+    g.put(U32, f"{arch}.ssm.time_step_rank", dt_rank)
+
+
+def _ssm_layer(g, i, d_state, d_conv, dt_rank, norms=False):
+    d_inner, b = 2 * N_EMBD, f"blk.{i}."
+    g.f32(b + "attn_norm.weight", (N_EMBD,), value=1.0)
+    g.f32(b + "ssm_in.weight", (N_EMBD, 2 * d_inner))
+    g.f32(b + "ssm_conv1d.weight", (d_conv, d_inner))
+    g.f32(b + "ssm_conv1d.bias", (d_inner,))
+    g.f32(b + "ssm_x.weight", (d_inner, dt_rank + 2 * d_state))
+    g.f32(b + "ssm_dt.weight", (dt_rank, d_inner))
+    g.f32(b + "ssm_dt.bias", (d_inner,))
+    g.f32(b + "ssm_a", (d_state, d_inner), value=-1.0)  # A = -exp(A_log): negative, decaying
+    g.f32(b + "ssm_d", (d_inner,), value=1.0)
+    g.f32(b + "ssm_out.weight", (d_inner, N_EMBD))
+    if norms:  # Jamba's
+        g.f32(b + "ssm_dt_norm.weight", (dt_rank,), value=1.0)
+        g.f32(b + "ssm_b_norm.weight", (d_state,), value=1.0)
+        g.f32(b + "ssm_c_norm.weight", (d_state,), value=1.0)
+
+
 def write_mamba(path, tokenizer, n_layer=2, d_state=8, d_conv=4, dt_rank=4):
     """Mamba's layout: a recurrent state per sequence instead of a KV cache."""
-    d_inner = 2 * N_EMBD  # the only expansion llama.cpp supports
     g = _text_model("mamba", tokenizer, seed=3, n_layer=n_layer)
-    g.put(U32, "mamba.ssm.conv_kernel", d_conv)
-    g.put(U32, "mamba.ssm.inner_size", d_inner)
-    g.put(U32, "mamba.ssm.state_size", d_state)
-    g.put(U32, "mamba.ssm.time_step_rank", dt_rank)
+    _ssm_keys(g, "mamba", d_state, d_conv, dt_rank)
     for i in range(n_layer):
-        b = f"blk.{i}."
-        g.f32(b + "attn_norm.weight", (N_EMBD,), value=1.0)
-        g.f32(b + "ssm_in.weight", (N_EMBD, 2 * d_inner))
-        g.f32(b + "ssm_conv1d.weight", (d_conv, d_inner))
-        g.f32(b + "ssm_conv1d.bias", (d_inner,))
-        g.f32(b + "ssm_x.weight", (d_inner, dt_rank + 2 * d_state))
-        g.f32(b + "ssm_dt.weight", (dt_rank, d_inner))
-        g.f32(b + "ssm_dt.bias", (d_inner,))
-        g.f32(b + "ssm_a", (d_state, d_inner), value=-1.0)  # A = -exp(A_log): negative, decaying
-        g.f32(b + "ssm_d", (d_inner,), value=1.0)
-        g.f32(b + "ssm_out.weight", (d_inner, N_EMBD))
+        _ssm_layer(g, i, d_state, d_conv, dt_rank)
+    return g.write(path)
+
+
+def write_jamba(path, tokenizer, d_state=8, d_conv=4, dt_rank=4, n_head=4, n_ff=128):
+    """Jamba's layout, a hybrid: a Mamba layer (recurrent state), then an attention layer (KV)."""
+    g = _text_model("jamba", tokenizer, seed=5, n_layer=2)
+    _ssm_keys(g, "jamba", d_state, d_conv, dt_rank)
+    g.put(U32, "jamba.feed_forward_length", n_ff)
+    g.put(U32, "jamba.attention.head_count", n_head)
+    g.put(ARR, "jamba.attention.head_count_kv", (U32, [0, n_head]))  # 0: a recurrent layer
+    _ssm_layer(g, 0, d_state, d_conv, dt_rank, norms=True)
+    g.f32("blk.1.attn_norm.weight", (N_EMBD,), value=1.0)
+    for w in ("attn_q", "attn_k", "attn_v", "attn_output"):
+        g.f32(f"blk.1.{w}.weight", (N_EMBD, N_EMBD))
+    for i in range(2):
+        g.f32(f"blk.{i}.ffn_norm.weight", (N_EMBD,), value=1.0)
+        g.f32(f"blk.{i}.ffn_gate.weight", (N_EMBD, n_ff))
+        g.f32(f"blk.{i}.ffn_up.weight", (N_EMBD, n_ff))
+        g.f32(f"blk.{i}.ffn_down.weight", (n_ff, N_EMBD))
     return g.write(path)
 
 
