@@ -69,10 +69,11 @@ class Server:
     """One kdn-llama-server process on a loopback port: one slot unless told otherwise, one
     thread, batches of one chunk (so a hit's suffix is computed in the batches a miss uses)."""
 
-    def __init__(self, workdir, name, kdnd_sock, slots=1, kdn=True, ctx=2048, threads=1, extra=(), kv_unified=True):
+    def __init__(self, workdir, name, kdnd_sock, slots=1, kdn=True, ctx=2048, threads=1, extra=(), kv_unified=True,
+                 model=None):
         self.port = free_port()
         self.log = os.path.join(workdir, f"{name}.log")
-        self.args = [os.environ["KDN_LLAMA_SERVER"], "-m", os.environ["KDN_LLAMA_MODEL"], "--host", "127.0.0.1", "--port", str(self.port), "-np", str(slots),
+        self.args = [os.environ["KDN_LLAMA_SERVER"], "-m", model or os.environ["KDN_LLAMA_MODEL"], "--host", "127.0.0.1", "--port", str(self.port), "-np", str(slots),
                      "-c", str(ctx * slots), "-b", str(CHUNK), "-ub", str(CHUNK), "-t", str(threads),
                      "--kdn-socket", kdnd_sock, *extra]
         if slots > 1:  # one KV buffer for every slot, or one stream per slot

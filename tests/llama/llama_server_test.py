@@ -24,6 +24,7 @@ import unittest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "tools"))
 from llama_server_procs import CHUNK, Kdnd, Server  # noqa: E402
 from llama_server_shared_test import SharedServersTest, shared_chunk_tokens  # noqa: E402,F401 (run here too)
+from llama_server_skips_test import SkipsTest  # noqa: E402,F401 (run here too)
 
 KDND = os.environ.get("KDN_KDND", "")
 KDNCTL = os.environ.get("KDN_KDNCTL", "")
