@@ -58,6 +58,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _core_process_stats(worker: object) -> dict:
+    """Runs in the engine core's process (through collective_rpc): its connectors' counters."""
+    from kdn.vllm import process_stats
+
+    return process_stats()
+
+
 def make_llm(a: argparse.Namespace):
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(a.kv_space_gib))
@@ -161,7 +168,10 @@ class Replica:
             return {"connector": {}}
         from kdn.vllm import process_stats
 
-        return {"connector": process_stats()}
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+            return {"connector": process_stats()}
+        # The engine core (scheduler and worker) runs in a process of its own: ask it there.
+        return {"connector": self.llm.collective_rpc(_core_process_stats)[0]}
 
     def op_desc(self, c: dict) -> dict:
         from kdn.vllm.connector import last_descriptor

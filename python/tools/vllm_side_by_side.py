@@ -213,8 +213,10 @@ class SideBySide:
         misses = [k_a.send("ttft", prompt=d + self.q_a, repeat=1, reset_prefix_cache=True)["seconds"][0] for d in docs]
         s1 = kdnd_stats(self.kdnd.socket)
         self.log(f"{size} tokens: kdn hit (engine B)")
+        b0 = k_b.stats()
         hit = k_b.send("ttft", prompt=prompt, repeat=reps, reset_prefix_cache=True, kdn="on")
         s2 = kdnd_stats(self.kdnd.socket)
+        b1 = k_b.stats()
         k_b.send("reset_prefix_cache")
         tokens = k_b.generate([prompt], max_tokens=n, kdn="on")[0]
         row = self.row(size)
@@ -227,6 +229,8 @@ class SideBySide:
             "kdn_hit_cached_tokens": hit["cached_tokens"],
             "kdn_hit_bytes": (s2["retrieved_bytes"] - s1["retrieved_bytes"]) / reps,
             "kdn_hit_chunks": (s2["retrieved_chunks"] - s1["retrieved_chunks"]) / reps,
+            # The connector's own time in each load (lease, copy into the blocks, release).
+            "kdn_hit_load_s": (b1["load_seconds"] - b0["load_seconds"]) / max(b1["loads"] - b0["loads"], 1),
             "tokens_kdn_hit": tokens,
             "tokens_identical_kdn": tokens == self.ref_tokens_for(size)
             and hit["token_ids"] == self.ref_tokens_for(size)[:1]})
