@@ -71,6 +71,10 @@ def make_llm(a: argparse.Namespace):
     from vllm import LLM
 
     kw: dict = {}
+    if a.kdn_socket and os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
+        # op_stats hands the core process a function (collective_rpc), which vLLM's msgpack
+        # encoder passes only through its pickle fallback; messages it can encode are unchanged.
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     if a.kdn_socket:
         extra = {"socket_path": a.kdn_socket, "chunk_tokens": a.chunk_tokens, **json.loads(a.extra)}
         kw["kv_transfer_config"] = {"kv_connector": "KdnConnector", "kv_connector_module_path": "kdn.vllm",
