@@ -8,12 +8,13 @@
 // * Sessions belong to a namespace: each namespace is guaranteed
 //   min(sessions_reserved_per_namespace, max_sessions / namespaces) sessions, so the free
 //   sessions other namespaces have not used of their guarantee are not handed to a namespace
-//   already past its own.
+//   already past its own (the arithmetic is guaranteed_share.h's, shared with the model table).
 //
 // * Room in a full arena belongs to the writers evenly: when a reservation finds no room (every
 //   chunk in the arena leased or reserved), the session of the namespace holding the most
-//   reserved bytes gives up its oldest reservation, if it would still hold more than the
-//   session asking. A client that reserves the whole arena, or re-reserves whatever expires,
+//   reserved bytes gives up its oldest reservations, while it would still hold more than the
+//   session asking, until the bytes given up make room (RequestHandler::reserve_fairly bounds
+//   them by a slab's). A client that reserves the whole arena, or re-reserves whatever expires,
 //   can then keep out no other writer.
 //
 // Pure functions over the daemon's tables; the event loop owns them. Not thread-safe.

@@ -1,5 +1,7 @@
 #include "admission.h"
 
+#include "guaranteed_share.h"
+
 #include <gtest/gtest.h>
 
 namespace kdn::sidecar {
@@ -24,6 +26,16 @@ std::map<std::string, std::unique_ptr<Namespace>> namespaces(std::initializer_li
     m.emplace("ns" + std::to_string(i++), std::move(ns));
   }
   return m;
+}
+
+TEST(GuaranteedShare, WithinTheGuaranteeAlwaysPastItOnlyBesideWhatOthersAreOwed) {
+  EXPECT_TRUE(share_allows_one_more(1, 2, 8, 8, 8)) << "within: even a full table's share is its own";
+  EXPECT_TRUE(share_allows_one_more(2, 2, 4, 3, 8)) << "4 + 1 + 3 = 8";
+  EXPECT_FALSE(share_allows_one_more(2, 2, 5, 3, 8)) << "5 + 1 + 3 = 9";
+  EXPECT_TRUE(share_allows_one_more(9, 0, 7, 0, 8)) << "no guarantee: first come, first served";
+  EXPECT_FALSE(share_allows_one_more(9, 0, 8, 0, 8));
+  EXPECT_EQ(still_owed(1, 4), 3u);
+  EXPECT_EQ(still_owed(5, 4), 0u);
 }
 
 TEST(SessionShare, ANamespacePastItsGuaranteeLeavesTheOthersTheirs) {

@@ -1,5 +1,9 @@
 #include "model_table.h"
 
+#include "guaranteed_share.h"
+
+#include <algorithm>
+
 namespace kdn::sidecar {
 
 Result<uint32_t> ModelTable::acquire(const ModelInfo& m, uint32_t holder, uint32_t group) {
@@ -14,6 +18,7 @@ Result<uint32_t> ModelTable::acquire(const ModelInfo& m, uint32_t holder, uint32
   uint32_t slot = 0;
   if (is_known) {
     slot = known->second;
+    if (group != kNoHolder && !group_holds(group, slot)) KDN_RETURN_IF_ERROR(group_may_take_slot(group));
     ++slots_[slot].refs;
   } else {
     KDN_RETURN_IF_ERROR(group_may_take_slot(group));
@@ -60,21 +65,28 @@ uint32_t ModelTable::reserved_per_group() const noexcept {
   return reserved_per_group_ < even ? reserved_per_group_ : even;
 }
 
-// Whether a new model of `group` may take a free slot (see the header): always within its own
-// guarantee; past it, only if the slots left still cover what the other open groups are owed.
+// Whether a model new to `group` may count for it (see the header): always within its own
+// guarantee; past it, only if the slots the open groups hold, each shared one counted for every
+// group holding it, still leave what the other open groups are owed.
 Status ModelTable::group_may_take_slot(uint32_t group) const {
   const uint32_t reserved = reserved_per_group();
   if (reserved == 0) return OkStatus();
-  if (groups_.count(group) != 0 && held_by_group(group) < reserved) return OkStatus();
-  uint64_t owed = 0;
+  const uint32_t mine = groups_.count(group) != 0 ? held_by_group(group) : reserved;
+  uint64_t charged = 0, owed = 0;
   for (uint32_t g : groups_) {
     const uint32_t n = held_by_group(g);
-    if (g != group && n < reserved) owed += reserved - n;
+    charged += n;
+    if (g != group) owed += still_owed(n, reserved);
   }
-  if (uint64_t(live_) + 1 + owed > capacity_)
+  if (!share_allows_one_more(mine, reserved, std::max<uint64_t>(charged, live_), owed, capacity_))
     return Status(Code::kLimit,
                   "the free model slots are other namespaces' guaranteed share (models_reserved_per_namespace)");
   return OkStatus();
+}
+
+bool ModelTable::group_holds(uint32_t group, uint32_t slot) const noexcept {
+  auto it = group_held_.find(group);
+  return it != group_held_.end() && it->second.count(slot) != 0;
 }
 
 // A new slot for `m` with one reference.

@@ -14,9 +14,12 @@
 // (`models_reserved_per_namespace`): a group past its own guarantee takes a new slot only if
 // the free slots left still cover what the other groups have not used of theirs, so the uids
 // of one namespace together cannot lock another namespace's new model out either. A model
-// two groups share counts in both (a free slot both of them could otherwise claim); once one
-// lets go, the other's guarantee may meet a table that is full, and gets KDN_ERR_LIMIT as
-// without shares.
+// several groups share counts in full for each of them, and a group past its guarantee is
+// charged for it as for a new slot (the check runs on joining a model another group holds,
+// too): the slot outlives any one group's hold, so counting it once, or in fractions, would
+// let a group hold past its share on another's slot and leave that other group, once it lets
+// go, owed a slot the table no longer has. Charged this way, the slots the open groups hold
+// plus what they are still owed never exceed the capacity, whatever they release later.
 //
 // Not thread-safe: the event loop owns it.
 #pragma once
@@ -75,6 +78,7 @@ class ModelTable {
   using Holds = std::unordered_map<uint32_t, std::unordered_map<uint32_t, uint32_t>>;  // who -> slot -> references
   Result<uint32_t> take_slot(const ModelInfo& m);
   Status group_may_take_slot(uint32_t group) const;
+  bool group_holds(uint32_t group, uint32_t slot) const noexcept;
   Status hold(Holds& holds, uint32_t who, uint32_t slot);
   static void drop_hold(Holds& holds, uint32_t who, uint32_t slot) noexcept;
 

@@ -27,8 +27,44 @@ TEST(ModelTableShares, EachOpenGroupKeepsItsGuarantee) {
   for (uint8_t n = 11; n <= 13; ++n) EXPECT_TRUE(t.acquire(model(n), kUid, kB).ok()) << int(n);
   EXPECT_EQ(t.held_by_group(kB), 4u);
   EXPECT_EQ(t.live(), 7u);
-  EXPECT_TRUE(t.acquire(model(6), kUid, kA).ok()) << "nobody is owed the last slot";
-  EXPECT_EQ(t.acquire(model(14), kUid, kB).status().code(), Code::kLimit) << "the table is full";
+  // The last slot is B's: the model B shares with A counts for B as well, and B may let go of it.
+  EXPECT_EQ(t.acquire(model(6), kUid, kA).status().code(), Code::kLimit) << "B may still need the last slot";
+  t.release(t.id_of(model(1).fingerprint), kUid + 1, kB);
+  EXPECT_EQ(t.live(), 7u) << "A still holds model 1";
+  EXPECT_TRUE(t.acquire(model(14), kUid, kB).ok()) << "B's fourth";
+  EXPECT_EQ(t.acquire(model(6), kUid, kA).status().code(), Code::kLimit) << "the table is full";
+}
+
+TEST(ModelTableShares, JoiningAnotherGroupsModelPastTheGuaranteeIsChargedAsANewSlot) {
+  ModelTable t(8, ModelTable::kNoHolder, 64);  // 4 each
+  t.open_group(kA);
+  t.open_group(kB);
+  for (uint8_t n = 1; n <= 4; ++n) ASSERT_TRUE(t.acquire(model(n), kUid, kA).ok()) << int(n);
+  for (uint8_t n = 11; n <= 14; ++n) ASSERT_TRUE(t.acquire(model(n), kUid + 1, kB).ok()) << int(n);
+  // Were B to hold model 1 too, A letting go of its four would free three slots: A would be
+  // owed four and get three.
+  EXPECT_EQ(t.acquire(model(1), kUid + 1, kB).status().code(), Code::kLimit) << "B is past its guarantee";
+  EXPECT_TRUE(t.acquire(model(1), kUid + 2, kA).ok()) << "another uid of A: A holds it already";
+  for (uint8_t n = 1; n <= 4; ++n) {
+    t.release(t.id_of(model(n).fingerprint), kUid, kA);
+    if (n == 1) t.release(t.id_of(model(n).fingerprint), kUid + 2, kA);
+  }
+  for (uint8_t n = 5; n <= 8; ++n) EXPECT_TRUE(t.acquire(model(n), kUid, kA).ok()) << "A's guarantee, " << int(n);
+}
+
+TEST(ModelTableShares, ASharedModelWithinBothGuaranteesIsFree) {
+  ModelTable t(4, ModelTable::kNoHolder, 2);
+  t.open_group(kA);
+  t.open_group(kB);
+  ASSERT_TRUE(t.acquire(model(1), kUid, kA).ok());
+  EXPECT_TRUE(t.acquire(model(1), kUid + 1, kB).ok()) << "within B's guarantee";
+  EXPECT_EQ(t.held_by_group(kA), 1u);
+  EXPECT_EQ(t.held_by_group(kB), 1u);
+  EXPECT_EQ(t.live(), 1u);
+  EXPECT_TRUE(t.acquire(model(2), kUid, kA).ok());
+  EXPECT_TRUE(t.acquire(model(3), kUid + 1, kB).ok());
+  EXPECT_EQ(t.acquire(model(4), kUid, kA).status().code(), Code::kLimit)
+      << "3 live, but A and B hold 2 each of 4: the fourth slot is what B's share of model 1 may need";
 }
 
 TEST(ModelTableShares, AGroupAloneMayFillTheTableAndAClosedOneIsOwedNothing) {

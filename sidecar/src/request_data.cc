@@ -183,12 +183,7 @@ Step RequestHandler::serve(Op& op, uint64_t deadline_ns, ipc::ReserveOp) {
     uint32_t filled = 0;
     Status stop;
     for (; filled < m; ++filled) {
-      auto r = store.reserve(keys[filled], op.model->fingerprint, bytes, s.id, now);
-      // A full arena: a writer holding more reserved bytes gives way (a few times at most:
-      // a slot of another size class frees no room for this one).
-      for (int yields = 0; !r.ok() && r.status().code() == Code::kNoSpace && yields < 8 && take_room_for(s, bytes);
-           ++yields)
-        r = store.reserve(keys[filled], op.model->fingerprint, bytes, s.id, now);
+      auto r = reserve_fairly(s, keys[filled], op.model->fingerprint, bytes, now);
       if (!r.ok()) {
         stop = r.status();
         break;

@@ -163,18 +163,39 @@ void RequestHandler::forget_reserved(Session& s, const Reservation& r) noexcept 
   s.reserved_bytes = bytes < s.reserved_bytes ? s.reserved_bytes - bytes : 0;
 }
 
-bool RequestHandler::take_room_for(Session& s, uint64_t bytes) noexcept {
-  Session* giver = writer_to_give_way(*s.ns, s, bytes);
-  if (giver == nullptr) return false;
-  while (!giver->reservation_order.empty()) {
+uint64_t RequestHandler::take_room_for(Session& s, uint64_t bytes) noexcept {
+  uint64_t given = 0;
+  while (given < bytes) {
+    Session* giver = writer_to_give_way(*s.ns, s, bytes);
+    if (giver == nullptr || giver->reservation_order.empty()) break;
     const uint64_t id = giver->reservation_order.front();
     giver->reservation_order.pop_front();
-    if (giver->reservations.count(id) == 0) continue;  // committed or aborted already
+    auto it = giver->reservations.find(id);
+    if (it == giver->reservations.end()) continue;  // committed or aborted already
+    given += it->second.entry->bytes;
     abort_reservation(*giver, id);
     ++giver->ns->counters.yielded_reservations;
-    return true;
   }
-  return false;
+  return given;
+}
+
+Result<TieredStore::Reserved> RequestHandler::reserve_fairly(Session& s, const kdn_key& key, const kdn_key& fingerprint,
+                                                             uint64_t bytes, uint64_t now) {
+  TieredStore& store = *s.ns->store;
+  auto r = store.reserve(key, fingerprint, bytes, s.id, now);
+  // Room for a chunk of another size than the givers' comes only when a whole slab empties, and
+  // the givers' oldest reservations may straddle two slabs: up to a slab's bytes (the chunk's,
+  // when it spans more) plus one chunk are given up for one chunk, a chunk's bytes at a time.
+  // The work per chunk is bounded as eviction's is (a slab's slots), and a writer whose chunks
+  // are larger than the holder's still gets room.
+  const uint64_t budget = std::max(bytes, config_.host.slab_bytes) + bytes;
+  for (uint64_t given = 0; !r.ok() && r.status().code() == Code::kNoSpace && given < budget;) {
+    const uint64_t freed = take_room_for(s, bytes);
+    if (freed == 0) break;
+    given += freed;
+    r = store.reserve(key, fingerprint, bytes, s.id, now);
+  }
+  return r;
 }
 
 void RequestHandler::release_lease(Session& s, uint64_t id, uint32_t count) noexcept {

@@ -210,9 +210,14 @@ class RequestHandler {
   void abort_reservation(Session& s, uint64_t id) noexcept;
   // A reservation leaves s.reservations: its bytes no longer count as the session's.
   void forget_reserved(Session& s, const Reservation& r) noexcept;
-  // Fair room-making (admission.h): another writer of s's namespace holding more reserved bytes
-  // gives up its oldest reservation; false if none should.
-  bool take_room_for(Session& s, uint64_t bytes) noexcept;
+  // Fair room-making (admission.h): writers of s's namespace holding more reserved bytes give up
+  // their oldest reservations until `bytes` of them are freed or none should give more; the
+  // bytes given up.
+  uint64_t take_room_for(Session& s, uint64_t bytes) noexcept;
+  // s's reservation of `key` (a chunk of `bytes` of model `fingerprint`), making room as above
+  // when the arena is full.
+  Result<TieredStore::Reserved> reserve_fairly(Session& s, const kdn_key& key, const kdn_key& fingerprint,
+                                               uint64_t bytes, uint64_t now);
   void release_lease(Session& s, uint64_t id, uint32_t count) noexcept;
   void forget_leases_of_uid(uint32_t uid, uint64_t n) noexcept;
   ipc::SlotRef arena_ref(const Session& s, const Entry* e) const noexcept;
