@@ -12,13 +12,29 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 build=${KDN_BUILD_DIR:-build}
 
-# How long each phase took, printed at the end (CI's budget is kept from these).
+# How long each phase took and the ten slowest ctest tests, printed at the end of every run,
+# a failed one included (CI's budget is kept from these, and a run that timed out or failed
+# is where they are needed most).
 phases=()
 phase_start=$SECONDS
 phase_done() {
   phases+=("$1 $((SECONDS - phase_start))s")
   phase_start=$SECONDS
 }
+ctest_log=$(mktemp)
+print_times() {
+  local rc=$?
+  [[ $rc == 0 ]] || phases+=("then failed after $((SECONDS - phase_start))s")
+  echo "test: the ten slowest ctest tests:"
+  grep -E '^ *[0-9]+/[0-9]+ Test +#[0-9]+: ' "$ctest_log" |
+    sed -E 's/^.*Test +#[0-9]+: ([^ ]+) .* ([0-9.]+) sec$/\2 \1/' |
+    sort -rn | awk 'NR <= 10 {printf "  %8.1f s  %s\n", $1, $2}' || true
+  local verdict="all passed"
+  [[ $rc == 0 ]] || verdict="FAILED (exit $rc)"
+  echo "test: $verdict in ${SECONDS}s ($(IFS=,; echo "${phases[*]}" | sed 's/,/, /g'))"
+  rm -f "$ctest_log"
+}
+trap print_times EXIT
 
 scripts/setup.sh
 phase_done setup
@@ -28,8 +44,6 @@ echo "test: running ctest in $build/"
 # component the suite exercises is required (kdn/common/testing/require.h), and here the
 # metrics test's promtool, which setup.sh unpacked.
 export KDN_REQUIRE_PROMTOOL=1
-ctest_log=$(mktemp)
-trap 'rm -f "$ctest_log"' EXIT
 ctest --test-dir "$build" --output-on-failure --no-tests=error -j "${KDN_TEST_JOBS:-2}" --timeout 900 |
   tee "$ctest_log"
 phase_done ctest
@@ -78,7 +92,3 @@ if [[ "$sanitizers" != 0 ]]; then
   done
   phase_done tsan
 fi
-echo "test: the ten slowest ctest tests:"
-grep -E '^ *[0-9]+/[0-9]+ Test +#[0-9]+: ' "$ctest_log" | sed -E 's/^.*Test +#[0-9]+: ([^ ]+) .* ([0-9.]+) sec$/\2 \1/' |
-  sort -rn | awk 'NR <= 10 {printf "  %8.1f s  %s\n", $1, $2}'
-echo "test: all passed in ${SECONDS}s ($(IFS=,; echo "${phases[*]}" | sed 's/,/, /g'))"
