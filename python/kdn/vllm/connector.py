@@ -86,6 +86,8 @@ class KdnConnector(KVConnectorBase_V1):
             desc = describe.describe(vllm_config, geo, layout_name, self._cfg.chunk_tokens,
                                      self._cfg.model_identity, tp_rank, tp_size)
             link = KdnLink(self._cfg, desc, self.stats, logger, read_only=role == KVConnectorRole.SCHEDULER)
+            if not self._device:
+                link.warm()  # the first request's TTFT should not include connecting and mapping
             global _last_desc
             _last_desc = desc
             logger.info("kdn: %s side ready: %d layers, %d KV heads x %d, %s, %d-token chunks over %d-token blocks "

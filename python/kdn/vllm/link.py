@@ -47,10 +47,7 @@ class KdnLink:
             return None
         self._next_try = now + self._cfg.reconnect_interval_s
         try:
-            client = kdn.Client(self._cfg.socket_path, self._cfg.namespace, self._cfg.token,
-                                read_only=self._read_only, timeout_ms=self._cfg.timeout_ms,
-                                staging_bytes=0 if self._read_only else self._cfg.staging_bytes)
-            model = client.register_model(self._desc)
+            client, model = self._connect()
         except kdn.KdnError as e:
             self._stats.unavailable += 1
             if not self._warned:
@@ -66,6 +63,24 @@ class KdnLink:
         self._warned = False
         self._client, self._model = client, model
         return model
+
+    def warm(self) -> None:
+        """Connects now, at the engine's start, so that its first request does not pay for the
+        connection and for mapping kdnd's arena (its page tables are filled in at connect). If
+        kdnd is not there yet, nothing is logged or counted: the first request tries as before."""
+        if self._model is not None:
+            return
+        try:
+            self._client, self._model = self._connect()
+        except kdn.KdnError:
+            return
+        self._connections += 1
+
+    def _connect(self) -> tuple[kdn.Client, kdn.Model]:
+        client = kdn.Client(self._cfg.socket_path, self._cfg.namespace, self._cfg.token,
+                            read_only=self._read_only, timeout_ms=self._cfg.timeout_ms,
+                            staging_bytes=0 if self._read_only else self._cfg.staging_bytes)
+        return client, client.register_model(self._desc)
 
     def failed(self, code: int) -> bool:
         """A call failed with `code`: drops the connection if it is broken, and then answers
