@@ -6,6 +6,7 @@
 #include <kdn/kernels/codec_cuda.h>
 
 #include "decode_run.h"
+#include "decode_transform.h"
 #include "validate.h"
 
 #include <cuda_runtime.h>
@@ -31,6 +32,14 @@ __global__ void decode_kernel(Job job) {
   const uint32_t lane = threadIdx.x % 32, warp_in_block = threadIdx.x / 32;
   const uint64_t warp = uint64_t{blockIdx.x} * kWarpsPerBlock + warp_in_block;
   decode_warp(job, warp, lane, smem + warp_in_block * job.smem_per_warp);
+}
+
+// Transform planes' rows, once every band of the batch was parked (the kernel boundary orders it).
+__global__ void rebuild_kernel(Job job) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const uint32_t lane = threadIdx.x % 32, warp_in_block = threadIdx.x / 32;
+  const uint64_t warp = uint64_t{blockIdx.x} * kWarpsPerBlock + warp_in_block;
+  rebuild_warp(job, warp, lane, smem + warp_in_block * job.smem_per_warp);
 }
 
 Status cuda_status(cudaError_t err) {
@@ -62,14 +71,22 @@ size_t kvc1_cuda_scratch_bytes(uint32_t n) noexcept { return 16 + 3 * sizeof(uin
 namespace {
 
 // Opens every blob's header (and, with `full`, validates its layers) and returns the layer range.
+// A blob that names a calibration needs opts.calibration to be that one (kNotFound otherwise, a
+// miss) and, to be decoded (`launching`), its bytes on the device; *calibrated says if any does.
 Status open_batch(const Kvc1CudaBatch& batch, const ChunkGeometry& expected, const kdn_key& fingerprint,
-                  const DecodeOptions& opts, bool full, LayerRange* layers) {
+                  const DecodeOptions& opts, bool full, bool launching, LayerRange* layers, bool* calibrated) {
   using namespace kvc1;
+  *calibrated = false;
   for (uint32_t i = 0; i < batch.n; ++i) {
     Header h;
     KDN_RETURN_IF_ERROR(
         open_for_decode(batch.host_blobs[i], batch.blob_bytes[i], expected, fingerprint, opts, &h, layers));
-    KDN_RETURN_IF_ERROR(refuse_calibrated(h));
+    if (h.calibration_id.lo || h.calibration_id.hi) {
+      KDN_RETURN_IF_ERROR(match_calibration(h, fingerprint, opts));
+      if (launching && !batch.device_calibration)
+        return Status(Code::kInvalidArgument, "KVC1 blob names a calibration: device_calibration is needed");
+      *calibrated = true;
+    }
     if (full) KDN_RETURN_IF_ERROR(validate_layers(batch.host_blobs[i], h, *layers, opts));
   }
   return OkStatus();
@@ -88,7 +105,8 @@ Status kvc1_validate_batch(const Kvc1CudaBatch& batch, const ChunkGeometry& expe
     if (!batch.host_blobs[i]) return Status(Code::kInvalidArgument, "null blob");
   }
   LayerRange layers;
-  return open_batch(batch, expected, fingerprint, opts, true, &layers);
+  bool calibrated = false;
+  return open_batch(batch, expected, fingerprint, opts, true, false, &layers, &calibrated);
 }
 
 Status kvc1_decode_cuda(const Kvc1CudaBatch& batch, const ChunkGeometry& expected, const kdn_key& fingerprint,
@@ -110,7 +128,8 @@ Status launch(const Kvc1CudaBatch& batch, const ChunkGeometry& expected, const k
   static_assert(sizeof(size_t) == sizeof(uint64_t) && sizeof(void*) == sizeof(uint64_t));
   KDN_RETURN_IF_ERROR(check_batch(batch, device_scratch, scratch_bytes));
   LayerRange layers;
-  KDN_RETURN_IF_ERROR(open_batch(batch, expected, fingerprint, opts, validate, &layers));
+  bool calibrated = false;
+  KDN_RETURN_IF_ERROR(open_batch(batch, expected, fingerprint, opts, validate, true, &layers, &calibrated));
   auto* base = static_cast<uint8_t*>(device_scratch);
   Job job;
   job.error = reinterpret_cast<uint32_t*>(base);
@@ -124,7 +143,9 @@ Status launch(const Kvc1CudaBatch& batch, const ChunkGeometry& expected, const k
   job.head_dim = expected.head_dim;
   job.tokens = expected.tokens;
   job.dtype = static_cast<uint32_t>(expected.dtype);
-  job.smem_per_warp = smem_bytes_per_warp(expected.head_dim);
+  job.cols = calibrated ? expected.kv_heads * expected.head_dim : expected.head_dim;
+  job.cal = calibrated ? static_cast<const uint8_t*>(batch.device_calibration) : nullptr;
+  job.smem_per_warp = smem_bytes_per_warp(job.cols);
   const size_t smem = size_t{kWarpsPerBlock} * job.smem_per_warp;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const size_t n8 = 8 * size_t{batch.n};
@@ -135,13 +156,18 @@ Status launch(const Kvc1CudaBatch& batch, const ChunkGeometry& expected, const k
   KDN_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(base + 16 + n8, batch.blob_bytes, n8, cudaMemcpyHostToDevice, s)));
   KDN_RETURN_IF_ERROR(
       cuda_status(cudaMemcpyAsync(base + 16 + 2 * n8, batch.device_outputs, n8, cudaMemcpyHostToDevice, s)));
-  if (smem > 48 * 1024)
+  if (smem > 48 * 1024) {
     KDN_RETURN_IF_ERROR(cuda_status(
         cudaFuncSetAttribute(decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem))));
+    if (calibrated)
+      KDN_RETURN_IF_ERROR(cuda_status(
+          cudaFuncSetAttribute(rebuild_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem))));
+  }
   const uint64_t warps = uint64_t{batch.n} * job.layers * 2 * job.kv_heads;
   const uint64_t blocks = (warps + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (blocks > 0x7fffffffu) return Status(Code::kInvalidArgument, "batch too large for one launch");
   decode_kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, smem, s>>>(job);
+  if (calibrated) rebuild_kernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * 32, smem, s>>>(job);
   return cuda_status(cudaGetLastError());
 }
 

@@ -7,6 +7,7 @@
 
 #include "decode_head.h"
 #include "encode_transform.h"
+#include "transform_body.h"
 #include "transform_format.h"
 
 #include <kdn/kernels/codec_transform.h>
@@ -29,10 +30,8 @@ bool park_band(const uint8_t* blob, const Header& h, const Plane& pl, uint32_t s
                const PlaneOut& out) {
   const uint64_t n = uint64_t{h.kv_heads} * h.head_dim;
   const uint32_t width = band_width(widths_present(widths, n), s);
-  uint32_t columns[kMaxHeadDim];
-  uint32_t cols = 0;
-  for (uint32_t i = 0; i < n; ++i)
-    if (widths[i] == width) columns[cols++] = i;
+  uint16_t columns[kMaxHeadDim];
+  const uint32_t cols = band_column_list(widths, n, width, columns);
   const Header band = band_header(h, cols);
   Segment sg;
   SegmentReader reader;
@@ -55,19 +54,13 @@ bool park_band(const uint8_t* blob, const Header& h, const Plane& pl, uint32_t s
 void rebuild_row(const Header& h, const Plane& pl, const uint8_t* params, const float* cal_head, uint32_t head,
                  DType dtype, uint8_t* slot) {
   const uint32_t d = h.head_dim;
-  const uint64_t n = uint64_t{h.kv_heads} * d, first = uint64_t{head} * d;
-  const uint8_t* widths = params + first;
-  const uint8_t* s = params + tc_scale_offset(h);
   alignas(32) float y[kMaxHeadDim], x[kMaxHeadDim];
-  for (uint32_t j = 0; j < d; ++j) {
-    const uint32_t q = widths[j] ? slot[j] : 0;
-    y[j] = dequantize_value(q, load_scale(s, first + j, pl.scale_dtype), load_scale(s, n + first + j, pl.scale_dtype));
-  }
+  for (uint32_t j = 0; j < d; ++j) y[j] = tc_coordinate(params, h, pl, head, j, slot[j]);
   std::memcpy(x, cal_head, 4 * size_t{d});
   const float* axes = cal_head + 2 * d;
-  for (uint32_t j = 0; j < d; ++j) {
+  for (uint32_t j = 0; j < d; ++j) {  // j outer, so the inner loop vectorizes; each x[k] sums j in order
     const float* a = axes + size_t{j} * d;
-    for (uint32_t k = 0; k < d; ++k) x[k] = x[k] + a[k] * y[j];
+    for (uint32_t k = 0; k < d; ++k) x[k] = tc_accumulate(x[k], a[k], y[j]);
   }
   store_row_f32(x, d, dtype, 1.0f, slot);
 }

@@ -23,6 +23,7 @@
 #include "format.h"
 #include "quant.h"
 #include "rans.h"
+#include "transform_body.h"
 
 #include <kdn/kernels/dtype.h>
 #include <kdn/kernels/hd.h>
@@ -49,6 +50,8 @@ struct Job {
   uint32_t* error;
   uint32_t n_chunks, layer_begin, layers, kv_heads, head_dim, tokens, dtype;
   uint32_t smem_per_warp;
+  uint32_t cols;       // columns the per-warp tables hold: head_dim, or kv_heads * head_dim with transform planes
+  const uint8_t* cal;  // the calibration object's bytes, for transform planes (null without)
 };
 
 KDN_HD_INLINE uint32_t popcount32(uint32_t x) {
@@ -59,28 +62,34 @@ KDN_HD_INLINE uint32_t popcount32(uint32_t x) {
 #endif
 }
 
-// Per-warp shared memory: the rANS table, the slot->symbol table and the predictor's state.
+// Per-warp shared memory: the rANS table, the slot->symbol table and the predictor's state, for
+// segments of up to `cols` columns (head_dim; a transform plane's band segments have up to
+// kv_heads * head_dim).
 struct WarpSmem {
   uint32_t* fc;     // [256] freq | cum << 16
   uint16_t* cum;    // [272] cumulative frequencies, 4096 past n_syms
   uint8_t* lut;     // [4096] slot -> symbol (bits > 4)
-  uint8_t* select;  // [head_dim] 0xff on token-delta channels
-  uint8_t* prev;    // [head_dim] previous token's codes
-  float* rot;       // [head_dim] the row being rotated back (kTransformHadamard)
+  uint8_t* select;  // [cols] 0xff on token-delta channels
+  uint8_t* prev;    // [cols] previous token's codes
+  float* rot;       // [cols] the row being rotated back (kTransformHadamard; a transform row's coordinates)
+  uint16_t* col_of;  // [cols] a band column's coordinate (transform planes)
 };
 
-KDN_HD_INLINE uint32_t smem_bytes_per_warp(uint32_t head_dim) {
-  return 1024 + 544 + 4096 + 2 * ((head_dim + 15) / 16 * 16) + 4 * ((head_dim + 3) / 4 * 4);
+KDN_HD_INLINE uint32_t smem_bytes_per_warp(uint32_t cols) {
+  const uint32_t c16 = (cols + 15) / 16 * 16;
+  return 1024 + 544 + 4096 + 2 * c16 + 4 * c16 + 2 * c16;
 }
 
-KDN_WARP_FN WarpSmem carve(uint8_t* base, uint32_t head_dim) {
+KDN_WARP_FN WarpSmem carve(uint8_t* base, uint32_t cols) {
+  const uint32_t c16 = (cols + 15) / 16 * 16;
   WarpSmem s;
   s.fc = reinterpret_cast<uint32_t*>(base);
   s.cum = reinterpret_cast<uint16_t*>(base + 1024);
   s.lut = base + 1024 + 544;
   s.select = s.lut + 4096;
-  s.prev = s.select + (head_dim + 15) / 16 * 16;
-  s.rot = reinterpret_cast<float*>(s.prev + (head_dim + 15) / 16 * 16);
+  s.prev = s.select + c16;
+  s.rot = reinterpret_cast<float*>(s.prev + c16);
+  s.col_of = reinterpret_cast<uint16_t*>(s.rot + c16);
   return s;
 }
 
@@ -306,35 +315,109 @@ KDN_WARP_FN void copy_rows(const Where& w, const uint8_t* rows, uint32_t first, 
   }
 }
 
+// A transform plane, first pass (the warp of head 0): every band segment's codes are parked in
+// their rows' output slots, as the CPU decoder parks them (decode_transform.cc): band column c
+// holds coordinate col_of[c] = head * head_dim + axis, so its code goes to byte `axis` of row
+// (t, head)'s slot.
+KDN_WARP_FN bool park_transform(const Where& w, const Plane& pl, const WarpSmem& s, uint32_t lane) {
+  const uint32_t n = w.g.kv_heads * w.g.head_dim, e = dtype_bytes_of(static_cast<uint32_t>(w.g.dtype));
+  const uint8_t* widths = w.blob + pl.params_off;
+  const uint32_t present = widths_present(widths, n);
+  for (uint32_t b = 0; b < pl.n_segments; ++b) {
+    const uint32_t width = band_width(present, b);
+    uint32_t cols = 0;
+    if (lane == 0) cols = band_column_list(widths, n, width, s.col_of);
+    cols = warp_broadcast0(cols);
+    warp_sync();
+    Segment sg;
+    if (width == 0 || cols == 0 || parse_segment(w.blob, band_header(*w.h, cols), pl, b, &sg) != kParseOk) return false;
+    const bool predicted = sg.predictor == kPredictTokenDelta;
+    if (predicted) load_predictor(w.blob, sg, s, cols, lane);
+    const uint32_t mask = (1u << width) - 1;
+    const bool ok = decode_segment(w.blob, sg, s, lane, [&](uint32_t i, uint32_t y) {
+      const uint32_t t = i / cols, c = i % cols, col = s.col_of[c];
+      const int64_t row = chunk_offset(w.g, w.layer, w.plane, t, col / w.g.head_dim, 0);
+      w.out[row * e + col % w.g.head_dim] = undo_delta(s, predicted, c, y, mask);
+    });
+    if (!ok) return false;
+    warp_sync();
+  }
+  return true;
+}
+
+// A transform plane, second pass (one warp per head, after every band was parked): each row is
+// the exact row, or its coordinates (one lane per axis, from the parked codes, into shared
+// memory) moved back from the calibrated axes (one lane per output channel k, summing the axes
+// j in order with the CPU's steps) and rounded once over its codes.
+KDN_WARP_FN void rebuild_transform(const Where& w, const Plane& pl, const uint8_t* cal, const WarpSmem& s,
+                                   uint32_t lane) {
+  const uint32_t d = w.g.head_dim, e = dtype_bytes_of(static_cast<uint32_t>(w.g.dtype));
+  const uint8_t* params = w.blob + pl.params_off;
+  const float* head = tc_calibration_head(cal, *w.h, w.layer, w.plane, w.head);
+  const float* axes = head + 2 * d;
+  const uint8_t* exact = params + tc_exact_offset(*w.h, pl);
+  const uint64_t row_bytes = uint64_t{d} * e;
+  for (uint32_t t = 0; t < w.g.tokens; ++t) {
+    const int64_t row = chunk_offset(w.g, w.layer, w.plane, t, w.head, 0);
+    uint8_t* slot = w.out + row * e;
+    if (is_exact_token(pl, w.g.tokens, t)) {
+      const uint8_t* src = exact + (uint64_t{exact_row_of(pl, w.g.tokens, t)} * w.g.kv_heads + w.head) * row_bytes;
+      for (uint64_t b = lane; b < row_bytes; b += 32) slot[b] = src[b];
+      continue;
+    }
+    for (uint32_t j = lane; j < d; j += 32) s.rot[j] = tc_coordinate(params, *w.h, pl, w.head, j, slot[j]);
+    warp_sync();
+    for (uint32_t k = lane; k < d; k += 32) {
+      float x = head[k];
+      for (uint32_t j = 0; j < d; ++j) x = tc_accumulate(x, axes[uint64_t{j} * d + k], s.rot[j]);
+      store_f32(w.out, row + k, w.g.dtype, x, 1.0f);
+    }
+    warp_sync();
+  }
+}
+
+// Opens warp `warp`'s (chunk, layer, plane, head): false (the structure error set) when the
+// blob does not parse; false without an error for a warp past the job.
+KDN_WARP_FN bool open_warp(const Job& job, uint64_t warp, uint32_t lane, Header* h, Where* w, Plane* planes) {
+  const uint64_t per_chunk = uint64_t{job.layers} * 2 * job.kv_heads;
+  if (warp >= per_chunk * job.n_chunks) return false;  // whole warps only: the ballots stay full
+  const uint32_t chunk = static_cast<uint32_t>(warp / per_chunk);
+  const uint32_t rem = static_cast<uint32_t>(warp % per_chunk);
+  w->blob = job.blobs[chunk];
+  w->out = job.outs[chunk];
+  w->h = h;
+  w->layer = job.layer_begin + rem / (2 * job.kv_heads);
+  w->plane = (rem / job.kv_heads) % 2;
+  w->head = rem % job.kv_heads;
+  if (parse_header(w->blob, job.lens[chunk], h) != kParseOk ||
+      locate_planes(w->blob, *h, w->layer, planes) != kParseOk) {
+    if (lane == 0) atomic_or(job.error, kErrorStructure);
+    return false;
+  }
+  w->g.layers = h->layers;
+  w->g.kv_heads = h->kv_heads;
+  w->g.head_dim = h->head_dim;
+  w->g.tokens = h->tokens;
+  w->g.dtype = static_cast<DType>(h->dtype);
+  return true;
+}
+
 // The work of warp `warp` (global index), run by its 32 lanes; `smem` is the warp's own part
 // of the block's shared memory (job.smem_per_warp bytes).
 KDN_WARP_FN void decode_warp(const Job& job, uint64_t warp, uint32_t lane, uint8_t* smem) {
-  const uint64_t per_chunk = uint64_t{job.layers} * 2 * job.kv_heads;
-  if (warp >= per_chunk * job.n_chunks) return;  // whole warps only: the ballots stay full
-  const uint32_t chunk = static_cast<uint32_t>(warp / per_chunk);
-  const uint32_t rem = static_cast<uint32_t>(warp % per_chunk);
   Header h;
   Where w;
-  w.blob = job.blobs[chunk];
-  w.out = job.outs[chunk];
-  w.h = &h;
-  w.layer = job.layer_begin + rem / (2 * job.kv_heads);
-  w.plane = (rem / job.kv_heads) % 2;
-  w.head = rem % job.kv_heads;
   Plane planes[2];
-  if (parse_header(w.blob, job.lens[chunk], &h) != kParseOk || locate_planes(w.blob, h, w.layer, planes) != kParseOk) {
-    if (lane == 0) atomic_or(job.error, kErrorStructure);
-    return;
-  }
-  w.g.layers = h.layers;
-  w.g.kv_heads = h.kv_heads;
-  w.g.head_dim = h.head_dim;
-  w.g.tokens = h.tokens;
-  w.g.dtype = static_cast<DType>(h.dtype);
+  if (!open_warp(job, warp, lane, &h, &w, planes)) return;
   const Plane& pl = planes[w.plane];
-  const WarpSmem s = carve(smem, h.head_dim);
+  const WarpSmem s = carve(smem, job.cols);
   bool ok = true;
-  if (pl.codec == kCodecRaw) {
+  if (pl.codec == kCodecTransform) {
+    // Bands span every head: head 0's warp parks them all; rebuild_warp (a second launch) makes
+    // the rows, exact ones included.
+    if (w.head == 0)
+      ok = job.cal != nullptr && uint64_t{h.kv_heads} * h.head_dim <= job.cols && park_transform(w, pl, s, lane);
+  } else if (pl.codec == kCodecRaw) {
     copy_rows(w, w.blob + pl.payload_off, 0, w.g.tokens, lane);
   } else if (pl.codec == kCodecBytePlanes) {
     ok = decode_byteplanes(w, pl, s, lane);
@@ -351,6 +434,18 @@ KDN_WARP_FN void decode_warp(const Job& job, uint64_t warp, uint32_t lane, uint8
     }
   }
   if (!ok && lane == 0) atomic_or(job.error, kErrorCorrupt);
+}
+
+// The second launch of a batch with transform planes: warp `warp` rebuilds its head's rows of a
+// transform plane once decode_warp parked every band (other planes: nothing). Skipped after a
+// corrupt band (the rows would be built from codes that were never all parked).
+KDN_WARP_FN void rebuild_warp(const Job& job, uint64_t warp, uint32_t lane, uint8_t* smem) {
+  Header h;
+  Where w;
+  Plane planes[2];
+  if (*job.error != 0 || job.cal == nullptr || !open_warp(job, warp, lane, &h, &w, planes)) return;
+  const Plane& pl = planes[w.plane];
+  if (pl.codec == kCodecTransform) rebuild_transform(w, pl, job.cal, carve(smem, job.cols), lane);
 }
 
 }  // namespace kdn::kernels::kvc1

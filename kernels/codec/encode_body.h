@@ -10,6 +10,7 @@
 #include "format.h"
 #include "rans.h"
 
+#include <kdn/common/model.h>
 #include <kdn/kernels/hd.h>
 
 #include <cstdint>
@@ -121,6 +122,20 @@ KDN_HD_INLINE void mixed_histogram_body(const Ops& ops, const ChoiceScratch& sc,
   }
 }
 
+// h, the mixed histogram of mask `from`, becomes that of mask `to`: only the channels whose bit
+// changed move between their plain and delta histograms (modulo 2^32, exact for counts), so a
+// pass that flips few channels costs a few rows instead of head_dim of them.
+KDN_HD_INLINE void remix_histogram_body(const ChoiceScratch& sc, uint32_t head_dim, uint32_t n_syms,
+                                        const uint8_t* from, const uint8_t* to, uint32_t* h) {
+  for (uint32_t d = 0; d < head_dim; ++d) {
+    const bool was = channel_in_mask(from, d), now = channel_in_mask(to, d);
+    if (was == now) continue;
+    const uint32_t* add = (now ? sc.hist_delta : sc.hist_plain) + uint64_t{d} * n_syms;
+    const uint32_t* sub = (now ? sc.hist_plain : sc.hist_delta) + uint64_t{d} * n_syms;
+    for (uint32_t s = 0; s < n_syms; ++s) h[s] += add[s] - sub[s];
+  }
+}
+
 // Per-channel ideal lengths of coding each channel plain and as deltas under the tables
 // c_plain and c_delta (costs fit 32 bits: below (log2(n) + 17) * 2^16 with n <= 2^28), then
 // each channel takes the cheaper option.
@@ -160,13 +175,15 @@ KDN_HD_INLINE bool choose_channels_body(const Ops& ops, const uint8_t* codes, ui
   symbol_costs_body(ops, h_delta, n_syms, n, c_delta);
   for (uint32_t i = 0; i < mask_bytes; ++i) mask[i] = 0;
   choose_under_body(ops, sc, head_dim, n_syms, c_plain, c_delta, mask);
+  mixed_histogram_body(ops, sc, head_dim, n_syms, mask, h);
+  uint8_t before[(kMaxHeadDim + 7) / 8];
   for (int pass = 0; pass < 2; ++pass) {
-    mixed_histogram_body(ops, sc, head_dim, n_syms, mask, h);
     uint64_t c_mixed[rans::kMaxSymbols];
     symbol_costs_body(ops, h, n_syms, n, c_mixed);
+    for (uint32_t i = 0; i < mask_bytes; ++i) before[i] = mask[i];
     choose_under_body(ops, sc, head_dim, n_syms, c_mixed, c_mixed, mask);
+    remix_histogram_body(sc, head_dim, n_syms, before, mask, h);  // h follows the mask
   }
-  mixed_histogram_body(ops, sc, head_dim, n_syms, mask, h);
   const bool keep = ideal_bits_body(ops, h, n_syms, n) < ideal_bits_body(ops, h_plain, n_syms, n);
   if (!keep)
     for (uint32_t i = 0; i < mask_bytes; ++i) mask[i] = 0;

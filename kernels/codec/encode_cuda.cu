@@ -7,6 +7,8 @@
 
 #include <cuda_runtime.h>
 
+#include <vector>
+
 namespace kdn::kernels {
 namespace kvc1 {
 namespace {
@@ -132,15 +134,9 @@ Status kvc1_encode_cuda(const Kvc1CudaEncodeBatch& batch, const ChunkGeometry& g
 Status kvc1_cuda_encode_result(const void* device_scratch, uint32_t n, void* stream, uint64_t* sizes) noexcept {
   if (!device_scratch || !sizes || n == 0) return Status(Code::kInvalidArgument, "null scratch or sizes");
   KDN_RETURN_IF_ERROR(kvc1::cuda_status(cudaStreamSynchronize(static_cast<cudaStream_t>(stream))));
-  uint32_t word = 0;
-  const auto* base = static_cast<const uint8_t*>(device_scratch);
-  KDN_RETURN_IF_ERROR(kvc1::cuda_status(cudaMemcpy(&word, base, 4, cudaMemcpyDeviceToHost)));
-  if (word & kvc1::kEncErrorNonFinite) return Status(Code::kInvalidArgument, "NaN or Inf in a chunk to quantize");
-  if (word & kvc1::kEncErrorRange)
-    return Status(Code::kInvalidArgument, "chunk values span more than fp32 scales can hold");
-  if (word) return Status(Code::kInternal, "device encoder failed");
-  return kvc1::cuda_status(
-      cudaMemcpy(sizes, base + kvc1::kDeviceEncodeHeadBytes, 8 * size_t{n}, cudaMemcpyDeviceToHost));
+  std::vector<uint8_t> head(kvc1_cuda_encode_head_bytes(n));
+  KDN_RETURN_IF_ERROR(kvc1::cuda_status(cudaMemcpy(head.data(), device_scratch, head.size(), cudaMemcpyDeviceToHost)));
+  return kvc1_cuda_encode_result_of(head.data(), n, sizes);
 }
 
 }  // namespace kdn::kernels

@@ -4,6 +4,8 @@
 #include "codec_test_util.h"
 #include "encode_device_plan.h"
 
+#include <kdn/kernels/codec_cuda.h>
+
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -15,36 +17,25 @@ namespace {
 using testing::geometry;
 using testing::kTestFingerprint;
 
-// Runs every stage of a one-chunk batch; *error receives the device result word.
+// Runs every stage of a one-chunk batch (kvc1_encode_emulated); *error receives the result word.
 std::vector<uint8_t> emulate_encode(const ChunkGeometry& g, const std::vector<uint8_t>& chunk, const CodecConfig& cfg,
                                     uint32_t* error, uint32_t place_threads = 3) {
-  using namespace kvc1;
-  EncodeJob job;
-  std::vector<DevicePlaneSpec> specs(2 * g.layers);
-  uint64_t bytes = 0;
-  EXPECT_TRUE(plan_device_encode(g, kTestFingerprint, cfg, 1, nullptr, &job, specs.data(), &bytes).ok());
+  const size_t bytes = kvc1_encode_emulated_scratch_bytes(g, cfg, 1);
+  EXPECT_GT(bytes, 0u);
   std::vector<uint64_t> scratch(bytes / 8 + 2);
-  auto* base = reinterpret_cast<uint8_t*>(scratch.data());
-  EXPECT_TRUE(plan_device_encode(g, kTestFingerprint, cfg, 1, base, &job, specs.data(), &bytes).ok());
   std::vector<uint8_t> out(kvc1_max_encoded_size(g, cfg), 0);
-  const uint8_t* chunk_ptr = chunk.data();
+  const void* chunk_ptr = chunk.data();
   uint8_t* out_ptr = out.data();
-  std::memcpy(const_cast<const uint8_t**>(job.chunks), &chunk_ptr, 8);
-  std::memcpy(const_cast<uint8_t**>(job.outs), &out_ptr, 8);
-  std::memcpy(const_cast<DevicePlaneSpec*>(job.specs), specs.data(), sizeof(DevicePlaneSpec) * specs.size());
-  *job.error = 0;
-  for (uint32_t lp = 0; lp < 2 * g.layers; ++lp) enc_params(job, 0, lp);
-  for (uint32_t lp = 0; lp < 2 * g.layers; ++lp)
-    for (uint32_t h = 0; h < g.kv_heads; ++h) enc_segment(job, 0, lp, h);
-  enc_layout(job, 0);
-  for (uint32_t lp = 0; lp < 2 * g.layers; ++lp)
-    for (uint32_t t = 0; t < place_threads; ++t) enc_place(job, 0, lp, t, place_threads);
-  uint32_t table[256];
-  for (uint32_t b = 0; b < 256; ++b) table[b] = crc32c_table_entry(b);
-  for (uint32_t l = 0; l < g.layers; ++l) enc_layer_crc(job, table, 0, l);
-  enc_header(job, table, 0);
-  *error = *job.error;
-  out.resize(job.written[0] <= out.size() ? job.written[0] : 0);
+  Kvc1CudaEncodeBatch batch;
+  batch.n = 1;
+  batch.device_chunks = &chunk_ptr;
+  batch.device_outputs = &out_ptr;
+  EXPECT_TRUE(
+      kvc1_encode_emulated(batch, g, kTestFingerprint, cfg, scratch.data(), scratch.size() * 8, place_threads).ok());
+  std::memcpy(error, scratch.data(), 4);
+  uint64_t written = 0;
+  std::memcpy(&written, reinterpret_cast<const uint8_t*>(scratch.data()) + kvc1::kDeviceEncodeHeadBytes, 8);
+  out.resize(written <= out.size() ? written : 0);
   return out;
 }
 
@@ -101,6 +92,32 @@ TEST(EncodeEmulation, NonFiniteValuesAreAnError) {
   uint32_t error = 0;
   emulate_encode(g, chunk, testing::config(CodecMode::kKivi4), &error);
   EXPECT_EQ(error & kvc1::kEncErrorNonFinite, kvc1::kEncErrorNonFinite);
+}
+
+TEST(EncodeEmulation, TheResultHeadReadsAsTheDeviceResult) {
+  const ChunkGeometry g = geometry(1, 2, 32, 16);
+  std::vector<uint8_t> chunk = testing::synthetic_chunk(g, 4);
+  const CodecConfig cfg = testing::config(CodecMode::kInt8);
+  std::vector<uint64_t> scratch(kvc1_encode_emulated_scratch_bytes(g, cfg, 2) / 8 + 2);
+  std::vector<uint8_t> out0(kvc1_max_encoded_size(g, cfg)), out1(out0.size());
+  std::vector<uint8_t> chunk1 = testing::synthetic_chunk(g, 5);
+  const void* chunks[2] = {chunk.data(), chunk1.data()};
+  uint8_t* outs[2] = {out0.data(), out1.data()};
+  Kvc1CudaEncodeBatch batch;
+  batch.n = 2;
+  batch.device_chunks = chunks;
+  batch.device_outputs = outs;
+  ASSERT_TRUE(kvc1_encode_emulated(batch, g, kTestFingerprint, cfg, scratch.data(), scratch.size() * 8).ok());
+  uint64_t sizes[2] = {};
+  ASSERT_TRUE(kvc1_cuda_encode_result_of(scratch.data(), 2, sizes).ok());
+  EXPECT_EQ(std::vector<uint8_t>(out0.begin(), out0.begin() + sizes[0]), testing::encode(g, chunk.data(), cfg));
+  EXPECT_EQ(std::vector<uint8_t>(out1.begin(), out1.begin() + sizes[1]), testing::encode(g, chunk1.data(), cfg));
+  // A chunk with an Inf: the head says so, as the device's would.
+  const uint16_t inf = 0x7c00;
+  std::memcpy(chunk1.data() + 6, &inf, 2);
+  ASSERT_TRUE(kvc1_encode_emulated(batch, g, kTestFingerprint, cfg, scratch.data(), scratch.size() * 8).ok());
+  EXPECT_EQ(kvc1_cuda_encode_result_of(scratch.data(), 2, sizes).code(), Code::kInvalidArgument);
+  EXPECT_EQ(kvc1_cuda_encode_head_bytes(2), kvc1::kDeviceEncodeHeadBytes + 16);
 }
 
 TEST(EncodeEmulation, RawAndLosslessAreNotDeviceModes) {

@@ -4,6 +4,7 @@
 
 #include <kdn/kernels/codec.h>
 #include <kdn/kernels/codec_cuda.h>
+#include <kdn/kernels/codec_transform.h>
 #include <kdn/kernels/device.h>
 #include <kdn/kernels/executor.h>
 
@@ -36,7 +37,8 @@ class DeviceBuffer {
 
 // Decodes blobs on the device (one batch) and returns the outputs, or the first error.
 Status gpu_decode(const std::vector<std::vector<uint8_t>>& blobs, const ChunkGeometry& g,
-                  std::vector<std::vector<uint8_t>>* outs, const DecodeOptions& opts = {}, bool prevalidated = false) {
+                  std::vector<std::vector<uint8_t>>* outs, const DecodeOptions& opts = {}, bool prevalidated = false,
+                  const void* device_cal = nullptr) {
   const uint32_t n = static_cast<uint32_t>(blobs.size());
   std::vector<DeviceBuffer> dev_blobs, dev_outs;
   std::vector<const uint8_t*> host_ptrs, blob_ptrs;
@@ -59,6 +61,7 @@ Status gpu_decode(const std::vector<std::vector<uint8_t>>& blobs, const ChunkGeo
   batch.blob_bytes = lens.data();
   batch.device_blobs = blob_ptrs.data();
   batch.device_outputs = out_ptrs.data();
+  batch.device_calibration = device_cal;
   if (prevalidated) {
     KDN_RETURN_IF_ERROR(kvc1_validate_batch(batch, g, kTestFingerprint, opts));
     KDN_RETURN_IF_ERROR(kvc1_decode_cuda_validated(batch, g, kTestFingerprint, scratch.get(),
@@ -186,6 +189,44 @@ TEST(CodecCuda, ArgumentChecks) {
   EXPECT_EQ(kvc1_decode_cuda(batch, g, kTestFingerprint, scratch.get(), 8, nullptr).code(), Code::kInvalidArgument);
   EXPECT_EQ(kvc1_decode_cuda(batch, g, kdn_key{9, 9}, scratch.get(), kvc1_cuda_scratch_bytes(1), nullptr).code(),
             Code::kModelMismatch);
+}
+
+// Transform-coded blobs (docs/codec.md §10.6): bands, then rows rebuilt from the calibration's
+// axes, equal to the CPU decoder bit for bit; without the device calibration they are refused,
+// and with another calibration they are a miss.
+TEST(CodecCuda, TransformPlanesEqualCpuBitForBit) {
+  SKIP_WITHOUT_DEVICE();
+  const ChunkGeometry g = geometry(2, 8, 128, 64);
+  std::vector<std::vector<uint8_t>> chunks;
+  std::vector<Kvc1CalibrationSample> samples;
+  for (uint32_t i = 0; i < 4; ++i) chunks.push_back(testing::synthetic_chunk(g, 50 + i));
+  for (uint32_t i = 0; i < 4; ++i) samples.push_back({chunks[i].data(), int64_t{i} * g.tokens});
+  std::vector<uint8_t> cal_bytes(kvc1_calibration_bytes(g));
+  size_t written = 0;
+  ASSERT_TRUE(kvc1_calibrate(g, kTestFingerprint, samples, cal_bytes.data(), cal_bytes.size(), &written).ok());
+  Kvc1Calibration cal;
+  ASSERT_TRUE(kvc1_calibration_open(cal_bytes.data(), cal_bytes.size(), &cal).ok());
+  DeviceBuffer dev_cal(cal_bytes.size());
+  ASSERT_TRUE(copy_to_device(dev_cal.get(), cal_bytes.data(), cal_bytes.size()).ok());
+  CodecConfig c;
+  c.mode = CodecMode::kTransform;
+  c.calibration = &cal;
+  c.transform_mean_bits = 2.0;
+  CodecConfig last = c;
+  last.pos_base = 64;
+  last.ends_context = true;
+  last.recent_tokens = 5;
+  const std::vector<std::vector<uint8_t>> blobs = {testing::encode(g, chunks[0].data(), c),
+                                                   testing::encode(g, chunks[1].data(), last)};
+  DecodeOptions o;
+  o.calibration = &cal;
+  std::vector<std::vector<uint8_t>> outs;
+  ASSERT_TRUE(gpu_decode(blobs, g, &outs, o, false, dev_cal.get()).ok());
+  for (size_t i = 0; i < blobs.size(); ++i) EXPECT_EQ(outs[i], cpu_decode(blobs[i], g, o)) << "chunk " << i;
+  ASSERT_TRUE(gpu_decode(blobs, g, &outs, o, true, dev_cal.get()).ok());
+  EXPECT_EQ(outs[0], cpu_decode(blobs[0], g, o));
+  EXPECT_EQ(gpu_decode(blobs, g, &outs, o).code(), Code::kInvalidArgument);                  // no device calibration
+  EXPECT_EQ(gpu_decode(blobs, g, &outs, {}, false, dev_cal.get()).code(), Code::kNotFound);  // none on the host
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 // not; gpu_test.cc repeats the comparison on a real device.
 #include "codec_test_util.h"
 
+#include <kdn/kernels/codec_transform.h>
+
 #include <atomic>
 #include <barrier>
 #include <bit>
@@ -63,9 +65,29 @@ using testing::geometry;
 using testing::geometry_bytes;
 using testing::kTestFingerprint;
 
-// Runs every warp of a decode job, one warp (32 lane threads) at a time; returns the error word.
+// Runs one pass (decode_warp or rebuild_warp) over every warp, one warp (32 lane threads) at a time.
+template <class Pass>
+void run_warps(const kvc1::Job& job, const ChunkGeometry& g, Pass pass) {
+  const uint64_t warps = uint64_t{job.n_chunks} * g.layers * 2 * g.kv_heads;
+  for (uint64_t w = 0; w < warps; ++w) {
+    kvc1::emu::Warp warp;
+    std::vector<uint64_t> smem((job.smem_per_warp + 7) / 8);  // 8-byte aligned, like shared memory
+    std::vector<std::thread> lanes;
+    for (uint32_t lane = 0; lane < 32; ++lane) {
+      lanes.emplace_back([&, lane] {
+        kvc1::emu::g_warp = &warp;
+        kvc1::emu::g_lane = lane;
+        pass(job, w, lane, reinterpret_cast<uint8_t*>(smem.data()));
+      });
+    }
+    for (auto& t : lanes) t.join();
+  }
+}
+
+// Runs every warp of a decode job, as the launcher does (a second pass with a calibration, for
+// transform planes); returns the error word.
 uint32_t emulate(const std::vector<std::vector<uint8_t>>& blobs, const ChunkGeometry& g,
-                 std::vector<std::vector<uint8_t>>* outs) {
+                 std::vector<std::vector<uint8_t>>* outs, const uint8_t* cal = nullptr) {
   std::vector<const uint8_t*> ptrs;
   std::vector<uint64_t> lens;
   std::vector<uint8_t*> out_ptrs;
@@ -87,20 +109,16 @@ uint32_t emulate(const std::vector<std::vector<uint8_t>>& blobs, const ChunkGeom
                 g.head_dim,
                 g.tokens,
                 static_cast<uint32_t>(g.dtype),
-                kvc1::smem_bytes_per_warp(g.head_dim)};
-  const uint64_t warps = uint64_t{job.n_chunks} * g.layers * 2 * g.kv_heads;
-  for (uint64_t w = 0; w < warps; ++w) {
-    kvc1::emu::Warp warp;
-    std::vector<uint64_t> smem((job.smem_per_warp + 7) / 8);  // 8-byte aligned, like shared memory
-    std::vector<std::thread> lanes;
-    for (uint32_t lane = 0; lane < 32; ++lane) {
-      lanes.emplace_back([&, lane] {
-        kvc1::emu::g_warp = &warp;
-        kvc1::emu::g_lane = lane;
-        kvc1::decode_warp(job, w, lane, reinterpret_cast<uint8_t*>(smem.data()));
-      });
-    }
-    for (auto& t : lanes) t.join();
+                0,
+                cal ? g.kv_heads * g.head_dim : g.head_dim,
+                cal};
+  job.smem_per_warp = kvc1::smem_bytes_per_warp(job.cols);
+  run_warps(job, g,
+            [](const kvc1::Job& j, uint64_t w, uint32_t lane, uint8_t* smem) { kvc1::decode_warp(j, w, lane, smem); });
+  if (cal) {
+    run_warps(job, g, [](const kvc1::Job& j, uint64_t w, uint32_t lane, uint8_t* smem) {
+      kvc1::rebuild_warp(j, w, lane, smem);
+    });
   }
   return error;
 }
@@ -136,6 +154,54 @@ TEST(WarpEmulation, DeviceAlgorithmEqualsCpuDecoder) {
           EXPECT_EQ(outs[i], cpu_decode(blobs[i], g))
               << codec_mode_name(m) << " entropy " << entropy << " rotate " << rotate << " D=" << g.head_dim;
       }
+    }
+  }
+}
+
+// Transform planes: bands parked by head 0's warp, rows rebuilt by every head's warp in a second
+// pass, against kvc1_decode with the same calibration, bit for bit (the rotation back sums the
+// axes in the CPU's order with the same rounded steps: transform_body.h).
+TEST(WarpEmulation, TransformPlanesEqualCpuDecoder) {
+  struct Case {
+    ChunkGeometry g;
+    double bits;
+    bool entropy;
+  };
+  // Small shapes: every warp step is a 32-thread barrier here.
+  const Case cases[] = {{geometry(1, 2, 32, 24), 1.5, true},
+                        {geometry(1, 2, 32, 24, DType::kBF16), 3.0, false},
+                        {geometry(1, 1, 16, 20, DType::kF32), 2.0, true}};
+  for (const Case& k : cases) {
+    const ChunkGeometry& g = k.g;
+    std::vector<std::vector<uint8_t>> chunks;
+    std::vector<Kvc1CalibrationSample> samples;
+    for (uint32_t i = 0; i < 4; ++i) chunks.push_back(testing::synthetic_chunk(g, 30 + i));
+    for (uint32_t i = 0; i < 4; ++i) samples.push_back({chunks[i].data(), int64_t{i} * g.tokens});
+    std::vector<uint8_t> cal_bytes(kvc1_calibration_bytes(g));
+    size_t written = 0;
+    ASSERT_TRUE(kvc1_calibrate(g, kTestFingerprint, samples, cal_bytes.data(), cal_bytes.size(), &written).ok());
+    Kvc1Calibration cal;
+    ASSERT_TRUE(kvc1_calibration_open(cal_bytes.data(), cal_bytes.size(), &cal).ok());
+    CodecConfig c;
+    c.mode = CodecMode::kTransform;
+    c.calibration = &cal;
+    c.transform_mean_bits = k.bits;
+    c.entropy = k.entropy;
+    c.block_tokens = 16;
+    CodecConfig last = c;  // sink rows in the first chunk, recent rows in the second
+    last.pos_base = 100;
+    last.ends_context = true;
+    last.recent_tokens = 5;
+    const std::vector<std::vector<uint8_t>> blobs = {testing::encode(g, chunks[0].data(), c),
+                                                     testing::encode(g, chunks[1].data(), last)};
+    std::vector<std::vector<uint8_t>> outs;
+    ASSERT_EQ(emulate(blobs, g, &outs, cal_bytes.data()), 0u);
+    DecodeOptions o;
+    o.calibration = &cal;
+    for (size_t i = 0; i < blobs.size(); ++i) {
+      std::vector<uint8_t> cpu(geometry_bytes(g), 0);
+      ASSERT_TRUE(kvc1_decode(blobs[i].data(), blobs[i].size(), g, kTestFingerprint, cpu.data(), cpu.size(), o).ok());
+      EXPECT_EQ(outs[i], cpu) << "bits " << k.bits << " entropy " << k.entropy << " D=" << g.head_dim << " chunk " << i;
     }
   }
 }

@@ -149,6 +149,8 @@ void gpu_text(std::ostringstream& o, const gpu::GpuService& g) {
       {"kdn_gpu_failed_batches_total", "counter", "Copy batches that failed on the device or could not be queued.",
        c.batches_failed},
       {"kdn_gpu_t0_encoded_total", "counter", "Chunks encoded into T0 blobs (tier.gpu.codec).", c.t0_encoded},
+      {"kdn_gpu_t0_device_encoded_total", "counter", "GPU_STORE chunks encoded for T0 on the device.",
+       c.t0_device_encoded},
       {"kdn_gpu_t0_encode_failed_total", "counter", "Chunks the T0 codec refused (served from the host tier).",
        c.t0_encode_failed},
       {"kdn_gpu_t0_decoded_chunks_total", "counter", "Chunks decoded from T0 blobs on a device.", c.t0_decoded_chunks},

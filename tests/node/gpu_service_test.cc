@@ -240,6 +240,9 @@ void run_coded(const char* codec, kernels::CodecMode mode) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_EQ(lr.tier_chunks[0], kChunks) << d.log();
+  // int8 and kivi4 blobs of a GPU_STORE are made on the device; lossless ones on the host.
+  const bool on_device = d.log().find("encoded on the device") != std::string::npos;
+  EXPECT_EQ(on_device, mode != kernels::CodecMode::kLossless) << d.log();
 
   // The expected blocks: each stored chunk (from T1) encoded and decoded on the CPU, scattered.
   const kernels::ChunkGeometry g = geo(k.m);
@@ -309,6 +312,7 @@ void run_coded(const char* codec, kernels::CodecMode mode) {
 }
 
 TEST(GpuEngine, Kivi4BlobsInT0DecodeLikeTheCpuDecoder) { run_coded("kivi4", kernels::CodecMode::kKivi4); }
+TEST(GpuEngine, Int8BlobsInT0DecodeLikeTheCpuDecoder) { run_coded("int8", kernels::CodecMode::kInt8); }
 TEST(GpuEngine, LosslessBlobsInT0RoundTripExactly) { run_coded("lossless", kernels::CodecMode::kLossless); }
 
 TEST(GpuEngine, StoreAndRetrieveThroughPinnedHostOnly) {

@@ -438,7 +438,8 @@ Step RequestHandler::gpu_commit(Op& op, uint64_t deadline_ns) {
   }
   if (op.waiting > 0) return Step::kWait;
   if (!settle_backwards(op, g.committed, deadline_ns, [&](const kdn_key& k) { store.settle(k); })) return Step::kMore;
-  gpu_->encode_stored(s, g.ref, *s.ns, kernels::chunk_geometry_of(*op.model), g.committed);  // T0 with a codec
+  gpu_->encode_stored(s, g.ref, *s.ns, kernels::chunk_geometry_of(*op.model), g.committed,
+                      op.token);  // T0 with a codec
   ipc::GpuStoreOp::put({uint32_t(op.done), g.cached}, op.cqe);
   return finish(op, op.first_error);
 }

@@ -530,6 +530,7 @@ Status GpuService::store(Namespace& ns, Registration& reg, const CheckedLayout& 
   auto view = stage_layout(d, layout);
   if (!view.ok()) return view.status();
   batch->uses_meta = true;
+  batch->encodes = begin_store_encodes(d, geo, uint32_t(reserved.size()), op_token);
   Status failed;
   if (reg.engine_event) failed = stream_wait_event(d.stream, reg.engine_event);
   for (size_t i = 0; i < reserved.size() && failed.ok(); ++i) {
@@ -551,6 +552,8 @@ Status GpuService::store(Namespace& ns, Registration& reg, const CheckedLayout& 
     std::byte* host = ns.host->address(e->placement[tier_index(TierId::kHost)]);
     failed = copy_sliced(host, dst, bytes, d.stream);
     counters_.d2h_bytes += bytes;
+    if (failed.ok() && batch->encodes)
+      failed = queue_device_encode(d, *batch->encodes, uint32_t(i), key, e->fingerprint);
   }
   if (failed.ok()) failed = notify_after(d.stream, cq_.get(), batch->token);
   if (!failed.ok()) {
@@ -740,6 +743,12 @@ Result<std::vector<int32_t>> GpuService::take_blend(uint64_t op_token) {
 
 void GpuService::land(Batch& b, bool failed) {
   if (b.coded) failed = coded_failed(b, failed);
+  if (b.encodes) {  // read by encode_stored once the store committed; a failed store has none
+    if (failed)
+      store_encodes_.erase(b.op_token);
+    else
+      b.encodes->landed = true;
+  }
   if (b.blend) {  // read before the metadata tail is reused
     blend_answers_.insert_or_assign(b.op_token, failed ? Result<std::vector<int32_t>>(Status(
                                                              Code::kIo, "the GPU work of this blend selection failed"))

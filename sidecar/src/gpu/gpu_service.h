@@ -22,6 +22,7 @@
 #include "gpu_plan.h"
 #include "gpu_registry.h"
 #include "t0_codec.h"
+#include "t0_device_encode.h"
 #include "t0_index.h"
 
 #include "worker_pool.h"
@@ -61,6 +62,7 @@ struct GpuCounters {
   // chunks decoded on the device, and chunks whose decode failed on the device (their T0 copy
   // is dropped; the batch counts in batches_failed).
   uint64_t t0_encoded = 0, t0_encode_failed = 0, t0_decoded_chunks = 0, t0_decode_faults = 0;
+  uint64_t t0_device_encoded = 0;  // chunks of GPU_STOREs encoded for T0 on the device (the rest on the host)
   uint64_t t0_raw_bytes_written = 0, t0_stored_bytes_written = 0;  // chunks encoded into T0, and their blobs
   uint64_t blend_selects = 0, blend_chunks = 0;  // GPU_BLEND_SELECTs queued and the chunks they compared
 };
@@ -159,11 +161,13 @@ class GpuService {
   };
   void poll(std::vector<Woken>* wake);
   bool busy() const noexcept { return !batches_.empty() || encodes_in_flight_ > 0 || !encode_backlog_.empty(); }
-  // tier.gpu.codec: after a GPU_STORE committed `keys` (chunks of geometry `geo`), encodes them
-  // for the T0 of the device of registration `ref` on worker threads; each blob enters T0 when it
-  // is made. Nothing without a codec or when the registration is gone.
+  // tier.gpu.codec: after the GPU_STORE `op_token` committed `keys` (chunks of geometry `geo`),
+  // they enter the T0 of the device of registration `ref`: as the blobs the device made while the
+  // store's copies ran (checked on worker threads), or, for chunks it did not encode (lossless,
+  // a chunk too large for the bounce buffer), encoded on worker threads from their T1 copy.
+  // Nothing without a codec or when the registration is gone; the store's landings go in any case.
   void encode_stored(const Session& s, ipc::GpuRegistrationRef ref, Namespace& ns, const kernels::ChunkGeometry& geo,
-                     std::span<const kdn_key> keys);
+                     std::span<const kdn_key> keys, uint64_t op_token);
   // kdnd is stopping: chunks not yet encoded for T0 are not (the backlog goes, queued jobs end
   // without encoding), so busy() turns false soon.
   void stop_encoding() noexcept;
@@ -228,6 +232,14 @@ class GpuService {
                             std::span<const std::pair<uint32_t, uint64_t>> hits, uint32_t group);
   void encode_for_t0(Namespace& ns, int device, const kernels::ChunkGeometry& geo, Entry* e);
   bool post_encode(Namespace& ns, int device, const kernels::ChunkGeometry& geo, Entry* e);
+  bool post_job(std::unique_ptr<T0EncodeJob> job);
+  // ---- the device encodes a GPU_STORE's chunks for T0 (gpu_service_encode.cc)
+  // The landing for a store of n chunks of geo, or null when they are encoded on the host.
+  std::shared_ptr<StoreEncodes> begin_store_encodes(const Device& d, const kernels::ChunkGeometry& geo, uint32_t n,
+                                                    uint64_t op_token);
+  // After chunk i's gather into the bounce buffer: its encode there and the copies to its landing.
+  Status queue_device_encode(Device& d, StoreEncodes& enc, uint32_t i, const T0Key& key, const kdn_key& fingerprint);
+  void post_device_blob(Namespace& ns, int device, const std::shared_ptr<StoreEncodes>& enc, uint32_t i, Entry* e);
   void drain_encode_backlog();
   void poll_encodes();
   void fill_t0(Device& d, T0EncodeJob& job);
@@ -246,6 +258,9 @@ class GpuService {
     uint64_t generation;
   };
   std::deque<EncodeLater> encode_backlog_;
+  // GPU_STOREs whose device encodes are queued or landed, by op token, until encode_stored.
+  std::unordered_map<uint64_t, std::shared_ptr<StoreEncodes>> store_encodes_;
+  bool device_encode_logged_ = false;
   // Set by stop_encoding(); read by jobs on workers. Relaxed: a job that misses it only encodes
   // a chunk that is then dropped, and the loop sees its result through the pool's lock anyway.
   std::atomic<bool> encode_stop_{false};

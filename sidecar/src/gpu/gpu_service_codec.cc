@@ -293,6 +293,12 @@ bool GpuService::post_encode(Namespace& ns, int device, const kernels::ChunkGeom
   job->device = device;
   job->ns = &ns;
   job->entry = e;
+  return post_job(std::move(job));
+}
+
+// Hands a job whose key is marked as encoding to a worker; false (the mark and the host pin
+// undone) if it could not.
+bool GpuService::post_job(std::unique_ptr<T0EncodeJob> job) {
   try {
     Encoders* pool = encoders_.get();
     T0EncodeJob* j = job.get();
@@ -308,13 +314,14 @@ bool GpuService::post_encode(Namespace& ns, int device, const kernels::ChunkGeom
       pool->done(j);
     });
   } catch (...) {  // bad_alloc: not encoded, served from T1
-    d.blobs->end_encode(key);
-    ns.store->unpin(e);
+    devices_[size_t(job->device)]->blobs->end_encode(job->key);
+    if (job->chunk) job->ns->store->unpin(job->entry);
     return false;
   }
+  Namespace* ns = job->ns;
   job.release();  // the pool hands it back through take_done
   ++encodes_in_flight_;
-  ++ns.attached;  // its arena stays mapped while a worker reads it
+  ++ns->attached;  // its arena stays mapped while a worker reads it
   return true;
 }
 
@@ -336,16 +343,6 @@ void GpuService::drain_encode_backlog() {
   }
 }
 
-void GpuService::encode_stored(const Session& s, ipc::GpuRegistrationRef ref, Namespace& ns,
-                               const kernels::ChunkGeometry& geo, std::span<const kdn_key> keys) {
-  if (!enabled_ || codec_id_ == 0) return;
-  auto reg = registry_->find(s.id, ref.registration, ref.generation);
-  if (!reg.ok()) return;
-  for (const kdn_key& k : keys) {
-    if (Entry* e = ns.store->index().find(k)) encode_for_t0(ns, (*reg)->device, geo, e);
-  }
-}
-
 void GpuService::poll_encodes() {
   std::vector<T0EncodeJob*> done;
   encoders_->take_done(done);
@@ -354,7 +351,7 @@ void GpuService::poll_encodes() {
     --encodes_in_flight_;
     Device& d = *devices_[size_t(job->device)];
     d.blobs->end_encode(job->key);
-    job->ns->store->unpin(job->entry);  // the blob is ours now: the host copy may go
+    if (job->chunk) job->ns->store->unpin(job->entry);  // the blob is ours now: the host copy may go
     --job->ns->attached;
     if (job->status.code() == Code::kUnavailable) continue;  // stop_encoding(): not encoded
     if (!job->status.ok()) {

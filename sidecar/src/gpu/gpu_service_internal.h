@@ -6,6 +6,7 @@
 #include "gpu_blend.h"
 #include "gpu_service.h"
 #include "t0_codec.h"
+#include "t0_device_encode.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -54,6 +55,7 @@ struct GpuService::Batch {
   std::vector<std::pair<int, T0Key>> t0_fresh;  // slots written by the batch: published on success
   uint64_t op_token = 0;                        // store: the request to wake
   std::unique_ptr<CodedBatch> coded;            // tier.gpu.codec: decodes and T0 fills
+  std::shared_ptr<StoreEncodes> encodes;        // store: the device's T0 encodes landing on the host
   std::unique_ptr<BlendPlan> blend;             // GPU_BLEND_SELECT: what the answer is checked against
   const std::byte* blend_result = nullptr;      // its answer, in the batch's pinned metadata tail
   std::vector<uint64_t> waiters;                // GPU_CHECK requests woken when it lands

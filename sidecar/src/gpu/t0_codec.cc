@@ -70,7 +70,16 @@ void T0BlobStore::erase(const T0Key& k) noexcept {
 }
 
 void T0EncodeJob::run() noexcept {
-  if (!encode_chunk(geo, fingerprint, chunk, codec, /*min_saving=*/0, &encoding)) {
+  if (device_blob) {
+    // Made on the device: only checked and fitted here (below), never encoded on the host.
+    encoding.blob = AlignedBuffer(device_blob_bytes);
+    if (encoding.blob.data() == nullptr) {
+      status = Status(Code::kNoMemory, "no memory for the host copy of a T0 blob");
+      return;
+    }
+    std::memcpy(encoding.blob.data(), device_blob, device_blob_bytes);
+    encoding.bytes = device_blob_bytes;
+  } else if (!encode_chunk(geo, fingerprint, chunk, codec, /*min_saving=*/0, &encoding)) {
     status = Status(Code::kInvalidArgument,
                     "the chunk could not be encoded for T0 (NaN or Inf in a lossy codec, no memory, or no saving)");
     return;
@@ -87,6 +96,7 @@ void T0EncodeJob::run() noexcept {
     encoding = ChunkEncoding{};
     return;
   }
+  if (device_blob) return;  // already in a buffer of its own size
   // The host copy lives as long as the T0 slot: keep only the blob's own bytes.
   AlignedBuffer fitted(encoding.bytes);
   if (fitted.data() == nullptr) {

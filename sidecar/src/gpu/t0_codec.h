@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string_view>
 #include <unordered_map>
@@ -103,6 +104,11 @@ struct T0EncodeJob {
   kdn_key fingerprint{};
   const std::byte* chunk = nullptr;  // chunk_bytes(geo) bytes, the pinned host copy
   uint8_t codec = 0;                 // tier codec id, 1..3
+  // A blob the device made from the chunk (t0_device_encode.h): run() validates it instead of
+  // encoding; `chunk` is then null and `keep` holds the landing it lies in.
+  const std::byte* device_blob = nullptr;
+  uint64_t device_blob_bytes = 0;
+  std::shared_ptr<const void> keep;
   // the loop's own (the worker never touches them)
   T0Key key;
   int device = -1;
@@ -113,8 +119,9 @@ struct T0EncodeJob {
   Status status;
   bool pinned = false;  // the worker page-locked the blob (the GPU tier's, not run()'s)
 
-  // Encodes the chunk, validates the blob as the CUDA decoder will read it, and moves it into a
-  // buffer of its own size (the encoder's holds the codec's worst case). Any thread.
+  // Encodes the chunk (or takes the device's blob), validates the blob as the CUDA decoder will
+  // read it, and moves it into a buffer of its own size (the encoder's holds the codec's worst
+  // case). Any thread.
   void run() noexcept;
 };
 

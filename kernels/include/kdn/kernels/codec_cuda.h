@@ -1,9 +1,10 @@
 // KVC1 decoding and encoding on a CUDA device (the CPU side is kdn/kernels/codec.h).
 //
-// A batch of blobs of one model is decoded in one launch: one warp per (chunk, layer, plane,
-// head) segment, the 32 rANS lanes on the 32 threads, words shared through ballot/popc,
-// dequantized in fp32 with the same bodies as the CPU decoder, so the output is bit-identical
-// to kvc1_decode's.
+// A batch of blobs of one model is decoded in one launch (two with transform planes: the
+// bands, then the rows; docs/codec.md §10.6): one warp per (chunk, layer, plane, head)
+// segment, the 32 rANS lanes on the 32 threads, words shared through ballot/popc, dequantized
+// in fp32 with the same bodies as the CPU decoder, so the output is bit-identical to
+// kvc1_decode's.
 //
 // Division of labour. The host holds a copy of every blob (the sidecar reads blobs into host
 // memory before moving them to the device) and validates it completely first: CRCs, lengths,
@@ -33,6 +34,10 @@ struct Kvc1CudaBatch {
   const size_t* blob_bytes = nullptr;            // n lengths
   const uint8_t* const* device_blobs = nullptr;  // n device copies of the same bytes
   void* const* device_outputs = nullptr;         // n canonical chunks (chunk_bytes(expected) each)
+  // Transform-coded blobs (docs/codec.md §10): the bytes of the calibration object they name
+  // (opts.calibration, which the host checks) in device memory, 4-byte aligned, uploaded once
+  // per model by the caller. Null: such blobs are refused (kInvalidArgument).
+  const void* device_calibration = nullptr;
 };
 
 // Device scratch a batch of n chunks needs.
@@ -97,5 +102,22 @@ Status kvc1_encode_cuda(const Kvc1CudaEncodeBatch& batch, const ChunkGeometry& g
 // device_scratch: OK with sizes[0, n) the blob sizes, kInvalidArgument (NaN or Inf in a chunk,
 // or values beyond fp32 scales) or kInternal (a CUDA error).
 Status kvc1_cuda_encode_result(const void* device_scratch, uint32_t n, void* stream, uint64_t* sizes) noexcept;
+
+// The same result without waiting. The first kvc1_cuda_encode_head_bytes(n) bytes of an encode's
+// device_scratch hold its result (an error word, then the n blob sizes). A caller that must not
+// block copies them to host memory on the same stream after the launch and passes that copy here
+// once it landed: OK with sizes[0, n), kInvalidArgument or kInternal as above.
+size_t kvc1_cuda_encode_head_bytes(uint32_t n) noexcept;
+Status kvc1_cuda_encode_result_of(const void* head, uint32_t n, uint64_t* sizes) noexcept;
+
+// The device encoder's stages run on the CPU, one unit after another, over host memory laid out
+// as kvc1_encode_cuda lays out device memory (batch pointers, outputs and scratch are host
+// memory here): the same blobs and the same result head. For checks of the device data flow on
+// machines without a device. `place_threads` is how many threads the copy stage pretends to run
+// per plane (the device runs 256). Errors before the stages: as kvc1_encode_cuda.
+size_t kvc1_encode_emulated_scratch_bytes(const ChunkGeometry& g, const CodecConfig& cfg, uint32_t n) noexcept;
+Status kvc1_encode_emulated(const Kvc1CudaEncodeBatch& batch, const ChunkGeometry& g, const kdn_key& fingerprint,
+                            const CodecConfig& cfg, void* scratch, size_t scratch_bytes,
+                            uint32_t place_threads = 3) noexcept;
 
 }  // namespace kdn::kernels
