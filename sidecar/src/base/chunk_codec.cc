@@ -17,6 +17,8 @@ kernels::CodecMode codec_mode_of(uint8_t codec_id) noexcept {
       return kernels::CodecMode::kInt8;
     case 3:
       return kernels::CodecMode::kKivi4;
+    case kTransformCodecId:
+      return kernels::CodecMode::kTransform;
     default:
       return kernels::CodecMode::kRaw;
   }
@@ -44,11 +46,15 @@ const kernels::ChunkGeometry* ChunkGeometries::find(const kdn_key& fingerprint, 
 // ---- encode and decode -----------------------------------------------------------------------------
 
 bool encode_chunk(const kernels::ChunkGeometry& g, const kdn_key& fingerprint, const std::byte* chunk, uint8_t codec_id,
-                  uint64_t min_saving, ChunkEncoding* out) noexcept {
+                  uint64_t min_saving, ChunkEncoding* out, const kernels::Kvc1Calibration* calibration) noexcept {
   *out = ChunkEncoding{};
   kernels::CodecConfig cfg;
   cfg.mode = codec_mode_of(codec_id);
   if (cfg.mode == kernels::CodecMode::kRaw) return false;
+  if (cfg.mode == kernels::CodecMode::kTransform) {
+    if (calibration == nullptr || !(calibration->fingerprint == fingerprint)) return false;
+    cfg.calibration = calibration;
+  }
   const size_t cap = kernels::kvc1_max_encoded_size(g, cfg);
   const size_t scratch_bytes = kernels::kvc1_encode_scratch_bytes(g, cfg);
   const uint64_t raw_bytes = kernels::chunk_bytes(g);
@@ -74,7 +80,8 @@ bool encode_chunk(const kernels::ChunkGeometry& g, const kdn_key& fingerprint, c
 }
 
 Status decode_chunk(const std::byte* blob, uint64_t blob_bytes, uint8_t codec_id, const kdn_key& fingerprint,
-                    const kdn_key& raw_hash, std::byte* out, uint64_t raw_bytes) noexcept {
+                    const kdn_key& raw_hash, std::byte* out, uint64_t raw_bytes,
+                    const CalibrationCatalog* calibrations) noexcept {
   const auto* b = reinterpret_cast<const uint8_t*>(blob);
   const kernels::CodecMode mode = codec_mode_of(codec_id);
   kernels::Kvc1Info info;
@@ -83,7 +90,15 @@ Status decode_chunk(const std::byte* blob, uint64_t blob_bytes, uint8_t codec_id
   if (info.mode != mode) return Status(Code::kCorrupt, "a compressed chunk is in another codec than recorded");
   if (kernels::chunk_bytes(info.geometry) != raw_bytes || !(info.fingerprint == fingerprint))
     return Status(Code::kCorrupt, "a compressed chunk is of another model or size");
-  if (!kernels::kvc1_decode(b, blob_bytes, info.geometry, info.fingerprint, out, raw_bytes).ok())
+  // Held through the decode: the catalog may drop the object meanwhile.
+  CalibrationRef calibration;
+  kernels::DecodeOptions opts;
+  if (!(info.calibration_id == kdn_key{})) {
+    calibration = calibrations == nullptr ? nullptr : calibrations->find(info.calibration_id);
+    if (calibration == nullptr) return Status(Code::kNotFound, "the calibration a compressed chunk names is not here");
+    opts.calibration = &calibration->view;
+  }
+  if (!kernels::kvc1_decode(b, blob_bytes, info.geometry, info.fingerprint, out, raw_bytes, opts).ok())
     return Status(Code::kCorrupt, "a compressed chunk did not decode");
   if (mode == kernels::CodecMode::kLossless && !(chunk_hash(out, raw_bytes) == raw_hash))
     return Status(Code::kCorrupt, "a losslessly compressed chunk decoded to other bytes");
