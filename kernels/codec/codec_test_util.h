@@ -4,6 +4,7 @@
 #include "format.h"
 
 #include <kdn/kernels/codec.h>
+#include <kdn/kernels/codec_transform.h>
 #include <kdn/kernels/synthetic.h>
 
 #include <gtest/gtest.h>
@@ -37,6 +38,25 @@ inline std::vector<uint8_t> synthetic_chunk(const ChunkGeometry& g, uint64_t see
   p.seed = seed;
   EXPECT_TRUE(fill_synthetic_kv(chunk.data(), g, p).ok());
   return chunk;
+}
+
+// Four synthetic chunks (seeds seed..seed+3) and a calibration computed from them.
+struct SyntheticCalibration {
+  std::vector<std::vector<uint8_t>> chunks;
+  std::vector<uint8_t> bytes;
+  Kvc1Calibration view;
+};
+
+inline SyntheticCalibration synthetic_calibration(const ChunkGeometry& g, uint64_t seed) {
+  SyntheticCalibration c;
+  std::vector<Kvc1CalibrationSample> samples;
+  for (uint32_t i = 0; i < 4; ++i) c.chunks.push_back(synthetic_chunk(g, seed + i));
+  for (uint32_t i = 0; i < 4; ++i) samples.push_back({c.chunks[i].data(), int64_t{i} * g.tokens});
+  c.bytes.resize(kvc1_calibration_bytes(g));
+  size_t written = 0;
+  EXPECT_TRUE(kvc1_calibrate(g, kTestFingerprint, samples, c.bytes.data(), c.bytes.size(), &written).ok());
+  EXPECT_TRUE(kvc1_calibration_open(c.bytes.data(), c.bytes.size(), &c.view).ok());
+  return c;
 }
 
 // Encodes or fails the test; returns the blob sized to what was written.

@@ -173,15 +173,11 @@ TEST(WarpEmulation, TransformPlanesEqualCpuDecoder) {
                         {geometry(1, 1, 16, 20, DType::kF32), 2.0, true}};
   for (const Case& k : cases) {
     const ChunkGeometry& g = k.g;
-    std::vector<std::vector<uint8_t>> chunks;
-    std::vector<Kvc1CalibrationSample> samples;
-    for (uint32_t i = 0; i < 4; ++i) chunks.push_back(testing::synthetic_chunk(g, 30 + i));
-    for (uint32_t i = 0; i < 4; ++i) samples.push_back({chunks[i].data(), int64_t{i} * g.tokens});
-    std::vector<uint8_t> cal_bytes(kvc1_calibration_bytes(g));
-    size_t written = 0;
-    ASSERT_TRUE(kvc1_calibrate(g, kTestFingerprint, samples, cal_bytes.data(), cal_bytes.size(), &written).ok());
-    Kvc1Calibration cal;
-    ASSERT_TRUE(kvc1_calibration_open(cal_bytes.data(), cal_bytes.size(), &cal).ok());
+    const testing::SyntheticCalibration sc = testing::synthetic_calibration(g, 30);
+    ASSERT_FALSE(::testing::Test::HasFailure());
+    const auto& chunks = sc.chunks;
+    const auto& cal_bytes = sc.bytes;
+    const Kvc1Calibration& cal = sc.view;
     CodecConfig c;
     c.mode = CodecMode::kTransform;
     c.calibration = &cal;

@@ -58,6 +58,13 @@ class Kdnd:
             time.sleep(0.05)
         raise RuntimeError("kdnd did not come up")
 
+    def counters(self, names):
+        """The named counters of `kdnctl stats --json` (KDN_KDNCTL)."""
+        out = subprocess.run([os.environ["KDN_KDNCTL"], "-s", self.sock, "stats", "--json"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        s = json.loads(out)
+        return {k: s[k] for k in names}
+
     def stop(self, sig=signal.SIGTERM):
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(sig)

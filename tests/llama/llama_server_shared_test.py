@@ -83,10 +83,7 @@ class SharedServersTest(unittest.TestCase):
         shutil.rmtree(cls.dir, ignore_errors=True)
 
     def stats(self):
-        out = subprocess.run([os.environ["KDN_KDNCTL"], "-s", self.kdnd.sock, "stats", "--json"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
-        s = json.loads(out)
-        return {k: s[k] for k in KDN_TRAFFIC}
+        return self.kdnd.counters(KDN_TRAFFIC)
 
     def kdn_llama(self, doc_path, question):
         out = subprocess.run([os.environ["KDN_LLAMA_CLI"], "--model", os.environ["KDN_LLAMA_MODEL"], "--prompt-file",

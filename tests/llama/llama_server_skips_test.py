@@ -7,10 +7,8 @@ logged once, reaches kdnd not at all, and changes no greedy token against the sa
 second), with the tokenizer of the test's real model. Run by llama_server_test.py (one ctest),
 whose environment it reads."""
 import base64
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import unittest
@@ -60,10 +58,7 @@ class SkipsTest(unittest.TestCase):
         shutil.rmtree(cls.dir, ignore_errors=True)
 
     def stats(self):
-        out = subprocess.run([os.environ["KDN_KDNCTL"], "-s", self.kdnd.sock, "stats", "--json"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
-        s = json.loads(out)
-        return {k: s[k] for k in KDN_TRAFFIC}
+        return self.kdnd.counters(KDN_TRAFFIC)
 
     def server(self, name, model, kdn=True, extra=()):
         return Server(self.dir, name + ("" if kdn else "-off"), self.kdnd.sock, kdn=kdn, model=self.models[model],

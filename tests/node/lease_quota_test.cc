@@ -33,6 +33,20 @@ int hold_doc(Conn& k, uint32_t doc, std::vector<kdn_lease*>* held) {
   return rc;
 }
 
+// Reserves documents of `doc_tokens_n` tokens until the arena is full; the reservations held.
+std::vector<kdn_store*> reserve_until_full(Conn& hog, size_t doc_tokens_n) {
+  std::vector<kdn_store*> held;
+  int refused = KDN_OK;
+  for (uint32_t doc = 1000; doc < 1100 && refused == KDN_OK; ++doc) {
+    auto tok = doc_tokens(doc, doc_tokens_n);
+    kdn_store* st = nullptr;
+    refused = kdn_store_reserve(hog.c, hog.m, tok.data(), tok.size(), 0, kDocChunks, &st);
+    if (refused == KDN_OK) held.push_back(st);
+  }
+  EXPECT_EQ(refused, KDN_ERR_NO_SPACE) << "the hog filled the arena";
+  return held;
+}
+
 TEST(LeaseQuota, ASessionCannotPinTheWholeArenaAgainstItsWriters) {
   // A 32 MiB arena, 1 MiB documents (64 chunks of 16 KiB), 16 MiB of leases per session.
   KdndProcess d({"--set", "tier.host.bytes=32M", "--set", "max_lease_bytes=16M"});
@@ -80,15 +94,7 @@ TEST(LeaseQuota, AWriterHoldingTheArenaInReservationsGivesWay) {
   Conn hog(d, tiny_model()), writer(d, tiny_model());
   ASSERT_TRUE(hog.ok() && writer.ok());
   const size_t doc_tokens_n = size_t(kDocChunks) * kdn_model_chunk_tokens(hog.m);
-  std::vector<kdn_store*> held;
-  int refused = KDN_OK;
-  for (uint32_t doc = 1000; doc < 1100 && refused == KDN_OK; ++doc) {
-    auto tok = doc_tokens(doc, doc_tokens_n);
-    kdn_store* st = nullptr;
-    refused = kdn_store_reserve(hog.c, hog.m, tok.data(), tok.size(), 0, kDocChunks, &st);
-    if (refused == KDN_OK) held.push_back(st);
-  }
-  EXPECT_EQ(refused, KDN_ERR_NO_SPACE) << "the hog filled the arena";
+  std::vector<kdn_store*> held = reserve_until_full(hog, doc_tokens_n);
   ASSERT_GE(held.size(), 8u);
   int served = 0;
   for (uint32_t doc = 0; doc < 16; ++doc) served += store_doc(writer, doc, kDocChunks) == int(kDocChunks);
@@ -110,15 +116,7 @@ TEST(LeaseQuota, AWriterOfLargerChunksGetsRoomFromAHolderOfSmallerOnes) {
   ASSERT_TRUE(hog.ok() && writer.ok());
   ASSERT_EQ(kdn_model_chunk_bytes(writer.m), 2 * kdn_model_chunk_bytes(hog.m));
   const size_t doc_tokens_n = size_t(kDocChunks) * kdn_model_chunk_tokens(hog.m);
-  std::vector<kdn_store*> held;
-  int refused = KDN_OK;
-  for (uint32_t doc = 1000; doc < 1100 && refused == KDN_OK; ++doc) {
-    auto tok = doc_tokens(doc, doc_tokens_n);
-    kdn_store* st = nullptr;
-    refused = kdn_store_reserve(hog.c, hog.m, tok.data(), tok.size(), 0, kDocChunks, &st);
-    if (refused == KDN_OK) held.push_back(st);
-  }
-  EXPECT_EQ(refused, KDN_ERR_NO_SPACE) << "the hog filled the arena";
+  std::vector<kdn_store*> held = reserve_until_full(hog, doc_tokens_n);
   ASSERT_EQ(held.size(), 16u);
   // Each writer document is 32 chunks of 32 KiB: one slab.
   int served = 0;
