@@ -101,10 +101,7 @@ Status enqueue_stages(const EncodeJob& j, uint64_t out_cap, const Kvc1CudaEncode
 }  // namespace kvc1
 
 size_t kvc1_cuda_encode_scratch_bytes(const ChunkGeometry& g, const CodecConfig& cfg, uint32_t n) noexcept {
-  kvc1::EncodeJob job;
-  uint64_t bytes = 0;
-  if (!kvc1::plan_device_encode(g, kdn_key{}, cfg, n, nullptr, &job, nullptr, &bytes).ok()) return 0;
-  return static_cast<size_t>(bytes);
+  return kvc1::device_encode_scratch_bytes(g, cfg, n);
 }
 
 Status kvc1_encode_cuda(const Kvc1CudaEncodeBatch& batch, const ChunkGeometry& g, const kdn_key& fingerprint,

@@ -21,6 +21,15 @@ namespace kdn::kernels::kvc1 {
 Status plan_device_encode(const ChunkGeometry& g, const kdn_key& fingerprint, const CodecConfig& cfg, uint32_t n,
                           uint8_t* base, EncodeJob* job, DevicePlaneSpec* specs, uint64_t* bytes) noexcept;
 
+// Bytes of device scratch an encode of n chunks needs; 0 for a geometry or config the device
+// encoder refuses.
+inline size_t device_encode_scratch_bytes(const ChunkGeometry& g, const CodecConfig& cfg, uint32_t n) noexcept {
+  EncodeJob job;
+  uint64_t bytes = 0;
+  if (!plan_device_encode(g, kdn_key{}, cfg, n, nullptr, &job, nullptr, &bytes).ok()) return 0;
+  return static_cast<size_t>(bytes);
+}
+
 // Start of the scratch's pointer arrays (chunks, outs: n each) and result words, which the
 // launcher fills: the error word at offset 0, then written[n], chunks[n], outs[n].
 constexpr uint64_t kDeviceEncodeHeadBytes = 16;

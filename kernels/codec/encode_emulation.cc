@@ -23,10 +23,7 @@ Status kvc1_cuda_encode_result_of(const void* head, uint32_t n, uint64_t* sizes)
 }
 
 size_t kvc1_encode_emulated_scratch_bytes(const ChunkGeometry& g, const CodecConfig& cfg, uint32_t n) noexcept {
-  kvc1::EncodeJob job;
-  uint64_t bytes = 0;
-  if (!kvc1::plan_device_encode(g, kdn_key{}, cfg, n, nullptr, &job, nullptr, &bytes).ok()) return 0;
-  return static_cast<size_t>(bytes);
+  return kvc1::device_encode_scratch_bytes(g, cfg, n);
 }
 
 Status kvc1_encode_emulated(const Kvc1CudaEncodeBatch& batch, const ChunkGeometry& g, const kdn_key& fingerprint,
