@@ -174,7 +174,7 @@ class DiskTier final : public Tier {
   Status scan_device(Device& d, RecoveryReport* report, std::vector<Found>* found, uint64_t* last_log) noexcept;
   Status adopt_newest(const std::vector<Found>& found, std::vector<RecoveredChunk>* recovered,
                       RecoveryReport* report) noexcept;
-  Status adopt(const Found& f, std::vector<RecoveredChunk>* recovered, RecoveryReport* report);
+  Status adopt_found(const Found& f, std::vector<RecoveredChunk>* recovered, RecoveryReport* report);
   Status register_buffers() noexcept;
 
   // ---- slots and space

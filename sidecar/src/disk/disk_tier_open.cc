@@ -441,7 +441,7 @@ Status DiskTier::adopt_newest(const std::vector<Found>& found, std::vector<Recov
     slots_.reserve(newest.size());
     for (size_t i = 0; i < found.size(); ++i) {
       if (!keep[i] || !adopted[{found[i].device, found[i].slab}]) continue;
-      KDN_RETURN_IF_ERROR(adopt(found[i], recovered, report));
+      KDN_RETURN_IF_ERROR(adopt_found(found[i], recovered, report));
     }
   } catch (const std::bad_alloc&) {
     return Status(Code::kNoMemory, "recovery index");
@@ -450,7 +450,7 @@ Status DiskTier::adopt_newest(const std::vector<Found>& found, std::vector<Recov
 }
 
 // One recovered copy as a live slot, written and placed, and as a chunk for the index.
-Status DiskTier::adopt(const Found& f, std::vector<RecoveredChunk>* recovered, RecoveryReport* report) {
+Status DiskTier::adopt_found(const Found& f, std::vector<RecoveredChunk>* recovered, RecoveryReport* report) {
   const disk::SlotHeader& h = f.header;
   Device& d = *devices_[f.device];
   auto tcls = slot_class(h.raw_bytes);
