@@ -43,13 +43,18 @@ const kernels::ChunkGeometry* ChunkGeometries::find(const kdn_key& fingerprint, 
   return &it->second;
 }
 
+kernels::CodecConfig codec_config_of(uint8_t codec_id) noexcept {
+  kernels::CodecConfig cfg;
+  cfg.mode = codec_mode_of(codec_id);
+  return cfg;
+}
+
 // ---- encode and decode -----------------------------------------------------------------------------
 
 bool encode_chunk(const kernels::ChunkGeometry& g, const kdn_key& fingerprint, const std::byte* chunk, uint8_t codec_id,
                   uint64_t min_saving, ChunkEncoding* out, const kernels::Kvc1Calibration* calibration) noexcept {
   *out = ChunkEncoding{};
-  kernels::CodecConfig cfg;
-  cfg.mode = codec_mode_of(codec_id);
+  kernels::CodecConfig cfg = codec_config_of(codec_id);
   if (cfg.mode == kernels::CodecMode::kRaw) return false;
   if (cfg.mode == kernels::CodecMode::kTransform) {
     if (calibration == nullptr || !(calibration->fingerprint == fingerprint)) return false;

@@ -33,6 +33,9 @@ constexpr uint8_t kTransformCodecId = 4;
 
 // The KVC1 mode of a tier codec id (kRaw for 0 and for ids no tier knows).
 kernels::CodecMode codec_mode_of(uint8_t codec_id) noexcept;
+// The config a tier codec id encodes with: the mode's defaults. encode_chunk and kdnd's device
+// encoder (gpu/t0_device_encode.h) both use it, so a device-made blob equals the host's.
+kernels::CodecConfig codec_config_of(uint8_t codec_id) noexcept;
 
 // XXH3-128 of a canonical chunk: the raw_hash lossless payloads are checked against.
 kdn_key chunk_hash(const void* data, size_t n) noexcept;

@@ -56,7 +56,7 @@ Status GpuService::queue_device_encode(Device& d, StoreEncodes& enc, uint32_t i,
   b.n = 1;
   b.device_chunks = &chunk;
   b.device_outputs = &out;
-  KDN_RETURN_IF_ERROR(kernels::kvc1_encode_cuda(b, enc.geo, fingerprint, t0_codec_config(codec_id_),
+  KDN_RETURN_IF_ERROR(kernels::kvc1_encode_cuda(b, enc.geo, fingerprint, codec_config_of(codec_id_),
                                                 bounce + enc.area.scratch_offset, enc.area.scratch_bytes, d.stream));
   for (const LandingCopy& c : landing_copies(enc.area, i)) {
     KDN_RETURN_IF_ERROR(copy_async(enc.landing.data() + c.to, bounce + c.from, c.bytes, d.stream));

@@ -13,15 +13,9 @@ uint64_t round_up(uint64_t v) noexcept { return (v + kAlign - 1) / kAlign * kAli
 
 }  // namespace
 
-kernels::CodecConfig t0_codec_config(uint8_t codec_id) noexcept {
-  kernels::CodecConfig cfg;
-  cfg.mode = codec_mode_of(codec_id);
-  return cfg;
-}
-
 EncodeArea plan_encode_area(uint64_t bounce_bytes, const kernels::ChunkGeometry& geo, uint8_t codec_id,
                             EncodeScratchOf scratch_of) noexcept {
-  const kernels::CodecConfig cfg = t0_codec_config(codec_id);
+  const kernels::CodecConfig cfg = codec_config_of(codec_id);
   if (cfg.mode != kernels::CodecMode::kInt8 && cfg.mode != kernels::CodecMode::kKivi4) return {};
   const uint64_t chunk = kernels::chunk_bytes(geo), cap = kernels::kvc1_max_encoded_size(geo, cfg);
   const uint64_t scratch = scratch_of(geo, cfg, 1);

@@ -25,10 +25,6 @@
 
 namespace kdn::sidecar::gpu {
 
-// The config a tier codec id encodes with: the mode's defaults, as encode_chunk uses them, so a
-// device-made blob equals the host's byte for byte.
-kernels::CodecConfig t0_codec_config(uint8_t codec_id) noexcept;
-
 // How one chunk's device encode uses the bounce buffer [0, bounce_bytes): the chunk at 0, the
 // blob at out_offset (room for the worst case, cap), the encoder's scratch at scratch_offset.
 // On the host, chunk i of a store lands at i * landing_stride: the result head (head_bytes),

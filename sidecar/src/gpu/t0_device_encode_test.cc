@@ -99,7 +99,7 @@ void emulate_store_encode(const EncodeArea& a, const kernels::ChunkGeometry& g, 
   b.device_chunks = &in;
   b.device_outputs = &out;
   ASSERT_TRUE(
-      kernels::kvc1_encode_emulated(b, g, fp, t0_codec_config(codec), bounce.data() + a.scratch_offset, a.scratch_bytes)
+      kernels::kvc1_encode_emulated(b, g, fp, codec_config_of(codec), bounce.data() + a.scratch_offset, a.scratch_bytes)
           .ok());
   for (const LandingCopy& c : landing_copies(a, i)) std::memcpy(landing.data() + c.to, bounce.data() + c.from, c.bytes);
 }
