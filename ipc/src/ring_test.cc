@@ -272,7 +272,11 @@ TEST(RingCrossProcess, HostilePeerScribblingIndicesCannotHangOrCrashUs) {
   uint64_t give_up = now_ns() + 10'000'000'000ull;
   while (started_word.load(std::memory_order_relaxed) == 0 && now_ns() < give_up) cpu_relax();
   int producer_errors = 0, consumer_errors = 0;
-  for (int round = 0; round < 1000; ++round) {
+  // A thousand rounds take a few ms; on a loaded machine the scribbler may not run during them,
+  // so the rounds go on (up to 10 s) until it has been seen on both sides.
+  give_up = now_ns() + 10'000'000'000ull;
+  for (int round = 0; round < 1000 || ((producer_errors == 0 || consumer_errors == 0) && now_ns() < give_up);
+       ++round) {
     auto p = RingProducer<TestEntry>::attach(seg->data(), seg->size(), kCap);
     auto c = RingConsumer<TestEntry>::attach(seg->data(), seg->size(), kCap);
     ASSERT_TRUE(p.ok() && c.ok());
