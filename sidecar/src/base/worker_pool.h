@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -68,9 +69,20 @@ class WorkerPool {
     (void)!::write(wake_, &one, sizeof one);
   }
 
+  // The buffer handed in becomes the next done queue, so it is first grown to hold an item of
+  // every job still queued or running: done() must not allocate. Where that fails nothing is
+  // taken, and the items wait for the next call.
   void take_done(std::vector<Item*>& out) noexcept {
     out.clear();
     kdn::MutexLock lock(mu_);
+    const size_t owed = quick_.size() + bulk_.size() + running_;
+    if (out.capacity() < owed) {
+      try {
+        out.reserve(owed);
+      } catch (const std::bad_alloc&) {
+        return;
+      }
+    }
     out.swap(done_);
   }
 

@@ -149,8 +149,10 @@ class DiskTierTest : public ::testing::Test {
     ASSERT_TRUE(kernels::fill_synthetic_kv(slot(i), kernels::kvc1_geometry(model_), p).ok());
   }
 
-  // Runs the tier until `n` completions arrived (waiting on its wake fd); returns them.
-  std::vector<TierCompletion> wait_for(size_t n, uint64_t timeout_ms = 10000) {
+  // Runs the tier until `n` completions arrived (waiting on its wake fd); returns them. The
+  // bound catches a lost completion, not a slow one: a shared CI disk can take seconds per
+  // direct write while other tests flush theirs.
+  std::vector<TierCompletion> wait_for(size_t n, uint64_t timeout_ms = 60000) {
     std::vector<TierCompletion> got;
     const uint64_t deadline = now_ns() + timeout_ms * 1'000'000;
     while (got.size() < n && now_ns() < deadline) {
@@ -170,13 +172,17 @@ class DiskTierTest : public ::testing::Test {
     Transfer t{Transfer::Direction::kWrite, p,  slot(arena_slot),
                model_.chunk_bytes,          id, ChunkIdentity{K(key), model_.fingerprint}};
     KDN_RETURN_IF_ERROR(tier_->submit(t));
-    return wait_for(1)[0].status;
+    return one_status(wait_for(1));
   }
 
   Status read(const Placement& p, uint32_t arena_slot, TransferId id = 2) {
     Transfer t{Transfer::Direction::kRead, p, slot(arena_slot), model_.chunk_bytes, id, {}};
     KDN_RETURN_IF_ERROR(tier_->submit(t));
-    return wait_for(1)[0].status;
+    return one_status(wait_for(1));
+  }
+
+  static Status one_status(const std::vector<TierCompletion>& got) {
+    return got.empty() ? Status(Code::kTimeout, "the transfer never completed") : got[0].status;
   }
 
   Placement alloc() {
