@@ -101,6 +101,7 @@ Status GpuService::start() {
     devices_.push_back(std::move(d));
   }
   for (auto& d : devices_) d->peer_enabled.assign(devices_.size(), 0);
+  landings_ = PinnedLandings::create(PinSeam{host_register, host_unregister}, cfg_.staging_bytes);
   return start_codec();
 }
 

@@ -258,6 +258,9 @@ class GpuService {
     uint64_t generation;
   };
   std::deque<EncodeLater> encode_backlog_;
+  // The pinned buffers device encodes land in, reused store after store (up to staging_bytes
+  // of them kept idle). Shared: a T0 encode job on a worker may hold the last landing.
+  std::shared_ptr<PinnedLandings> landings_;
   // GPU_STOREs whose device encodes are queued or landed, by op token, until encode_stored.
   std::unordered_map<uint64_t, std::shared_ptr<StoreEncodes>> store_encodes_;
   bool device_encode_logged_ = false;

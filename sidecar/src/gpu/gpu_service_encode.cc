@@ -24,16 +24,12 @@ std::shared_ptr<StoreEncodes> GpuService::begin_store_encodes(const Device& d, c
   if (t0_encode_site(codec_id_, /*from_gpu_store=*/true, area) != EncodeSite::kDevice) return nullptr;
   std::shared_ptr<StoreEncodes> enc;
   try {
-    enc = std::shared_ptr<StoreEncodes>(new StoreEncodes, [](StoreEncodes* s) {
-      if (s->pinned) host_unregister(s->landing.data());
-      delete s;
-    });
+    enc = std::make_shared<StoreEncodes>();
     enc->keys.resize(n);
-    enc->landing = AlignedBuffer(uint64_t{n} * area.landing_stride);
-    if (enc->landing.data() == nullptr) return nullptr;
     // Pinned: a device-to-host copy into pageable memory may make the loop wait for the stream.
-    enc->pinned = host_register(enc->landing.data(), enc->landing.size()).ok();
-    if (!enc->pinned) return nullptr;  // encoded on the host instead
+    auto landing = landings_->acquire(uint64_t{n} * area.landing_stride);
+    if (!landing.ok()) return nullptr;  // encoded on the host instead
+    enc->landing = std::move(*landing);
     enc->area = area;
     enc->geo = geo;
     store_encodes_.insert_or_assign(op_token, enc);
@@ -78,14 +74,13 @@ void GpuService::encode_stored(const Session& s, ipc::GpuRegistrationRef ref, Na
   auto reg = registry_->find(s.id, ref.registration, ref.generation);
   if (!reg.ok()) return;
   const int device = (*reg)->device;
+  uint32_t cursor = 0;
   for (const kdn_key& k : keys) {
     Entry* e = ns.store->index().find(k);
     if (e == nullptr) continue;
     const T0Key key{ns.region_id, e->key, e->generation};
-    uint32_t i = 0;
-    while (enc && enc->landed && i < enc->keys.size() && !(enc->keys[i] == key)) ++i;
-    if (enc && enc->landed && i < enc->keys.size())
-      post_device_blob(ns, device, enc, i, e);
+    if (const int64_t i = enc ? find_landed(*enc, key, cursor) : -1; i >= 0)
+      post_device_blob(ns, device, enc, uint32_t(i), e);
     else
       encode_for_t0(ns, device, geo, e);  // the host path: lossless, or not encoded on the device
   }

@@ -51,4 +51,17 @@ Result<uint64_t> landed_blob_bytes(const std::byte* landing, const EncodeArea& a
   return size;
 }
 
+int64_t find_landed(const StoreEncodes& enc, const T0Key& key, uint32_t& cursor) noexcept {
+  const size_t n = enc.keys.size();
+  if (!enc.landed || n == 0) return -1;
+  for (size_t step = 0; step < n; ++step) {
+    const size_t i = (cursor + step) % n;
+    if (enc.keys[i] == key) {
+      cursor = uint32_t((i + 1) % n);
+      return int64_t(i);
+    }
+  }
+  return -1;
+}
+
 }  // namespace kdn::sidecar::gpu

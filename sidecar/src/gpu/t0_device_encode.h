@@ -11,6 +11,7 @@
 #pragma once
 
 #include "aligned_buffer.h"
+#include "pinned_landings.h"
 #include "t0_index.h"
 
 #include <kdn/common/status.h>
@@ -64,15 +65,20 @@ inline const std::byte* landed_blob(const std::byte* landing, const EncodeArea& 
   return landing + uint64_t{i} * a.landing_stride + a.head_room;
 }
 
-// One GPU_STORE's device encodes, from queueing until the store committed: the landing (pinned
-// while the copies may write it), the area, and which chunk each landing holds.
+// One GPU_STORE's device encodes, from queueing until the store committed: the landing (a
+// pinned buffer of the service's pool, back in the pool once the last job let go of it), the
+// area, and which chunk each landing holds.
 struct StoreEncodes {
-  AlignedBuffer landing;
-  bool pinned = false;
+  PinnedLandings::Landing landing;
   EncodeArea area;
   kernels::ChunkGeometry geo;
   std::vector<T0Key> keys;  // chunk i of the landing
   bool landed = false;      // the batch landed whole: the landings may be read
 };
+
+// The landing that holds `key`, or -1 (none, or the store's batch has not landed whole). The
+// committed keys come in the store's own order, so the search starts at `cursor`, one past the
+// last match, and wraps: one step per key in the usual case, never more than one pass.
+int64_t find_landed(const StoreEncodes& enc, const T0Key& key, uint32_t& cursor) noexcept;
 
 }  // namespace kdn::sidecar::gpu
