@@ -29,6 +29,7 @@
 // (kdn.ttft_hit_s), --llama-reps pairs; tokens must equal A's.
 #include "baseline_figures.h"
 #include "commands.h"
+#include "cpu_account.h"
 #include "hiredis_cluster.h"
 #include "kdnd_process.h"
 #include "node_workload.h"
@@ -55,6 +56,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace kdn::bench {
@@ -469,7 +471,24 @@ struct LinkSetup {
   std::string host;
   int port = 0;
   std::chrono::milliseconds timeout{};
+  std::vector<pid_t> redis_pids;  // the servers behind the link, for the CPU accounting
 };
+
+// Where the CPU of a codec's timed kdn passes went, per decoded GB, and the rate the same work
+// would reach if this process and the Redis servers had every core to themselves. When that
+// bound sits below a bar, the cores, not the link or the codec's ratio, hold the rate back.
+void set_cpu_figures(Report& r, RemoteCodec codec, const CpuSample& c, double decoded_gb) {
+  const std::string at = codec_key("link.cpu", codec) + ".";
+  if (decoded_gb <= 0 || c.wall_s <= 0) return;
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  r.set(at + "wall_s", c.wall_s);
+  r.set(at + "self_core_s_per_gb", c.self_s / decoded_gb);
+  r.set(at + "redis_core_s_per_gb", c.others_s / decoded_gb);
+  r.set(at + "rest_core_s_per_gb", std::max(0.0, c.busy_s - c.self_s - c.others_s) / decoded_gb);
+  r.set(at + "machine_busy_fraction", c.busy_s / (c.wall_s * cores));
+  const double per_gb = (c.self_s + c.others_s) / decoded_gb;
+  if (per_gb > 0) r.set(at + "bound_gbps", cores / per_gb);
+}
 
 // One codec's values behind the link, written through its own tier (namespace bench-<codec>)
 // and sized; for a lossy codec also the bytes every read must produce (reference_chunks).
@@ -537,6 +556,8 @@ void link_codec(Report& r, const RemoteOptions& o, const ModelInfo& model, const
   const bool checked = !v->lossy || v->reference;
   std::vector<double> runs, redis_runs;
   uint64_t wrong = 0, failed = 0;
+  CpuSample cpu;
+  double decoded_gb = 0;
   for (uint32_t rep = 0; rep < o.repeats; ++rep) {
     double redis = 0;
     if (codec == RemoteCodec::kNone && h != nullptr) {
@@ -548,15 +569,22 @@ void link_codec(Report& r, const RemoteOptions& o, const ModelInfo& model, const
       }
     }
     poison(*slots, rep + 1);
+    const uint64_t t0 = now_ns();
+    const CpuSample before = cpu_sample(link.redis_pids, 0);
     Result<ReadPass> p = tier_read_pass(*v->loop, v->stored, set.chunk_bytes, *slots, o.depth);
     if (!p.ok()) continue;
     failed += p->failed;
-    if (p->failed == 0) runs.push_back(p->gbps);
+    if (p->failed == 0) {
+      runs.push_back(p->gbps);
+      cpu += cpu_sample(link.redis_pids, double(now_ns() - t0) * 1e-9) - before;
+      decoded_gb += double(uint64_t(set.count) * set.chunk_bytes) * 1e-9;
+    }
     if (checked) wrong += wrong_against(*slots, v->reference ? &*v->reference : nullptr, set);
     say("link: codec %s: repeat %u/%u: kdn %.3f GB/s decoded, hiredis %.3f GB/s",
         sidecar::remote::remote_codec_name(codec), rep + 1, o.repeats, p->failed ? 0.0 : p->gbps, redis);
   }
   set_runs(r, codec_key("link.kdn.t3_fetch_gbps_by_codec", codec), runs);
+  set_cpu_figures(r, codec, cpu, decoded_gb);
   if (checked) {
     r.set(codec_key("link.kdn.wrong_bytes", codec), wrong);
   } else {
@@ -611,7 +639,8 @@ void link_phase(Report& r, const RemoteOptions& o, const ModelInfo& model, const
   // Every request may wait behind a full pipeline at the link's rate.
   const double pipeline_s = double(o.depth) * double(set->chunk_bytes) / (o.link_gbit * 1e9 / 8);
   LinkSetup setup{co.host, servers->servers().front().port,
-                  std::chrono::milliseconds(std::max<uint64_t>(o.timeout_ms, uint64_t(4000 * pipeline_s)))};
+                  std::chrono::milliseconds(std::max<uint64_t>(o.timeout_ms, uint64_t(4000 * pipeline_s))), {}};
+  for (const auto& server : servers->servers()) setup.redis_pids.push_back(server.pid);
   r.set("link.timeout_ms", uint64_t(setup.timeout.count()));
   std::string no_baseline;
   auto h = HiredisCluster::connect(setup.host, setup.port, o.pool, setup.timeout, &no_baseline);
@@ -624,6 +653,8 @@ void link_phase(Report& r, const RemoteOptions& o, const ModelInfo& model, const
   for (RemoteCodec c : kCodecs) {
     r.set(codec_key("link.ratios.t3_fetch_vs_none", c),
           ratio(r.number(codec_key("link.kdn.t3_fetch_gbps_by_codec", c)), none));
+    r.set(codec_key("link.ratios.cpu_bound_vs_none", c),
+          ratio(r.number(codec_key("link.cpu", c) + ".bound_gbps"), none));
   }
   r.set("link.ratios.redis_get_vs_link", ratio(r.number("link.baselines.redis_get_gbps"), o.link_gbit / 8));
   r.set("link.ratios.t3_fetch_none_vs_link", ratio(none, o.link_gbit / 8));
