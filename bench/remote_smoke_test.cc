@@ -105,6 +105,13 @@ TEST(RemoteBenchSmokeTest, ReadsEveryCodecBehindARateLimitedLink) {
       EXPECT_EQ(at(j, std::string("link.kdn.wrong_bytes.") + codec).get<uint64_t>(), 0u) << codec;
     }
   }
+  // Where the passes' CPU went: present for every codec read; too short here for the bound.
+  EXPECT_GT(at(j, "link.cpu.none.wall_s").get<double>(), 0.0);
+  for (const char* part : {"self_core_s_per_gb", "redis_core_s_per_gb", "rest_core_s_per_gb"})
+    EXPECT_GE(at(j, std::string("link.cpu.none.") + part).get<double>(), 0.0) << part;
+  const double busy = at(j, "link.cpu.none.machine_busy_fraction").get<double>();
+  EXPECT_GE(busy, 0.0);
+  EXPECT_LE(busy, 1.5) << "busy time is counted in ticks: a short pass may overshoot, not by half";
   EXPECT_EQ(at(j, "wrong_bytes_total").get<uint64_t>(), 0u);
   const std::string netns = at(j, "link.netns").get<std::string>();
   EXPECT_NE(std::system(("ip netns list | grep -qw " + netns).c_str()), 0) << netns << " is still there";
