@@ -5,15 +5,20 @@
 // must answer every input with a status; the sanitizers (address, undefined) catch the rest.
 // A blob that names a calibration is decoded with the identity calibration of its geometry (the
 // one the seed corpus codes its transform blobs with), so the transform planes are reached.
+// Inputs that start with the calibration magic go to kvc1_calibration_open instead, twice: as
+// they are, and with both CRCs recomputed, so the checks behind the CRCs (sizes, finite values,
+// basis entries, variances) are explored too. The seeds include calibration objects.
 #include "calibration_test_util.h"
 #include "format.h"
 
 #include <kdn/kernels/codec.h>
 #include <kdn/kernels/codec_transform.h>
+#include <kdn/kernels/crc32c.h>
 #include <kdn/kernels/presets.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -43,9 +48,37 @@ void decode_scatter(const uint8_t* data, size_t size, const ChunkGeometry& g, co
   (void)kvc1_decode_scatter(data, size, g, fp, view, nullptr, o);
 }
 
+// Any bytes after the magic: the object is refused with a status, or opens into a view whose
+// description agrees with its own header.
+void open_calibration(const uint8_t* data, size_t size) {
+  std::vector<uint32_t> words((size + 3) / 4);  // kvc1_calibration_open wants 4-byte alignment
+  auto* p = reinterpret_cast<uint8_t*>(words.data());
+  std::memcpy(p, data, size);
+  for (bool fix_crcs : {false, true}) {
+    if (fix_crcs && size >= 64) {
+      const uint32_t body = kvc1::crc32c(p + 64, size - 64);
+      std::memcpy(p + 56, &body, 4);
+      const uint32_t head = kvc1::crc32c(p, 60);
+      std::memcpy(p + 60, &head, 4);
+    }
+    Kvc1Calibration cal;
+    if (!kvc1_calibration_open(p, size, &cal).ok()) continue;
+    ChunkGeometry g;
+    g.layers = cal.layers;
+    g.kv_heads = cal.kv_heads;
+    g.head_dim = cal.head_dim;
+    g.tokens = 1;
+    if (kvc1_calibration_bytes(g) != size || cal.data != p) __builtin_trap();  // a view of other bytes
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size >= 8 && std::memcmp(data, "KDNKVT1", 8) == 0) {
+    open_calibration(data, size);
+    return 0;
+  }
   Kvc1Info info;
   (void)kvc1_inspect(data, size, &info);
   kvc1::Header h;

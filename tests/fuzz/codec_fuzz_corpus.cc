@@ -40,6 +40,24 @@ bool encode_one(const ChunkGeometry& g, const CodecConfig& c, const std::string&
   return write_file(path, blob);
 }
 
+// A calibration learnt from two synthetic chunks of g: sorted variances and a rotated basis, as
+// kdnd's calibrations have, rather than the identity's.
+bool learn_calibration(const ChunkGeometry& g, std::vector<uint8_t>* out) {
+  const size_t chunk_bytes =
+      static_cast<size_t>(g.layers) * 2 * g.tokens * g.kv_heads * g.head_dim * dtype_size(g.dtype);
+  std::vector<std::vector<uint8_t>> chunks(2, std::vector<uint8_t>(chunk_bytes));
+  std::vector<Kvc1CalibrationSample> samples;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    SyntheticKvParams p;
+    p.seed = 977 + uint32_t(i);
+    if (!fill_synthetic_kv(chunks[i].data(), g, p).ok()) return false;
+    samples.push_back(Kvc1CalibrationSample{chunks[i].data(), int64_t(i + 1) * g.tokens});
+  }
+  out->resize(kvc1_calibration_bytes(g));
+  size_t n = 0;
+  return kvc1_calibrate(g, kdn_key{0x1234, 0x5678}, samples, out->data(), out->size(), &n).ok() && n == out->size();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -91,6 +109,15 @@ int main(int argc, char** argv) {
     const std::vector<uint8_t> cal_bytes = testing::identity_calibration(s.layers, s.heads, s.dim, {0x1234, 0x5678});
     Kvc1Calibration cal;
     if (!kvc1_calibration_open(cal_bytes.data(), cal_bytes.size(), &cal).ok()) return 1;
+    // The calibration objects themselves: the identity one, and one learnt from synthetic KV.
+    const std::string shape = std::to_string(s.layers) + "x" + std::to_string(s.heads) + "x" + std::to_string(s.dim);
+    std::vector<uint8_t> learnt;
+    if (!write_file(dir + "/calibration-identity-" + shape + ".kvt", cal_bytes) || !learn_calibration(g, &learnt) ||
+        !write_file(dir + "/calibration-learnt-" + shape + ".kvt", learnt)) {
+      std::fprintf(stderr, "failed to write the calibrations of %s\n", shape.c_str());
+      return 1;
+    }
+    written += 2;
     for (int variant = 0; variant < 3; ++variant) {
       CodecConfig c;
       c.mode = CodecMode::kTransform;
