@@ -1,7 +1,9 @@
 """vLLM replicas sharing KV through kdnd: real vLLM (CPU), real kdnd, separate processes.
 
 One scenario, in order (module-scoped engines, so each engine starts once):
-  1. ref, an engine without kdn and without prefix caching, answers every prompt below;
+  1. A, started while kdnd is down, answers every prompt below with kdn off for the request
+     and its own prefix cache emptied before each: the reference answers ("ref"), computed
+     without kdn (A's counters show no lookup, load or store) and without a cached prefix;
   2. B starts while kdnd is down and still answers (correctly: as ref does);
   3. kdnd starts; A answers doc1 + q1 and stores doc1's chunks;
   4. B (another process, its own prefix cache empty) answers doc1 + q2: it reconnects to
@@ -93,25 +95,7 @@ class Prompts:
 
 
 @pytest.fixture(scope="module")
-def refs(workdir):
-    """Every prompt's answer from an engine without kdn (and without prefix caching)."""
-    ref = replicas.Replica("ref", "--no-prefix-caching", *DTYPE, log_dir=str(workdir)).start()
-    try:
-        prompts = Prompts(lambda text: ref.send("encode", text=text)["token_ids"])
-        answers = {}
-        for name, (p, n) in prompts.all().items():
-            if not name.startswith("count"):
-                answers[name] = ref.generate([p], max_tokens=n)[0]
-        # One batch (as test 6 asks B for them): 128 decode steps instead of 512.
-        counting = ref.generate(prompts.counting, max_tokens=COUNT_OUT, batch=True)
-        answers.update({f"count{i}": out for i, out in enumerate(counting)})
-    finally:
-        ref.stop()
-    return prompts, answers
-
-
-@pytest.fixture(scope="module")
-def engines(workdir, kdnd, refs):
+def engines(workdir, kdnd):
     sock = kdnd.socket
     started: dict[str, replicas.Replica] = {}
 
@@ -124,6 +108,33 @@ def engines(workdir, kdnd, refs):
     yield start, started
     for r in started.values():
         r.stop()
+
+
+def reference(r: replicas.Replica, prompts: list[list[int]], max_tokens: int, batch: bool = False) -> list:
+    """r's answers with kdn off for the request and nothing in r's own prefix cache: what an
+    engine without kdn and without prefix caching computes (one engine start-up fewer)."""
+    assert r.send("reset_prefix_cache")["reset"]
+    outs = r.generate(prompts, max_tokens=max_tokens, kdn="off", batch=batch)
+    assert r.send("reset_prefix_cache")["reset"]
+    return outs
+
+
+@pytest.fixture(scope="module")
+def refs(engines):
+    """Every prompt's answer, computed by A (started here, kdnd down) without kdn."""
+    start, _ = engines
+    a = start("A")
+    prompts = Prompts(lambda text: a.send("encode", text=text)["token_ids"])
+    answers = {}
+    for name, (p, n) in prompts.all().items():
+        if not name.startswith("count"):
+            answers[name] = reference(a, [p], n)[0]
+    # One batch (as test 6 asks B for them): 128 decode steps instead of 512.
+    counting = reference(a, prompts.counting, COUNT_OUT, batch=True)
+    answers.update({f"count{i}": out for i, out in enumerate(counting)})
+    c = counters(a)  # kdn took no part in the references
+    assert c["lookups"] == 0 and c["loaded_chunks"] == 0 and c["saved_chunks"] == 0, c
+    return prompts, answers
 
 
 def counters(r: replicas.Replica) -> dict:
@@ -144,10 +155,10 @@ def test_2_cross_process_share(refs, engines, kdnd):
     prompts, want = refs
     start, e = engines
     kdnd.start()
-    a = start("A")
+    time.sleep(0.3)  # A's and B's next connection attempts are due
+    a = e["A"]
     assert a.generate([prompts.p1])[0] == want["p1"]
     assert counters(a)["saved_chunks"] == 3
-    time.sleep(0.3)  # B's next connection attempt is due
     b = e["B"]
     before = counters(b)
     assert b.generate([prompts.p2])[0] == want["p2"]
