@@ -17,7 +17,11 @@ One scenario, in order (module-scoped engines, so each engine starts once):
      again (from what vLLM's prefix cache still holds, then kdnd); every answer is still ref's;
   8. an engine of another dtype (bfloat16) never loads these chunks, and loads its own (its
      prefix cache off, so the second answer comes from kdnd); an engine of another model
-     (other weights) never loads them.
+     (other weights) never loads them;
+  9. kdnd restarts with a disk tier that does not read ahead, and B loads chunks pushed onto
+     disk asynchronously (vLLM parks the request while kdnd brings them up off the step);
+     damaged chunks on disk fail that load, and B recomputes them (test_vllm_async_load.py
+     drives the scheduler side of this without an engine).
 Every engine runs chunk-aligned prefill steps (max_num_batched_tokens = chunk_tokens, as the
 docs recommend), so a hit computes exactly what a miss computes and tokens compare equal.
 The engines run float32: without AVX512-BF16 (this suite's CI machines), vLLM's CPU backend
@@ -29,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -68,9 +73,9 @@ class Prompts:
     """Token-id prompts: documents cut from kdn's docs, questions, counting sequences."""
 
     def __init__(self, encode) -> None:
-        corpus = encode(replicas.corpus())
-        q1 = encode("\n\nQuestion: What is this text about? Answer in one sentence.\nAnswer:")
-        q2 = encode("\n\nQuestion: Which component does this text describe first?\nAnswer:")
+        self.corpus = corpus = encode(replicas.corpus())
+        self.q1 = q1 = encode("\n\nQuestion: What is this text about? Answer in one sentence.\nAnswer:")
+        self.q2 = q2 = encode("\n\nQuestion: Which component does this text describe first?\nAnswer:")
         doc = lambda at, n: corpus[at:at + n]  # noqa: E731
         self.doc1 = doc(0, 3 * CHUNK)
         self.p1, self.p2 = self.doc1 + q1, self.doc1 + q2
@@ -288,3 +293,82 @@ def test_7_other_dtype_or_model_never_shares(refs, engines, workdir):
     m.generate([prompts.p2])
     c = counters(m)
     assert c["lookups"] >= 1 and c["lookup_hit_tokens"] == 0 and c["loaded_chunks"] == 0
+    e.pop("other").stop()
+
+
+ASYNC_OUT = 8
+
+
+@pytest.fixture(scope="module")
+def disk_kdnd(kdnd, workdir):
+    """The suite's kdnd again, now with a disk tier that does not read ahead (so the only
+    promotion is the one the connector asks for); B reconnects to it."""
+    disk = workdir / "disk"
+    disk.mkdir()
+    kdnd.stop()
+    kdnd.extra += ["--set", f"tier.disk.dirs={disk}", "--set", "tier.disk.bytes=128M",
+                   "--set", "tier.disk.slab_bytes=32M", "--set", "tier.disk.read_ahead=0"]
+    kdnd.start(timeout=120)
+    time.sleep(0.3)  # B's next connection attempt is due
+    return kdnd
+
+
+def to_disk(k: replicas.Kdnd) -> None:
+    subprocess.run([str(replicas.build_dir() / "bin" / "kdnctl"), "--socket", k.socket, "evict", "--all",
+                    "--tier", "host"], check=True, stdout=subprocess.DEVNULL)
+
+
+def engine_model(r: replicas.Replica, client: kdn.Client) -> kdn.Model:
+    desc = kdn.ModelDesc()
+    for key, v in r.send("desc")["desc"].items():
+        setattr(desc, key, bytes.fromhex(v) if key == "engine_salt" else (tuple(v) if isinstance(v, list) else v))
+    return client.register_model(desc)
+
+
+def delta(r: replicas.Replica, before: dict) -> dict:
+    after = counters(r)
+    return {key: after[key] - before[key] for key in after}
+
+
+def test_8_async_disk_chunks_load_off_the_step(refs, engines, disk_kdnd):
+    prompts, _ = refs
+    b = engines[1]["B"]
+    doc = prompts.corpus[30000:30000 + 2 * CHUNK]
+    prompt = doc + prompts.q1
+    want = reference(b, [prompt], ASYNC_OUT)[0]
+    before = counters(b)
+    assert b.generate([prompt], max_tokens=ASYNC_OUT)[0] == want
+    assert delta(b, before)["saved_chunks"] == 2
+    to_disk(disk_kdnd)
+    with kdn.Client(disk_kdnd.socket) as c:
+        hit = engine_model(b, c).lookup(np.asarray(doc, dtype=np.int32))
+        assert hit.hit_chunks == 2 and hit.tier_chunks[kdn.Tier.DISK] == 2, hit.tier_chunks
+
+    assert b.send("reset_prefix_cache")["reset"]
+    before = counters(b)
+    assert b.generate([prompt], max_tokens=ASYNC_OUT)[0] == want
+    diff = delta(b, before)
+    assert diff["off_step_lookups"] == 1 and diff["off_step_loads"] == 1, diff
+    assert diff["loaded_chunks"] == 2 and diff["load_failures"] == 0 and diff["failed_blocks"] == 0, diff
+
+
+def test_9_async_failed_off_step_load_is_recomputed(refs, engines, disk_kdnd):
+    prompts, _ = refs
+    b = engines[1]["B"]
+    doc = prompts.corpus[31000:31000 + CHUNK]  # one chunk: the recompute costs least
+    prompt = doc + prompts.q2
+    want = reference(b, [prompt], ASYNC_OUT)[0]
+    with kdn.Client(disk_kdnd.socket) as c:
+        model = engine_model(b, c)
+        tokens = np.asarray(doc, dtype=np.int32)
+        res = model.reserve(tokens, 0, 1)
+        torch.from_dlpack(res.slot(0)).view(torch.float32).fill_(float("nan"))  # fails the load's check
+        res.commit()
+        to_disk(disk_kdnd)
+        assert model.lookup(tokens).tier_chunks[kdn.Tier.DISK] == 1
+
+    before = counters(b)
+    assert b.generate([prompt], max_tokens=ASYNC_OUT)[0] == want
+    diff = delta(b, before)
+    assert diff["off_step_loads"] == 1 and diff["load_failures"] == 1, diff
+    assert diff["corrupt_chunks"] >= 1 and diff["failed_blocks"] >= 1 and diff["loaded_chunks"] == 0, diff
