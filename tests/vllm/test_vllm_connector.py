@@ -262,16 +262,18 @@ def test_7_other_dtype_or_model_never_shares(refs, engines, workdir):
     prompts, _ = refs
     start, e = engines
     e.pop("A").stop()
-    # p6a's two chunks are in kdnd as float32 (A stored them in test 5).
+    # p6a's first chunk is in kdnd as float32 (A stored it in test 5). One chunk, not two:
+    # bfloat16 prefill is the slowest step of the suite on CPUs without AVX512-BF16.
+    p = prompts.p6a[:CHUNK] + prompts.q1
     d = start("BF16", "--dtype", "bfloat16", "--no-prefix-caching")
-    first = d.generate([prompts.p6a])[0]
+    first = d.generate([p])[0]
     c = counters(d)
     assert c["lookups"] >= 1 and c["lookup_hit_tokens"] == 0 and c["loaded_chunks"] == 0
-    assert c["saved_chunks"] == 2  # its own chunks, under its own fingerprint
-    # Its own prefix cache is off: the same prompt again loads the bfloat16 chunks from kdnd.
-    assert d.generate([prompts.p6a])[0] == first
+    assert c["saved_chunks"] == 1  # its own chunk, under its own fingerprint
+    # Its own prefix cache is off: the same prompt again loads the bfloat16 chunk from kdnd.
+    assert d.generate([p])[0] == first
     c = counters(d)
-    assert c["loaded_chunks"] == 2 and c["load_failures"] == 0, c
+    assert c["loaded_chunks"] == 1 and c["load_failures"] == 0, c
     e.pop("BF16").stop()
 
     other = workdir / "other-model"
