@@ -1,9 +1,10 @@
 """vLLM replicas sharing KV through kdnd: real vLLM (CPU), real kdnd, separate processes.
 
 One scenario, in order (module-scoped engines, so each engine starts once):
-  1. A, started while kdnd is down, answers every prompt below with kdn off for the request
-     and its own prefix cache emptied before each: the reference answers ("ref"), computed
-     without kdn (A's counters show no lookup, load or store) and without a cached prefix;
+  1. A, started while kdnd is down, answers the prompts below (the counting ones in step 7)
+     with kdn off for the request and its own prefix cache emptied before each: the
+     reference answers ("ref"), computed without kdn (A's counters show no lookup, load or
+     store) and without a cached prefix;
   2. B starts while kdnd is down and still answers (correctly: as ref does);
   3. kdnd starts; A answers doc1 + q1 and stores doc1's chunks;
   4. B (another process, its own prefix cache empty) answers doc1 + q2: it reconnects to
@@ -14,7 +15,8 @@ One scenario, in order (module-scoped engines, so each engine starts once):
      gone and after it is back (A stores, B loads again);
   7. B's cache is small: in a batch of four requests that load from kdnd, a decoding request
      runs out of blocks and is preempted, and its load is planned afresh when it is admitted
-     again (from what vLLM's prefix cache still holds, then kdnd); every answer is still ref's;
+     again (from what vLLM's prefix cache still holds, then kdnd); every answer is still the
+     reference, which A computes here without loading anything while it stores the chunks;
   8. an engine of another dtype (bfloat16) never loads these chunks, and loads its own (its
      prefix cache off, so the second answer comes from kdnd); an engine of another model
      (other weights) never loads them;
@@ -94,8 +96,6 @@ class Prompts:
              "p5": (self.p5, OUT), "p6a": (self.p6a, OUT), "p6b": (self.p6b, OUT)}
         for i, p in enumerate(self.batch):
             d[f"batch{i}"] = (p, 48)
-        for i, p in enumerate(self.counting):
-            d[f"count{i}"] = (p, COUNT_OUT)
         return d
 
 
@@ -115,11 +115,11 @@ def engines(workdir, kdnd):
         r.stop()
 
 
-def reference(r: replicas.Replica, prompts: list[list[int]], max_tokens: int, batch: bool = False) -> list:
+def reference(r: replicas.Replica, prompts: list[list[int]], max_tokens: int) -> list:
     """r's answers with kdn off for the request and nothing in r's own prefix cache: what an
     engine without kdn and without prefix caching computes (one engine start-up fewer)."""
     assert r.send("reset_prefix_cache")["reset"]
-    outs = r.generate(prompts, max_tokens=max_tokens, kdn="off", batch=batch)
+    outs = r.generate(prompts, max_tokens=max_tokens, kdn="off")
     assert r.send("reset_prefix_cache")["reset"]
     return outs
 
@@ -132,11 +132,8 @@ def refs(engines):
     prompts = Prompts(lambda text: a.send("encode", text=text)["token_ids"])
     answers = {}
     for name, (p, n) in prompts.all().items():
-        if not name.startswith("count"):
-            answers[name] = reference(a, [p], n)[0]
-    # One batch (as test 6 asks B for them): 128 decode steps instead of 512.
-    counting = reference(a, prompts.counting, COUNT_OUT, batch=True)
-    answers.update({f"count{i}": out for i, out in enumerate(counting)})
+        answers[name] = reference(a, [p], n)[0]
+    # The counting prompts' answers come in test 6, where A also stores their chunks.
     c = counters(a)  # kdn took no part in the references
     assert c["lookups"] == 0 and c["loaded_chunks"] == 0 and c["saved_chunks"] == 0, c
     return prompts, answers
@@ -239,18 +236,24 @@ def test_5_kdnd_killed_mid_run(refs, engines, kdnd, workdir):
 
 
 def test_6_preempted_loading_requests(refs, engines):
-    prompts, want = refs
+    prompts, _ = refs
     _, e = engines
     a, b = e["A"], e["B"]
-    for p in prompts.counting:
-        a.generate([p], max_tokens=1)  # stores every whole chunk of the prompt
+    # The references, in one batch as B is asked below (128 decode steps instead of 512): A,
+    # its prefix cache empty, loads nothing (a load cannot shape them) and stores every whole
+    # chunk of each prompt, for B to load.
+    assert a.send("reset_prefix_cache")["reset"]
+    before = counters(a)
+    want = a.generate(prompts.counting, max_tokens=COUNT_OUT, batch=True, kdn={"load": False, "save": True})
+    d = delta(a, before)
+    assert d["lookups"] == 0 and d["loaded_chunks"] == 0 and d["saved_chunks"] > 0, d
     # The first two requests (1194 and 1562 tokens) load and take 23 of B's 24 blocks; the
     # others wait. Decoding, the first takes the last free block after 86 tokens and the
     # second needs one after 102: it is preempted, and planned afresh when admitted again.
     before = counters(b)
     outs = b.generate(prompts.counting, max_tokens=COUNT_OUT, batch=True)
     after = counters(b)
-    assert outs == [want[f"count{i}"] for i in range(len(prompts.counting))]
+    assert outs == want
     assert after["loaded_chunks"] > before["loaded_chunks"]
     assert after["rescheduled"] > before["rescheduled"], "no request was preempted"
     # Admitted again, a preempted request loads only what vLLM's own prefix cache no longer
