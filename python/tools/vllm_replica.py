@@ -8,7 +8,7 @@ starting with REPLY_PREFIX (vLLM's own logging goes to the same stream and is sk
 
 Commands ({"op": ...}):
     encode      {"text"}                          -> {"token_ids"}
-    generate    {"prompts": [[ids...], ...], "max_tokens", "kdn": "on"|"off"}
+    generate    {"prompts": [[ids...], ...], "max_tokens", "kdn": "on"|"off"|{"load", "save"}}
                                                   -> {"outputs": [[ids...]], "texts", "seconds"}
                 prompts are generated one request at a time unless "batch": true
     ttft        {"prompt": [ids], "repeat": 3, "reset_prefix_cache": bool, "kdn": "on"|"off"}
@@ -104,7 +104,8 @@ class Replica:
     def _params(self, max_tokens: int, kdn_mode: str):
         from vllm import SamplingParams
 
-        extra = {"kv_transfer_params": {"kdn": "off"}} if kdn_mode == "off" else None
+        # "off", or {"load": bool, "save": bool} (kdn.vllm's per-request choice); "on": no choice
+        extra = {"kv_transfer_params": {"kdn": kdn_mode}} if kdn_mode == "off" or isinstance(kdn_mode, dict) else None
         return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, extra_args=extra)
 
     def _run(self, prompts: list[list[int]], max_tokens: int, kdn_mode: str) -> list:

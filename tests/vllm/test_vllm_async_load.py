@@ -1,8 +1,8 @@
-"""Chunks on kdnd's disk tier load asynchronously into a real vLLM engine (CPU backend).
+"""Chunks on kdnd's disk tier load asynchronously: the scheduler side alone, driven as vLLM
+drives it (no engine), against a kdnd with a disk tier that does not read ahead.
 
-First the scheduler side alone, driven as vLLM drives it (no engine). Then one engine, one
-kdnd with a disk tier that does not read ahead (so the only promotion is the one the
-connector asks for). The engine stores a prompt's chunks; kdnctl pushes every chunk
+The same with a real engine runs in test_vllm_connector.py (tests 8 and 9), on an engine that
+suite has already started: the engine stores a prompt's chunks; kdnctl pushes every chunk
 out of the host arena onto disk; the engine, its own prefix cache reset, answers the prompt
 again: the scheduler offers the hit as an asynchronous load (vLLM parks the request), the
 worker has kdnd bring the chunks up off the step, a later step copies them and reports the
@@ -14,16 +14,12 @@ tokens.
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
-import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python" / "tools"))
@@ -34,9 +30,6 @@ from kdn.vllm.config import KdnConfig  # noqa: E402
 from kdn.vllm.link import KdnLink  # noqa: E402
 from kdn.vllm.scheduler import SchedulerSide  # noqa: E402
 from kdn.vllm.stats import new_stats  # noqa: E402
-
-CHUNK = 256
-OUT = 8
 
 
 def disk_kdnd(path: Path) -> replicas.Kdnd:
@@ -92,91 +85,3 @@ def test_scheduler_plans_disk_hits_as_asynchronous_loads(tmp_path):
         assert sched.get_num_new_matched_tokens(c_req, 0) == (0, False)
     finally:
         k.stop()
-
-
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    work = tmp_path_factory.mktemp("kdn-vllm-async")
-    disk = work / "disk"
-    disk.mkdir()
-    k = replicas.Kdnd(str(work / "kdnd.sock"), arena="256M",
-                      extra=["--set", f"tier.disk.dirs={disk}", "--set", "tier.disk.bytes=64M",
-                             "--set", "tier.disk.slab_bytes=16M", "--set", "tier.disk.read_ahead=0"]).start()
-    e = None
-    try:
-        e = replicas.Replica("async", "--kdn-socket", k.socket, "--extra", json.dumps({"reconnect_interval_s": 0.2}),
-                             log_dir=str(work)).start()
-        yield k, e
-    finally:
-        if e is not None:
-            e.stop()
-        k.stop()
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def reference(e: replicas.Replica, prompt: list[int]) -> list[int]:
-    """The engine's answer with kdn off for the request and nothing in its own prefix cache."""
-    e.send("reset_prefix_cache")
-    out = e.send("generate", prompts=[prompt], max_tokens=OUT, kdn="off")["outputs"][0]
-    e.send("reset_prefix_cache")
-    return out
-
-
-def to_disk(k: replicas.Kdnd) -> None:
-    subprocess.run([str(replicas.build_dir() / "bin" / "kdnctl"), "--socket", k.socket, "evict", "--all",
-                    "--tier", "host"], check=True, stdout=subprocess.DEVNULL)
-
-
-def engine_model(e: replicas.Replica, client: kdn.Client) -> kdn.Model:
-    desc = kdn.ModelDesc()
-    for key, v in e.send("desc")["desc"].items():
-        setattr(desc, key, bytes.fromhex(v) if key == "engine_salt" else (tuple(v) if isinstance(v, list) else v))
-    return client.register_model(desc)
-
-
-def test_disk_chunks_load_off_the_step(setup):
-    k, e = setup
-    corpus = e.send("encode", text=replicas.corpus())["token_ids"]
-    question = e.send("encode", text="\n\nQuestion: What is this text about? Answer in one sentence.\nAnswer:")
-    doc = corpus[:2 * CHUNK]
-    prompt = doc + question["token_ids"]
-    want = reference(e, prompt)
-
-    assert e.generate([prompt], max_tokens=OUT)[0] == want
-    assert e.stats()["saved_chunks"] == 2
-    to_disk(k)
-    with kdn.Client(k.socket) as c:
-        hit = engine_model(e, c).lookup(np.asarray(doc, dtype=np.int32))
-        assert hit.hit_chunks == 2 and hit.tier_chunks[kdn.Tier.DISK] == 2, hit.tier_chunks
-
-    e.send("reset_prefix_cache")
-    before = e.stats()
-    assert e.generate([prompt], max_tokens=OUT)[0] == want
-    after = e.stats()
-    diff = {key: after[key] - before[key] for key in after}
-    assert diff["off_step_lookups"] == 1 and diff["off_step_loads"] == 1, diff
-    assert diff["loaded_chunks"] == 2 and diff["load_failures"] == 0 and diff["failed_blocks"] == 0, diff
-
-
-def test_failed_off_step_load_is_recomputed(setup):
-    k, e = setup
-    corpus = e.send("encode", text=replicas.corpus())["token_ids"]
-    question = e.send("encode", text="\n\nQuestion: Which component does this text describe first?\nAnswer:")
-    doc = corpus[6000:6000 + CHUNK]  # one chunk: the recompute costs least
-    prompt = doc + question["token_ids"]
-    want = reference(e, prompt)
-    with kdn.Client(k.socket) as c:
-        model = engine_model(e, c)
-        tokens = np.asarray(doc, dtype=np.int32)
-        res = model.reserve(tokens, 0, 1)
-        torch.from_dlpack(res.slot(0)).view(torch.int16).fill_(0x7FC0)  # bf16 NaN: fails the load's check
-        res.commit()
-        to_disk(k)
-        assert model.lookup(tokens).tier_chunks[kdn.Tier.DISK] == 1
-
-    before = e.stats()
-    assert e.generate([prompt], max_tokens=OUT)[0] == want
-    after = e.stats()
-    diff = {key: after[key] - before[key] for key in after}
-    assert diff["off_step_loads"] == 1 and diff["load_failures"] == 1, diff
-    assert diff["corrupt_chunks"] >= 1 and diff["failed_blocks"] >= 1 and diff["loaded_chunks"] == 0, diff
