@@ -306,7 +306,7 @@ start_server() {  # start_server NAME PORT: one slot, batches of one kdn chunk
   for _ in $(seq 600); do curl -sf "http://127.0.0.1:$2/health" >/dev/null && return; sleep 0.2; done
   cat "$work/server-$1.log"; exit 1
 }
-model=$(sed -n 's/^set(KDN_LLAMA_MODEL "\(.*\)")$/\1/p' third_party/.cache/llama/llama-pin.cmake)
+model=$(sed -n 's/^set(KDN_LLAMA_MODEL "\(.*\)")$/\1/p' "${KDN_LLAMA_DIR:-third_party/.cache/llama}/llama-pin.cmake")
 port_a=$((20000 + RANDOM % 20000)); port_b=$((port_a + 1))
 start_server a "$port_a"
 start_server b "$port_b"
