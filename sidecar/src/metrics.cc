@@ -124,6 +124,7 @@ void gpu_text(std::ostringstream& o, const gpu::GpuService& g) {
   o << "kdn_gpu_enabled{reason=\"" << reason << "\"} " << (g.enabled() ? 1 : 0) << '\n';
   if (!g.enabled()) return;
   const gpu::GpuCounters& c = g.counters();
+  const gpu::LandingStats landings = g.landing_stats();
   const struct {
     const char* name;
     const char* type;
@@ -156,6 +157,12 @@ void gpu_text(std::ostringstream& o, const gpu::GpuService& g) {
       {"kdn_gpu_t0_decoded_chunks_total", "counter", "Chunks decoded from T0 blobs on a device.", c.t0_decoded_chunks},
       {"kdn_gpu_t0_decode_faults_total", "counter",
        "Chunks whose T0 blob failed to decode on the device (entry dropped).", c.t0_decode_faults},
+      {"kdn_gpu_landing_pinned_total", "counter", "Host buffers page-locked for device encodes to land in.",
+       landings.pinned},
+      {"kdn_gpu_landing_reused_total", "counter", "Device-encode landings served by an idle pinned buffer.",
+       landings.reused},
+      {"kdn_gpu_landing_idle_bytes", "gauge", "Pinned landing buffers kept for the next store (bytes).",
+       landings.idle_bytes},
   };
   for (const auto& r : rows) {
     metric(r.name, r.type, r.help);

@@ -21,6 +21,7 @@
 #include "gpu_layout.h"
 #include "gpu_plan.h"
 #include "gpu_registry.h"
+#include "pinned_landings.h"
 #include "t0_codec.h"
 #include "t0_device_encode.h"
 #include "t0_index.h"
@@ -188,6 +189,8 @@ class GpuService {
   size_t device_count() const noexcept { return devices_.size(); }
   size_t registrations() const noexcept { return registry_ ? registry_->live() : 0; }
   const GpuCounters& counters() const noexcept { return counters_; }
+  // The pinned buffers device encodes land in (zeros before the service started).
+  LandingStats landing_stats() const { return landings_ ? landings_->stats() : LandingStats{}; }
   GpuCounters& counters() noexcept { return counters_; }
   uint64_t slice_bytes() const noexcept { return cfg_.slice_bytes; }
 
