@@ -5,43 +5,26 @@
 // same work would reach with every core to itself).
 #pragma once
 
+#include "process.h"
+
+#include <kdn/common/clock.h>
+
 #include <sys/resource.h>
 #include <sys/types.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <fstream>
 #include <span>
-#include <sstream>
 #include <string>
 
 namespace kdn::bench {
 
 struct CpuSample {
-  double self_s = 0;     // user + system of this process, every thread
-  double others_s = 0;   // user + system of the listed processes
-  double busy_s = 0;     // every core's non-idle time (all processes, interrupts included)
-  double wall_s = 0;
+  double self_s = 0;    // user + system of this process, every thread
+  double others_s = 0;  // user + system of the listed processes
+  double busy_s = 0;    // every core's non-idle time (all processes, interrupts included)
+  double wall_s = 0;    // the monotonic clock: a difference of samples is the pass's wall time
 };
-
-inline double ticks_to_s(unsigned long long t) { return double(t) / double(::sysconf(_SC_CLK_TCK)); }
-
-// utime + stime of one process, 0 when it cannot be read.
-inline double process_cpu_s(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(f, line)) return 0;
-  const size_t close = line.rfind(')');  // the command name may hold spaces
-  if (close == std::string::npos) return 0;
-  std::istringstream rest(line.substr(close + 2));
-  std::string field;
-  unsigned long long utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && rest >> field; ++i) {
-    if (i == 14) utime = std::stoull(field);
-    if (i == 15) stime = std::stoull(field);
-  }
-  return ticks_to_s(utime + stime);
-}
 
 // Non-idle time of every core: the "cpu" line less idle and iowait.
 inline double machine_busy_s() {
@@ -53,17 +36,20 @@ inline double machine_busy_s() {
   unsigned long long busy = 0;
   for (int i = 0; i < 8; ++i)
     if (i != 3 && i != 4) busy += v[i];  // user nice system [idle iowait] irq softirq steal
-  return ticks_to_s(busy);
+  return double(busy) / double(::sysconf(_SC_CLK_TCK));
 }
 
-inline CpuSample cpu_sample(std::span<const pid_t> others, double wall_s) {
+inline CpuSample cpu_sample(std::span<const pid_t> others) {
   CpuSample s;
   rusage u{};
   ::getrusage(RUSAGE_SELF, &u);
   s.self_s = double(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * double(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-  for (pid_t p : others) s.others_s += process_cpu_s(p);
+  for (pid_t p : others) {
+    Result<double> c = process_cpu_seconds(p);
+    if (c.ok()) s.others_s += *c;  // a server that is gone adds nothing
+  }
   s.busy_s = machine_busy_s();
-  s.wall_s = wall_s;
+  s.wall_s = double(now_ns()) * 1e-9;
   return s;
 }
 

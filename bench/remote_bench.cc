@@ -569,14 +569,13 @@ void link_codec(Report& r, const RemoteOptions& o, const ModelInfo& model, const
       }
     }
     poison(*slots, rep + 1);
-    const uint64_t t0 = now_ns();
-    const CpuSample before = cpu_sample(link.redis_pids, 0);
+    const CpuSample before = cpu_sample(link.redis_pids);
     Result<ReadPass> p = tier_read_pass(*v->loop, v->stored, set.chunk_bytes, *slots, o.depth);
     if (!p.ok()) continue;
     failed += p->failed;
     if (p->failed == 0) {
       runs.push_back(p->gbps);
-      cpu += cpu_sample(link.redis_pids, double(now_ns() - t0) * 1e-9) - before;
+      cpu += cpu_sample(link.redis_pids) - before;
       decoded_gb += double(uint64_t(set.count) * set.chunk_bytes) * 1e-9;
     }
     if (checked) wrong += wrong_against(*slots, v->reference ? &*v->reference : nullptr, set);
