@@ -161,6 +161,9 @@ void gpu_text(std::ostringstream& o, const gpu::GpuService& g) {
        landings.pinned},
       {"kdn_gpu_landing_reused_total", "counter", "Device-encode landings served by an idle pinned buffer.",
        landings.reused},
+      {"kdn_gpu_landing_unpinned_total", "counter",
+       "Landing buffers unlocked and freed (past staging_bytes idle); pinned - unpinned are locked now.",
+       landings.unpinned},
       {"kdn_gpu_landing_idle_bytes", "gauge", "Pinned landing buffers kept for the next store (bytes).",
        landings.idle_bytes},
   };

@@ -10,6 +10,7 @@
 // basis entries, variances) are explored too. The seeds include calibration objects.
 #include "calibration_test_util.h"
 #include "format.h"
+#include "transform_format.h"
 
 #include <kdn/kernels/codec.h>
 #include <kdn/kernels/codec_transform.h>
@@ -55,8 +56,8 @@ void open_calibration(const uint8_t* data, size_t size) {
   auto* p = reinterpret_cast<uint8_t*>(words.data());
   std::memcpy(p, data, size);
   for (bool fix_crcs : {false, true}) {
-    if (fix_crcs && size >= 64) {
-      const uint32_t body = kvc1::crc32c(p + 64, size - 64);
+    if (fix_crcs && size >= kvc1::kCalHeaderBytes) {  // header: body CRC at 56, its own at 60
+      const uint32_t body = kvc1::crc32c(p + kvc1::kCalHeaderBytes, size - kvc1::kCalHeaderBytes);
       std::memcpy(p + 56, &body, 4);
       const uint32_t head = kvc1::crc32c(p, 60);
       std::memcpy(p + 60, &head, 4);

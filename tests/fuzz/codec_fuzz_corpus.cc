@@ -7,6 +7,7 @@
 
 #include <kdn/kernels/codec.h>
 #include <kdn/kernels/codec_transform.h>
+#include <kdn/kernels/layout.h>
 #include <kdn/kernels/synthetic.h>
 
 #include <bit>
@@ -43,9 +44,7 @@ bool encode_one(const ChunkGeometry& g, const CodecConfig& c, const std::string&
 // A calibration learnt from two synthetic chunks of g: sorted variances and a rotated basis, as
 // kdnd's calibrations have, rather than the identity's.
 bool learn_calibration(const ChunkGeometry& g, std::vector<uint8_t>* out) {
-  const size_t chunk_bytes =
-      static_cast<size_t>(g.layers) * 2 * g.tokens * g.kv_heads * g.head_dim * dtype_size(g.dtype);
-  std::vector<std::vector<uint8_t>> chunks(2, std::vector<uint8_t>(chunk_bytes));
+  std::vector<std::vector<uint8_t>> chunks(2, std::vector<uint8_t>(chunk_bytes(g)));
   std::vector<Kvc1CalibrationSample> samples;
   for (size_t i = 0; i < chunks.size(); ++i) {
     SyntheticKvParams p;
